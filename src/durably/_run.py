@@ -1,0 +1,192 @@
+"""The run handle: :class:`Run`, :func:`get_run` and :func:`list_runs`."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Generic, TypeVar
+
+from . import _serde
+from ._config import default_store
+from ._store import RunRecord, StepRecord, Store
+from .exceptions import NotFoundError, RunStateError
+
+__all__ = ["Run", "get_run", "list_runs"]
+
+R = TypeVar("R")
+_UNSET: Any = object()
+
+
+class Run(Generic[R]):
+    """One run of an entrypoint, read from its journal.
+
+    Attributes:
+        id: The run id.
+        entrypoint: Identity of the entrypoint (``module:name``).
+        name: The entrypoint's name.
+        status: ``"running"`` (executing now, or crashed and waiting to be resumed),
+            ``"finished"``, ``"failed"`` or ``"interrupted"``.
+        attempt: How many times the run was executed (1, then 2 after one resume, ...).
+        created: When the run was first started, seconds since the epoch.
+        updated: When its record last changed, seconds since the epoch.
+        error: ``repr`` of the exception that failed the run, else None.
+        resumed_from: For a run handle returned by ``Entrypoint.run``: the status the run had
+            before this attempt (``"running"`` after a crash, ``"finished"`` for a rerun), or
+            None for a new run.
+        wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
+    """
+
+    def __init__(self, record: RunRecord, store: Store, result: Any = _UNSET) -> None:
+        self._record = record
+        self._store = store
+        self._result = result
+        self.resumed_from: str | None = None
+        self.wall_time: float | None = None
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id!r} of {self.name!r}: {self.status}, attempt {self.attempt}>"
+
+    id = property(lambda self: self._record.run_id, doc="The run id.")
+    entrypoint = property(lambda self: self._record.entrypoint)
+    name = property(lambda self: self._record.name)
+    status = property(lambda self: self._record.status)
+    attempt = property(lambda self: self._record.attempt)
+    created = property(lambda self: self._record.created)
+    updated = property(lambda self: self._record.updated)
+    error = property(lambda self: self._record.error)
+
+    @property
+    def result(self) -> R:
+        """The entrypoint's return value.
+
+        Raises:
+            RunStateError: the run has not finished (it failed, is interrupted or running),
+                or its result could not be stored.
+        """
+        if self._result is not _UNSET:
+            return self._result  # type: ignore[no-any-return]
+        rec = self._record
+        if rec.status != "finished":
+            raise RunStateError(
+                f"run {rec.run_id!r} is {rec.status}, so it has no result"
+                + (f" (error: {rec.error})" if rec.error else "")
+                + ". Fix: rerun the entrypoint with the same arguments to resume it."
+            )
+        if rec.result is None:
+            raise RunStateError(f"run {rec.run_id!r} finished, but its result could not be "
+                                f"stored: {rec.error}")
+        return _serde.loads(rec.result)  # type: ignore[no-any-return]
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        """The steps of the run's latest attempt, in call order (including failed ones)."""
+        return self._store.list_steps(self.id, attempt=self.attempt)
+
+    def history(self) -> list[StepRecord]:
+        """Every step record of every attempt, in order (attempt, then position)."""
+        return self._store.list_steps(self.id)
+
+    def counts(self) -> dict[str, int]:
+        """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
+        ``failed``."""
+        c = collections.Counter(s.status for s in self.steps)
+        return {k: c.get(k, 0) for k in ("ran", "cached", "replayed", "failed")}
+
+    def summary(self) -> str:
+        """One line: status, steps by status, wall time (when known), what happened before.
+
+        Example: ``run 'index-3f2a…' finished: 1,001 steps — 0 ran, 1,001 replayed,
+        0 cached, 0 failed — in 0.41 s (continued a finished run)``.
+        """
+        c = self.counts()
+        total = sum(c.values())
+        text = (
+            f"run {self.id!r} {self.status}: {total:,} steps — {c['ran']:,} ran, "
+            f"{c['replayed']:,} replayed, {c['cached']:,} cached, {c['failed']:,} failed"
+        )
+        if self.wall_time is not None:
+            text += f" — in {self.wall_time:.2f} s"
+        if self.resumed_from == "finished":
+            text += " (reran a finished run: unchanged steps replayed from its journal)"
+        elif self.resumed_from is not None:
+            text += f" (resumed a run that was {self.resumed_from}: finished steps replayed)"
+        return text
+
+    def refresh(self) -> Run[R]:
+        """Read the run's record again from the store."""
+        rec = self._store.find_run(self.id)
+        if rec is not None:
+            self._record = rec
+            self._result = _UNSET
+        return self
+
+
+def _store_of(store: Store | None) -> Store:
+    return store if store is not None else default_store()
+
+
+def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
+    """Read a run back from the store, from any process.
+
+    Args:
+        run_id: The run's id (``Run.id``).
+        store: The store to read. Default: the configured store.
+
+    Returns:
+        The :class:`Run` handle.
+
+    Raises:
+        NotFoundError: no run with that id in the store (also a :class:`LookupError`).
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def hello(name):
+        ...     return f"hello {name}"
+        >>> run = hello.run("ada")
+        >>> durably.get_run(run.id, store=store).result
+        'hello ada'
+    """
+    st = _store_of(store)
+    rec = st.find_run(run_id)
+    if rec is None:
+        raise NotFoundError(
+            f"no run {run_id!r} in the store at {getattr(st, 'path', st)!r}. Fix: check the id "
+            "with durably.list_runs(), or point DURABLY_DIR at the store that holds it."
+        )
+    return Run(rec, st)
+
+
+def list_runs(entrypoint: Any = None, *, store: Store | None = None) -> list[Run[Any]]:
+    """The runs in the store, most recently updated first.
+
+    Args:
+        entrypoint: Only runs of this entrypoint: the decorated function itself, its name, or
+            its identity (``module:name``). Default: all runs.
+        store: The store to read. Default: the configured store.
+
+    Returns:
+        A list of :class:`Run`, newest first.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def square(x):
+        ...     return x * x
+        >>> _ = square(2), square(3)
+        >>> [r.result for r in durably.list_runs(square, store=store)]
+        [9, 4]
+    """
+    st = _store_of(store)
+    key = entrypoint
+    spec = getattr(entrypoint, "_self_spec", None)
+    if spec is not None:
+        key = spec.identity
+        if store is None and spec.store is not None:
+            st = spec.store
+    elif entrypoint is not None and not isinstance(entrypoint, str):
+        raise TypeError(
+            f"list_runs(entrypoint=...) takes an entrypoint or its name, not {entrypoint!r}"
+        )
+    return [Run(rec, st) for rec in st.list_runs(key)]

@@ -1,0 +1,437 @@
+"""The task call path (journal → cache → execute) and the run lifecycle.
+
+Call path of a task (DESIGN.md, "the heart"):
+
+1. bind the arguments to the signature, apply defaults, drop ignored ones;
+2. digest them canonically; cache key = (task identity, code fingerprint or ``version``,
+   input digest);
+3. inside a run: step identity = parent step + cache key + occurrence;
+4. the journal has the step → return its recorded result (replay); else the cache has the key
+   → record a cached step and return; else execute, store the result in the cache and append
+   the step to the journal (committed) before returning;
+5. outside a run: the cache alone;
+6. exceptions propagate unchanged, are journaled as failed steps, never cached.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from . import _serde
+from ._config import default_store
+from ._context import RunContext, current_run, current_step
+from ._fingerprint import Fingerprint, fingerprint_function
+from ._hashing import encode_arguments
+from ._store import RunRecord, StepRecord, Store, now
+from .exceptions import DefinitionError, RunStateError, SerializationError
+
+__all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_id"]
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
+_MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
+
+
+def module_identity(module: str | None) -> str:
+    """A stable name for a function's module; ``__main__`` becomes the script's name."""
+    if module != "__main__":
+        return module or "<unknown>"
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return str(spec.name)
+    file = getattr(main, "__file__", None)
+    if file:
+        stem = file.replace("\\", "/").rpartition("/")[2].rpartition(".")[0]
+        return f"__main__.{stem or file}"
+    return "__main__"
+
+
+class Spec:
+    """What a decorator knows about its function: identity, signature, options."""
+
+    __slots__ = (
+        "func", "raw", "name", "identity", "version", "cache", "ignore", "signature",
+        "is_async", "_fingerprint", "store",
+    )
+
+    def __init__(
+        self,
+        func: Any,
+        *,
+        kind: str,
+        name: str | None,
+        version: str | None = None,
+        cache: bool = True,
+        ignore: tuple[str, ...] = (),
+        store: Store | None = None,
+    ) -> None:
+        raw = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        if isinstance(raw, type) or not callable(raw):
+            what = "a class" if isinstance(raw, type) else f"{type(raw).__qualname__} {raw!r}"
+            raise DefinitionError(
+                f"@{kind} decorates functions, not {what}. Fix: decorate a function or method "
+                f"(for a class, decorate the method that does the work)."
+            )
+        qualname = getattr(raw, "__qualname__", None) or getattr(raw, "__name__", None)
+        if qualname is None:
+            raise DefinitionError(f"@{kind} needs a named function, got {raw!r}")
+        if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+            raise DefinitionError(
+                f"@{kind} cannot decorate the generator function {qualname!r}: a generator "
+                "cannot be stored or replayed. Fix: return a list (or make each item a task)."
+            )
+        if name is not None and (not isinstance(name, str) or not name):
+            raise DefinitionError(f"@{kind}(name=...) must be a non-empty string, not {name!r}")
+        if version is not None and (not isinstance(version, str) or not version):
+            raise DefinitionError(
+                f"@{kind}(version=...) of {qualname!r} must be a non-empty string, not "
+                f"{version!r}. Fix: version=\"1\" (bump it when the results must change)."
+            )
+        if not isinstance(cache, bool):
+            raise DefinitionError(f"@{kind}(cache=...) of {qualname!r} must be True or False")
+        if isinstance(ignore, str) or not all(isinstance(i, str) for i in ignore):
+            raise DefinitionError(
+                f"@{kind}(ignore=...) of {qualname!r} must be a tuple of argument names, not "
+                f"{ignore!r}. Fix: ignore=({ignore!r},)"
+                if isinstance(ignore, str)
+                else f"@{kind}(ignore=...) of {qualname!r} must be a tuple of argument names"
+            )
+        try:
+            signature = inspect.signature(raw)
+        except (TypeError, ValueError) as exc:
+            raise DefinitionError(f"@{kind} cannot read the signature of {qualname!r}: {exc}")
+        unknown = [i for i in ignore if i not in signature.parameters]
+        if unknown:
+            raise DefinitionError(
+                f"@{kind}(ignore=...) of {qualname!r} names {unknown}, which are not among its "
+                f"arguments {list(signature.parameters)}"
+            )
+        self.func = func
+        self.raw = raw
+        self.name = name or qualname
+        self.identity = f"{module_identity(getattr(raw, '__module__', None))}:{self.name}"
+        self.version = version
+        self.cache = cache
+        self.ignore = frozenset(ignore)
+        self.signature = signature
+        self.is_async = inspect.iscoroutinefunction(raw)
+        self.store = store
+        self._fingerprint: Fingerprint | None = None
+
+    def arguments(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Arguments bound by name, defaults applied, ignored ones dropped (joblib's rule:
+        ``f(1)``, ``f(x=1)`` and ``f(1, y=default)`` bind alike)."""
+        try:
+            if instance is not None and not isinstance(self.func, staticmethod):
+                bound = self.signature.bind(instance, *args, **kwargs)
+            else:
+                bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}(): {exc}") from None
+        bound.apply_defaults()
+        arguments = bound.arguments
+        if self.ignore:
+            for name in self.ignore:
+                arguments.pop(name, None)
+        return arguments
+
+    def code_version(self) -> str:
+        """The explicit ``version``, else the code fingerprint (revalidated, recomputed when a
+        name it depends on was rebound)."""
+        if self.version is not None:
+            return "v:" + self.version
+        fp = self._fingerprint
+        if fp is None or not fp.valid():
+            fp = self._fingerprint = fingerprint_function(self.raw)
+        return fp.digest
+
+    def digest_inputs(self, arguments: Any) -> str:
+        try:
+            return encode_arguments(arguments)
+        except SerializationError as exc:
+            raise SerializationError(
+                f"{self.name}(): {exc} (the version=\"...\" option does not help here: "
+                "inputs are always part of the cache key)"
+            ) from None
+        except RecursionError:
+            raise SerializationError(
+                f"{self.name}(): an argument is nested too deeply to digest. Fix: leave it "
+                "out of the cache key with ignore=(...), or pass a flatter value."
+            ) from None
+
+    def cache_key(self, input_digest: str) -> str:
+        return xxhash.xxh3_128_hexdigest(
+            f"{self.identity}\x00{self.code_version()}\x00{input_digest}".encode()
+        )
+
+
+def step_identity(parent: str | None, key: str, occurrence: int) -> str:
+    return xxhash.xxh3_128_hexdigest(f"{parent or ''}/{key}/{occurrence}".encode())
+
+
+def _load(data: bytes, spec: Spec, where: str) -> Any:
+    try:
+        return _serde.loads(data)
+    except Exception as exc:  # noqa: BLE001 - report as ours, with the way out
+        raise SerializationError(
+            f"cannot load the {where} result of task {spec.name!r}: {exc}. The code that "
+            "defines its type changed incompatibly. Fix: restore it, or start a new run "
+            "(fresh=True) / clear the cache entry."
+        ) from None
+
+
+class Call:
+    """One task call in progress: what :func:`begin_step` found, to finish it with."""
+
+    __slots__ = ("spec", "ctx", "store", "key", "step_id", "parent", "position", "started",
+                 "token")
+
+    def __init__(self, spec: Spec, ctx: RunContext | None, store: Store, key: str) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.store = store
+        self.key = key
+        self.step_id = ""
+        self.parent: str | None = None
+        self.position = 0
+        self.started = 0.0
+        self.token: Any = None
+
+    def record(self, status: str, error: str | None = None) -> StepRecord:
+        ctx = self.ctx
+        assert ctx is not None
+        return StepRecord(
+            ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
+            self.position, self.started, now(), error, self.key,
+        )
+
+    def enter(self) -> None:
+        """Make this step the parent of the tasks its body calls."""
+        if self.ctx is not None:
+            self.token = current_step.set(self.step_id)
+
+    def exit(self) -> None:
+        if self.token is not None:
+            current_step.reset(self.token)
+            self.token = None
+
+    def failed(self, exc: BaseException) -> None:
+        """Journal a failed step (never cached); the exception then propagates unchanged."""
+        ctx = self.ctx
+        if ctx is None or not isinstance(exc, Exception):
+            return
+        try:
+            self.store.append_steps([(self.record("failed", repr(exc)[:2000]), None)])
+            ctx.count("failed")
+        except Exception as store_exc:  # noqa: BLE001 - never hide the user's exception
+            exc.add_note(f"durably: could not journal this failure: {store_exc}")
+
+    def succeeded(self, result: Any) -> Any:
+        """Store the result in the cache and the journal (committed), then return it."""
+        spec = self.spec
+        data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
+        if spec.cache:
+            self.store.cache_put(self.key, data)
+        ctx = self.ctx
+        if ctx is not None:
+            self.store.append_steps([(self.record("ran"), data)])
+            ctx.count("ran")
+        return result
+
+
+_MISS = object()
+
+
+def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+               ) -> tuple[Any, Call]:
+    """Steps 1–5 of the call path up to execution: returns (value, call) where value is the
+    replayed or cached result, or ``_MISS`` when the body must run."""
+    ctx = current_run.get()
+    store = ctx.store if ctx is not None else (spec.store or default_store())
+    arguments = spec.arguments(instance, args, kwargs)
+    key = spec.cache_key(spec.digest_inputs(arguments))
+    call = Call(spec, ctx, store, key)
+    if ctx is None:
+        if spec.cache:
+            data = store.cache_get(key)
+            if data is not None:
+                return _load(data, spec, "cached"), call
+        return _MISS, call
+    parent = current_step.get()
+    call.parent = parent
+    call.step_id = step_identity(parent, key, ctx.occurrence(parent, key))
+    call.position = ctx.position()
+    call.started = now()
+    data = store.find_step(ctx.run_id, call.step_id)
+    if data is not None:
+        value = _load(data, spec, "journaled")
+        ctx.note_replayed(call.record("replayed"))
+        return value, call
+    if spec.cache:
+        data = store.cache_get(key)
+        if data is not None:
+            value = _load(data, spec, "cached")
+            store.append_steps([(call.record("cached"), data)])
+            ctx.count("cached")
+            return value, call
+    return _MISS, call
+
+
+MISS = _MISS
+
+
+def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+    value, call = begin_step(spec, instance, args, kwargs)
+    if value is not _MISS:
+        return value
+    call.enter()
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    finally:
+        call.exit()
+    return call.succeeded(result)
+
+
+async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    value, call = begin_step(spec, instance, args, kwargs)
+    if value is not _MISS:
+        return value
+    call.enter()
+    try:
+        result = await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    finally:
+        call.exit()
+    return call.succeeded(result)
+
+
+# -- runs ------------------------------------------------------------------------------------
+def validate_run_id(run_id: Any) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise DefinitionError(
+            f"invalid run_id {run_id!r}: use 1–200 letters, digits and . _ : @ + = -, starting "
+            "with a letter or digit (for example run_id=\"nightly-2026-11-29\")"
+        )
+    return run_id
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:80] or "run"
+
+
+class Started:
+    """A run that :func:`begin_run` started: its record, context and context tokens."""
+
+    __slots__ = ("record", "ctx", "tokens", "resumed_from", "wall")
+
+    def __init__(self, record: RunRecord, ctx: RunContext, resumed_from: str | None) -> None:
+        self.record = record
+        self.ctx = ctx
+        self.tokens: tuple[Any, Any] = (current_run.set(ctx), current_step.set(None))
+        self.resumed_from = resumed_from
+        self.wall = now()
+
+
+def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+              run_id: str | None, fresh: bool) -> Started:
+    """Find or create the run record and make the run active in this context."""
+    if not isinstance(fresh, bool):
+        raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
+    store = spec.store or default_store()
+    arguments = spec.arguments(instance, args, kwargs)
+    input_digest = spec.digest_inputs(arguments)
+    existing: RunRecord | None
+    if run_id is None:
+        base = f"{_slug(spec.name)}-" + xxhash.xxh3_64_hexdigest(
+            f"{spec.identity}\x00{input_digest}".encode()
+        )
+        existing = None if fresh else store.find_latest_run(spec.identity, input_digest)
+        run_id = existing.run_id if existing else (
+            f"{base}-{uuid.uuid4().hex[:8]}" if fresh else base
+        )
+        if existing is None and not fresh:
+            existing = store.find_run(run_id)
+    else:
+        validate_run_id(run_id)
+        existing = store.find_run(run_id)
+        if existing is not None:
+            if fresh:
+                raise RunStateError(
+                    f"fresh=True asks for a new run, but run {run_id!r} already exists "
+                    f"({existing.status}). Fix: choose another run_id, or leave fresh out to "
+                    "continue it."
+                )
+            if existing.entrypoint != spec.identity:
+                raise RunStateError(
+                    f"run {run_id!r} belongs to entrypoint {existing.entrypoint!r}, not "
+                    f"{spec.identity!r}. Fix: choose another run_id."
+                )
+            if existing.input_digest != input_digest:
+                raise RunStateError(
+                    f"run {run_id!r} of {spec.name!r} was started with other arguments. "
+                    "Fix: call it with the same arguments to continue it, or choose another "
+                    "run_id for these."
+                )
+    try:
+        stored_args: bytes | None = _serde.dumps((args, kwargs), what="the run's arguments")
+        if len(stored_args) > _MAX_ARGS_BYTES:
+            stored_args = None
+    except SerializationError:
+        stored_args = None
+    t = now()
+    record = RunRecord(
+        run_id=run_id,
+        entrypoint=spec.identity,
+        name=spec.name,
+        status="running",
+        created=existing.created if existing else t,
+        updated=t,
+        attempt=(existing.attempt + 1) if existing else 1,
+        input_digest=input_digest,
+        args=stored_args,
+    )
+    store.put_run(record)
+    resumed_from = existing.status if existing else None
+    return Started(record, RunContext(run_id, store, record.attempt), resumed_from)
+
+
+def end_run(started: Started, result: Any = None, exc: BaseException | None = None) -> None:
+    """Flush the attempt's buffered records and write the run's final status."""
+    run_token, step_token = started.tokens
+    current_step.reset(step_token)
+    current_run.reset(run_token)
+    ctx, record = started.ctx, started.record
+    try:
+        ctx.flush()
+    finally:
+        record.updated = now()
+        if exc is None:
+            record.status = "finished"
+            try:
+                record.result = _serde.dumps(result, what=f"the result of {record.name!r}")
+            except SerializationError as ser:
+                record.result = None
+                record.error = str(ser)
+        else:
+            record.status = "failed"
+            record.error = repr(exc)[:2000]
+        ctx.store.put_run(record)
+    if exc is not None and isinstance(exc, Exception):
+        exc.add_note(
+            f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
+            f"retry, or inspect it with durably.get_run({record.run_id!r})."
+        )

@@ -1,0 +1,489 @@
+"""Where results and journals live: the :class:`Store` protocol and :class:`DiskStore`.
+
+A store holds two things:
+
+- the **cache**: cache key → pickled result, shared by every run and process. Entries are
+  evicted only under a size limit the user set, and every eviction is logged and counted.
+- the **journals**: one per run, the append-only record of its steps (with their results), and
+  a row per run (entrypoint, status, arguments, result). Journals are never evicted.
+
+:class:`DiskStore` keeps the cache in a :class:`diskcache.Cache` and the journals in one SQLite
+database in WAL mode beside it (``journal.sqlite3``): a step is appended in one small
+transaction, committed before the task returns, and found again by ``(run_id, step_id)``
+through an index, so neither a run's length nor the number of runs slows a step down and a
+journal is never held whole in memory. A commit survives the process being killed at any
+moment; with ``synchronous="full"`` it also survives a power cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import sqlite3
+import struct
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import xxhash
+
+from .exceptions import StoreError
+
+__all__ = ["DiskStore", "RunRecord", "StepRecord", "Store", "STORE_FORMAT"]
+
+log = logging.getLogger("durably")
+
+#: Version of the on-disk layout; a store written by a newer durably is refused.
+STORE_FORMAT = 1
+
+FINISHED_STEP = ("ran", "cached")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a run, as its journal records it.
+
+    Attributes:
+        run_id: The run the step belongs to.
+        step_id: Stable identity of the step in the run (32 hex characters): parent step,
+            cache key and occurrence; it never depends on timing.
+        parent_id: The step that called this one, or None for a call from the entrypoint.
+        task: The task's name.
+        status: ``"ran"`` (executed), ``"cached"`` (served from the cross-run cache),
+            ``"replayed"`` (served from this run's journal) or ``"failed"``.
+        attempt: Which execution of the run (1 for the first, 2 after one resume, ...).
+        position: Order of the call within its attempt (0-based).
+        started: Start time, seconds since the epoch.
+        ended: End time, seconds since the epoch.
+        error: ``repr`` of the exception for a failed step, else None.
+        cache_key: The cache key of the call (32 hex characters).
+    """
+
+    run_id: str
+    step_id: str
+    parent_id: str | None
+    task: str
+    status: str
+    attempt: int
+    position: int
+    started: float
+    ended: float
+    error: str | None = None
+    cache_key: str = ""
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end."""
+        return self.ended - self.started
+
+
+@dataclasses.dataclass(slots=True)
+class RunRecord:
+    """The row of one run: what the store knows about it besides its steps."""
+
+    run_id: str
+    entrypoint: str
+    name: str
+    status: str
+    created: float
+    updated: float
+    attempt: int
+    input_digest: str
+    args: bytes | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the runtime needs from a store. Every implementation passes one conformance
+    suite (``tests/test_store.py``)."""
+
+    def cache_get(self, key: str) -> bytes | None:
+        """The stored bytes for a cache key, or None (a miss, or an entry found damaged)."""
+
+    def cache_put(self, key: str, value: bytes) -> None:
+        """Store bytes under a cache key, atomically."""
+
+    def find_run(self, run_id: str) -> RunRecord | None:
+        """The run's record, or None."""
+
+    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
+        """The most recently updated run of that entrypoint with those inputs, or None."""
+
+    def put_run(self, record: RunRecord) -> None:
+        """Insert or replace a run's record, durably."""
+
+    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""
+
+    def find_step(self, run_id: str, step_id: str) -> bytes | None:
+        """The result bytes of a finished (ran or cached) step of the run, or None."""
+
+    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        """Append step records (with result bytes for finished ones), in one transaction."""
+
+    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        """A run's step records in call order; ``attempt`` selects one execution."""
+
+    def close(self) -> None:
+        """Release files and connections; the store reopens on next use."""
+
+
+# -- cache values carry a checksum, so a damaged file is a miss, never a wrong result --------
+_HEAD = struct.Struct("<4sQ")
+_MAGIC = b"DRB1"
+
+
+def seal(payload: bytes) -> bytes:
+    """Prefix a payload with a magic number and its xxh3-64 checksum."""
+    return _HEAD.pack(_MAGIC, xxhash.xxh3_64_intdigest(payload)) + payload
+
+
+def unseal(data: bytes) -> bytes | None:
+    """The payload of :func:`seal`, or None when the bytes are damaged."""
+    if len(data) < _HEAD.size:
+        return None
+    magic, check = _HEAD.unpack_from(data)
+    payload = data[_HEAD.size :]
+    if magic != _MAGIC or xxhash.xxh3_64_intdigest(payload) != check:
+        return None
+    return payload
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, entrypoint TEXT NOT NULL, name TEXT NOT NULL,
+    status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    attempt INTEGER NOT NULL, input_digest TEXT NOT NULL,
+    args BLOB, result BLOB, error TEXT);
+CREATE INDEX IF NOT EXISTS runs_by_inputs ON runs (entrypoint, input_digest, updated);
+CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, position INTEGER NOT NULL,
+    step_id TEXT NOT NULL, parent_id TEXT, task TEXT NOT NULL, status TEXT NOT NULL,
+    started REAL NOT NULL, ended REAL NOT NULL, error TEXT, cache_key TEXT NOT NULL,
+    result BLOB);
+CREATE INDEX IF NOT EXISTS steps_by_id ON steps (run_id, step_id, status);
+CREATE INDEX IF NOT EXISTS steps_by_order ON steps (run_id, attempt, position);
+"""
+
+_RUN_COLS = (
+    "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
+    "error"
+)
+_STEP_COLS = (
+    "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
+    "cache_key"
+)
+
+
+class DiskStore:
+    """The default store: a directory holding a diskcache cache and a SQLite journal.
+
+    Nothing touches the disk until the first read or write. The directory is created readable
+    by its owner only (mode 0o700).
+
+    Args:
+        path: The store directory. Default: ``$DURABLY_DIR`` if set, else ``./.durably``
+            (resolved against the working directory when the store is first used).
+        size_limit: Cache size limit in bytes. Default None: the cache is never evicted.
+            With a limit, the least recently stored entries are evicted once the cache grows
+            past it; each eviction is logged on the ``durably`` logger and counted in
+            :meth:`stats`. Journals are never evicted.
+        synchronous: ``"normal"`` (default; a commit survives the process being killed) or
+            ``"full"`` (a commit also survives a power cut; slower).
+
+    Raises:
+        StoreError: (on first use) the path is a file, is not writable, or holds a store
+            written by a newer durably.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> store.cache_put("k", b"v"); store.cache_get("k")
+        b'v'
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        size_limit: int | None = None,
+        synchronous: str = "normal",
+    ) -> None:
+        if synchronous not in ("normal", "full"):
+            raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
+        if size_limit is not None and (not isinstance(size_limit, int) or size_limit <= 0):
+            raise ValueError(f"size_limit must be a positive number of bytes, not {size_limit!r}")
+        self._given = Path(path) if path is not None else None
+        self.size_limit = size_limit
+        self.synchronous = synchronous
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._cache: Any = None
+        self._root: Path | None = None
+        self._pid = 0
+        self.evicted = 0
+
+    def __repr__(self) -> str:
+        return f"DiskStore({str(self.path)!r})"
+
+    @property
+    def path(self) -> Path:
+        """The store directory (absolute once the store was used)."""
+        if self._root is not None:
+            return self._root
+        if self._given is not None:
+            return self._given
+        return Path(os.environ.get("DURABLY_DIR") or ".durably")
+
+    # -- opening ---------------------------------------------------------------------------
+    def _open(self) -> Path:
+        root = self._root
+        if root is not None and self._pid == os.getpid():
+            return root
+        with self._lock:
+            if self._root is not None and self._pid == os.getpid():
+                return self._root
+            root = self.path.absolute()
+            with self._translate(root, "open the store"):
+                if root.exists() and not root.is_dir():
+                    raise StoreError(
+                        f"the store path {root} is a file, not a directory. Fix: point "
+                        "DURABLY_DIR (or DiskStore(path)) at a directory, or remove the file."
+                    )
+                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._check_format(root)
+            self._root = root
+            self._pid = os.getpid()
+            self._cache = None
+            self._local = threading.local()
+            return root
+
+    def _check_format(self, root: Path) -> None:
+        marker = root / "FORMAT"
+        if marker.exists():
+            text = marker.read_text().strip()
+            try:
+                found = int(text.rpartition(" ")[2])
+            except ValueError:
+                raise StoreError(
+                    f"{marker} is damaged ({text[:40]!r}); expected 'durably-store "
+                    f"{STORE_FORMAT}'. Fix: restore it, or move the store away and start anew."
+                ) from None
+            if found > STORE_FORMAT:
+                raise StoreError(
+                    f"the store {root} was written by a newer durably (format {found}; this "
+                    f"version reads format {STORE_FORMAT}). Fix: upgrade durably, or use "
+                    "another DURABLY_DIR."
+                )
+        else:
+            tmp = root / f"FORMAT.{os.getpid()}.tmp"
+            tmp.write_text(f"durably-store {STORE_FORMAT}\n")
+            os.replace(tmp, marker)
+
+    @contextlib.contextmanager
+    def _translate(self, path: Path, action: str) -> Iterator[None]:
+        """Turn OS and SQLite errors into a StoreError that says where and what to do."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            text = str(exc).lower()
+            if "full" in text or getattr(exc, "errno", None) == 28:
+                hint = "the disk is full: free space, then rerun; finished steps are kept."
+            elif "readonly" in text or "read-only" in text or "permission" in text:
+                hint = "the store is not writable: fix its permissions or set DURABLY_DIR."
+            else:
+                hint = "check the path and its permissions, or set DURABLY_DIR to another one."
+            raise StoreError(f"cannot {action} at {path}: {exc}. Fix: {hint}") from exc
+
+    @property
+    def cache(self) -> Any:
+        """The underlying :class:`diskcache.Cache` (opened on first use)."""
+        root = self._open()
+        c = self._cache
+        if c is None:
+            import diskcache
+
+            with self._lock, self._translate(root / "cache", "open the cache"):
+                if self._cache is None:
+                    limited = self.size_limit is not None
+                    self._cache = diskcache.Cache(
+                        str(root / "cache"),
+                        eviction_policy="least-recently-stored" if limited else "none",
+                        size_limit=self.size_limit if limited else 2**62,
+                        cull_limit=0,
+                        statistics=False,
+                    )
+                c = self._cache
+        return c
+
+    def _db(self) -> sqlite3.Connection:
+        root = self._open()
+        con: sqlite3.Connection | None = getattr(self._local, "con", None)
+        if con is not None:
+            return con
+        path = root / "journal.sqlite3"
+        with self._translate(path, "open the journal"):
+            con = sqlite3.connect(
+                str(path), timeout=60.0, isolation_level=None, check_same_thread=False
+            )
+            con.execute("PRAGMA journal_mode=WAL")
+            con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version > STORE_FORMAT:
+                con.close()
+                raise StoreError(
+                    f"the journal {path} was written by a newer durably (format {version}). "
+                    "Fix: upgrade durably, or use another DURABLY_DIR."
+                )
+            if version < STORE_FORMAT:
+                con.executescript(_SCHEMA)  # idempotent: racing processes are fine
+                con.execute(f"PRAGMA user_version={STORE_FORMAT}")
+        self._local.con = con
+        return con
+
+    # -- cache -----------------------------------------------------------------------------
+    def cache_get(self, key: str) -> bytes | None:
+        cache = self.cache
+        with self._translate(self.path / "cache", "read the cache"):
+            data = cache.get(key)
+        if data is None:
+            return None
+        payload = unseal(data)
+        if payload is None:
+            log.warning("durably: cache entry %s at %s is damaged; recomputing it", key, self.path)
+            with contextlib.suppress(Exception):
+                cache.delete(key)
+        return payload
+
+    def cache_put(self, key: str, value: bytes) -> None:
+        cache = self.cache
+        with self._translate(self.path / "cache", "write the cache"):
+            cache.set(key, seal(value))
+            if self.size_limit is not None and cache.volume() > self.size_limit:
+                removed = cache.cull()
+                if removed:
+                    self.evicted += removed
+                    log.warning(
+                        "durably: cache at %s is over its size limit (%d bytes): evicted %d "
+                        "entries (%d this session)",
+                        self.path, self.size_limit, removed, self.evicted,
+                    )
+
+    def stats(self) -> dict[str, Any]:
+        """Cache entries (int), cache volume (bytes), runs (int) and evictions this session."""
+        cache = self.cache
+        runs = self._db().execute("SELECT count(*) FROM runs").fetchone()[0]
+        return {
+            "path": str(self.path),
+            "cache_entries": len(cache),
+            "cache_bytes": cache.volume(),
+            "size_limit": self.size_limit,
+            "evicted": self.evicted,
+            "runs": runs,
+        }
+
+    # -- journals --------------------------------------------------------------------------
+    def find_run(self, run_id: str) -> RunRecord | None:
+        row = self._query_one(f"SELECT {_RUN_COLS} FROM runs WHERE run_id=?", (run_id,))
+        return RunRecord(*row) if row else None
+
+    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
+        row = self._query_one(
+            f"SELECT {_RUN_COLS} FROM runs WHERE entrypoint=? AND input_digest=? "
+            "ORDER BY updated DESC, rowid DESC LIMIT 1",
+            (entrypoint, input_digest),
+        )
+        return RunRecord(*row) if row else None
+
+    def put_run(self, record: RunRecord) -> None:
+        values = dataclasses.astuple(record)
+        with self._translate(self.path / "journal.sqlite3", "write the journal"):
+            self._db().execute(
+                f"INSERT OR REPLACE INTO runs ({_RUN_COLS}) VALUES "
+                f"({', '.join('?' * len(values))})",
+                values,
+            )
+
+    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+            if entrypoint is None:
+                rows = self._db().execute(
+                    f"SELECT {_RUN_COLS} FROM runs ORDER BY updated DESC, rowid DESC"
+                ).fetchall()
+            else:
+                rows = self._db().execute(
+                    f"SELECT {_RUN_COLS} FROM runs WHERE entrypoint=? OR name=? "
+                    "ORDER BY updated DESC, rowid DESC",
+                    (entrypoint, entrypoint),
+                ).fetchall()
+        return [RunRecord(*row) for row in rows]
+
+    def find_step(self, run_id: str, step_id: str) -> bytes | None:
+        row = self._query_one(
+            "SELECT result FROM steps WHERE run_id=? AND step_id=? AND status IN "
+            "('ran', 'cached') LIMIT 1",
+            (run_id, step_id),
+        )
+        return bytes(row[0]) if row else None
+
+    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        if not steps:
+            return
+        rows = [dataclasses.astuple(rec) + (data,) for rec, data in steps]
+        sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 12)})"
+        with self._translate(self.path / "journal.sqlite3", "write the journal"):
+            db = self._db()
+            if len(rows) == 1:
+                db.execute(sql, rows[0])
+                return
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany(sql, rows)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+            if attempt is None:
+                rows = self._db().execute(
+                    f"SELECT {_STEP_COLS} FROM steps WHERE run_id=? ORDER BY attempt, position",
+                    (run_id,),
+                ).fetchall()
+            else:
+                rows = self._db().execute(
+                    f"SELECT {_STEP_COLS} FROM steps WHERE run_id=? AND attempt=? "
+                    "ORDER BY position",
+                    (run_id, attempt),
+                ).fetchall()
+        return [StepRecord(*row) for row in rows]
+
+    def _query_one(self, sql: str, params: tuple[Any, ...]) -> Any:
+        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+            return self._db().execute(sql, params).fetchone()
+
+    def close(self) -> None:
+        with self._lock:
+            con = getattr(self._local, "con", None)
+            if con is not None:
+                con.close()
+            self._local = threading.local()
+            if self._cache is not None:
+                self._cache.close()
+                self._cache = None
+            self._root = None
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch."""
+    return time.time()
