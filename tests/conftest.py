@@ -1,0 +1,65 @@
+"""Shared fixtures: a store parametrized over every implementation, isolated defaults, and a
+helper that runs a script in a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably.testing import MemoryStore
+
+STORES = ["disk", "memory"]
+
+
+def make_store(kind: str, root: Path) -> Any:
+    if kind == "disk":
+        return durably.DiskStore(root / "store")
+    return MemoryStore()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test gets its own default store directory, never ./.durably."""
+    monkeypatch.setenv("DURABLY_DIR", str(tmp_path / "default-store"))
+    durably.configure()
+    yield
+    durably.configure()
+
+
+@pytest.fixture(params=STORES)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """Each store implementation, configured as the default for the test."""
+    s = make_store(request.param, tmp_path)
+    durably.configure(store=s)
+    yield s
+    durably.configure()
+    s.close()
+
+
+def write_script(path: Path, source: str) -> Path:
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def script_env(store_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["DURABLY_DIR"] = str(store_dir)
+    env.update(extra)
+    return env
+
+
+def run_script(path: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=path.parent,
+    )
+    assert proc.returncode == 0, f"script failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc

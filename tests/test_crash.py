@@ -1,0 +1,155 @@
+"""Crash-resume with real subprocesses killed by SIGKILL, and cross-process cache keys."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import run_script, script_env, write_script
+
+pytestmark = pytest.mark.slow
+
+PIPELINE = """
+import asyncio, os, sys, time
+import durably
+
+COUNT = os.environ["COUNT_FILE"]
+SIDE = os.environ["SIDE_FILE"]
+PAUSE_AFTER = int(os.environ.get("PAUSE_AFTER", "0"))
+
+def mark(path, text):
+    with open(path, "a") as f:
+        f.write(text + "\\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+@durably.task
+def work(i):
+    mark(COUNT, str(i))
+    return i * i
+
+@durably.task(cache=False)
+def append_line(i):
+    mark(SIDE, f"line {i}")
+    return i
+
+@durably.task
+async def awork(i):
+    mark(COUNT, str(i))
+    await asyncio.sleep(0)
+    return i * i
+
+@durably.task(cache=False)
+async def aappend_line(i):
+    mark(SIDE, f"line {i}")
+    return i
+
+def pause(i):
+    if i == PAUSE_AFTER:
+        print(f"returned {i}", flush=True)
+        time.sleep(120)
+
+@durably.entrypoint
+def pipeline(n):
+    total = 0
+    for i in range(1, n + 1):
+        total += work(i)
+        append_line(i)
+        pause(i)
+    return total
+
+@durably.entrypoint
+async def apipeline(n):
+    total = 0
+    for i in range(1, n + 1):
+        total += await awork(i)
+        await aappend_line(i)
+        pause(i)
+    return total
+
+if __name__ == "__main__":
+    if sys.argv[1] == "async":
+        print("result", asyncio.run(apipeline(50)), flush=True)
+    else:
+        print("result", pipeline(50), flush=True)
+"""
+
+
+def _start(script: Path, env: dict[str, str], mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(script), mode], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, cwd=script.parent,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigkill_after_task_30_resumes_exactly(tmp_path: Path, mode: str) -> None:
+    script = write_script(tmp_path / "pipeline.py", PIPELINE)
+    count, side = tmp_path / "count.txt", tmp_path / "side.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), SIDE_FILE=str(side),
+                     PAUSE_AFTER="30")
+    with _start(script, env, mode) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        if line.strip() != "returned 30":
+            proc.kill()
+            pytest.fail(f"expected 'returned 30', got {line!r}: {proc.stderr.read()}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert count.read_text().split() == [str(i) for i in range(1, 31)]
+
+    env["PAUSE_AFTER"] = "0"
+    done = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"result {sum(i * i for i in range(1, 51))}"
+    # bodies 1-30 never again, 31-50 exactly once
+    assert count.read_text().split() == [str(i) for i in range(1, 51)]
+    # the cache=False side effect happened exactly once per call
+    assert side.read_text().splitlines() == [f"line {i}" for i in range(1, 51)]
+
+    # a third run of the finished run executes no task body at all
+    again = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    assert again.returncode == 0 and again.stdout == done.stdout
+    assert count.read_text().split() == [str(i) for i in range(1, 51)]
+    assert len(side.read_text().splitlines()) == 50
+
+
+HASHSEED = """
+import dataclasses, os, sys
+import durably
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    names: frozenset
+    weights: dict
+
+@durably.task
+def fit(config, tags, nested):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write("fit\\n")
+    return sorted(config.names), sorted(tags)
+
+config = Config(frozenset({"alpha", "beta", "gamma", "delta"}),
+                {"x": 1.5, "y": 2, "z": [1, 2, {"k": "v"}]})
+print(fit(config, {"a", "b", "c", "d", "e"}, {"outer": {"s": {"p", "q"}, "t": (1, "two")}}))
+print(fit.cache_key(config, {"e", "d", "c", "b", "a"}, {"outer": {"t": (1, "two"), "s": {"q", "p"}}}))
+"""
+
+
+def test_cache_hits_across_processes_with_different_hash_seeds(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "seeded.py", HASHSEED)
+    count = tmp_path / "count.txt"
+    outputs = []
+    for seed in ("0", "1", "4242"):
+        env = script_env(tmp_path / "store", COUNT_FILE=str(count), PYTHONHASHSEED=seed)
+        outputs.append(run_script(script, env).stdout)
+    assert len(set(outputs)) == 1
+    assert count.read_text().split() == ["fit"]

@@ -1,0 +1,469 @@
+"""The task call path and the run lifecycle, on every store implementation."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import entrypoint, task
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def __call__(self, *args: Any) -> None:
+        self.calls.append(args if len(args) != 1 else args[0])
+
+
+# -- 1. binding ------------------------------------------------------------------------------
+def test_positional_keyword_and_default_share_one_entry() -> None:
+    seen = Counter()
+
+    @task
+    def f(x: int, y: int = 2, *, z: int = 3) -> int:
+        seen(x)
+        return x + y + z
+
+    assert f(1) == f(x=1) == f(1, y=2) == f(1, 2, z=3) == f(z=3, y=2, x=1) == 6
+    assert seen.calls == [1]
+    assert f(1, y=5) == 9
+    assert seen.calls == [1, 1]
+    assert f.cache_key(1) == f.cache_key(x=1, y=2) != f.cache_key(1, 5)
+
+
+def test_ignored_argument_is_left_out_of_the_key() -> None:
+    seen = Counter()
+
+    @task(ignore=("verbose",))
+    def f(x: int, verbose: bool = False) -> int:
+        seen(x)
+        return x
+
+    f(1, verbose=True)
+    f(1, verbose=False)
+    assert seen.calls == [1]
+
+
+def test_outside_a_run_a_task_is_a_durable_memoized_function(store: Any) -> None:
+    seen = Counter()
+
+    @task
+    def f(x: int) -> list[int]:
+        seen(x)
+        return [x]
+
+    assert f(2) == [2] and f(2) == [2]
+    assert seen.calls == [2]
+    assert store.list_runs() == []
+
+
+def test_types_that_compare_equal_do_not_share_entries() -> None:
+    seen = Counter()
+
+    @task
+    def f(x: Any) -> str:
+        seen(x)
+        return repr(x)
+
+    assert [f(1), f(1.0), f(True), f("1")] == ["1", "1.0", "True", "'1'"]
+    assert len(seen.calls) == 4
+
+
+# -- options -----------------------------------------------------------------------------------
+def test_version_replaces_the_code_fingerprint() -> None:
+    def make(body: int) -> Any:
+        @task(name="versioned", version="1")
+        def f(x: int) -> int:
+            return x + body
+
+        return f
+
+    first, second = make(1), make(100)
+    assert first(1) == 2
+    assert second(1) == 2  # same name and version: the stored result is kept across edits
+    assert first.cache_key(1) == second.cache_key(1)
+
+
+def test_cache_false_is_never_served_from_the_cache_but_journaled_in_a_run() -> None:
+    seen = Counter()
+
+    @task(cache=False)
+    def notify(x: int) -> int:
+        seen(x)
+        return x
+
+    notify(1)
+    notify(1)
+    assert seen.calls == [1, 1]
+
+    @entrypoint
+    def pipeline() -> int:
+        return notify(5) + notify(5)
+
+    assert pipeline() == 10
+    assert seen.calls == [1, 1, 5, 5]  # two calls in the run: two steps (occurrence 0 and 1)
+    run = pipeline.run()
+    assert run.result == 10
+    assert seen.calls == [1, 1, 5, 5]
+    assert [s.status for s in run.steps] == ["replayed", "replayed"]
+
+
+# -- runs --------------------------------------------------------------------------------------
+def test_rerun_replays_finished_steps_and_handle_reports_them() -> None:
+    seen = Counter()
+
+    @task
+    def square(x: int) -> int:
+        seen(x)
+        return x * x
+
+    @entrypoint
+    def pipeline(n: int) -> int:
+        return sum(square(i) for i in range(n))
+
+    first = pipeline.run(4)
+    assert (first.status, first.result, first.attempt) == ("finished", 14, 1)
+    assert [s.status for s in first.steps] == ["ran"] * 4
+    assert all(s.task == "test_rerun_replays_finished_steps_and_handle_reports_them.<locals>."
+               "square" for s in first.steps)
+    assert all(s.ended >= s.started and s.duration >= 0 for s in first.steps)
+    second = pipeline.run(4)
+    assert second.id == first.id and second.attempt == 2
+    assert [s.status for s in second.steps] == ["replayed"] * 4
+    assert seen.calls == [0, 1, 2, 3]
+    assert "4 replayed" in second.summary() and "reran a finished run" in second.summary()
+    other = pipeline.run(5)
+    assert other.id != first.id
+    assert [s.status for s in other.steps] == ["cached"] * 4 + ["ran"]
+    assert seen.calls == [0, 1, 2, 3, 4]
+
+
+def test_fresh_starts_a_new_run_and_plain_rerun_continues_the_newest() -> None:
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return x
+
+    a = pipeline.run(1)
+    b = pipeline.run(1, fresh=True)
+    assert b.id != a.id and b.attempt == 1
+    c = pipeline.run(1)
+    assert c.id == b.id and c.attempt == 2
+
+
+def test_get_run_and_list_runs(store: Any) -> None:
+    @entrypoint(name="pipe")
+    def pipeline(x: int) -> int:
+        return x * 10
+
+    r1 = pipeline.run(1)
+    r2 = pipeline.run(2, run_id="my-run")
+    got = durably.get_run("my-run", store=store)
+    assert (got.id, got.status, got.result, got.name) == ("my-run", "finished", 20, "pipe")
+    assert [r.id for r in durably.list_runs()] == [r2.id, r1.id]
+    assert [r.id for r in durably.list_runs(pipeline)] == [r2.id, r1.id]
+    assert [r.id for r in durably.list_runs("pipe")] == [r2.id, r1.id]
+    assert durably.list_runs("other") == []
+    with pytest.raises(durably.NotFoundError, match="no run 'nope'") as info:
+        durably.get_run("nope")
+    assert isinstance(info.value, LookupError)
+
+
+def test_explicit_run_id_is_bound_to_its_entrypoint_and_arguments() -> None:
+    @entrypoint
+    def one(x: int) -> int:
+        return x
+
+    @entrypoint
+    def two(x: int) -> int:
+        return x
+
+    one.run(1, run_id="r1")
+    with pytest.raises(durably.RunStateError, match="belongs to entrypoint"):
+        two.run(1, run_id="r1")
+    with pytest.raises(durably.RunStateError, match="other arguments"):
+        one.run(2, run_id="r1")
+    with pytest.raises(durably.RunStateError, match="already exists"):
+        one.run(1, run_id="r1", fresh=True)
+    assert one.run(1, run_id="r1").attempt == 2
+
+
+def test_nested_tasks_are_steps_under_their_parent() -> None:
+    seen = Counter()
+
+    @task
+    def inner(x: int) -> int:
+        seen(("inner", x))
+        return x + 1
+
+    @task
+    def outer(x: int) -> int:
+        seen(("outer", x))
+        return inner(x) + inner(x + 10)
+
+    @entrypoint
+    def pipeline() -> int:
+        return outer(1)
+
+    run = pipeline.run()
+    assert run.result == 2 + 12
+    by_task = {s.task.rpartition(".")[2]: s for s in run.steps}
+    steps = run.steps
+    assert [s.task.rpartition(".")[2] for s in steps] == ["outer", "inner", "inner"]
+    assert steps[1].parent_id == steps[2].parent_id == by_task["outer"].step_id
+    assert steps[0].parent_id is None
+
+
+def test_entrypoint_called_inside_a_run_runs_inline() -> None:
+    @task
+    def t(x: int) -> int:
+        return x
+
+    @entrypoint
+    def child(x: int) -> int:
+        return t(x)
+
+    @entrypoint
+    def parent() -> int:
+        return child(1) + child(2)
+
+    run = parent.run()
+    assert run.result == 3
+    assert len(run.steps) == 2
+    assert len(durably.list_runs()) == 1
+
+
+# -- 6. exceptions -----------------------------------------------------------------------------
+def test_exception_propagates_unchanged_is_journaled_never_cached_and_retried() -> None:
+    seen = Counter()
+    fail = {"on": True}
+
+    class Boom(Exception):
+        pass
+
+    @task
+    def ok(x: int) -> int:
+        seen(("ok", x))
+        return x
+
+    @task
+    def flaky(x: int) -> int:
+        seen(("flaky", x))
+        if fail["on"]:
+            raise Boom(f"bad {x}")
+        return x * 100
+
+    @entrypoint
+    def pipeline() -> int:
+        return ok(1) + flaky(2)
+
+    with pytest.raises(Boom, match="bad 2") as info:
+        pipeline()
+    assert type(info.value) is Boom and info.value.args == ("bad 2",)
+    run = durably.list_runs(pipeline)[0]
+    assert run.status == "failed" and "Boom" in (run.error or "")
+    assert [(s.status, s.error) for s in run.steps] == [("ran", None), ("failed", "Boom('bad 2')")]
+    with pytest.raises(durably.RunStateError, match="is failed"):
+        _ = run.result
+    with pytest.raises(Boom):
+        flaky(2)  # not cached as a result: executes again
+    fail["on"] = False
+    again = pipeline.run()
+    assert again.result == 201 and again.id == run.id
+    assert [s.status for s in again.steps] == ["replayed", "ran"]
+    assert seen.calls == [("ok", 1), ("flaky", 2), ("flaky", 2), ("flaky", 2)]
+
+
+# -- 8. serialization --------------------------------------------------------------------------
+def test_unpicklable_result_fails_before_anything_is_written(store: Any) -> None:
+    @task
+    def make_lock() -> Any:
+        return threading.Lock()
+
+    @entrypoint
+    def pipeline() -> Any:
+        return make_lock()
+
+    with pytest.raises(durably.SerializationError, match="make_lock") as info:
+        pipeline()
+    assert "lock" in str(info.value)
+    run = durably.list_runs()[0]
+    assert [s.status for s in run.steps] == []
+    assert store.cache_get(make_lock.cache_key()) is None
+
+
+@pytest.mark.parametrize(
+    "value", [threading.Lock(), (i for i in range(3))], ids=["lock", "generator"]
+)
+def test_undigestable_argument_names_the_argument_and_the_way_out(value: Any) -> None:
+    @task
+    def use(config: int, handle: Any) -> int:
+        return config
+
+    with pytest.raises(durably.SerializationError) as info:
+        use(1, value)
+    msg = str(info.value)
+    assert "'handle'" in msg and "ignore=" in msg and "use" in msg
+
+    @task(ignore=("handle",))
+    def use_ignored(config: int, handle: Any) -> int:
+        return config
+
+    assert use_ignored(1, value) == 1
+
+
+def test_generator_result_is_refused() -> None:
+    @task
+    def gen() -> Any:
+        return (i for i in range(3))
+
+    with pytest.raises(durably.SerializationError, match="generator"):
+        gen()
+
+
+# -- 9. mutation -------------------------------------------------------------------------------
+def test_mutating_a_returned_object_never_changes_the_cache() -> None:
+    @task
+    def make() -> dict[str, list[int]]:
+        return {"xs": [1, 2]}
+
+    first = make()
+    first["xs"].append(3)
+    second = make()
+    assert second == {"xs": [1, 2]}
+    second["xs"].clear()
+    assert make() == {"xs": [1, 2]}
+
+    @entrypoint
+    def pipeline() -> dict[str, list[int]]:
+        out = make()
+        out["xs"].append(99)
+        return out
+
+    assert pipeline() == {"xs": [1, 2, 99]}
+    assert pipeline() == {"xs": [1, 2, 99]}
+
+
+# -- 7. identity -------------------------------------------------------------------------------
+def test_same_name_in_two_modules_never_shares_entries(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    source = "import durably\n\n@durably.task\ndef f(x):\n    return __name__\n"
+    for mod in ("mod_a_same", "mod_b_same"):
+        (tmp_path / f"{mod}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a = importlib.import_module("mod_a_same")
+    b = importlib.import_module("mod_b_same")
+    try:
+        assert a.f.cache_key(1) != b.f.cache_key(1)
+        assert (a.f(1), b.f(1)) == ("mod_a_same", "mod_b_same")
+    finally:
+        sys.modules.pop("mod_a_same")
+        sys.modules.pop("mod_b_same")
+
+
+# -- methods -----------------------------------------------------------------------------------
+def test_methods_classmethods_and_staticmethods() -> None:
+    seen = Counter()
+
+    @dataclasses.dataclass
+    class Model:
+        k: int
+
+        @task
+        def predict(self, x: int) -> int:
+            seen(("predict", self.k, x))
+            return self.k * x
+
+        @task
+        @classmethod
+        def build(cls, k: int) -> int:
+            seen(("build", k))
+            return k
+
+        @task
+        @staticmethod
+        def helper(x: int) -> int:
+            seen(("helper", x))
+            return -x
+
+    assert Model(2).predict(3) == 6 and Model(2).predict(x=3) == 6
+    assert Model(3).predict(3) == 9  # self is part of the inputs
+    assert Model.predict(Model(2), 3) == 6
+    assert Model.build(4) == Model.build(k=4) == 4
+    assert Model.helper(5) == Model(1).helper(5) == -5
+    assert seen.calls == [("predict", 2, 3), ("predict", 3, 3), ("build", 4), ("helper", 5)]
+
+
+def test_decorated_function_keeps_signature_doc_and_wrapped() -> None:
+    def original(a: int, b: str = "x") -> str:
+        """Docs."""
+        return b * a
+
+    t = task(original)
+    e = entrypoint(original)
+    for wrapper in (t, e):
+        assert wrapper.__wrapped__ is original
+        assert wrapper.__doc__ == "Docs."
+        assert wrapper.__name__ == "original"
+        assert inspect.signature(wrapper) == inspect.signature(original)
+
+
+# -- 10. async ---------------------------------------------------------------------------------
+def test_async_tasks_follow_the_same_rules() -> None:
+    seen = Counter()
+    fail = {"on": True}
+
+    @task
+    async def fetch(x: int, scale: int = 1) -> list[int]:
+        seen(("fetch", x))
+        await asyncio.sleep(0)
+        return [x * scale]
+
+    @task
+    async def flaky(x: int) -> int:
+        seen(("flaky", x))
+        if fail["on"]:
+            raise ValueError("no")
+        return x
+
+    @task(cache=False)
+    async def side(x: int) -> int:
+        seen(("side", x))
+        return x
+
+    @entrypoint
+    async def pipeline(n: int) -> list[Any]:
+        parts = await asyncio.gather(*(fetch(i) for i in range(n)))
+        await side(1)
+        return [*parts, await flaky(7)]
+
+    assert inspect.iscoroutinefunction(fetch) and inspect.iscoroutinefunction(pipeline)
+    with pytest.raises(ValueError, match="no"):
+        asyncio.run(pipeline(2))
+    assert asyncio.run(fetch(0)) == asyncio.run(fetch(x=0, scale=1)) == [0]
+    fail["on"] = False
+    run = asyncio.run(pipeline.run(2))
+    assert run.result == [[0], [1], 7]
+    assert sorted(s.status for s in run.steps) == ["ran", "replayed", "replayed", "replayed"]
+    run.result[0].append(5)
+    assert asyncio.run(fetch(0)) == [0]
+    assert seen.calls.count(("side", 1)) == 1
+    assert seen.calls.count(("fetch", 0)) == 1 and seen.calls.count(("flaky", 7)) == 2
+
+    @task
+    async def bad() -> Any:
+        return threading.Lock()
+
+    with pytest.raises(durably.SerializationError, match="bad"):
+        asyncio.run(bad())
