@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._config import configure
 from ._decorators import Entrypoint, Task, entrypoint, task
+from ._files import File, file
 from ._hashing import ENCODING_VERSION, digest, register_encoder
 from ._run import Run, get_run, list_runs
 from ._store import DiskStore, StepRecord, Store
@@ -29,6 +30,7 @@ __all__ = [
     "DiskStore",
     "DurablyError",
     "Entrypoint",
+    "File",
     "NotFoundError",
     "Run",
     "RunStateError",
@@ -40,6 +42,7 @@ __all__ = [
     "configure",
     "digest",
     "entrypoint",
+    "file",
     "get_run",
     "list_runs",
     "register_encoder",

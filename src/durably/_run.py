@@ -107,8 +107,11 @@ class Run(Generic[R]):
             text += f" — in {self.wall_time:.2f} s"
         if self.resumed_from == "finished":
             text += " (reran a finished run: unchanged steps replayed from its journal)"
+        elif self.resumed_from == "failed":
+            text += " (resumed a run that had failed: its finished steps were replayed)"
         elif self.resumed_from is not None:
-            text += f" (resumed a run that was {self.resumed_from}: finished steps replayed)"
+            text += (" (resumed a run that had stopped before finishing: its finished steps "
+                     "were replayed)")
         return text
 
     def refresh(self) -> Run[R]:

@@ -156,10 +156,7 @@ class Spec:
         try:
             return encode_arguments(arguments)
         except SerializationError as exc:
-            raise SerializationError(
-                f"{self.name}(): {exc} (the version=\"...\" option does not help here: "
-                "inputs are always part of the cache key)"
-            ) from None
+            raise SerializationError(f"task {self.name!r}: {exc}") from None
         except RecursionError:
             raise SerializationError(
                 f"{self.name}(): an argument is nested too deeply to digest. Fix: leave it "

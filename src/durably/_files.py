@@ -1,0 +1,102 @@
+"""File contents as task inputs: :func:`file`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import xxhash
+
+__all__ = ["File", "file"]
+
+_CHUNK = 1 << 20
+
+
+class File(os.PathLike[str]):
+    """A path whose digest is the file's *content*: a task that takes a :class:`File`
+    reruns when the file changes, and hits the cache while it does not.
+
+    It is a path-like object: ``open(f)``, ``Path(f)`` and ``f.read_bytes()`` work.
+    Made by :func:`file`.
+    """
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"durably.file({str(self.path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, File) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(("durably.File", self.path))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (File, (str(self.path),))
+
+    def content_digest(self) -> str:
+        """xxh3-128 of the file's bytes (32 hex characters), read in 1 MiB chunks.
+
+        Raises:
+            FileNotFoundError: the file does not exist (any other OSError propagates too).
+        """
+        h = xxhash.xxh3_128()
+        with open(self.path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return str(h.hexdigest())
+
+    def __durably_digest__(self) -> tuple[str, str]:
+        return (str(self.path), self.content_digest())
+
+    def read_bytes(self) -> bytes:
+        """The file's content."""
+        return self.path.read_bytes()
+
+    def read_text(self, encoding: str | None = None) -> str:
+        """The file's content decoded as text (UTF-8 unless ``encoding`` says otherwise)."""
+        return self.path.read_text(encoding=encoding or "utf-8")
+
+    def open(self, mode: str = "rb") -> IO[Any]:
+        """Open the file (binary by default)."""
+        return open(self.path, mode)  # noqa: SIM115 - the caller closes it
+
+
+def file(path: str | os.PathLike[str]) -> File:
+    """Mark a path as a file input: its digest is the path and the file's content.
+
+    Pass it to a task instead of a plain path, so editing the file makes the task rerun
+    (a plain string path would keep hitting the cache after the file changed).
+
+    Args:
+        path: A path to an existing file.
+
+    Returns:
+        A :class:`File` (path-like).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+
+    Example:
+        >>> import durably, pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "data.txt"
+        >>> _ = p.write_text("one")
+        >>> before = durably.digest(durably.file(p))
+        >>> _ = p.write_text("two")
+        >>> durably.digest(durably.file(p)) == before
+        False
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"durably.file({str(path)!r}): no such file"
+            + (" (it is a directory)" if p.is_dir() else "")
+        )
+    return File(p)

@@ -1,0 +1,74 @@
+"""Every example in examples/ runs; the demo resumes after SIGKILL and Ctrl-C."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import script_env
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO = EXAMPLES / "stdlib_index.py"
+
+pytestmark = pytest.mark.slow
+
+
+def _demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(DEMO), *args], env=script_env(cwd / ".durably"), cwd=cwd,
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def _counts(summary: str) -> dict[str, int]:
+    line = next(x for x in summary.splitlines() if x.startswith("run '"))
+    return {k: int(v.replace(",", "")) for v, k in re.findall(r"([\d,]+) (ran|replayed|cached)",
+                                                             line)}
+
+
+def test_demo_second_run_is_served_from_the_store(tmp_path: Path) -> None:
+    first = _demo(tmp_path, "--limit", "40")
+    assert "40 files" in first.stdout
+    assert _counts(first.stdout) == {"ran": 42, "replayed": 0, "cached": 0}
+    report = (tmp_path / "stdlib_report.md").read_text()
+    assert "Top identifiers" in report and "40 files" in report
+    second = _demo(tmp_path, "--limit", "40")
+    assert _counts(second.stdout) == {"ran": 0, "replayed": 42, "cached": 0}
+    assert "everything was served from the store" in second.stdout
+    # the report is a side effect journaled in the run: not written again
+    (tmp_path / "stdlib_report.md").unlink()
+    _demo(tmp_path, "--limit", "40")
+    assert not (tmp_path / "stdlib_report.md").exists()
+    # a different run (other arguments) reuses the cached per-file results
+    third = _demo(tmp_path, "--limit", "45", "--report", "other.md")
+    assert _counts(third.stdout) == {"ran": 5 + 2, "replayed": 0, "cached": 40}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+def test_demo_killed_halfway_continues_and_says_so(tmp_path: Path, sig: signal.Signals) -> None:
+    args = [sys.executable, str(DEMO), "--limit", "400"]
+    env = script_env(tmp_path / ".durably")
+    with subprocess.Popen(args, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "250/400" in line:
+                proc.send_signal(sig)
+                break
+        else:
+            pytest.fail("the demo never reported progress")
+        proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    again = _demo(tmp_path, "--limit", "400")
+    assert "an unfinished run exists" in again.stdout
+    assert "resumed a run that had" in again.stdout
+    counts = _counts(again.stdout)
+    assert counts["replayed"] >= 250 and counts["ran"] <= 152
+    assert counts["replayed"] + counts["ran"] == 402

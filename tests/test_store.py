@@ -1,0 +1,205 @@
+"""One conformance suite that every Store implementation passes, plus DiskStore specifics."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably._store import STORE_FORMAT, RunRecord, StepRecord, seal, unseal
+from durably.testing import MemoryStore
+
+from .conftest import run_script, script_env, write_script
+
+
+def _run(run_id: str, entrypoint: str = "m:ep", digest: str = "d" * 32, **kw: Any) -> RunRecord:
+    t = kw.pop("updated", time.time())
+    return RunRecord(run_id=run_id, entrypoint=entrypoint, name=entrypoint.rpartition(":")[2],
+                     status=kw.pop("status", "running"), created=t, updated=t,
+                     attempt=kw.pop("attempt", 1), input_digest=digest, **kw)
+
+
+def _step(run_id: str, step_id: str, status: str, position: int, attempt: int = 1
+          ) -> StepRecord:
+    return StepRecord(run_id, step_id, None, "t", status, attempt, position, 1.0, 2.0, None, "k")
+
+
+# -- conformance -------------------------------------------------------------------------------
+def test_is_a_store(store: Any) -> None:
+    assert isinstance(store, durably.Store)
+
+
+def test_cache_round_trip(store: Any) -> None:
+    assert store.cache_get("missing") is None
+    store.cache_put("k1", b"")
+    store.cache_put("k2", b"\x00" * 100_000)
+    assert store.cache_get("k1") == b""
+    assert store.cache_get("k2") == b"\x00" * 100_000
+    store.cache_put("k1", b"new")
+    assert store.cache_get("k1") == b"new"
+
+
+def test_runs_round_trip_and_order(store: Any) -> None:
+    assert store.find_run("r1") is None
+    store.put_run(_run("r1", updated=100.0))
+    store.put_run(_run("r2", entrypoint="m:other", updated=200.0))
+    store.put_run(_run("r3", updated=300.0, digest="e" * 32))
+    assert [r.run_id for r in store.list_runs()] == ["r3", "r2", "r1"]
+    assert [r.run_id for r in store.list_runs("m:ep")] == ["r3", "r1"]
+    assert [r.run_id for r in store.list_runs("ep")] == ["r3", "r1"]  # by name too
+    assert store.find_latest_run("m:ep", "d" * 32).run_id == "r1"
+    assert store.find_latest_run("m:ep", "f" * 32) is None
+    rec = store.find_run("r1")
+    rec.status, rec.updated, rec.result = "finished", 400.0, b"res"
+    store.put_run(rec)
+    again = store.find_run("r1")
+    assert (again.status, again.result) == ("finished", b"res")
+    assert [r.run_id for r in store.list_runs()] == ["r1", "r3", "r2"]
+
+
+def test_steps_finished_lookup_and_order(store: Any) -> None:
+    store.append_steps([(_step("r", "a", "ran", 0), b"A")])
+    store.append_steps([(_step("r", "b", "failed", 1), None),
+                        (_step("r", "c", "cached", 2), b"C")])
+    assert store.find_step("r", "a") == b"A"
+    assert store.find_step("r", "b") is None  # a failed step is not a result
+    assert store.find_step("r", "c") == b"C"
+    assert store.find_step("other", "a") is None
+    store.append_steps([(_step("r", "c", "replayed", 0, attempt=2), None),
+                        (_step("r", "b", "ran", 1, attempt=2), b"B")])
+    assert store.find_step("r", "b") == b"B"
+    assert [(s.step_id, s.status) for s in store.list_steps("r", attempt=2)] == [
+        ("c", "replayed"), ("b", "ran")]
+    assert [s.attempt for s in store.list_steps("r")] == [1, 1, 1, 2, 2]
+    assert store.list_steps("none") == []
+
+
+# -- DiskStore ---------------------------------------------------------------------------------
+def test_seal_detects_damage() -> None:
+    sealed = seal(b"payload")
+    assert unseal(sealed) == b"payload"
+    flipped = bytearray(sealed)
+    flipped[-1] ^= 1
+    assert unseal(bytes(flipped)) is None
+    assert unseal(sealed[:5]) is None
+    assert unseal(b"") is None
+
+
+def test_disk_store_is_lazy_private_and_marked(tmp_path: Path) -> None:
+    root = tmp_path / "lazy"
+    s = durably.DiskStore(root)
+    assert not root.exists()
+    s.cache_put("k", b"v")
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert (root / "FORMAT").read_text().strip() == f"durably-store {STORE_FORMAT}"
+    s.close()
+    assert durably.DiskStore(root).cache_get("k") == b"v"
+
+
+def test_damaged_cache_entry_is_a_miss_with_a_warning(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    s = durably.DiskStore(tmp_path / "s")
+    s.cache_put("k", b"v" * 10)
+    s.cache.set("k", b"garbage")  # what a bit flip or a torn write leaves behind
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        assert s.cache_get("k") is None
+    assert "damaged" in caplog.text and "k" in caplog.text
+
+
+def test_store_path_that_is_a_file_is_a_clear_error(tmp_path: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    with pytest.raises(durably.StoreError, match="is a file") as info:
+        durably.DiskStore(f).cache_get("k")
+    assert str(f) in str(info.value)
+
+
+def test_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "future"
+    root.mkdir()
+    (root / "FORMAT").write_text(f"durably-store {STORE_FORMAT + 1}\n")
+    with pytest.raises(durably.StoreError, match="newer durably"):
+        durably.DiskStore(root).cache_get("k")
+
+
+@pytest.mark.parametrize(
+    ("error", "hint"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "disk is full"),
+        (OSError(errno.EACCES, "Permission denied"), "not writable"),
+        (sqlite3.OperationalError("attempt to write a readonly database"), "not writable"),
+        (sqlite3.OperationalError("database or disk is full"), "disk is full"),
+    ],
+)
+def test_write_faults_become_store_errors_naming_path_and_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, hint: str) -> None:
+    s = durably.DiskStore(tmp_path / "s")
+    s.cache_put("ok", b"v")
+    s.put_run(_run("r"))
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(s.cache, "set", fail)
+    with pytest.raises(durably.StoreError, match=hint) as info:
+        s.cache_put("k", b"v")
+    assert str(tmp_path / "s") in str(info.value)
+    monkeypatch.undo()
+    assert s.cache_get("ok") == b"v" and s.cache_get("k") is None
+    assert s.find_run("r") is not None
+
+
+def test_size_limit_evicts_loudly_and_never_touches_journals(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    s = durably.DiskStore(tmp_path / "s", size_limit=200_000)
+    s.put_run(_run("keep"))
+    s.append_steps([(_step("keep", "a", "ran", 0), b"x" * 50_000)])
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        for i in range(100):
+            s.cache_put(f"k{i}", b"y" * 5_000)
+    assert s.evicted > 0 and s.stats()["evicted"] == s.evicted
+    assert "evicted" in caplog.text
+    assert s.cache.volume() <= 200_000
+    # least recently stored go first (diskcache culls in batches of ten)
+    assert s.cache_get("k99") is not None and s.cache_get("k0") is None
+    assert s.find_step("keep", "a") == b"x" * 50_000
+
+
+def test_no_size_limit_never_evicts(tmp_path: Path) -> None:
+    s = durably.DiskStore(tmp_path / "s")
+    for i in range(30):
+        s.cache_put(f"k{i}", b"z" * 40_000)
+    assert all(s.cache_get(f"k{i}") is not None for i in range(30))
+    assert s.evicted == 0
+
+
+def test_durably_dir_selects_the_default_store(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "p.py", """
+        import durably
+
+        @durably.task
+        def f(x):
+            return x + 1
+
+        print(f(1))
+    """)
+    env = script_env(tmp_path / "chosen")
+    assert run_script(script, env).stdout.strip() == "2"
+    assert (tmp_path / "chosen" / "FORMAT").exists()
+    assert not (tmp_path / ".durably").exists()
+    del env["DURABLY_DIR"]
+    run_script(script, env)
+    assert (tmp_path / ".durably" / "FORMAT").exists()
+
+
+def test_memory_store_is_independent() -> None:
+    a, b = MemoryStore(), MemoryStore()
+    a.cache_put("k", b"v")
+    assert b.cache_get("k") is None
