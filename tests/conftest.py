@@ -56,7 +56,9 @@ def script_env(store_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_script(path: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_script(
+    path: Path, env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=timeout,
         cwd=path.parent,

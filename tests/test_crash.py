@@ -140,7 +140,8 @@ def fit(config, tags, nested):
 config = Config(frozenset({"alpha", "beta", "gamma", "delta"}),
                 {"x": 1.5, "y": 2, "z": [1, 2, {"k": "v"}]})
 print(fit(config, {"a", "b", "c", "d", "e"}, {"outer": {"s": {"p", "q"}, "t": (1, "two")}}))
-print(fit.cache_key(config, {"e", "d", "c", "b", "a"}, {"outer": {"t": (1, "two"), "s": {"q", "p"}}}))
+print(fit.cache_key(config, {"e", "d", "c", "b", "a"},
+                    {"outer": {"t": (1, "two"), "s": {"q", "p"}}}))
 """
 
 

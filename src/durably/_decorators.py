@@ -24,8 +24,15 @@ __all__ = ["Entrypoint", "Task", "entrypoint", "task"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
+if TYPE_CHECKING:
+    from wrapt import FunctionWrapper as _Wrapper
+else:
+    # wrapt < 2.5 cannot subscript FunctionWrapper at run time: add the generic parameters here
+    class _Wrapper(wrapt.FunctionWrapper, Generic[P, R]):
+        pass
 
-class Task(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
+
+class Task(_Wrapper[P, R]):
     """A function whose calls are cached by input and journaled inside runs.
 
     Made by :func:`task`; call it exactly like the function it wraps.
@@ -34,10 +41,6 @@ class Task(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
         super().__init__(func, self._self_call)
         self._self_spec = spec
-
-    if TYPE_CHECKING:
-
-        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         spec = self._self_spec
@@ -48,7 +51,8 @@ class Task(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
     @property
     def spec(self) -> Spec:
         """The task's identity and options (name, identity, version, cache, ignore)."""
-        return self._self_spec  # type: ignore[no-any-return]
+        spec: Spec = self._self_spec
+        return spec
 
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """The cache key (32 hex characters) a call with these arguments would use.
@@ -61,7 +65,7 @@ class Task(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
         return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))))
 
 
-class Entrypoint(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
+class Entrypoint(_Wrapper[P, R]):
     """A top-level function whose every call is a durable run with a journal.
 
     Made by :func:`entrypoint`. Calling it returns the plain result; :meth:`run` returns
@@ -73,14 +77,11 @@ class Entrypoint(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
         super().__init__(func, self._self_call)
         self._self_spec = spec
 
-    if TYPE_CHECKING:
-
-        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
-
     @property
     def spec(self) -> Spec:
         """The entrypoint's identity and options."""
-        return self._self_spec  # type: ignore[no-any-return]
+        spec: Spec = self._self_spec
+        return spec
 
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if current_run.get() is not None:
@@ -100,7 +101,7 @@ class Entrypoint(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
 
         Args:
             *args: The entrypoint's positional arguments.
-            run_id: Continue or start the run with this id (1–200 letters, digits and
+            run_id: Continue or start the run with this id (1 to 200 letters, digits and
                 ``. _ : @ + = -``). A run id belongs to one entrypoint and one set of
                 arguments.
             fresh: Start a new run even if one with these arguments exists.
@@ -135,8 +136,10 @@ class Entrypoint(wrapt.FunctionWrapper, Generic[P, R]):  # type: ignore[misc]
         """
         wrapped = self.__wrapped__
         if self._self_spec.is_async:
-            return self._self_arun(wrapped, None, args, kwargs, run_id, fresh, True)  # type: ignore[no-any-return]
-        return self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True)  # type: ignore[no-any-return]
+            return self._self_arun(  # type: ignore[return-value]
+                wrapped, None, args, kwargs, run_id, fresh, True)
+        run: Run[R] = self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True)
+        return run
 
     def _self_srun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                    run_id: str | None, fresh: bool, handle: bool) -> Any:

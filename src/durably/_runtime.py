@@ -57,8 +57,17 @@ class Spec:
     """What a decorator knows about its function: identity, signature, options."""
 
     __slots__ = (
-        "func", "raw", "name", "identity", "version", "cache", "ignore", "signature",
-        "is_async", "_fingerprint", "store",
+        "_fingerprint",
+        "cache",
+        "func",
+        "identity",
+        "ignore",
+        "is_async",
+        "name",
+        "raw",
+        "signature",
+        "store",
+        "version",
     )
 
     def __init__(
@@ -106,7 +115,9 @@ class Spec:
         try:
             signature = inspect.signature(raw)
         except (TypeError, ValueError) as exc:
-            raise DefinitionError(f"@{kind} cannot read the signature of {qualname!r}: {exc}")
+            raise DefinitionError(
+                f"@{kind} cannot read the signature of {qualname!r}: {exc}"
+            ) from None
         unknown = [i for i in ignore if i not in signature.parameters]
         if unknown:
             raise DefinitionError(
@@ -187,8 +198,17 @@ def _load(data: bytes, spec: Spec, where: str) -> Any:
 class Call:
     """One task call in progress: what :func:`begin_step` found, to finish it with."""
 
-    __slots__ = ("spec", "ctx", "store", "key", "step_id", "parent", "position", "started",
-                 "token")
+    __slots__ = (
+        "ctx",
+        "key",
+        "parent",
+        "position",
+        "spec",
+        "started",
+        "step_id",
+        "store",
+        "token",
+    )
 
     def __init__(self, spec: Spec, ctx: RunContext | None, store: Store, key: str) -> None:
         self.spec = spec
@@ -248,7 +268,7 @@ _MISS = object()
 
 def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                ) -> tuple[Any, Call]:
-    """Steps 1–5 of the call path up to execution: returns (value, call) where value is the
+    """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
     replayed or cached result, or ``_MISS`` when the body must run."""
     ctx = current_run.get()
     store = ctx.store if ctx is not None else (spec.store or default_store())
@@ -320,7 +340,7 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
 def validate_run_id(run_id: Any) -> str:
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
         raise DefinitionError(
-            f"invalid run_id {run_id!r}: use 1–200 letters, digits and . _ : @ + = -, starting "
+            f"invalid run_id {run_id!r}: use 1 to 200 letters, digits and . _ : @ + = -, starting "
             "with a letter or digit (for example run_id=\"nightly-2026-11-29\")"
         )
     return run_id
@@ -333,7 +353,7 @@ def _slug(name: str) -> str:
 class Started:
     """A run that :func:`begin_run` started: its record, context and context tokens."""
 
-    __slots__ = ("record", "ctx", "tokens", "resumed_from", "wall")
+    __slots__ = ("ctx", "record", "resumed_from", "tokens", "wall")
 
     def __init__(self, record: RunRecord, ctx: RunContext, resumed_from: str | None) -> None:
         self.record = record
@@ -385,7 +405,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                 )
     try:
         stored_args: bytes | None = _serde.dumps((args, kwargs), what="the run's arguments")
-        if len(stored_args) > _MAX_ARGS_BYTES:
+        if stored_args is not None and len(stored_args) > _MAX_ARGS_BYTES:
             stored_args = None
     except SerializationError:
         stored_args = None

@@ -438,7 +438,7 @@ class DiskStore:
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         if not steps:
             return
-        rows = [dataclasses.astuple(rec) + (data,) for rec, data in steps]
+        rows = [(*dataclasses.astuple(rec), data) for rec, data in steps]
         sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 12)})"
         with self._translate(self.path / "journal.sqlite3", "write the journal"):
             db = self._db()
