@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from contextvars import ContextVar
 
 from ._store import StepRecord, Store
 
 __all__ = ["RunContext", "current_run", "current_step"]
 
-_FLUSH_EVERY = 2048
+_FLUSH_EVERY = 2048  # replay records buffered before a write
+_CACHE_BATCH = 256  # cache writes queued before a batch write
+_CACHE_BYTES = 32 << 20  # ... or this many bytes of results
+_CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
 
 
 class RunContext:
     """One execution (attempt) of a run: its store, counters and buffered replay records."""
 
     __slots__ = (
-        "run_id", "store", "attempt", "_occurrences", "_positions", "_pending", "_lock",
+        "_cache_bytes",
+        "_cache_since",
+        "_cache_writes",
+        "_lock",
+        "_occurrences",
+        "_pending",
+        "_positions",
+        "attempt",
         "counts",
+        "run_id",
+        "store",
     )
 
     def __init__(self, run_id: str, store: Store, attempt: int) -> None:
@@ -31,6 +44,9 @@ class RunContext:
         self._lock = threading.Lock()
         #: steps of this attempt by status: ran, cached, replayed, failed
         self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
+        self._cache_writes: dict[str, bytes] = {}
+        self._cache_bytes = 0
+        self._cache_since = 0.0
 
     def occurrence(self, parent: str | None, key: str) -> int:
         """The n-th identical call (same cache key) under the same parent, from 0."""
@@ -55,10 +71,38 @@ class RunContext:
         if full:
             self.flush()
 
+    def cache_later(self, key: str, data: bytes) -> None:
+        """Queue a cache write. Inside a run the journal already holds the result durably, so
+        cache writes (shared with other runs) are batched: a crash loses only cache entries
+        that the journal still has."""
+        t = time.monotonic()
+        with self._lock:
+            if not self._cache_writes:
+                self._cache_since = t
+            self._cache_writes[key] = data
+            self._cache_bytes += len(data)
+            full = (len(self._cache_writes) >= _CACHE_BATCH or self._cache_bytes >= _CACHE_BYTES
+                    or t - self._cache_since >= _CACHE_SECONDS)
+        if full:
+            self.flush_cache()
+
+    def pending_cache(self, key: str) -> bytes | None:
+        """A queued cache write for this key, if any (so the run sees its own results)."""
+        return self._cache_writes.get(key)
+
+    def flush_cache(self) -> None:
+        with self._lock:
+            writes, self._cache_writes, self._cache_bytes = self._cache_writes, {}, 0
+        self.store.cache_put_many(list(writes.items()))
+
     def flush(self) -> None:
+        """Write buffered replay records and queued cache writes."""
         with self._lock:
             pending, self._pending = self._pending, []
-        self.store.append_steps(pending)
+        try:
+            self.store.append_steps(pending)
+        finally:
+            self.flush_cache()
 
 
 current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=None)

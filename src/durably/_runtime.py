@@ -36,6 +36,7 @@ __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_i
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
+_WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
 
 
 def module_identity(module: str | None) -> str:
@@ -57,7 +58,12 @@ class Spec:
     """What a decorator knows about its function: identity, signature, options."""
 
     __slots__ = (
+        "_defaults",
         "_fingerprint",
+        "_keywords",
+        "_names",
+        "_nparams",
+        "_prepend_instance",
         "cache",
         "func",
         "identity",
@@ -135,19 +141,46 @@ class Spec:
         self.is_async = inspect.iscoroutinefunction(raw)
         self.store = store
         self._fingerprint: Fingerprint | None = None
+        self._prepend_instance = not isinstance(func, staticmethod)
+        # a fast binder for the common signature: no *args, **kwargs or positional-only
+        params = list(signature.parameters.values())
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        self._names: tuple[str, ...] | None = None
+        if all(p.kind in kinds for p in params):
+            self._names = tuple(p.name for p in params if p.kind is kinds[0])
+        self._keywords = frozenset(signature.parameters)
+        self._defaults = tuple(
+            (p.name, p.default) for p in params if p.default is not inspect.Parameter.empty
+        )
+        self._nparams = len(params)
 
     def arguments(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Arguments bound by name, defaults applied, ignored ones dropped (joblib's rule:
         ``f(1)``, ``f(x=1)`` and ``f(1, y=default)`` bind alike)."""
-        try:
-            if instance is not None and not isinstance(self.func, staticmethod):
-                bound = self.signature.bind(instance, *args, **kwargs)
-            else:
+        if instance is not None and self._prepend_instance:
+            args = (instance, *args)
+        names = self._names
+        arguments: dict[str, Any] | None = None
+        if names is not None and len(args) <= len(names):
+            arguments = dict(zip(names, args))
+            for key, value in kwargs.items():
+                if key in arguments or key not in self._keywords:
+                    arguments = None  # let inspect raise the precise TypeError
+                    break
+                arguments[key] = value
+            if arguments is not None:
+                for key, value in self._defaults:
+                    if key not in arguments:
+                        arguments[key] = value
+                if len(arguments) != self._nparams:
+                    arguments = None
+        if arguments is None:
+            try:
                 bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{self.name}(): {exc}") from None
-        bound.apply_defaults()
-        arguments = bound.arguments
+            except TypeError as exc:
+                raise TypeError(f"{self.name}(): {exc}") from None
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
         if self.ignore:
             for name in self.ignore:
                 arguments.pop(name, None)
@@ -254,12 +287,19 @@ class Call:
         """Store the result in the cache and the journal (committed), then return it."""
         spec = self.spec
         data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
-        if spec.cache:
-            self.store.cache_put(self.key, data)
         ctx = self.ctx
-        if ctx is not None:
-            self.store.append_steps([(self.record("ran"), data)])
-            ctx.count("ran")
+        if ctx is None:
+            if spec.cache:
+                self.store.cache_put(self.key, data)
+            return result
+        record = self.record("ran")
+        if spec.cache:
+            if record.ended - record.started >= _WRITE_THROUGH:
+                self.store.cache_put(self.key, data)
+            else:  # cheap step: batch its cache write (the journal entry below is immediate)
+                ctx.cache_later(self.key, data)
+        self.store.append_steps([(record, data)])
+        ctx.count("ran")
         return result
 
 
@@ -292,7 +332,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         ctx.note_replayed(call.record("replayed"))
         return value, call
     if spec.cache:
-        data = store.cache_get(key)
+        data = ctx.pending_cache(key)
+        if data is None:
+            data = store.cache_get(key)
         if data is not None:
             value = _load(data, spec, "cached")
             store.append_steps([(call.record("cached"), data)])

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -109,6 +110,9 @@ class Store(Protocol):
     def cache_put(self, key: str, value: bytes) -> None:
         """Store bytes under a cache key, atomically."""
 
+    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Store several entries (each atomically; the batch may be cheaper than one by one)."""
+
     def find_run(self, run_id: str) -> RunRecord | None:
         """The run's record, or None."""
 
@@ -132,6 +136,18 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release files and connections; the store reopens on next use."""
+
+
+def step_row(r: StepRecord) -> tuple[Any, ...]:
+    """A step record as a row (fast: dataclasses.astuple deep-copies)."""
+    return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
+            r.started, r.ended, r.error, r.cache_key)
+
+
+def run_row(r: RunRecord) -> tuple[Any, ...]:
+    """A run record as a row."""
+    return (r.run_id, r.entrypoint, r.name, r.status, r.created, r.updated, r.attempt,
+            r.input_digest, r.args, r.result, r.error)
 
 
 # -- cache values carry a checksum, so a damaged file is a miss, never a wrong result --------
@@ -182,6 +198,22 @@ _STEP_COLS = (
 )
 
 
+class _Translate:
+    __slots__ = ("store", "where", "action")
+
+    def __init__(self, store: DiskStore, where: str | Path, action: str) -> None:
+        self.store, self.where, self.action = store, where, action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or isinstance(exc, StoreError):
+            return
+        if isinstance(exc, (OSError, sqlite3.Error)):
+            raise self.store.store_error(exc, self.where, self.action) from exc
+
+
 class DiskStore:
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
@@ -229,6 +261,10 @@ class DiskStore:
         self._root: Path | None = None
         self._pid = 0
         self.evicted = 0
+        self._read_cache = _Translate(self, "cache", "read the cache")
+        self._write_cache = _Translate(self, "cache", "write the cache")
+        self._read_journal = _Translate(self, "journal.sqlite3", "read the journal")
+        self._write_journal = _Translate(self, "journal.sqlite3", "write the journal")
 
     def __repr__(self) -> str:
         return f"DiskStore({str(self.path)!r})"
@@ -287,22 +323,21 @@ class DiskStore:
             tmp.write_text(f"durably-store {STORE_FORMAT}\n")
             os.replace(tmp, marker)
 
-    @contextlib.contextmanager
-    def _translate(self, path: Path, action: str) -> Iterator[None]:
-        """Turn OS and SQLite errors into a StoreError that says where and what to do."""
-        try:
-            yield
-        except StoreError:
-            raise
-        except (OSError, sqlite3.Error) as exc:
-            text = str(exc).lower()
-            if "full" in text or getattr(exc, "errno", None) == 28:
-                hint = "the disk is full: free space, then rerun; finished steps are kept."
-            elif "readonly" in text or "read-only" in text or "permission" in text:
-                hint = "the store is not writable: fix its permissions or set DURABLY_DIR."
-            else:
-                hint = "check the path and its permissions, or set DURABLY_DIR to another one."
-            raise StoreError(f"cannot {action} at {path}: {exc}. Fix: {hint}") from exc
+    def _translate(self, where: str | Path, action: str) -> _Translate:
+        """A context that turns OS and SQLite errors into a StoreError naming the path."""
+        return _Translate(self, where, action)
+
+    def store_error(self, exc: BaseException, where: str | Path, action: str) -> StoreError:
+        path = where if isinstance(where, Path) else self.path / where
+        text = str(exc).lower()
+        if "full" in text or getattr(exc, "errno", None) == errno.ENOSPC:
+            hint = "the disk is full: free space, then rerun; finished steps are kept."
+        elif ("readonly" in text or "read-only" in text or "permission" in text
+              or getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS)):
+            hint = "the store is not writable: fix its permissions or set DURABLY_DIR."
+        else:
+            hint = "check the path and its permissions, or set DURABLY_DIR to another one."
+        return StoreError(f"cannot {action} at {path}: {exc}. Fix: {hint}")
 
     @property
     def cache(self) -> Any:
@@ -353,7 +388,7 @@ class DiskStore:
     # -- cache -----------------------------------------------------------------------------
     def cache_get(self, key: str) -> bytes | None:
         cache = self.cache
-        with self._translate(self.path / "cache", "read the cache"):
+        with self._read_cache:
             data = cache.get(key)
         if data is None:
             return None
@@ -365,9 +400,19 @@ class DiskStore:
         return payload
 
     def cache_put(self, key: str, value: bytes) -> None:
+        self.cache_put_many(((key, value),))
+
+    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        if not items:
+            return
         cache = self.cache
-        with self._translate(self.path / "cache", "write the cache"):
-            cache.set(key, seal(value))
+        with self._write_cache:
+            if len(items) == 1:
+                cache.set(items[0][0], seal(items[0][1]))
+            else:
+                with cache.transact():
+                    for key, value in items:
+                        cache.set(key, seal(value))
             if self.size_limit is not None and cache.volume() > self.size_limit:
                 removed = cache.cull()
                 if removed:
@@ -405,8 +450,8 @@ class DiskStore:
         return RunRecord(*row) if row else None
 
     def put_run(self, record: RunRecord) -> None:
-        values = dataclasses.astuple(record)
-        with self._translate(self.path / "journal.sqlite3", "write the journal"):
+        values = run_row(record)
+        with self._write_journal:
             self._db().execute(
                 f"INSERT OR REPLACE INTO runs ({_RUN_COLS}) VALUES "
                 f"({', '.join('?' * len(values))})",
@@ -414,7 +459,7 @@ class DiskStore:
             )
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
-        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+        with self._read_journal:
             if entrypoint is None:
                 rows = self._db().execute(
                     f"SELECT {_RUN_COLS} FROM runs ORDER BY updated DESC, rowid DESC"
@@ -438,9 +483,9 @@ class DiskStore:
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         if not steps:
             return
-        rows = [(*dataclasses.astuple(rec), data) for rec, data in steps]
+        rows = [(*step_row(rec), data) for rec, data in steps]
         sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 12)})"
-        with self._translate(self.path / "journal.sqlite3", "write the journal"):
+        with self._write_journal:
             db = self._db()
             if len(rows) == 1:
                 db.execute(sql, rows[0])
@@ -454,7 +499,7 @@ class DiskStore:
             db.execute("COMMIT")
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
-        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+        with self._read_journal:
             if attempt is None:
                 rows = self._db().execute(
                     f"SELECT {_STEP_COLS} FROM steps WHERE run_id=? ORDER BY attempt, position",
@@ -469,7 +514,7 @@ class DiskStore:
         return [StepRecord(*row) for row in rows]
 
     def _query_one(self, sql: str, params: tuple[Any, ...]) -> Any:
-        with self._translate(self.path / "journal.sqlite3", "read the journal"):
+        with self._read_journal:
             return self._db().execute(sql, params).fetchone()
 
     def close(self) -> None:

@@ -46,6 +46,10 @@ class MemoryStore:
     def cache_put(self, key: str, value: bytes) -> None:
         self._cache[key] = bytes(value)
 
+    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        for key, value in items:
+            self._cache[key] = bytes(value)
+
     def find_run(self, run_id: str) -> RunRecord | None:
         rec = self._runs.get(run_id)
         return dataclasses.replace(rec) if rec else None
