@@ -162,7 +162,7 @@ class Spec:
         names = self._names
         arguments: dict[str, Any] | None = None
         if names is not None and len(args) <= len(names):
-            arguments = dict(zip(names, args))
+            arguments = dict(zip(names, args, strict=False))
             for key, value in kwargs.items():
                 if key in arguments or key not in self._keywords:
                     arguments = None  # let inspect raise the precise TypeError

@@ -199,7 +199,7 @@ _STEP_COLS = (
 
 
 class _Translate:
-    __slots__ = ("store", "where", "action")
+    __slots__ = ("action", "store", "where")
 
     def __init__(self, store: DiskStore, where: str | Path, action: str) -> None:
         self.store, self.where, self.action = store, where, action
