@@ -66,7 +66,7 @@ class File(os.PathLike[str]):
 
     def open(self, mode: str = "rb") -> IO[Any]:
         """Open the file (binary by default)."""
-        return open(self.path, mode)  # noqa: SIM115 - the caller closes it
+        return open(self.path, mode)
 
 
 def file(path: str | os.PathLike[str]) -> File:
