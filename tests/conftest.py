@@ -18,6 +18,9 @@ from durably.testing import MemoryStore
 
 STORES = ["disk", "memory"]
 
+# type-checked by test_typing.py, never imported or run
+collect_ignore = ["typing"]
+
 
 def make_store(kind: str, root: Path) -> Any:
     if kind == "disk":
