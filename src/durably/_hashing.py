@@ -13,6 +13,7 @@ sure an upgrade never silently changes users' cache keys.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as _dt
 import decimal
@@ -21,6 +22,7 @@ import fractions
 import pathlib
 import struct
 import sys
+import types
 import uuid
 import warnings
 from collections.abc import Callable, Mapping
@@ -100,7 +102,7 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("buf", "hasher", "active", "path")
+    __slots__ = ("active", "buf", "hasher", "path")
 
     def __init__(self, path: str = "") -> None:
         self.buf = bytearray()
@@ -109,8 +111,12 @@ class Encoder:
         self.path = path
 
     # -- output -------------------------------------------------------------------------
-    def raw(self, tag: bytes, data: bytes | bytearray | memoryview) -> None:
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+    def raw(self, tag: bytes, data: Any) -> None:
+        """A tagged, length-prefixed buffer (bytes, bytearray or any C-contiguous buffer)."""
+        if not isinstance(data, (bytes, bytearray)):
+            # never `bytearray += ndarray`: numpy's __radd__ would add element-wise (or raise)
+            data = memoryview(data)
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
         buf = self.buf
         buf += tag
         buf += n.to_bytes(8, "little")
@@ -225,16 +231,26 @@ class Encoder:
     def other(self, obj: Any) -> None:
         t = type(obj)
         hook = getattr(t, "__durably_digest__", None)
+        tag = b"H"
+        if hook is None:
+            tag = b"R"
+            hook = next((_ENCODERS[k] for k in t.__mro__ if k in _ENCODERS), None)
         if hook is not None:
-            self.typed(b"H", t)
-            self.encode(hook(obj))
+            # entered, so a hook that returns its parent/children (a cycle) cannot recurse forever
+            if self.enter(obj):
+                try:
+                    self.typed(tag, t)
+                    value = hook(obj)
+                    if value is obj:  # would digest as a bare back-reference: all alike
+                        how = "__durably_digest__" if tag == b"H" else "the registered encoder"
+                        raise SerializationError(
+                            f"{how} of {type_path(t).decode()} returned the object itself. "
+                            "Fix: return the state that identifies it, e.g. a tuple of fields."
+                        )
+                    self.encode(value)
+                finally:
+                    self.leave(obj)
             return
-        for klass in t.__mro__:
-            enc = _ENCODERS.get(klass)
-            if enc is not None:
-                self.typed(b"R", t)
-                self.encode(enc(obj))
-                return
         for probe in _PROBES:
             if probe(self, obj, t):
                 return
@@ -275,10 +291,11 @@ class Encoder:
             self.encode(_callable_name(rv[0]))
             self.encode(args)
             self.encode(state)
-            if len(parts) > 2 and parts[2] is not None:
-                self.encode(list(parts[2]))
-            if len(parts) > 3 and parts[3] is not None:
-                self.encode(dict(parts[3]))
+            # always written (None when absent) so the encoding stays self-delimiting
+            items = parts[2] if len(parts) > 2 else None
+            self.encode(None if items is None else list(items))
+            pairs = parts[3] if len(parts) > 3 else None
+            self.encode(None if pairs is None else dict(pairs))
         finally:
             self.leave(obj)
 
@@ -387,7 +404,8 @@ def _uuid(e: Encoder, o: uuid.UUID) -> None:
     e.raw(b"U", o.bytes)
 
 
-def _tz(e: Encoder, tz: Any) -> None:
+def _tz(e: Encoder, o: _dt.datetime | _dt.time) -> None:
+    tz = o.tzinfo
     if tz is None:
         e.buf += b"N"
     elif isinstance(tz, _dt.timezone):
@@ -397,13 +415,22 @@ def _tz(e: Encoder, tz: Any) -> None:
     else:
         key = getattr(tz, "key", None)
         e.typed(b"Z", type(tz))
-        e.encode(key if key is not None else str(tz))
+        t = type(tz)
+        if key is None and t.__str__ is object.__str__ and t.__repr__ is object.__repr__:
+            # the default str() holds a memory address: digest the tzinfo's attributes
+            state = getattr(tz, "__dict__", None)
+            e.encode(dict(state) if state else None)
+        else:
+            e.encode(key if key is not None else str(tz))
+        # the offset in force: pytz-style zones keep one tzinfo object per offset
+        # (LMT, EST, EDT, ...) that all print the same zone name
+        e.encode(o.utcoffset())
 
 
 def _datetime(e: Encoder, o: _dt.datetime) -> None:
     e.buf += b"W"
     e.encode((o.year, o.month, o.day, o.hour, o.minute, o.second, o.microsecond, o.fold))
-    _tz(e, o.tzinfo)
+    _tz(e, o)
 
 
 def _date(e: Encoder, o: _dt.date) -> None:
@@ -414,7 +441,7 @@ def _date(e: Encoder, o: _dt.date) -> None:
 def _time(e: Encoder, o: _dt.time) -> None:
     e.buf += b"t"
     e.encode((o.hour, o.minute, o.second, o.microsecond, o.fold))
-    _tz(e, o.tzinfo)
+    _tz(e, o)
 
 
 def _timedelta(e: Encoder, o: _dt.timedelta) -> None:
@@ -466,7 +493,12 @@ def _probe_enum(e: Encoder, o: Any, t: type) -> bool:
     if not isinstance(o, enum.Enum):
         return False
     e.typed(b"E", t)
-    e.text(b"s", o.name)
+    name = o.name
+    if name is None:  # a Flag value without a name (Flag(0), bits outside the members)
+        e.buf += b"N"
+        e.encode(o.value)
+    else:
+        e.text(b"s", name)
     return True
 
 
@@ -508,16 +540,26 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
         if t is not np.ndarray:
             e.typed(b"S", t)
         dtype = o.dtype
-        e.text(b"x", str(dtype.descr) if dtype.fields is not None else dtype.str)
+        e.text(b"x", _dtype_text(dtype))
         e.encode(o.shape)
         if dtype.hasobject:
-            e.encode(o.tolist())
+            if e.enter(o):  # an object array may hold itself
+                try:
+                    e.encode(o.tolist())
+                finally:
+                    e.leave(o)
         else:
-            data = o if o.flags.c_contiguous else np.ascontiguousarray(o)
+            # a plain ndarray (subclasses' own view/reshape may misbehave), copied only
+            # when not C-contiguous
+            data = np.ascontiguousarray(o)
             e.raw(b"b", data.reshape(-1).view(np.uint8))
+        ma = sys.modules.get("numpy.ma")
+        if ma is not None and isinstance(o, ma.MaskedArray):
+            e.encode(ma.getmaskarray(o))
+            e.encode(o.fill_value)
         return True
     if isinstance(o, np.generic):
-        e.text(b"X", o.dtype.str)
+        e.text(b"X", _dtype_text(o.dtype))
         if o.dtype.hasobject:
             e.encode(o.item())
         else:
@@ -526,12 +568,17 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
     return False
 
 
+def _dtype_text(dtype: Any) -> str:
+    """A numpy dtype as text; a structured dtype with its field names and formats."""
+    return str(dtype.descr) if dtype.fields is not None else str(dtype.str)
+
+
 def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
     pd = sys.modules.get("pandas")
     if pd is None:
         return False
     if isinstance(o, pd.DataFrame):
-        e.typed(b"F", t)
+        e.typed(b"p", t)
         e.encode([str(c) for c in o.dtypes])
         e.encode(o.columns)
         e.encode(o.index)
@@ -539,14 +586,14 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
             e.encode(o[name].to_numpy())
         return True
     if isinstance(o, pd.Series):
-        e.typed(b"F", t)
+        e.typed(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(o.name)
         e.encode(o.index)
         e.encode(o.to_numpy())
         return True
     if isinstance(o, pd.Index):
-        e.typed(b"F", t)
+        e.typed(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(list(o.names))
         e.encode(o.to_numpy())
@@ -557,6 +604,17 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
 def _probe_callable(e: Encoder, o: Any, t: type) -> bool:
     from ._fingerprint import fingerprint_of
 
+    if isinstance(o, types.MethodType):
+        # function and instance encoded here, under the cycle guard: an instance may hold
+        # its own bound method (self.callback = self.run)
+        if e.enter(o):
+            try:
+                e.typed(b"B", t)
+                e.encode(o.__func__)
+                e.encode(o.__self__)
+            finally:
+                e.leave(o)
+        return True
     fp = fingerprint_of(o)
     if fp is None:
         return False
@@ -564,13 +622,32 @@ def _probe_callable(e: Encoder, o: Any, t: type) -> bool:
     return True
 
 
+_CONTAINERS = (tuple, list, dict, set, frozenset)
+
+
 def _probe_builtin_subclass(e: Encoder, o: Any, t: type) -> bool:
     for base in t.__mro__[1:]:
         f = _DISPATCH.get(base)
-        if f is not None and base is not object:
-            e.typed(b"^", t)
-            f(e, o)
+        if f is None:
+            continue
+        if not e.enter(o):
             return True
+        try:
+            e.typed(b"^", t)
+            if isinstance(o, collections.OrderedDict):
+                e.encode(list(o.items()))  # order is part of an OrderedDict's value
+            elif base in _CONTAINERS:
+                f(e, base(o))  # a plain copy: `o` itself is already entered
+            else:
+                f(e, o)
+            # attributes set on the instance, and a defaultdict's factory, are state too
+            extra = getattr(o, "__dict__", None)
+            e.encode(dict(extra) if extra else None)
+            if isinstance(o, collections.defaultdict):
+                e.encode(o.default_factory)
+        finally:
+            e.leave(o)
+        return True
     return False
 
 

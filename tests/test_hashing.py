@@ -1,0 +1,547 @@
+"""The canonical digest: equal values agree in every process, different values differ."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import fractions
+import importlib
+import json
+import os
+import pathlib
+import random
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+import zoneinfo
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import durably
+from durably._hashing import encode_arguments
+
+# -- shared strategies ---------------------------------------------------------------------
+# Set elements and dict keys never mix values that are == across types (1, 1.0, True, -0.0,
+# 0.0): Python keeps whichever came first, so such sets are "equal" yet hold different values.
+atoms = (
+    st.none() | st.booleans() | st.integers() | st.floats() | st.complex_numbers()
+    | st.text(max_size=8) | st.binary(max_size=8)
+)
+hashables = st.recursive(
+    st.integers() | st.text(max_size=8) | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=3).map(tuple) | st.frozensets(inner, max_size=3),
+    max_leaves=6,
+)
+values = st.recursive(
+    atoms | hashables,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(hashables, inner, max_size=4)
+        | st.sets(hashables, max_size=4)
+        | st.frozensets(hashables, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+def rebuild(v: Any, rnd: random.Random) -> Any:
+    """An equal value built from new containers, with dict and set insertion order shuffled."""
+    if isinstance(v, (dict, set, frozenset)):
+        items = list(v.items()) if isinstance(v, dict) else list(v)
+        rnd.shuffle(items)
+        if isinstance(v, dict):
+            return {rebuild(k, rnd): rebuild(x, rnd) for k, x in items}
+        return type(v)(rebuild(x, rnd) for x in items)
+    if isinstance(v, (list, tuple)):
+        return type(v)(rebuild(x, rnd) for x in v)
+    return v
+
+
+def strict(v: Any) -> str:
+    """Test oracle: a text that is equal exactly when two values must share a digest."""
+    t = type(v)
+    if t is float:
+        return "float:" + ("nan" if v != v else struct.pack("<d", v).hex())
+    if t is complex:
+        return f"complex({strict(v.real)},{strict(v.imag)})"
+    if t in (list, tuple):
+        return f"{t.__name__}[{','.join(strict(x) for x in v)}]"
+    if t is dict:
+        return "dict{" + ",".join(sorted(f"{strict(k)}:{strict(x)}" for k, x in v.items())) + "}"
+    if t in (set, frozenset):
+        return t.__name__ + "{" + ",".join(sorted(strict(x) for x in v)) + "}"
+    return f"{t.__name__}:{v!r}"
+
+
+digest = durably.digest
+NAN = float("nan")
+TOKYO = zoneinfo.ZoneInfo("Asia/Tokyo")
+
+
+# -- 1. properties ------------------------------------------------------------------------
+@settings(deadline=None)
+@given(values, st.randoms(use_true_random=False))
+def test_equal_values_built_in_any_order_share_a_digest(v: Any, rnd: random.Random) -> None:
+    assert digest(rebuild(v, rnd)) == digest(v)
+
+
+@settings(deadline=None)
+@given(values, values)
+def test_digests_differ_exactly_when_values_differ(a: Any, b: Any) -> None:
+    assert (digest(a) == digest(b)) == (strict(a) == strict(b))
+
+
+@settings(deadline=None)
+@given(values)
+def test_wrapping_a_value_changes_its_digest(v: Any) -> None:
+    forms = [v, [v], (v,), [v, v], {"k": v}, {"k": [v]}]
+    assert len({digest(w) for w in forms}) == len(forms)
+
+
+DISTINCT = [
+    1, 1.0, True, "1", b"1", bytearray(b"1"), 1 + 0j, decimal.Decimal(1), fractions.Fraction(1),
+    0.0, -0.0, 0, False, None, "", b"", [], (), {}, set(), frozenset(), [1], (1,), {1},
+    frozenset({1}), {1: 1}, {"1": 1}, [[1]], [(1,)], {"a": {1}}, {"a": frozenset({1})},
+    [1, [2]], [1, [2.0]], {"a": (1,)}, {"a": [1]}, range(1), slice(1), ..., 2**64, -(2**64),
+    float("inf"), -float("inf"), NAN, np.int64(1), np.float64(1.0), np.array(1),
+]
+
+
+def test_values_of_different_type_or_content_all_differ() -> None:
+    digests = [digest(v) for v in DISTINCT]
+    assert len(set(digests)) == len(DISTINCT)
+
+
+def test_nan_digests_equal_nan_deliberately() -> None:
+    other_nan = struct.unpack("<d", bytes.fromhex("010000000000f87f"))[0]  # another payload
+    assert digest(NAN) == digest(float("nan")) == digest(-NAN) == digest(other_nan)
+    assert digest([NAN, {"x": NAN}]) == digest([float("nan"), {"x": float("nan")}])
+    assert digest(complex(NAN, 1)) == digest(complex(float("nan"), 1))
+
+
+def test_order_never_matters_for_dicts_sets_and_arguments() -> None:
+    words = [f"word{i}" for i in range(1000)]
+    assert digest(set(words)) == digest(set(reversed(words))) != digest(frozenset(words))
+    assert digest(dict.fromkeys(words, 0)) == digest(dict.fromkeys(reversed(words), 0))
+    d = digest({"a": [1, 2.5, None]})
+    assert len(d) == 32 and int(d, 16) >= 0 and d == d.lower()
+    assert encode_arguments({"a": 1, "b": 2}) == encode_arguments({"b": 2, "a": 1})
+    assert encode_arguments({"a": 1, "b": 2}) != encode_arguments({"a": 2, "b": 1})
+    assert encode_arguments({"a": 1}) != encode_arguments({"b": 1})
+    assert encode_arguments({"a": 1}) != digest({"a": 1})
+
+
+def test_builtin_subclasses_keep_their_type_and_state() -> None:
+    od = collections.OrderedDict
+    assert digest(od(a=1, b=2)) != digest(od(b=2, a=1))  # order is part of the value
+    assert digest(od(a=1)) == digest(od(a=1)) != digest({"a": 1})
+    dd = collections.defaultdict
+    assert digest(dd(int, a=1)) != digest(dd(list, a=1))
+    tagged = type("Tagged", (list,), {})
+    x, y = tagged([1]), tagged([1])
+    assert digest(x) == digest(y) != digest([1])
+    y.meta = "other"
+    assert digest(x) != digest(y)
+
+
+# -- 2. stable across processes --------------------------------------------------------------
+VALUES_MODULE = '''
+import dataclasses, datetime as dt, decimal, enum, fractions, json, pathlib, uuid, zoneinfo
+from typing import NamedTuple
+import numpy as np
+import durably
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    tags: set
+
+Color = enum.Enum("Color", "RED BLUE")
+Pair = NamedTuple("Pair", [("a", int), ("b", frozenset)])
+WORDS = [f"w{i}" for i in range(40)]
+
+class Plain:
+    def __init__(self):
+        self.names = set(WORDS)
+
+class FixedTZ(dt.tzinfo):
+    def __init__(self, hours):
+        self.hours = hours
+    def utcoffset(self, d):
+        return dt.timedelta(hours=self.hours)
+
+def scale(x):
+    return x * len(WORDS)
+
+def values():
+    w = WORDS
+    return {
+        "dict": {k: i for i, k in enumerate(w)}, "set": set(w), "frozenset": frozenset(w),
+        "nested": {"a": [set(w[:5]), (frozenset(w[5:9]), {"k": {frozenset(w[9:12])}})]},
+        "dataclass": Point(1, set(w[:10])), "plain_object": Plain(),
+        "aware": dt.datetime(2024, 3, 1, 12, tzinfo=zoneinfo.ZoneInfo("Europe/Paris")),
+        "utc": dt.datetime(2024, 3, 1, 12, tzinfo=dt.UTC), "naive": dt.datetime(2024, 3, 1),
+        "custom_tz": dt.datetime(2024, 3, 1, tzinfo=FixedTZ(3)),
+        "decimal": decimal.Decimal("3.14"), "fraction": fractions.Fraction(2, 7),
+        "uuid": uuid.UUID(int=12345), "path": pathlib.Path("data") / "x.csv",
+        "enum": Color.BLUE, "namedtuple": Pair(1, frozenset(w)),
+        "array": np.arange(12).reshape(3, 4), "array_T": np.arange(12.0).reshape(3, 4).T,
+        "array_obj": np.array([set(w[:4]), "s"], dtype=object),
+        "big": bytes(range(256)) * 1024, "big_in_set": {bytes(70000), b"small"},
+        "function": scale,
+    }
+
+def main():
+    print(json.dumps({k: durably.digest(v) for k, v in values().items()}))
+'''
+
+
+def test_digests_are_identical_across_processes_and_hash_seeds(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "durably_stability_values"
+    (tmp_path / f"{name}.py").write_text(VALUES_MODULE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    runs = []
+    for seed in ("0", "1", "12345"):
+        out = subprocess.run(
+            [sys.executable, "-c", f"import {name}; {name}.main()"],
+            env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True,
+        )
+        runs.append(json.loads(out.stdout))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(name)
+    try:
+        here = {k: digest(v) for k, v in module.values().items()}
+    finally:
+        del sys.modules[name]
+    assert runs[0] == runs[1] == runs[2] == here
+    assert len(set(here.values())) == len(here)
+
+
+# -- 3. golden digests ------------------------------------------------------------------------
+@dataclasses.dataclass
+class GoldenPoint:
+    x: int
+    y: str
+
+
+class GoldenPlain:
+    def __init__(self) -> None:
+        self.n, self.tags = 1, {"b", "a"}
+
+
+GoldenColor = enum.Enum("GoldenColor", "RED")
+GoldenPair = collections.namedtuple("GoldenPair", "a b")
+for _golden_type in (GoldenPoint, GoldenPlain, GoldenColor, GoldenPair):  # whatever our module
+    _golden_type.__module__ = "golden_values"
+
+# Pinned digests: a change here changes every user's cache keys. Change ENCODING_VERSION and
+# these together, never silently.
+GOLDEN: list[tuple[Any, str]] = [
+    (None, "3ee6403d4745a5fd8dabb1c6b54e5ee8"),
+    (True, "c47800e13c0dee5e97724788c0926087"),
+    (2**100, "d70c42b502f6902d7c3d431f9639f02c"),
+    (-0.0, "e91eed936bce5de045be0bd87d3c1dc8"),
+    (NAN, "a62f15d7b2695f40376a39dac199b69f"),
+    (1 - 2j, "a2bd406c365e65809529e1be6bdeb017"),
+    ("héllo", "58b48bbe7df37febf070f6085a3d2773"),
+    (b"\x00\xff", "d72b14433b6e9d615bb55bed265d42f0"),
+    ([1, "a", None], "d893f0f5f1c0d10974b1cd82676fc6d4"),
+    ({"b": 2, "a": [1]}, "4d59a90bf474f29a4d48c562faebfe1b"),
+    ({3, 1, 2}, "8a490d6f3043b45d1b49fb8ac0048c46"),
+    (frozenset({"x", "y"}), "6d4c8a7a5d53cea4aa2b8d370562f8dd"),
+    (decimal.Decimal("1.10"), "b322e2af8967c045897d99c4db8e0dad"),
+    (uuid.UUID(int=1), "fa5c1e8521270c648eb5f1546a4b9144"),
+    (dt.datetime(2024, 1, 2, 3, 4, 5, 6), "ab09669f7e43c62cb85b824df683dd46"),
+    (dt.datetime(2024, 1, 2, tzinfo=dt.UTC), "44bc67dc3834f40647bd0414f902b40f"),
+    (dt.datetime(2024, 1, 2, tzinfo=TOKYO), "99965286495927407d4b30635f75ff35"),
+    (pathlib.PurePosixPath("a/b.txt"), "036aeaf6dff983e6d4eab876730ad89b"),
+    (np.arange(6, dtype="<i8").reshape(2, 3), "72895f124d187eb3fba1712379ff8db0"),
+    (np.float64(1.5), "f19b10eb341e24c3f6f138341a12bc14"),
+    (GoldenPoint(1, "y"), "d9906c52c4fefd751760c719b553724b"),
+    (GoldenPlain(), "79b7c3b77fd385908e4cf622988fa458"),
+    (GoldenColor.RED, "c575654288e882995e2ffb7764f3d7bb"),
+    (GoldenPair(1, {"k": b"v"}), "4a7a595af8d8d1788d7e171fa5885bf1"),
+    (bytes(range(256)) * 300, "227c3f9a866773e6210af181f3133312"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected"), GOLDEN, ids=[repr(v)[:40] for v, _ in GOLDEN])
+def test_golden_digests(value: Any, expected: str) -> None:
+    assert durably.ENCODING_VERSION == 1
+    assert digest(value) == expected
+
+
+# -- 4. numpy ---------------------------------------------------------------------------------
+def test_numpy_views_and_their_contiguous_copies_agree() -> None:
+    a = np.arange(24, dtype=np.float64).reshape(4, 6)
+    for view in (a[::2], a.T, a[:, 1::3], a[::-1], np.asfortranarray(a)):
+        assert not view.flags.c_contiguous
+        assert digest(view) == digest(np.ascontiguousarray(view))
+    assert digest(a[::2]) != digest(a[1::2])
+    assert digest(a.T) != digest(a)
+    assert digest(np.arange(3, dtype=np.int32)) != digest(np.arange(3, dtype=np.int64))
+    assert digest(np.ones(3, dtype=np.float32)) != digest(np.ones(3, dtype=np.float64))
+    b = np.arange(6)
+    assert digest(b.reshape(2, 3)) != digest(b.reshape(3, 2)) != digest(b)
+    assert digest(np.int64(1)) != digest(1) and digest(np.float64(1.0)) != digest(1.0)
+    assert digest(np.array(1)) != digest(np.int64(1))
+    # small arrays too, down to one byte (their bytes once went missing)
+    assert digest(np.array([1], np.uint8)) != digest(np.array([2], np.uint8))
+    assert digest(np.array([0.0])) != digest(np.array([-0.0]))
+    assert digest(np.zeros((0, 3))) != digest(np.zeros((3, 0)))
+
+
+def test_numpy_structured_object_datetime_and_masked_arrays() -> None:
+    rec = np.array([(1, 2.0), (3, 4.0)], dtype=[("x", "<i4"), ("y", "<f8")])
+    renamed = rec.astype([("u", "<i4"), ("y", "<f8")])
+    assert digest(rec) == digest(rec.copy()) != digest(renamed)
+    assert digest(rec[0]) == digest(rec.copy()[0]) != digest(renamed[0])
+    obj = np.array([{"a": 1}, [1, 2], "s"], dtype=object)
+    other = np.array([{"a": 2}, [1, 2], "s"], dtype=object)
+    assert digest(obj) == digest(obj.copy()) != digest(other)
+    days = np.array(["2024-01-01", "NaT"], dtype="datetime64[D]")
+    assert digest(days) == digest(days.copy()) != digest(days.astype("datetime64[s]"))
+    assert digest(days) != digest(np.array(["2024-01-02", "NaT"], dtype="datetime64[D]"))
+    masked = np.ma.array([1, 2, 3], mask=[False, True, False])
+    assert digest(masked) == digest(masked.copy()) != digest(np.ma.array([1, 2, 3]))
+    assert digest(masked) != digest(masked.data)
+
+
+# -- 5. datetime ------------------------------------------------------------------------------
+class FixedTZ(dt.tzinfo):
+    def dst(self, d: dt.datetime | None) -> None:
+        return None
+
+    def tzname(self, d: dt.datetime | None) -> None:
+        return None
+
+
+class ZoneLike(FixedTZ):  # like pytz: one object per offset, all printing the zone's name
+    def __init__(self, offset: float) -> None:
+        self.offset = dt.timedelta(hours=offset)
+
+    def __str__(self) -> str:
+        return "Zone/Like"
+
+    def utcoffset(self, d: dt.datetime | None) -> dt.timedelta:
+        return self.offset
+
+
+class BareTZ(FixedTZ):  # the default repr holds a memory address
+    def utcoffset(self, d: dt.datetime | None) -> dt.timedelta:
+        return dt.timedelta(hours=2)
+
+
+def test_datetimes_tz_is_part_of_the_value() -> None:
+    naive = dt.datetime(2024, 6, 1, 12)
+    utc = naive.replace(tzinfo=dt.UTC)
+    assert digest(naive) != digest(utc)
+    paris = utc.astimezone(zoneinfo.ZoneInfo("Europe/Paris"))
+    plus2 = utc.astimezone(dt.timezone(dt.timedelta(hours=2)))
+    assert paris == utc == plus2
+    assert len({digest(utc), digest(paris), digest(plus2)}) == 3
+    berlin = paris.replace(tzinfo=zoneinfo.ZoneInfo("Europe/Berlin"))
+    assert digest(paris) != digest(berlin)
+    again = dt.datetime(2024, 6, 1, 14, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))
+    assert digest(paris) == digest(again)
+    assert digest(dt.time(1, tzinfo=dt.UTC)) != digest(dt.time(1))
+    assert digest(dt.date(2024, 6, 1)) != digest(naive)
+    # other tzinfo classes: equal ones agree, one per offset (like pytz) differ by offset
+    a, b = BareTZ(), BareTZ()  # both alive: different addresses
+    assert digest(naive.replace(tzinfo=a)) == digest(naive.replace(tzinfo=b))
+    assert digest(naive.replace(tzinfo=ZoneLike(1))) == digest(naive.replace(tzinfo=ZoneLike(1)))
+    assert digest(naive.replace(tzinfo=ZoneLike(-5))) != digest(
+        naive.replace(tzinfo=ZoneLike(-4.9))
+    )
+
+
+# -- 6. records -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Box:
+    x: int
+    items: dict[str, int]
+
+
+Crate = dataclasses.make_dataclass("Crate", [("x", int), ("items", dict[str, int])])
+
+
+class Row(NamedTuple):
+    a: int
+    b: str
+
+
+Col = collections.namedtuple("Col", "a b")
+Level = enum.IntEnum("Level", "LOW HIGH")
+Perm = enum.Flag("Perm", "R W")
+
+
+def test_dataclasses_namedtuples_and_enums() -> None:
+    assert digest(Box(1, {"a": 1, "b": 2})) == digest(Box(1, {"b": 2, "a": 1}))
+    assert digest(Box(1, {"a": 1})) != digest(Box(2, {"a": 1}))
+    assert digest(Box(1, {"a": 1})) != digest(Crate(1, {"a": 1}))
+    assert len({digest(Row(1, "x")), digest(Col(1, "x")), digest((1, "x"))}) == 3
+    assert digest(Row(1, "x")) != digest(Row(1, "y"))
+    assert len({digest(Level.LOW), digest(Level.HIGH), digest(1), digest(Perm.R)}) == 4
+    flags = [Perm(0), Perm.R, Perm.W, Perm.R | Perm.W]
+    assert len({digest(f) for f in flags}) == 4
+
+
+def test_attrs_classes() -> None:
+    attrs: Any = pytest.importorskip("attrs")
+
+    @attrs.define
+    class Item:
+        x: int
+        tags: set[str]
+    assert digest(Item(1, {"a", "b"})) == digest(Item(1, {"b", "a"})) != digest(Item(2, set()))
+
+
+def test_pydantic_models() -> None:
+    pydantic: Any = pytest.importorskip("pydantic", minversion="2")
+
+    class Model(pydantic.BaseModel):
+        x: int
+        tags: dict[str, int]
+    assert digest(Model(x=1, tags={"a": 1, "b": 2})) == digest(Model(x=1, tags={"b": 2, "a": 1}))
+    assert digest(Model(x=1, tags={})) != digest(Model(x=2, tags={}))
+
+
+# -- 7. cycles --------------------------------------------------------------------------------
+def cyclic(value: int) -> tuple[list[Any], dict[str, Any]]:
+    a: list[Any] = [value]
+    a.append(a)
+    d: dict[str, Any] = {"v": value}
+    d["self"] = d
+    d["nested"] = [{"up": d}]
+    return a, d
+
+
+def test_cyclic_structures_digest_and_compare_by_content() -> None:
+    (a1, d1), (a2, d2), (a3, d3) = cyclic(1), cyclic(1), cyclic(2)
+    assert digest(a1) == digest(a2) != digest(a3)
+    assert digest(d1) == digest(d2) != digest(d3)
+    shared = [1]
+    assert digest([shared, shared]) == digest([[1], [1]])  # sharing without a cycle is fine
+
+
+# -- 8. hooks, registered encoders, stateless objects -------------------------------------------
+class Hooked:
+    def __init__(self, key: str, noise: object) -> None:
+        self.key, self.noise = key, noise
+
+    def __durably_digest__(self) -> str:
+        return self.key
+
+
+class Registered:
+    def __init__(self, key: int) -> None:
+        self.key = key
+        self.lock = threading.Lock()  # would not digest without the encoder
+
+
+RegisteredChild = type("RegisteredChild", (Registered,), {})
+durably.register_encoder(Registered, lambda r: r.key)
+
+
+class TreeNode:
+    def __init__(self, parent: TreeNode | None = None) -> None:
+        self.parent, self.children = parent, list[TreeNode]()
+        if parent is not None:
+            parent.children.append(self)
+
+    def __durably_digest__(self) -> Any:
+        return [self.parent, list(self.children)]  # fresh lists: only the node marks the cycle
+
+
+def test_durably_digest_hook_and_registered_encoders_are_used() -> None:
+    assert digest(Hooked("a", threading.Lock())) == digest(Hooked("a", object()))
+    assert digest(Hooked("a", 1)) != digest(Hooked("b", 1)) != digest("b")
+    assert digest(Registered(1)) == digest(Registered(1)) != digest(Registered(2))
+    assert digest(RegisteredChild(1)) not in (digest(Registered(1)), digest(1))
+    root = TreeNode()
+    TreeNode(TreeNode(root))
+    assert digest(root) == digest(root)
+    with pytest.raises(durably.DefinitionError):
+        durably.register_encoder("Registered", repr)  # type: ignore[arg-type]
+    itself = type("Itself", (), {"__durably_digest__": lambda self: self})
+    with pytest.raises(durably.SerializationError, match="Itself returned the object itself"):
+        digest(itself())
+
+
+def test_objects_without_state_warn_exactly_once() -> None:
+    class Opaque:
+        pass
+
+    with pytest.warns(UserWarning, match="Opaque expose no state") as record:
+        assert digest(Opaque()) == digest(Opaque())
+    assert len(record) == 1
+    assert digest(GoldenPlain()) != digest(Opaque())  # an object with state: no warning
+
+
+# -- 9. values that cannot be digested ----------------------------------------------------------
+def generator() -> Iterator[int]:
+    yield 1
+
+
+@pytest.mark.parametrize(
+    ("value", "type_name"), [(threading.Lock(), "_thread.lock"), (generator(), "generator")]
+)
+def test_undigestable_values_raise_a_serialization_error(value: Any, type_name: str) -> None:
+    with pytest.raises(durably.SerializationError, match=type_name):
+        digest({"deep": [value]})
+    with pytest.raises(durably.SerializationError, match=type_name) as info:
+        encode_arguments({"n": 1, "lock": value})  # names the argument and the fix
+    assert "argument 'lock'" in str(info.value) and "ignore=('lock',)" in str(info.value)
+
+
+# -- 10. functions as values ----------------------------------------------------------------------
+def make_adder(n: int) -> Any:
+    return lambda x: x + n
+
+
+class Runner:
+    def __init__(self, n: int) -> None:
+        self.n, self.callback = n, self.run  # holds its own bound method: a cycle
+
+    def run(self) -> int:
+        return self.n
+
+
+def test_functions_digest_by_code_and_captured_values() -> None:
+    assert digest(lambda x: x + 1) != digest(lambda x: x + 2)
+    assert digest(make_adder) == digest(make_adder)
+    assert digest(make_adder(1)) == digest(make_adder(1)) != digest(make_adder(2))
+    assert digest(make_adder) != digest(generator)
+    assert digest(Box) != digest(Crate) and digest(int) != digest(str)
+    assert digest(Runner(1)) == digest(Runner(1)) != digest(Runner(2))
+    assert digest(Runner(1).run) == digest(Runner(1).run) != digest(Runner(2).run)
+    assert digest(Runner(1).run) != digest(Runner.run)
+
+
+# -- 11. big buffers ----------------------------------------------------------------------------
+def test_big_buffers_digest_in_place() -> None:
+    size = 50 * 1024 * 1024
+    data = bytes(size)
+    changed = bytearray(data)
+    changed[-1] = 1
+    assert digest(data) == digest(bytes(size)) != digest(bytes(changed))
+    assert digest(data) != digest(bytearray(data)) and digest(data) != digest(memoryview(data))
+    array = np.zeros(size // 8)
+    other = array.copy()
+    other[-1] = 1.0
+    assert digest(array) == digest(array.copy()) != digest(other)
+    assert digest(array[::2]) == digest(np.ascontiguousarray(array[::2]))
+    assert digest({data, b"x"}) == digest({b"x", bytes(size)}) != digest({bytes(changed), b"x"})
