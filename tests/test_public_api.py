@@ -7,7 +7,8 @@ import inspect
 import durably
 
 EXPECTED = [
-    "ENCODING_VERSION", "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "File",
+    "ENCODING_VERSION", "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Explanation",
+    "File",
     "NotFoundError", "Run", "RunStateError", "SerializationError", "StepRecord", "Store",
     "StoreError", "Task", "configure", "digest", "entrypoint", "file", "get_run", "list_runs",
     "register_encoder", "task",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ._config import configure
 from ._decorators import Entrypoint, Task, entrypoint, task
+from ._explain import Explanation
 from ._files import File, file
 from ._hashing import ENCODING_VERSION, digest, register_encoder
 from ._run import Run, get_run, list_runs
@@ -30,6 +31,7 @@ __all__ = [
     "DiskStore",
     "DurablyError",
     "Entrypoint",
+    "Explanation",
     "File",
     "NotFoundError",
     "Run",

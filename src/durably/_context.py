@@ -7,7 +7,7 @@ import threading
 import time
 from contextvars import ContextVar
 
-from ._store import StepRecord, Store
+from ._store import KeyRecord, StepRecord, Store
 
 __all__ = ["RunContext", "current_run", "current_step"]
 
@@ -44,7 +44,7 @@ class RunContext:
         self._lock = threading.Lock()
         #: steps of this attempt by status: ran, cached, replayed, failed
         self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
-        self._cache_writes: dict[str, bytes] = {}
+        self._cache_writes: dict[str, tuple[bytes, KeyRecord | None]] = {}
         self._cache_bytes = 0
         self._cache_since = 0.0
 
@@ -71,7 +71,7 @@ class RunContext:
         if full:
             self.flush()
 
-    def cache_later(self, key: str, data: bytes) -> None:
+    def cache_later(self, key: str, data: bytes, info: KeyRecord | None) -> None:
         """Queue a cache write. Inside a run the journal already holds the result durably, so
         cache writes (shared with other runs) are batched: a crash loses only cache entries
         that the journal still has."""
@@ -79,7 +79,7 @@ class RunContext:
         with self._lock:
             if not self._cache_writes:
                 self._cache_since = t
-            self._cache_writes[key] = data
+            self._cache_writes[key] = (data, info)
             self._cache_bytes += len(data)
             full = (len(self._cache_writes) >= _CACHE_BATCH or self._cache_bytes >= _CACHE_BYTES
                     or t - self._cache_since >= _CACHE_SECONDS)
@@ -88,12 +88,13 @@ class RunContext:
 
     def pending_cache(self, key: str) -> bytes | None:
         """A queued cache write for this key, if any (so the run sees its own results)."""
-        return self._cache_writes.get(key)
+        found = self._cache_writes.get(key)
+        return found[0] if found is not None else None
 
     def flush_cache(self) -> None:
         with self._lock:
             writes, self._cache_writes, self._cache_bytes = self._cache_writes, {}, 0
-        self.store.cache_put_many(list(writes.items()))
+        self.store.cache_put_many([(k, d, i) for k, (d, i) in writes.items()])
 
     def flush(self) -> None:
         """Write buffered replay records and queued cache writes."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 import wrapt
 
 from ._context import current_run
+from ._explain import Explanation, explain
 from ._run import Run
 from ._runtime import Spec, begin_run, call_async, call_sync, end_run
 from ._store import Store, now
@@ -54,6 +55,39 @@ class Task(_Wrapper[P, R]):
         spec: Spec = self._self_spec
         return spec
 
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        """Say whether a call with these arguments would be served from the cache, and if
+        not, why: which argument, which function of your code, or which version differs from
+        the nearest earlier entry of this task. Nothing is executed or written.
+
+        Args:
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            An :class:`~durably.Explanation` (``.hit``, ``.changed_arguments``,
+            ``.changed_code``, ``.version_change``; ``str()`` reads as a sentence).
+
+        Raises:
+            SerializationError: an argument cannot be digested.
+            TypeError: the arguments do not fit the signature.
+
+        Example:
+            >>> import durably, tempfile
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def area(width, height):
+            ...     return width * height
+            >>> area(2, 3)
+            6
+            >>> area.explain(2, 3).hit
+            True
+            >>> area.explain(2, 4).changed_arguments
+            ('height',)
+            >>> durably.configure()
+        """
+        return explain(self._self_spec, None, None, args, kwargs)
+
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """The cache key (32 hex characters) a call with these arguments would use.
 
@@ -62,7 +96,7 @@ class Task(_Wrapper[P, R]):
             TypeError: the arguments do not fit the signature.
         """
         spec = self._self_spec
-        return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))))
+        return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))[0]))
 
 
 class Entrypoint(_Wrapper[P, R]):

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import wrapt
+import xxhash
 
 from ._hashing import Encoder
 from .exceptions import SerializationError
@@ -203,6 +204,13 @@ def _spec_is_user(spec: Any) -> bool:
     return any(_is_user_path(p) for p in paths)
 
 
+def _is_code(v: Any) -> bool:
+    """Functions, classes, modules and wrappers: fingerprinted as code, not as values."""
+    return isinstance(v, (types.FunctionType, type, types.ModuleType, types.MethodType,
+                          types.BuiltinFunctionType, wrapt.FunctionWrapper,
+                          wrapt.BoundFunctionWrapper)) or _wrapped_of(v) is not None
+
+
 def _wrapped_of(v: Any) -> Any:
     """The function a decorator object (``functools.cache``, ``functools.wraps``) wraps."""
     if not callable(v):
@@ -258,6 +266,8 @@ class _Walker:
                     continue
                 self.attrs.append((cell, "cell_contents", value))
                 self.value(e, value, refs.names)
+            own = e.hasher.copy() if e.hasher is not None else xxhash.xxh3_128()
+            own.update(bytes(e.buf))  # the function itself, without what it refers to
             ns = f.__globals__
             for gname in sorted(refs.globals):
                 value = ns.get(gname, _MISSING)
@@ -266,14 +276,21 @@ class _Walker:
                 if value is _MISSING:
                     continue  # a builtin, or a name not defined yet
                 e.text(b"g", gname)
-                self.value(e, value, refs.names)
+                if _is_code(value):
+                    self.value(e, value, refs.names)
+                else:  # a module-level constant: a part of its own, so explain can name it
+                    sub = Encoder(name)
+                    self.value(sub, value, refs.names)
+                    digest = sub.hexdigest()
+                    e.text(b"k", digest)
+                    self.parts.setdefault(f"{f.__module__}.{gname}", digest)
             for module, level, fromlist in sorted(refs.imports):
                 self.imported(e, module, level, fromlist, ns, refs.names)
             result = e.hexdigest()
         finally:
             self.active.discard(key)
         self.done[key] = result
-        self.parts[name] = result
+        self.parts[name] = str(own.hexdigest())
         return result
 
     def code(self, e: Encoder, code: types.CodeType, refs: _Refs) -> None:
@@ -343,10 +360,13 @@ class _Walker:
         self.keep.append(c)
         try:
             e = Encoder(name)
+            own = Encoder(name)  # the class itself: bases and attributes that are not code
             e.text(b"Q", c.__qualname__)
+            own.text(b"Q", c.__qualname__)
             names: set[str] = set()
             for base in c.__bases__:
                 self.value(e, base, names)
+                own.text(b"B", f"{base.__module__}.{base.__qualname__}")
             ns = vars(c)
             for attr, value in sorted(ns.items()):
                 if attr in _SKIP_CLASS_ATTRS:
@@ -358,13 +378,17 @@ class _Walker:
                 if isinstance(value, property):
                     for acc in (value.fget, value.fset, value.fdel):
                         self.value(e, acc, names)
+                elif _is_code(value):
+                    self.value(e, value, names)
                 else:
                     self.value(e, value, names)
+                    own.text(b"g", attr)
+                    self.value(own, value, names)
             result = e.hexdigest()
         finally:
             self.active.discard(key)
         self.done[key] = result
-        self.parts[name] = result
+        self.parts[name] = own.hexdigest()
         return result
 
     def module(self, e: Encoder, m: types.ModuleType, names: set[str]) -> None:

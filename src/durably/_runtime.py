@@ -28,8 +28,8 @@ from . import _serde
 from ._config import default_store
 from ._context import RunContext, current_run, current_step
 from ._fingerprint import Fingerprint, fingerprint_function
-from ._hashing import encode_arguments
-from ._store import RunRecord, StepRecord, Store, now
+from ._hashing import digest_arguments
+from ._store import KeyRecord, RunRecord, StepRecord, Store, now
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
 __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_id"]
@@ -196,9 +196,14 @@ class Spec:
             fp = self._fingerprint = fingerprint_function(self.raw)
         return fp.digest
 
-    def digest_inputs(self, arguments: Any) -> str:
+    def digest_inputs(self, arguments: Any) -> tuple[str, dict[str, str]]:
+        """The input digest and the digest of each argument.
+
+        Raises:
+            SerializationError: an argument cannot be digested (names it and the fix).
+        """
         try:
-            return encode_arguments(arguments)
+            return digest_arguments(arguments)
         except SerializationError as exc:
             raise SerializationError(f"task {self.name!r}: {exc}") from None
         except RecursionError:
@@ -211,6 +216,19 @@ class Spec:
         return xxhash.xxh3_128_hexdigest(
             f"{self.identity}\x00{self.code_version()}\x00{input_digest}".encode()
         )
+
+    def code_parts(self) -> dict[str, str]:
+        """Fingerprint of each user function or class the code depends on (empty with an
+        explicit ``version``)."""
+        if self.version is not None:
+            return {}
+        self.code_version()
+        assert self._fingerprint is not None
+        return dict(self._fingerprint.changed_by)
+
+    def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
+        return KeyRecord(self.identity, key, self.code_version(), inputs, self.code_parts(),
+                         now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
@@ -233,6 +251,7 @@ class Call:
 
     __slots__ = (
         "ctx",
+        "inputs",
         "key",
         "parent",
         "position",
@@ -248,6 +267,7 @@ class Call:
         self.ctx = ctx
         self.store = store
         self.key = key
+        self.inputs: dict[str, str] = {}
         self.step_id = ""
         self.parent: str | None = None
         self.position = 0
@@ -290,14 +310,15 @@ class Call:
         ctx = self.ctx
         if ctx is None:
             if spec.cache:
-                self.store.cache_put(self.key, data)
+                self.store.cache_put(self.key, data, spec.key_record(self.key, self.inputs))
             return result
         record = self.record("ran")
         if spec.cache:
+            info = spec.key_record(self.key, self.inputs)
             if record.ended - record.started >= _WRITE_THROUGH:
-                self.store.cache_put(self.key, data)
+                self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
-                ctx.cache_later(self.key, data)
+                ctx.cache_later(self.key, data, info)
         self.store.append_steps([(record, data)])
         ctx.count("ran")
         return result
@@ -313,8 +334,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     ctx = current_run.get()
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
-    key = spec.cache_key(spec.digest_inputs(arguments))
+    input_digest, inputs = spec.digest_inputs(arguments)
+    key = spec.cache_key(input_digest)
     call = Call(spec, ctx, store, key)
+    call.inputs = inputs
     if ctx is None:
         if spec.cache:
             data = store.cache_get(key)
@@ -412,7 +435,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
     store = spec.store or default_store()
     arguments = spec.arguments(instance, args, kwargs)
-    input_digest = spec.digest_inputs(arguments)
+    input_digest = spec.digest_inputs(arguments)[0]
     existing: RunRecord | None
     if run_id is None:
         base = f"{_slug(spec.name)}-" + xxhash.xxh3_64_hexdigest(

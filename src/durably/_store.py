@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import logging
 import os
 import sqlite3
@@ -34,7 +35,7 @@ import xxhash
 
 from .exceptions import StoreError
 
-__all__ = ["DiskStore", "RunRecord", "StepRecord", "Store", "STORE_FORMAT"]
+__all__ = ["STORE_FORMAT", "DiskStore", "KeyRecord", "RunRecord", "StepRecord", "Store"]
 
 log = logging.getLogger("durably")
 
@@ -99,6 +100,29 @@ class RunRecord:
     error: str | None = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What a cache key was made of, kept beside the entry so ``explain`` can say why a call
+    misses.
+
+    Attributes:
+        task: Task identity (``module:name``).
+        cache_key: The key (32 hex characters).
+        code: The code fingerprint, or ``"v:<version>"`` for a task with ``version=``.
+        inputs: Digest of each argument, by name.
+        parts: Fingerprint of each user function or class the code depends on, by
+            qualified name (empty with ``version=``).
+        created: When the entry was written, seconds since the epoch.
+    """
+
+    task: str
+    cache_key: str
+    code: str
+    inputs: dict[str, str]
+    parts: dict[str, str]
+    created: float
+
+
 @runtime_checkable
 class Store(Protocol):
     """What the runtime needs from a store. Every implementation passes one conformance
@@ -107,11 +131,14 @@ class Store(Protocol):
     def cache_get(self, key: str) -> bytes | None:
         """The stored bytes for a cache key, or None (a miss, or an entry found damaged)."""
 
-    def cache_put(self, key: str, value: bytes) -> None:
-        """Store bytes under a cache key, atomically."""
+    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
+        """Store bytes under a cache key, atomically, with what the key was made of."""
 
-    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         """Store several entries (each atomically; the batch may be cheaper than one by one)."""
+
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        """Key records of a task's cache entries, newest first."""
 
     def find_run(self, run_id: str) -> RunRecord | None:
         """The run's record, or None."""
@@ -150,6 +177,12 @@ def run_row(r: RunRecord) -> tuple[Any, ...]:
             r.input_digest, r.args, r.result, r.error)
 
 
+def key_row(r: KeyRecord) -> tuple[Any, ...]:
+    """A key record as a row of the keys table."""
+    return (r.cache_key, r.task, r.code, json.dumps(r.inputs, sort_keys=True),
+            json.dumps(r.parts, sort_keys=True), r.created)
+
+
 # -- cache values carry a checksum, so a damaged file is a miss, never a wrong result --------
 _HEAD = struct.Struct("<4sQ")
 _MAGIC = b"DRB1"
@@ -186,6 +219,10 @@ CREATE TABLE IF NOT EXISTS steps (
     result BLOB);
 CREATE INDEX IF NOT EXISTS steps_by_id ON steps (run_id, step_id, status);
 CREATE INDEX IF NOT EXISTS steps_by_order ON steps (run_id, attempt, position);
+CREATE TABLE IF NOT EXISTS keys (
+    cache_key TEXT PRIMARY KEY, task TEXT NOT NULL, code TEXT NOT NULL,
+    inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created);
 """
 
 _RUN_COLS = (
@@ -399,10 +436,10 @@ class DiskStore:
                 cache.delete(key)
         return payload
 
-    def cache_put(self, key: str, value: bytes) -> None:
-        self.cache_put_many(((key, value),))
+    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
+        self.cache_put_many(((key, value, info),))
 
-    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         if not items:
             return
         cache = self.cache
@@ -411,8 +448,22 @@ class DiskStore:
                 cache.set(items[0][0], seal(items[0][1]))
             else:
                 with cache.transact():
-                    for key, value in items:
+                    for key, value, _ in items:
                         cache.set(key, seal(value))
+        infos = [key_row(info) for _, _, info in items if info is not None]
+        if infos:
+            with self._write_journal:
+                db = self._db()
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
+                        "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+        with self._write_cache:
             if self.size_limit is not None and cache.volume() > self.size_limit:
                 removed = cache.cull()
                 if removed:
@@ -422,6 +473,13 @@ class DiskStore:
                         "entries (%d this session)",
                         self.path, self.size_limit, removed, self.evicted,
                     )
+
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        with self._read_journal:
+            rows = self._db().execute(
+                "SELECT task, cache_key, code, inputs, parts, created FROM keys WHERE task=? "
+                "ORDER BY created DESC LIMIT ?", (task, limit)).fetchall()
+        return [KeyRecord(t, k, c, json.loads(i), json.loads(p), cr) for t, k, c, i, p, cr in rows]
 
     def stats(self) -> dict[str, Any]:
         """Cache entries (int), cache volume (bytes), runs (int) and evictions this session."""

@@ -20,7 +20,7 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from ._store import FINISHED_STEP, RunRecord, StepRecord
+from ._store import FINISHED_STEP, KeyRecord, RunRecord, StepRecord
 
 __all__ = ["MemoryStore"]
 
@@ -36,6 +36,7 @@ class MemoryStore:
         self._order: list[str] = []
         self._steps: dict[str, list[tuple[StepRecord, bytes | None]]] = {}
         self._finished: dict[tuple[str, str], bytes] = {}
+        self._keys: dict[str, KeyRecord] = {}
 
     def __repr__(self) -> str:
         return f"<MemoryStore: {len(self._cache)} cache entries, {len(self._runs)} runs>"
@@ -43,12 +44,21 @@ class MemoryStore:
     def cache_get(self, key: str) -> bytes | None:
         return self._cache.get(key)
 
-    def cache_put(self, key: str, value: bytes) -> None:
-        self._cache[key] = bytes(value)
+    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
+        self.cache_put_many(((key, value, info),))
 
-    def cache_put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
-        for key, value in items:
-            self._cache[key] = bytes(value)
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
+        with self._lock:
+            for key, value, info in items:
+                self._cache[key] = bytes(value)
+                if info is not None:
+                    self._keys[key] = info
+
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        with self._lock:
+            found = [k for k in self._keys.values() if k.task == task]
+        found.sort(key=lambda k: k.created, reverse=True)
+        return found[:limit]
 
     def find_run(self, run_id: str) -> RunRecord | None:
         rec = self._runs.get(run_id)

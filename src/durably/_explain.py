@@ -1,0 +1,109 @@
+"""Why would this call rerun? :class:`Explanation` compares a call's cache key, part by part,
+with the nearest entry the task already has in the store."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from ._config import default_store
+from ._runtime import Spec
+from ._store import KeyRecord, Store
+
+__all__ = ["Explanation", "explain"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """Whether a call would be served from the cache, and if not, why.
+
+    ``str(explanation)`` is one readable paragraph.
+
+    Attributes:
+        task: The task's name.
+        cache_key: The cache key the call would use (32 hex characters).
+        hit: True when the call would be served from the cache.
+        reason: What decides it, in words.
+        changed_arguments: Arguments whose digest differs from the nearest earlier entry.
+        changed_code: Qualified names of the functions and classes of your code whose
+            fingerprint differs from the nearest earlier entry (added or removed ones too).
+        version_change: ``(old, new)`` explicit versions when they differ, else None.
+        nearest: The key record of the nearest earlier entry, or None when there is none.
+    """
+
+    task: str
+    cache_key: str
+    hit: bool
+    reason: str
+    changed_arguments: tuple[str, ...] = ()
+    changed_code: tuple[str, ...] = ()
+    version_change: tuple[str | None, str | None] | None = None
+    nearest: KeyRecord | None = None
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def _short(d: str | None) -> str:
+    return "absent" if d is None else d[:10] + "…"
+
+
+def _differs(old: dict[str, str], new: dict[str, str]) -> tuple[str, ...]:
+    return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Explanation:
+    """Explain one call of a task (see :meth:`durably.Task.explain`)."""
+    st = store if store is not None else (spec.store or default_store())
+    arguments = spec.arguments(instance, args, kwargs)
+    input_digest, inputs = spec.digest_inputs(arguments)
+    key = spec.cache_key(input_digest)
+    code = spec.code_version()
+    parts = spec.code_parts()
+    name = spec.name
+    if not spec.cache:
+        return Explanation(name, key, False, f"task {name!r} has cache=False: it is never "
+                           "served from the cache (inside a run, its journal still replays it).")
+    if st.cache_get(key) is not None:
+        return Explanation(name, key, True, f"{name}(...) would be served from the cache: an "
+                           "entry exists for this code and these inputs.")
+    records = st.list_keys(spec.identity)
+    if not records:
+        return Explanation(name, key, False, f"{name}(...) would execute: the store has no "
+                           f"earlier entry of task {spec.identity!r}.")
+
+    def closeness(r: KeyRecord) -> tuple[int, int, float]:
+        same_args = sum(1 for k, v in inputs.items() if r.inputs.get(k) == v)
+        return (r.code == code, same_args, r.created)
+
+    nearest = max(records, key=closeness)
+    changed_args = _differs(nearest.inputs, inputs)
+    version_change = None
+    changed_code: tuple[str, ...] = ()
+    why: list[str] = []
+    if nearest.code != code:
+        old_v = nearest.code[2:] if nearest.code.startswith("v:") else None
+        new_v = spec.version
+        if old_v is not None or new_v is not None:
+            version_change = (old_v, new_v)
+            why.append(f"the version changed from {old_v!r} to {new_v!r}")
+        else:
+            changed_code = _differs(nearest.parts, parts)
+            named = ", ".join(changed_code) if changed_code else "its fingerprint"
+            why.append(f"the code changed: {named}")
+    for arg in changed_args:
+        why.append(f"argument {arg!r} differs ({_short(nearest.inputs.get(arg))} before, "
+                   f"{_short(inputs.get(arg))} now)")
+    if not why:
+        why.append("an entry with exactly this key was written, but it is no longer in the "
+                   "cache (evicted under the size limit, found damaged, or cleared)")
+    reason = (f"{name}(...) would execute. Compared with the nearest earlier entry "
+              f"(written {_when(nearest.created)}): " + "; ".join(why) + ".")
+    return Explanation(name, key, False, reason, changed_args, changed_code, version_change,
+                       nearest)

@@ -1,0 +1,170 @@
+"""`Task.explain`: would this call hit, and if not, which part of the key differs?"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+
+from .conftest import run_script, script_env, write_script
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def test_first_call_hit_and_changed_argument() -> None:
+    @durably.task
+    def area(width: int, height: int, unit: str = "m") -> str:
+        return f"{width * height} {unit}2"
+
+    first = area.explain(2, 3)
+    assert not first.hit and first.nearest is None
+    assert "no earlier entry" in str(first)
+    area(2, 3)
+    hit = area.explain(width=2, height=3, unit="m")
+    assert hit.hit and "served from the cache" in str(hit)
+    assert hit.cache_key == area.cache_key(2, 3)
+    miss = area.explain(2, 4)
+    assert not miss.hit
+    assert miss.changed_arguments == ("height",) and miss.changed_code == ()
+    assert "argument 'height' differs" in str(miss) and "width" not in str(miss)
+    both = area.explain(5, 3, unit="cm")
+    assert both.changed_arguments == ("unit", "width")
+
+
+def _cell(ns: dict[str, Any], source: str) -> None:
+    exec(compile(textwrap.dedent(source), "<cell>", "exec"), ns)
+
+
+def test_changed_helper_is_named() -> None:
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    _cell(ns, """
+        def normalize(x):
+            return x / 10
+
+        @durably.task
+        def score(x):
+            return normalize(x) + 1
+    """)
+    ns["score"](5)
+    assert ns["score"].explain(5).hit
+    _cell(ns, """
+        def normalize(x):
+            return x / 100
+    """)
+    why = ns["score"].explain(5)
+    assert not why.hit and why.changed_arguments == ()
+    assert why.changed_code == ("__main__.normalize",)
+    assert "the code changed: __main__.normalize" in str(why)
+
+
+def test_changed_task_body_is_named() -> None:
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    _cell(ns, "@durably.task\ndef f(x):\n    return x + 1\n")
+    ns["f"](1)
+    _cell(ns, "@durably.task\ndef f(x):\n    return x + 2\n")
+    assert ns["f"].explain(1).changed_code == ("__main__.f",)
+
+
+def test_version_change_and_cache_false() -> None:
+    @durably.task(name="v-task", version="1")
+    def v1(x: int) -> int:
+        return x
+
+    @durably.task(name="v-task", version="2")
+    def v2(x: int) -> int:
+        return x
+
+    v1(1)
+    why = v2.explain(1)
+    assert why.version_change == ("1", "2") and "version changed from '1' to '2'" in str(why)
+
+    @durably.task(cache=False)
+    def side(x: int) -> int:
+        return x
+
+    side(1)
+    assert not side.explain(1).hit and "cache=False" in str(side.explain(1))
+
+
+def test_entry_gone_from_the_cache(store: Any) -> None:
+    @durably.task
+    def f(x: int) -> int:
+        return x
+
+    f(1)
+    key = f.cache_key(1)
+    if isinstance(store, durably.DiskStore):
+        store.cache.delete(key)
+    else:
+        del store._cache[key]
+    why = f.explain(1)
+    assert not why.hit and "no longer in the cache" in str(why)
+
+
+def test_steps_of_a_run_are_explained_after_the_run() -> None:
+    @durably.task
+    def t(x: int) -> int:
+        return x * 2
+
+    @durably.entrypoint
+    def pipeline(n: int) -> list[int]:
+        return [t(i) for i in range(n)]
+
+    pipeline(3)
+    assert all(t.explain(i).hit for i in range(3))
+    assert t.explain(3).changed_arguments == ("x",)
+
+
+def test_explain_from_another_process(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "job.py", """
+        import sys
+        import durably
+
+        @durably.task
+        def fit(alpha, data):
+            return alpha * sum(data)
+
+        if sys.argv[1:] == ["run"]:
+            print(fit(0.5, [1, 2, 3]))
+        else:
+            print(fit.explain(0.7, [1, 2, 3]))
+    """)
+    env = script_env(tmp_path / "store")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script), "run"], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = run_script(script, env).stdout
+    assert "argument 'alpha' differs" in out and "'data'" not in out
+
+
+def test_changed_constant_and_class_attribute_are_named() -> None:
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    _cell(ns, """
+        RATE = 0.1
+
+        class Scaler:
+            factor = 2
+
+            def apply(self, x):
+                return x * self.factor
+
+        @durably.task
+        def price(x):
+            return Scaler().apply(x) * (1 + RATE)
+    """)
+    ns["price"](10)
+    _cell(ns, "RATE = 0.2\n")
+    assert ns["price"].explain(10).changed_code == ("__main__.RATE",)
+    _cell(ns, "RATE = 0.1\nScaler.factor = 3\n")
+    assert ns["price"].explain(10).changed_code == ("__main__.Scaler",)
+    _cell(ns, "Scaler.factor = 2\ndef apply(self, x):\n    return x * self.factor + 0\n"
+              "Scaler.apply = apply\n")
+    # the method was replaced by another function: the old one is gone, the new one is named
+    assert ns["price"].explain(10).changed_code == ("__main__.Scaler.apply", "__main__.apply")
