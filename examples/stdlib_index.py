@@ -19,6 +19,7 @@ import argparse
 import collections
 import io
 import keyword
+import os
 import sys
 import sysconfig
 import time
@@ -83,10 +84,12 @@ def write_report(summary: dict[str, Any], root: str, out: str) -> str:
 
 
 def stdlib_files(root: Path, limit: int | None) -> list[Path]:
-    files = sorted(
-        p for p in root.rglob("*.py")
-        if not ({"site-packages", "dist-packages", "__pycache__"} & set(p.parts))
-    )
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    files = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        files += [Path(folder, n) for n in names if n.endswith(".py")]
+    files.sort()
     return files[:limit] if limit else files
 
 

@@ -13,6 +13,7 @@ sure an upgrade never silently changes users' cache keys.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import datetime as _dt
@@ -50,6 +51,8 @@ _pack_q = struct.Struct("<q").pack
 _NAN = _pack_d(float("nan"))
 
 _ONLY_STR = {str}
+_ONLY_INT = {int}
+_BIG_ENDIAN = sys.byteorder == "big"
 _ENCODERS: dict[type, Callable[[Any], Any]] = {}
 _WARNED: set[type] = set()
 _TYPE_PATHS: dict[type, bytes] = {}
@@ -186,16 +189,12 @@ class Encoder:
             return
         try:
             if obj and set(map(type, obj)) == _ONLY_STR:
-                # the common case, at C speed: str keys sort by code point, which is the
-                # order of their UTF-8 bytes; a distinct tag keeps it apart from the general
-                # encoding below
-                buf = self.buf
-                buf += b"\xf0" + tag + len(obj).to_bytes(8, "little")
-                for k in sorted(obj):
-                    kb = k.encode("utf-8", "surrogatepass")
-                    buf += len(kb).to_bytes(8, "little")
-                    buf += kb
-                    self.encode(obj[k])
+                # the common case, at C speed: str keys sort by code point (the order of
+                # their UTF-8 bytes); all lengths, then all keys, then the values; distinct
+                # tags keep it apart from the general encoding below
+                keys = sorted(obj)
+                self.str_block(b"\xf0" + tag, keys)
+                self.values(list(map(obj.__getitem__, keys)))
                 return
             pairs = [(self.sub(k), v) for k, v in obj.items()]
             pairs.sort(key=_first)
@@ -214,17 +213,39 @@ class Encoder:
         finally:
             self.leave(obj)
 
+    def str_block(self, tag: bytes, keys: list[str]) -> None:
+        """Sorted str keys in one block: count, every length, every key's UTF-8 bytes."""
+        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+        lengths = array.array("Q", map(len, encoded))
+        if _BIG_ENDIAN:
+            lengths.byteswap()
+        buf = self.buf
+        buf += tag + len(keys).to_bytes(8, "little")
+        buf += lengths.tobytes()
+        self.raw(b"k", b"".join(encoded))
+
+    def values(self, vals: list[Any]) -> None:
+        """A run of values: packed at C speed when all are exact 64-bit ints."""
+        if set(map(type, vals)) == _ONLY_INT:
+            try:
+                packed = array.array("q", vals)
+            except OverflowError:
+                pass
+            else:
+                if _BIG_ENDIAN:
+                    packed.byteswap()
+                self.raw(b"\xf1", packed.tobytes())
+                return
+        self.buf += b"\xf2"
+        for v in vals:
+            self.encode(v)
+
     def unordered(self, tag: bytes, obj: Any) -> None:
         if not self.enter(obj):
             return
         try:
             if obj and set(map(type, obj)) == _ONLY_STR:
-                buf = self.buf
-                buf += b"\xf0" + tag + len(obj).to_bytes(8, "little")
-                for k in sorted(obj):
-                    kb = k.encode("utf-8", "surrogatepass")
-                    buf += len(kb).to_bytes(8, "little")
-                    buf += kb
+                self.str_block(b"\xf0" + tag, sorted(obj))
                 return
             items = sorted(self.sub(x) for x in obj)
             self.buf += tag + len(items).to_bytes(8, "little")
