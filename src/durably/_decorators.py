@@ -96,7 +96,7 @@ class Task(_Wrapper[P, R]):
             TypeError: the arguments do not fit the signature.
         """
         spec = self._self_spec
-        return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))[0]))
+        return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))))
 
 
 class Entrypoint(_Wrapper[P, R]):

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ._config import default_store
+from ._hashing import digest_each
 from ._runtime import Spec
 from ._store import KeyRecord, Store
 
@@ -62,8 +63,8 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
     """Explain one call of a task (see :meth:`durably.Task.explain`)."""
     st = store if store is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
-    input_digest, inputs = spec.digest_inputs(arguments)
-    key = spec.cache_key(input_digest)
+    key = spec.cache_key(spec.digest_inputs(arguments))
+    inputs = digest_each(arguments)
     code = spec.code_version()
     parts = spec.code_parts()
     name = spec.name

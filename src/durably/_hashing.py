@@ -36,7 +36,7 @@ from .exceptions import SerializationError
 __all__ = [
     "ENCODING_VERSION",
     "digest",
-    "digest_arguments",
+    "digest_each",
     "encode_arguments",
     "register_encoder",
     "type_path",
@@ -48,6 +48,7 @@ ENCODING_VERSION = 1
 _LARGE = 1 << 16  # buffers at least this big are hashed in place, not copied into the stream
 _pack_d = struct.Struct("<d").pack
 _pack_q = struct.Struct("<q").pack
+_pack_Q = struct.Struct("<Q").pack
 _NAN = _pack_d(float("nan"))
 
 _ONLY_STR = {str}
@@ -156,7 +157,7 @@ class Encoder:
 
     # -- values -------------------------------------------------------------------------
     def encode(self, obj: Any) -> None:
-        f = _DISPATCH.get(type(obj))
+        f = _DISPATCH_GET(type(obj))
         if f is not None:
             f(self, obj)
         else:
@@ -384,7 +385,11 @@ def _complex(e: Encoder, o: complex) -> None:
 
 
 def _str(e: Encoder, o: str) -> None:
-    e.raw(b"s", o.encode("utf-8", "surrogatepass"))
+    b = o.encode("utf-8", "surrogatepass")
+    if len(b) < _LARGE:
+        e.buf += b"s" + _pack_Q(len(b)) + b  # raw(), inlined: strings are the common case
+    else:
+        e.raw(b"s", b)
 
 
 def _bytes(e: Encoder, o: bytes) -> None:
@@ -402,7 +407,10 @@ def _memoryview(e: Encoder, o: memoryview) -> None:
 
 
 def _tuple(e: Encoder, o: tuple[Any, ...]) -> None:
-    e.sequence(b"(", o, o)
+    # no cycle guard needed: a cycle through a tuple passes a mutable container, which has one
+    e.buf += b"(" + _pack_Q(len(o))
+    for item in o:
+        e.encode(item)
 
 
 def _list(e: Encoder, o: list[Any]) -> None:
@@ -625,23 +633,47 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
         e.encode([str(c) for c in o.dtypes])
         e.encode(o.columns)
         e.encode(o.index)
-        for name in o.columns:
-            e.encode(o[name].to_numpy())
+        for i in range(o.shape[1]):  # by position: column names may repeat
+            _pandas_values(e, o.iloc[:, i])
         return True
     if isinstance(o, pd.Series):
         e.typed(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(o.name)
         e.encode(o.index)
-        e.encode(o.to_numpy())
+        _pandas_values(e, o)
         return True
     if isinstance(o, pd.Index):
         e.typed(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(list(o.names))
-        e.encode(o.to_numpy())
+        _pandas_values(e, o)
+        return True
+    if isinstance(o, (pd.Timestamp, pd.Timedelta)):
+        # nanoseconds count (a datetime would drop them); the zone is part of the value
+        e.typed(b"p", t)
+        e.encode(int(o.value))
+        e.encode(str(getattr(o, "tz", None)))
+        return True
+    if o is pd.NaT or o is pd.NA:
+        e.typed(b"p", t)
+        return True
+    if isinstance(o, pd.Period):
+        e.typed(b"p", t)
+        e.encode((str(o), o.freqstr))
         return True
     return False
+
+
+def _pandas_values(e: Encoder, o: Any) -> None:
+    """The values of a Series or Index; a categorical's categories and order count too."""
+    cat = getattr(o, "cat", None) if str(o.dtype) == "category" else None
+    if cat is not None:
+        e.encode(cat.categories)
+        e.encode(bool(cat.ordered))
+        e.encode(cat.codes.to_numpy())
+        return
+    e.encode(o.to_numpy())
 
 
 def _probe_callable(e: Encoder, o: Any, t: type) -> bool:
@@ -694,6 +726,8 @@ def _probe_builtin_subclass(e: Encoder, o: Any, t: type) -> bool:
     return False
 
 
+_DISPATCH_GET = _DISPATCH.get
+
 _PROBES: tuple[Callable[[Encoder, Any, type], bool], ...] = (
     _probe_enum,
     _probe_namedtuple,
@@ -739,21 +773,24 @@ def digest(obj: Any) -> str:
     return e.hexdigest()
 
 
-def digest_arguments(arguments: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    """Digest of bound arguments (name → value), independent of keyword order, and the
-    digest of each argument (what ``explain`` compares)."""
+def encode_arguments(arguments: Mapping[str, Any]) -> str:
+    """Digest of bound arguments (name → value), independent of keyword order: one pass,
+    one hash."""
+    e = Encoder()
+    e.buf += _HEADER
+    for name in sorted(arguments):
+        e.path = name
+        e.raw(b"=", name.encode())
+        e.encode(arguments[name])
+    return e.hexdigest()
+
+
+def digest_each(arguments: Mapping[str, Any]) -> dict[str, str]:
+    """The digest of each argument by name (what ``explain`` compares)."""
     each: dict[str, str] = {}
     for name in sorted(arguments):
         e = Encoder(name)
         e.buf += _HEADER
         e.encode(arguments[name])
         each[name] = e.hexdigest()
-    total = bytearray(_HEADER)
-    for name, d in each.items():
-        total += name.encode() + b"=" + d.encode() + b";"
-    return xxhash.xxh3_128_hexdigest(bytes(total)), each
-
-
-def encode_arguments(arguments: Mapping[str, Any]) -> str:
-    """Digest of bound arguments (name → value), independent of keyword order."""
-    return digest_arguments(arguments)[0]
+    return each

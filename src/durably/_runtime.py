@@ -28,7 +28,7 @@ from . import _serde
 from ._config import default_store
 from ._context import RunContext, current_run, current_step
 from ._fingerprint import Fingerprint, fingerprint_function
-from ._hashing import digest_arguments
+from ._hashing import digest_each, encode_arguments
 from ._store import KeyRecord, RunRecord, StepRecord, Store, now
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
@@ -196,14 +196,14 @@ class Spec:
             fp = self._fingerprint = fingerprint_function(self.raw)
         return fp.digest
 
-    def digest_inputs(self, arguments: Any) -> tuple[str, dict[str, str]]:
-        """The input digest and the digest of each argument.
+    def digest_inputs(self, arguments: Any) -> str:
+        """The input digest of bound arguments.
 
         Raises:
             SerializationError: an argument cannot be digested (names it and the fix).
         """
         try:
-            return digest_arguments(arguments)
+            return encode_arguments(arguments)
         except SerializationError as exc:
             raise SerializationError(f"task {self.name!r}: {exc}") from None
         except RecursionError:
@@ -226,9 +226,11 @@ class Spec:
         assert self._fingerprint is not None
         return dict(self._fingerprint.changed_by)
 
-    def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
-        return KeyRecord(self.identity, key, self.code_version(), inputs, self.code_parts(),
-                         now())
+    def key_record(self, key: str, arguments: dict[str, Any]) -> KeyRecord:
+        """What the key was made of. Digests each argument again: paid on a miss only (the
+        body just ran), never on a hit."""
+        return KeyRecord(self.identity, key, self.code_version(), digest_each(arguments),
+                         self.code_parts(), now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
@@ -267,7 +269,7 @@ class Call:
         self.ctx = ctx
         self.store = store
         self.key = key
-        self.inputs: dict[str, str] = {}
+        self.inputs: dict[str, Any] = {}  # the bound arguments, for the key record
         self.step_id = ""
         self.parent: str | None = None
         self.position = 0
@@ -334,10 +336,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     ctx = current_run.get()
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
-    input_digest, inputs = spec.digest_inputs(arguments)
-    key = spec.cache_key(input_digest)
+    key = spec.cache_key(spec.digest_inputs(arguments))
     call = Call(spec, ctx, store, key)
-    call.inputs = inputs
+    call.inputs = arguments
     if ctx is None:
         if spec.cache:
             data = store.cache_get(key)
@@ -435,7 +436,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
     store = spec.store or default_store()
     arguments = spec.arguments(instance, args, kwargs)
-    input_digest = spec.digest_inputs(arguments)[0]
+    input_digest = spec.digest_inputs(arguments)
     existing: RunRecord | None
     if run_id is None:
         base = f"{_slug(spec.name)}-" + xxhash.xxh3_64_hexdigest(
