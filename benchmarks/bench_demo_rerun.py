@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report  # noqa: E402
+from _common import report
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "stdlib_index.py"
 

@@ -17,10 +17,10 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median_seconds, report  # noqa: E402
+from _common import median_seconds, report
 
-import durably  # noqa: E402
-from durably._hashing import encode_arguments  # noqa: E402
+import durably
+from durably._hashing import encode_arguments
 
 
 def main() -> None:
