@@ -467,3 +467,28 @@ def test_async_tasks_follow_the_same_rules() -> None:
 
     with pytest.raises(durably.SerializationError, match="bad"):
         asyncio.run(bad())
+
+
+def test_tasks_in_user_threads_join_the_run_only_with_the_context() -> None:
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    @task
+    def work(x: int) -> int:
+        return x * 2
+
+    @entrypoint
+    def pipeline(with_context: bool) -> list[int]:
+        with ThreadPoolExecutor(2) as pool:
+            if with_context:
+                futures = [pool.submit(contextvars.copy_context().run, work, i) for i in range(4)]
+            else:
+                futures = [pool.submit(work, i + 10) for i in range(4)]
+            return [f.result() for f in futures]
+
+    joined = pipeline.run(True)
+    assert joined.result == [0, 2, 4, 6]
+    assert sorted(s.status for s in joined.steps) == ["ran"] * 4
+    alone = pipeline.run(False)
+    assert alone.result == [20, 22, 24, 26] and alone.steps == []
+    assert work.explain(10).hit  # still cached, outside the run
