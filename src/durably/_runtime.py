@@ -367,8 +367,6 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     return _MISS, call
 
 
-MISS = _MISS
-
 
 def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
