@@ -154,3 +154,31 @@ def test_cache_hits_across_processes_with_different_hash_seeds(tmp_path: Path) -
         outputs.append(run_script(script, env).stdout)
     assert len(set(outputs)) == 1
     assert count.read_text().split() == ["fit"]
+
+
+MAIN_RESULT = """
+import dataclasses
+import durably
+
+@dataclasses.dataclass
+class Result:
+    value: int
+
+@durably.entrypoint
+def job():
+    return Result(7)
+
+print(job.run().id)
+"""
+
+
+def test_result_whose_class_lives_in_a_script_is_a_clear_error_elsewhere(
+        tmp_path: Path) -> None:
+    import durably
+
+    script = write_script(tmp_path / "mainres.py", MAIN_RESULT)
+    run_id = run_script(script, script_env(tmp_path / "store")).stdout.strip()
+    run = durably.get_run(run_id, store=durably.DiskStore(tmp_path / "store"))
+    assert run.status == "finished"
+    with pytest.raises(durably.SerializationError, match="not loaded here"):
+        _ = run.result

@@ -79,6 +79,12 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
      "positive number of bytes"),
     ("DiskStore with a bad sync mode", lambda: durably.DiskStore(synchronous="fast"), ValueError,
      "'normal' or 'full'"),
+    ("list_runs given a task", lambda: durably.list_runs(_t), TypeError,
+     "only entrypoints have runs"),
+    ("DiskStore with a non-path", lambda: durably.DiskStore(123),  # type: ignore[arg-type]
+     durably.DefinitionError, "takes a directory path"),
+    ("undigestable entrypoint argument", lambda: _ep(threading.Lock()),  # type: ignore[arg-type]
+     durably.SerializationError, "entrypoint '_ep': cannot digest argument 'x'"),
     ("durably.file of a missing file", lambda: durably.file("/nonexistent/x"),
      FileNotFoundError, "no such file"),
 ]

@@ -492,3 +492,67 @@ def test_tasks_in_user_threads_join_the_run_only_with_the_context() -> None:
     alone = pipeline.run(False)
     assert alone.result == [20, 22, 24, 26] and alone.steps == []
     assert work.explain(10).hit  # still cached, outside the run
+
+
+def test_explain_cache_key_and_run_on_bound_methods() -> None:
+    class K:
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+        def __reduce__(self) -> Any:
+            return (K, (self.k,))
+
+        @task
+        def meth(self, x: int) -> int:
+            return self.k + x
+
+        @task
+        @classmethod
+        def cm(cls, x: int) -> int:
+            return x
+
+        @entrypoint
+        def ep(self, x: int) -> int:
+            return self.meth(x)
+
+    k = K(1)
+    assert not k.meth.explain(2).hit
+    assert k.meth(2) == 3
+    assert k.meth.explain(2).hit and K.meth.explain(k, 2).hit
+    assert k.meth.cache_key(2) == K.meth.cache_key(k, 2) != K(5).meth.cache_key(2)
+    assert K.cm(1) == 1 and K.cm.explain(1).hit and k.cm.explain(1).hit
+    run = k.ep.run(4)
+    assert run.result == 5 and [s.status for s in run.steps] == ["ran"]
+    assert K(9).ep.run(4).result == 13  # self is part of the run's inputs
+
+
+def test_tasks_pickle_by_reference_for_worker_processes(tmp_path: Path) -> None:
+    import pickle
+    import subprocess
+
+    (tmp_path / "work_mod.py").write_text(
+        "import durably\n\n@durably.task\ndef square(x):\n    return x * x\n\n"
+        "@durably.entrypoint\ndef ep(n):\n    return [square(i) for i in range(n)]\n"
+    )
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import copy, pickle\nfrom concurrent.futures import ProcessPoolExecutor\n"
+        "import work_mod\n"
+        "assert pickle.loads(pickle.dumps(work_mod.square)) is work_mod.square\n"
+        "assert copy.copy(work_mod.ep) is work_mod.ep\n"
+        "if __name__ == '__main__':\n"
+        "    with ProcessPoolExecutor(2) as pool:\n"
+        "        print(list(pool.map(work_mod.square, range(5))))\n"
+    )
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
+
+    @task
+    def local(x: int) -> int:
+        return x
+
+    with pytest.raises(pickle.PicklingError, match="defined inside a function"):
+        pickle.dumps(local)

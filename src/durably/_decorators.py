@@ -8,6 +8,8 @@ logic lives here: calls go to :mod:`durably._runtime`.
 
 from __future__ import annotations
 
+import importlib
+import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
@@ -33,11 +35,83 @@ else:
         pass
 
 
-class Task(_Wrapper[P, R]):
+def _resolve(module: str, qualname: str) -> Any:
+    """Find a decorated function again by module and qualified name (for pickling)."""
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = vars(obj)[part] if isinstance(obj, type) else getattr(obj, part)
+    return obj
+
+
+def _reduce(wrapper: Any) -> tuple[Any, ...]:
+    raw = wrapper._self_spec.raw
+    module, qualname = getattr(raw, "__module__", None), raw.__qualname__
+    if module is None or "<locals>" in qualname:
+        raise pickle.PicklingError(
+            f"cannot pickle {qualname!r}: it is defined inside a function. Fix: define it at "
+            "module level so other processes can import it."
+        )
+    return (_resolve, (module, qualname))
+
+
+def _instance_of(bound: Any) -> Any:
+    """The instance (or, for a classmethod, the class) a bound wrapper passes as ``self``."""
+    instance = bound._self_instance
+    if bound._self_binding == "classmethod":
+        return bound._self_owner if instance is None else (
+            instance if isinstance(instance, type) else type(instance))
+    return instance
+
+
+class _ByReference:
+    """Pickled by module and name, copied as itself: like a plain function."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return _reduce(self)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+
+class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
+    """A task bound to an instance or class (``obj.method``); same methods as :class:`Task`."""
+
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        """See :meth:`Task.explain`."""
+        return explain(self._self_parent._self_spec, None, _instance_of(self), args, kwargs)
+
+    def cache_key(self, *args: Any, **kwargs: Any) -> str:
+        """See :meth:`Task.cache_key`."""
+        spec = self._self_parent._self_spec
+        return str(spec.cache_key(spec.digest_inputs(spec.arguments(_instance_of(self), args,
+                                                                      kwargs))))
+
+
+class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
+    """An entrypoint bound to an instance or class; ``.run`` works as on
+    :class:`Entrypoint`."""
+
+    def run(self, *args: Any, run_id: str | None = None, fresh: bool = False, **kwargs: Any
+            ) -> Any:
+        """See :meth:`Entrypoint.run`."""
+        parent = self._self_parent
+        runner = parent._self_arun if parent._self_spec.is_async else parent._self_srun
+        return runner(self.__wrapped__, _instance_of(self), args, kwargs, run_id, fresh, True)
+
+
+class Task(_ByReference, _Wrapper[P, R]):
     """A function whose calls are cached by input and journaled inside runs.
 
-    Made by :func:`task`; call it exactly like the function it wraps.
+    Made by :func:`task`; call it exactly like the function it wraps. It pickles by
+    reference (module and name), so it travels to worker processes like a plain function.
     """
+
+    __bound_function_wrapper__ = BoundTask
 
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
         super().__init__(func, self._self_call)
@@ -99,13 +173,15 @@ class Task(_Wrapper[P, R]):
         return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))))
 
 
-class Entrypoint(_Wrapper[P, R]):
+class Entrypoint(_ByReference, _Wrapper[P, R]):
     """A top-level function whose every call is a durable run with a journal.
 
     Made by :func:`entrypoint`. Calling it returns the plain result; :meth:`run` returns
     the :class:`~durably.Run` handle. Called inside another run, it runs inline as part of
     that run.
     """
+
+    __bound_function_wrapper__ = BoundEntrypoint
 
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
         super().__init__(func, self._self_call)

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar
 from . import _serde
 from ._config import default_store
 from ._store import RunRecord, StepRecord, Store
-from .exceptions import NotFoundError, RunStateError
+from .exceptions import NotFoundError, RunStateError, SerializationError
 
 __all__ = ["Run", "get_run", "list_runs"]
 
@@ -30,8 +30,8 @@ class Run(Generic[R]):
         updated: When its record last changed, seconds since the epoch.
         error: ``repr`` of the exception that failed the run, else None.
         resumed_from: For a run handle returned by ``Entrypoint.run``: the status the run had
-            before this attempt (``"running"`` after a crash, ``"finished"`` for a rerun), or
-            None for a new run.
+            before this attempt (``"running"`` after a crash, ``"stopped"`` after Ctrl-C,
+            ``"failed"``, ``"finished"`` for a rerun), or None for a new run.
         wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
     """
 
@@ -74,7 +74,15 @@ class Run(Generic[R]):
         if rec.result is None:
             raise RunStateError(f"run {rec.run_id!r} finished, but its result could not be "
                                 f"stored: {rec.error}")
-        return _serde.loads(rec.result)  # type: ignore[no-any-return]
+        try:
+            return _serde.loads(rec.result)  # type: ignore[no-any-return]
+        except Exception as exc:  # noqa: BLE001 - report as ours, with the way out
+            raise SerializationError(
+                f"cannot load the result of run {rec.run_id!r} ({exc}): its type is defined in "
+                "code that is not loaded here. Fix: read it from the script that defines the "
+                "type (a class defined in a script lives in its __main__), or return plain "
+                "data from the entrypoint."
+            ) from None
 
     @property
     def steps(self) -> list[StepRecord]:
@@ -107,6 +115,9 @@ class Run(Generic[R]):
             text += f" — in {self.wall_time:.2f} s"
         if self.resumed_from == "finished":
             text += " (reran a finished run: unchanged steps replayed from its journal)"
+        elif self.resumed_from == "stopped":
+            text += (" (resumed a run that was stopped by Ctrl-C: its finished steps were "
+                     "replayed)")
         elif self.resumed_from == "failed":
             text += " (resumed a run that had failed: its finished steps were replayed)"
         elif self.resumed_from is not None:
@@ -155,7 +166,8 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
     if rec is None:
         raise NotFoundError(
             f"no run {run_id!r} in the store at {getattr(st, 'path', st)!r}. Fix: check the id "
-            "with durably.list_runs(), or point DURABLY_DIR at the store that holds it."
+            "with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the store "
+            "that holds it."
         )
     return Run(rec, st)
 
@@ -184,6 +196,11 @@ def list_runs(entrypoint: Any = None, *, store: Store | None = None) -> list[Run
     st = _store_of(store)
     key = entrypoint
     spec = getattr(entrypoint, "_self_spec", None)
+    if spec is not None and spec.kind != "entrypoint":
+        raise TypeError(
+            f"list_runs() takes an entrypoint; {spec.name!r} is a {spec.kind}, and only "
+            "entrypoints have runs"
+        )
     if spec is not None:
         key = spec.identity
         if store is None and spec.store is not None:

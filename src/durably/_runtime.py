@@ -16,6 +16,7 @@ Call path of a task (DESIGN.md, "the heart"):
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 import sys
 import uuid
@@ -34,6 +35,7 @@ from .exceptions import DefinitionError, RunStateError, SerializationError
 
 __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_id"]
 
+log = logging.getLogger("durably")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
@@ -69,6 +71,7 @@ class Spec:
         "identity",
         "ignore",
         "is_async",
+        "kind",
         "name",
         "raw",
         "signature",
@@ -130,6 +133,7 @@ class Spec:
                 f"@{kind}(ignore=...) of {qualname!r} names {unknown}, which are not among its "
                 f"arguments {list(signature.parameters)}"
             )
+        self.kind = kind
         self.func = func
         self.raw = raw
         self.name = name or qualname
@@ -205,11 +209,19 @@ class Spec:
         try:
             return encode_arguments(arguments)
         except SerializationError as exc:
-            raise SerializationError(f"task {self.name!r}: {exc}") from None
+            text = str(exc)
+            if self.kind == "entrypoint":  # an entrypoint has no ignore=: its inputs name its run
+                text = text.partition(" Fix:")[0] + (
+                    " Fix: pass plain data (for a file, its path or durably.file(path)), or give "
+                    "the type a __durably_digest__ method: an entrypoint's arguments identify "
+                    "its run."
+                )
+            raise SerializationError(f"{self.kind} {self.name!r}: {text}") from None
         except RecursionError:
             raise SerializationError(
-                f"{self.name}(): an argument is nested too deeply to digest. Fix: leave it "
-                "out of the cache key with ignore=(...), or pass a flatter value."
+                f"{self.kind} {self.name!r}: an argument is nested too deeply to digest. Fix: "
+                "pass a flatter value" + (", or leave it out of the cache key with ignore=(...)."
+                                          if self.kind == "task" else ".")
             ) from None
 
     def cache_key(self, input_digest: str) -> str:
@@ -487,6 +499,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     )
     store.put_run(record)
     resumed_from = existing.status if existing else None
+    if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
+        resumed_from = "stopped"
     return Started(record, RunContext(run_id, store, record.attempt), resumed_from)
 
 
@@ -507,6 +521,8 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             except SerializationError as ser:
                 record.result = None
                 record.error = str(ser)
+                log.warning("durably: run %r finished, but its result is not stored (other "
+                            "processes cannot read it): %s", record.run_id, ser)
         else:
             record.status = "failed"
             record.error = repr(exc)[:2000]

@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
-from .exceptions import StoreError
+from .exceptions import DefinitionError, StoreError
 
 __all__ = ["STORE_FORMAT", "DiskStore", "KeyRecord", "RunRecord", "StepRecord", "Store"]
 
@@ -285,11 +285,15 @@ class DiskStore:
         size_limit: int | None = None,
         synchronous: str = "normal",
     ) -> None:
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise DefinitionError(
+                f"DiskStore(path) takes a directory path (str or pathlib.Path), not {path!r}"
+            )
         if synchronous not in ("normal", "full"):
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
         if size_limit is not None and (not isinstance(size_limit, int) or size_limit <= 0):
             raise ValueError(f"size_limit must be a positive number of bytes, not {size_limit!r}")
-        self._given = Path(path) if path is not None else None
+        self._given = Path(path).expanduser() if path is not None else None
         self.size_limit = size_limit
         self.synchronous = synchronous
         self._lock = threading.Lock()
@@ -313,7 +317,7 @@ class DiskStore:
             return self._root
         if self._given is not None:
             return self._given
-        return Path(os.environ.get("DURABLY_DIR") or ".durably")
+        return Path(os.environ.get("DURABLY_DIR") or ".durably").expanduser()
 
     # -- opening ---------------------------------------------------------------------------
     def _open(self) -> Path:
