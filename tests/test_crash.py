@@ -182,3 +182,50 @@ def test_result_whose_class_lives_in_a_script_is_a_clear_error_elsewhere(
     assert run.status == "finished"
     with pytest.raises(durably.SerializationError, match="not loaded here"):
         _ = run.result
+
+
+BUSY = """
+import os, sys, time
+import durably
+
+@durably.task
+def step(i):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(f"{i}\\n")
+    return i
+
+@durably.entrypoint
+def job(n):
+    for i in range(n):
+        step(i)
+        if i == 2 and os.environ.get("PAUSE"):
+            print("paused", flush=True)
+            time.sleep(120)
+    return n
+
+try:
+    print("result", job(6), flush=True)
+except durably.RunStateError as exc:
+    print("busy:", exc, flush=True)
+"""
+
+
+def test_second_process_cannot_execute_a_run_in_progress(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "busy.py", BUSY)
+    count = tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), PAUSE="1")
+    with subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as first:
+        assert first.stdout is not None
+        assert first.stdout.readline().strip() == "paused"
+        env.pop("PAUSE")
+        second = run_script(script, env)
+        assert "busy:" in second.stdout and f"process {first.pid}" in second.stdout
+        assert "fresh=True" in second.stdout
+        assert count.read_text().split() == ["0", "1", "2"]
+        first.kill()
+        first.communicate(timeout=30)
+    # the owner died: its lease is taken over and the run resumes where it stopped
+    third = run_script(script, env)
+    assert third.stdout.strip() == "result 6"
+    assert count.read_text().split() == ["0", "1", "2", "3", "4", "5"]

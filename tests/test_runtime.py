@@ -556,3 +556,25 @@ def test_tasks_pickle_by_reference_for_worker_processes(tmp_path: Path) -> None:
 
     with pytest.raises(pickle.PicklingError, match="defined inside a function"):
         pickle.dumps(local)
+
+
+def test_a_run_in_progress_in_another_thread_is_busy() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    @entrypoint
+    def slow(x: int) -> int:
+        started.set()
+        release.wait(30)
+        return x
+
+    worker = threading.Thread(target=slow, args=(1,))
+    worker.start()
+    try:
+        assert started.wait(30)
+        with pytest.raises(durably.RunStateError, match="being executed by process"):
+            slow(1)
+        assert slow(2) == 2  # other arguments: another run
+    finally:
+        release.set()
+        worker.join(30)
+    assert slow(1) == 1  # the lease was released

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -203,3 +206,27 @@ def test_memory_store_is_independent() -> None:
     a, b = MemoryStore(), MemoryStore()
     a.cache_put("k", b"v")
     assert b.cache_get("k") is None
+
+
+# -- leases ------------------------------------------------------------------------------------
+def test_lease_is_exclusive_while_the_owner_lives(store: Any) -> None:
+    import dataclasses as dc
+
+    from durably._lease import me
+
+    a, b = me(), me()
+    assert store.acquire_run("r", a) is None
+    assert store.acquire_run("r", a) is None  # the owner may take it again
+    holder = store.acquire_run("r", b)
+    assert holder is not None and holder.token == a.token and holder.pid == os.getpid()
+    store.renew_run("r", a)
+    store.release_run("r", b)  # not b's to release
+    assert store.acquire_run("r", b) is not None
+    store.release_run("r", a)
+    assert store.acquire_run("r", b) is None
+    # an owner whose process is gone is taken over
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    ghost = dc.replace(me(), pid=int(dead.stdout), started=None)
+    assert store.acquire_run("g", ghost) is None
+    assert store.acquire_run("g", a) is None

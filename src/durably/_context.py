@@ -7,6 +7,7 @@ import threading
 import time
 from contextvars import ContextVar
 
+from ._lease import RENEW_SECONDS, Owner
 from ._store import KeyRecord, StepRecord, Store
 
 __all__ = ["RunContext", "current_run", "current_step"]
@@ -28,14 +29,18 @@ class RunContext:
         "_occurrences",
         "_pending",
         "_positions",
+        "_renewed",
         "attempt",
         "counts",
+        "owner",
         "run_id",
         "store",
     )
 
-    def __init__(self, run_id: str, store: Store, attempt: int) -> None:
+    def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner) -> None:
         self.run_id = run_id
+        self.owner = owner
+        self._renewed = time.monotonic()
         self.store = store
         self.attempt = attempt
         self._occurrences: dict[tuple[str | None, str], int] = {}
@@ -47,6 +52,13 @@ class RunContext:
         self._cache_writes: dict[str, tuple[bytes, KeyRecord | None]] = {}
         self._cache_bytes = 0
         self._cache_since = 0.0
+
+    def keep_lease(self) -> None:
+        """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring)."""
+        t = time.monotonic()
+        if t - self._renewed >= RENEW_SECONDS:
+            self._renewed = t
+            self.store.renew_run(self.run_id, self.owner)
 
     def occurrence(self, parent: str | None, key: str) -> int:
         """The n-th identical call (same cache key) under the same parent, from 0."""

@@ -30,6 +30,7 @@ from ._config import default_store
 from ._context import RunContext, current_run, current_step
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments
+from ._lease import me
 from ._store import KeyRecord, RunRecord, StepRecord, Store, now
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
@@ -357,6 +358,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             if data is not None:
                 return _load(data, spec, "cached"), call
         return _MISS, call
+    ctx.keep_lease()
     parent = current_step.get()
     call.parent = parent
     call.step_id = step_identity(parent, key, ctx.occurrence(parent, key))
@@ -485,6 +487,14 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             stored_args = None
     except SerializationError:
         stored_args = None
+    owner = me()
+    holder = store.acquire_run(run_id, owner)
+    if holder is not None:
+        raise RunStateError(
+            f"run {run_id!r} is being executed by {holder.describe()} right now; two "
+            "processes must not execute one run. Fix: wait for it to finish (then rerun to get "
+            "its result), or start a separate run with fresh=True or another run_id."
+        )
     t = now()
     record = RunRecord(
         run_id=run_id,
@@ -497,15 +507,20 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         input_digest=input_digest,
         args=stored_args,
     )
-    store.put_run(record)
+    try:
+        store.put_run(record)
+    except BaseException:
+        store.release_run(run_id, owner)
+        raise
     resumed_from = existing.status if existing else None
     if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
         resumed_from = "stopped"
-    return Started(record, RunContext(run_id, store, record.attempt), resumed_from)
+    return Started(record, RunContext(run_id, store, record.attempt, owner), resumed_from)
 
 
 def end_run(started: Started, result: Any = None, exc: BaseException | None = None) -> None:
-    """Flush the attempt's buffered records and write the run's final status."""
+    """Flush the attempt's buffered records, write the run's final status, release the
+    run's lease."""
     run_token, step_token = started.tokens
     current_step.reset(step_token)
     current_run.reset(run_token)
@@ -513,22 +528,30 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
     try:
         ctx.flush()
     finally:
-        record.updated = now()
-        if exc is None:
-            record.status = "finished"
-            try:
-                record.result = _serde.dumps(result, what=f"the result of {record.name!r}")
-            except SerializationError as ser:
-                record.result = None
-                record.error = str(ser)
-                log.warning("durably: run %r finished, but its result is not stored (other "
-                            "processes cannot read it): %s", record.run_id, ser)
-        else:
-            record.status = "failed"
-            record.error = repr(exc)[:2000]
-        ctx.store.put_run(record)
+        try:
+            _finish_record(ctx, record, result, exc)
+        finally:
+            ctx.store.release_run(record.run_id, ctx.owner)
     if exc is not None and isinstance(exc, Exception):
         exc.add_note(
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
         )
+
+
+def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None
+                   ) -> None:
+    record.updated = now()
+    if exc is None:
+        record.status = "finished"
+        try:
+            record.result = _serde.dumps(result, what=f"the result of {record.name!r}")
+        except SerializationError as ser:
+            record.result = None
+            record.error = str(ser)
+            log.warning("durably: run %r finished, but its result is not stored (other "
+                        "processes cannot read it): %s", record.run_id, ser)
+    else:
+        record.status = "failed"
+        record.error = repr(exc)[:2000]
+    ctx.store.put_run(record)

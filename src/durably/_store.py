@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import xxhash
 
+from ._lease import Owner
 from .exceptions import DefinitionError, StoreError
 
 __all__ = ["STORE_FORMAT", "DiskStore", "KeyRecord", "RunRecord", "StepRecord", "Store"]
@@ -149,6 +150,16 @@ class Store(Protocol):
     def put_run(self, record: RunRecord) -> None:
         """Insert or replace a run's record, durably."""
 
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        """Take the run's lease for ``owner`` unless a live owner holds it; return that
+        holder (and take nothing) when the run is busy, else None. Atomic across processes."""
+
+    def renew_run(self, run_id: str, owner: Owner) -> None:
+        """Refresh the heartbeat of a lease ``owner`` holds."""
+
+    def release_run(self, run_id: str, owner: Owner) -> None:
+        """Give the lease up (only if ``owner`` holds it)."""
+
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""
 
@@ -219,6 +230,9 @@ CREATE TABLE IF NOT EXISTS steps (
     result BLOB);
 CREATE INDEX IF NOT EXISTS steps_by_id ON steps (run_id, step_id, status);
 CREATE INDEX IF NOT EXISTS steps_by_order ON steps (run_id, attempt, position);
+CREATE TABLE IF NOT EXISTS leases (
+    run_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started INTEGER,
+    token TEXT NOT NULL, heartbeat REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS keys (
     cache_key TEXT PRIMARY KEY, task TEXT NOT NULL, code TEXT NOT NULL,
     inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
@@ -519,6 +533,37 @@ class DiskStore:
                 f"({', '.join('?' * len(values))})",
                 values,
             )
+
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        with self._write_journal:
+            db = self._db()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
+                                 "WHERE run_id=?", (run_id,)).fetchone()
+                if row is not None:
+                    holder = Owner(*row)
+                    if holder.token != owner.token and holder.alive(time.time()):
+                        db.execute("ROLLBACK")
+                        return holder
+                db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+                           (run_id, owner.host, owner.pid, owner.started, owner.token,
+                            time.time()))
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        return None
+
+    def renew_run(self, run_id: str, owner: Owner) -> None:
+        with self._write_journal:
+            self._db().execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
+                               (time.time(), run_id, owner.token))
+
+    def release_run(self, run_id: str, owner: Owner) -> None:
+        with self._write_journal:
+            self._db().execute("DELETE FROM leases WHERE run_id=? AND token=?",
+                               (run_id, owner.token))
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         with self._read_journal:

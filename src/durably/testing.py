@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 
+from ._lease import Owner
 from ._store import FINISHED_STEP, KeyRecord, RunRecord, StepRecord
 
 __all__ = ["MemoryStore"]
@@ -37,6 +39,7 @@ class MemoryStore:
         self._steps: dict[str, list[tuple[StepRecord, bytes | None]]] = {}
         self._finished: dict[tuple[str, str], bytes] = {}
         self._keys: dict[str, KeyRecord] = {}
+        self._leases: dict[str, Owner] = {}
 
     def __repr__(self) -> str:
         return f"<MemoryStore: {len(self._cache)} cache entries, {len(self._runs)} runs>"
@@ -76,6 +79,23 @@ class MemoryStore:
             if record.run_id in self._order:
                 self._order.remove(record.run_id)
             self._order.append(record.run_id)
+
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        with self._lock:
+            holder = self._leases.get(run_id)
+            if holder is not None and holder.token != owner.token and holder.alive(
+                    time.time()):
+                return holder
+            self._leases[run_id] = owner
+        return None
+
+    def renew_run(self, run_id: str, owner: Owner) -> None:
+        pass  # a memory store lives in one process: its owners are alive while it is
+
+    def release_run(self, run_id: str, owner: Owner) -> None:
+        with self._lock:
+            if (held := self._leases.get(run_id)) is not None and held.token == owner.token:
+                del self._leases[run_id]
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         with self._lock:
