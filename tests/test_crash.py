@@ -73,7 +73,9 @@ async def apipeline(n):
     return total
 
 if __name__ == "__main__":
-    if sys.argv[1] == "async":
+    if sys.argv[1] == "plain":  # the same tasks outside any run: the cache alone
+        print("result", sum(work(i) for i in range(1, 51)), flush=True)
+    elif sys.argv[1] == "async":
         print("result", asyncio.run(apipeline(50)), flush=True)
     else:
         print("result", pipeline(50), flush=True)
@@ -120,6 +122,14 @@ def test_sigkill_after_task_30_resumes_exactly(tmp_path: Path, mode: str) -> Non
     assert again.returncode == 0 and again.stdout == done.stdout
     assert count.read_text().split() == [str(i) for i in range(1, 51)]
     assert len(side.read_text().splitlines()) == 50
+
+    # the cache entries the killed attempt had queued were restored on resume: another
+    # program calling the same tasks outside any run executes none of them
+    if mode == "sync":
+        plain = subprocess.run([sys.executable, str(script), "plain"], env=env,
+                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert plain.returncode == 0 and plain.stdout == done.stdout, plain.stderr
+        assert count.read_text().split() == [str(i) for i in range(1, 51)]
 
 
 HASHSEED = """

@@ -13,7 +13,7 @@ from ._store import KeyRecord, StepRecord, Store
 __all__ = ["RunContext", "current_run", "current_step"]
 
 _FLUSH_EVERY = 2048  # replay records buffered before a write
-_CACHE_BATCH = 256  # cache writes queued before a batch write
+CACHE_BATCH = 256  # cache writes queued before a batch write
 _CACHE_BYTES = 32 << 20  # ... or this many bytes of results
 _CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
 
@@ -93,7 +93,7 @@ class RunContext:
                 self._cache_since = t
             self._cache_writes[key] = (data, info)
             self._cache_bytes += len(data)
-            full = (len(self._cache_writes) >= _CACHE_BATCH or self._cache_bytes >= _CACHE_BYTES
+            full = (len(self._cache_writes) >= CACHE_BATCH or self._cache_bytes >= _CACHE_BYTES
                     or t - self._cache_since >= _CACHE_SECONDS)
         if full:
             self.flush_cache()

@@ -27,6 +27,7 @@ import xxhash
 
 from . import _serde
 from ._config import default_store
+from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RunContext, current_run, current_step
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments
@@ -294,7 +295,7 @@ class Call:
         assert ctx is not None
         return StepRecord(
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
-            self.position, self.started, now(), error, self.key,
+            self.position, self.started, now(), error, self.key if self.spec.cache else "",
         )
 
     def enter(self) -> None:
@@ -515,7 +516,23 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     resumed_from = existing.status if existing else None
     if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
         resumed_from = "stopped"
+    if existing is not None and existing.status == "running":
+        _restore_cache(store, run_id, existing.attempt)
     return Started(record, RunContext(run_id, store, record.attempt, owner), resumed_from)
+
+
+def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
+    """After a crash: put back the cache entries the crashed attempt had queued but not yet
+    written (cheap steps batch their cache writes; the journal has every result)."""
+    recent = [s for s in store.list_steps(run_id, attempt=attempt)
+              if s.status == "ran" and s.cache_key][-_CACHE_BATCH:]
+    missing = []
+    for step in recent:
+        if store.cache_get(step.cache_key) is None:
+            data = store.find_step(run_id, step.step_id)
+            if data is not None:
+                missing.append((step.cache_key, data, None))
+    store.cache_put_many(missing)
 
 
 def end_run(started: Started, result: Any = None, exc: BaseException | None = None) -> None:
