@@ -90,7 +90,7 @@ def stdlib_files(root: Path, limit: int | None) -> list[Path]:
         dirs[:] = [d for d in dirs if d not in skip]
         files += [Path(folder, n) for n in names if n.endswith(".py")]
     files.sort()
-    return files[:limit] if limit else files
+    return files[:limit] if limit is not None else files
 
 
 @durably.entrypoint
@@ -134,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = run.result
     print(f"{summary['files']:,} files, {summary['lines']:,} lines; top identifiers: "
           + ", ".join(f"{name} ({n:,})" for name, n in summary["top"][:5]))
-    print(f"report: {Path(args.report).absolute()}")
+    report = Path(args.report).absolute()
+    if report.exists():
+        print(f"report: {report}")
+    else:  # writing it is a journaled side effect: done once per run, not on every rerun
+        print(f"report: not here ({report}); this run wrote it in an earlier attempt, "
+              "perhaps elsewhere. Run with --fresh to write it again.")
     print(run.summary())
     c = run.counts()
     if c["ran"] == 0:
