@@ -27,7 +27,7 @@ import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -247,6 +247,18 @@ _STEP_COLS = (
     "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
     "cache_key"
 )
+
+
+@contextlib.contextmanager
+def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 class _Translate:
@@ -470,17 +482,10 @@ class DiskStore:
                         cache.set(key, seal(value))
         infos = [key_row(info) for _, _, info in items if info is not None]
         if infos:
-            with self._write_journal:
-                db = self._db()
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    db.executemany(
-                        "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
-                        "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
-                except BaseException:
-                    db.execute("ROLLBACK")
-                    raise
-                db.execute("COMMIT")
+            with self._write_journal, _immediate(self._db()) as db:
+                db.executemany(
+                    "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
+                    "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
         with self._write_cache:
             if self.size_limit is not None and cache.volume() > self.size_limit:
                 removed = cache.cull()
@@ -535,24 +540,15 @@ class DiskStore:
             )
 
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
-        with self._write_journal:
-            db = self._db()
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
-                                 "WHERE run_id=?", (run_id,)).fetchone()
-                if row is not None:
-                    holder = Owner(*row)
-                    if holder.token != owner.token and holder.alive(time.time()):
-                        db.execute("ROLLBACK")
-                        return holder
-                db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
-                           (run_id, owner.host, owner.pid, owner.started, owner.token,
-                            time.time()))
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+        with self._write_journal, _immediate(self._db()) as db:
+            row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
+                             "WHERE run_id=?", (run_id,)).fetchone()
+            if row is not None:
+                holder = Owner(*row)
+                if holder.token != owner.token and holder.alive(time.time()):
+                    return holder
+            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+                       (run_id, owner.host, owner.pid, owner.started, owner.token, time.time()))
         return None
 
     def renew_run(self, run_id: str, owner: Owner) -> None:
@@ -597,13 +593,8 @@ class DiskStore:
             if len(rows) == 1:
                 db.execute(sql, rows[0])
                 return
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(db):
                 db.executemany(sql, rows)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         with self._read_journal:
