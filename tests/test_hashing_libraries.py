@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import attrs
 import numpy as np
 import pandas as pd
 import pydantic
+import pytest
 
 import durably
 from durably import digest
@@ -84,3 +92,70 @@ def test_dataframe_argument_caches_a_task(tmp_path: object) -> None:
     assert total(df) == total(df.copy()) == 10.0
     assert total(df.assign(a=df.a + 1)) == 15.0
     assert len(calls) == 2
+
+
+LIBRARY_RECORDS = '''
+import attrs, pydantic
+
+@attrs.define
+class Item:
+    x: int
+    def scaled(self):
+        return self.x * FACTOR
+
+@attrs.frozen
+class Frozen:
+    x: int
+    def scaled(self):
+        return self.x * FACTOR
+
+class Model(pydantic.BaseModel):
+    x: int
+    def scaled(self):
+        return self.x * FACTOR
+'''
+
+
+def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factor: str) -> ModuleType:
+    """(Re)load the module of records from source, under the same name."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale .pyc of the same size
+    name = "durably_library_records"
+    path = tmp_path / f"{name}.py"
+    path.write_text(LIBRARY_RECORDS.replace("FACTOR", factor))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_editing_a_method_of_attrs_and_pydantic_classes_changes_the_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def digests(m: ModuleType) -> list[str]:
+        return [digest(m.Item(1)), digest(m.Frozen(1)), digest(m.Model(x=1))]
+
+    first = digests(load(tmp_path, monkeypatch, "2"))
+    edited = digests(load(tmp_path, monkeypatch, "3"))
+    assert digests(load(tmp_path, monkeypatch, "2")) == first
+    assert all(a != b for a, b in zip(first, edited, strict=True))
+
+
+def test_pydantic_and_attrs_digests_are_stable_across_processes(tmp_path: Path) -> None:
+    (tmp_path / "durably_library_records.py").write_text(LIBRARY_RECORDS.replace("FACTOR", "2"))
+    script = (
+        "import sys, durably, durably_library_records as m\n"
+        "if sys.argv[1] == 'busy':\n"  # other work first: the digests must not depend on it
+        "    m.Model(x=5).x = 6; durably.digest(m.Model); m.Model.model_json_schema()\n"
+        "print(durably.digest([m.Item(1), m.Frozen(1), m.Model(x=1)]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    outputs = {
+        subprocess.run(
+            [sys.executable, "-c", script, mode], env={**env, "PYTHONHASHSEED": seed},
+            capture_output=True, text=True, check=True,
+        ).stdout
+        for seed, mode in (("0", "idle"), ("1", "busy"), ("2", "idle"))
+    }
+    assert len(outputs) == 1

@@ -7,6 +7,12 @@ addresses never leak in), and values that differ in type or content give differe
 different dtype or shape). Large buffers (bytes, contiguous numpy arrays) are fed to the hasher
 in place, without a copy.
 
+Values digested by their fields or content (dataclasses, NamedTuples, attrs classes, pydantic
+models, Enum members, subclasses of builtins and numpy arrays, objects with a digest hook)
+also carry the code of their class when it is the user's own: its methods' code fingerprints,
+its immutable class constants and an Enum's member values. Editing ``Params.effective_lr``
+therefore changes the digest of every ``Params`` passed to a task.
+
 The encoding is versioned by :data:`ENCODING_VERSION`; golden digests pinned in the tests make
 sure an upgrade never silently changes users' cache keys.
 """
@@ -20,12 +26,14 @@ import datetime as _dt
 import decimal
 import enum
 import fractions
+import functools
 import pathlib
 import struct
 import sys
 import types
 import uuid
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +65,7 @@ _BIG_ENDIAN = sys.byteorder == "big"
 _ENCODERS: dict[type, Callable[[Any], Any]] = {}
 _WARNED: set[type] = set()
 _TYPE_PATHS: dict[type, bytes] = {}
+_UNSET = object()
 
 
 def register_encoder(cls: type, encoder: Callable[[Any], Any]) -> None:
@@ -68,7 +77,10 @@ def register_encoder(cls: type, encoder: Callable[[Any], Any]) -> None:
             (a tuple of fields, a bytes buffer, ...). Equal instances must give equal values.
 
     Raises:
-        DefinitionError: ``cls`` is not a type or ``encoder`` is not callable.
+        DefinitionError: ``cls`` is not a type, ``encoder`` is not callable, or ``cls`` is a
+            type durably already digests by its value (``str``, ``dict``, ``pathlib.Path``,
+            ...): an encoder for it would never be used. Register it for a subclass instead;
+            for the contents of a file, pass ``durably.file(path)``.
 
     Example:
         >>> import durably
@@ -85,6 +97,14 @@ def register_encoder(cls: type, encoder: Callable[[Any], Any]) -> None:
         raise DefinitionError(f"register_encoder() needs a type, got {cls!r}")
     if not callable(encoder):
         raise DefinitionError(f"register_encoder() needs a callable encoder, got {encoder!r}")
+    if cls in _DISPATCH:
+        name = type_path(cls).decode()
+        raise DefinitionError(
+            f"register_encoder({name}): durably already digests every {name} by its value "
+            "(a built-in rule), so this encoder would never be used. For the contents of a "
+            "file, pass durably.file(path) instead of the path; to digest values of your own "
+            "type differently, define a subclass and register the encoder for it."
+        )
     _ENCODERS[cls] = encoder
 
 
@@ -108,12 +128,13 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("active", "buf", "hasher", "path")
+    __slots__ = ("active", "buf", "codes", "hasher", "path")
 
     def __init__(self, path: str = "") -> None:
         self.buf = bytearray()
         self.hasher: Any = None
         self.active: dict[int, int] = {}
+        self.codes: dict[type, bytes] = {}  # class code of each record type met (see _class_code)
         self.path = path
 
     # -- output -------------------------------------------------------------------------
@@ -150,6 +171,7 @@ class Encoder:
         """The encoding of ``obj`` alone, as bytes (hashed down when it is large)."""
         e = Encoder(self.path)
         e.active = self.active
+        e.codes = self.codes
         e.encode(obj)
         if e.hasher is not None:
             return b"#" + bytes.fromhex(e.hexdigest())
@@ -258,17 +280,45 @@ class Encoder:
     def typed(self, tag: bytes, t: type) -> None:
         self.raw(tag, type_path(t))
 
+    def record_type(self, tag: bytes, t: type) -> None:
+        """The type of a value digested by its fields or content; for a class of the user's
+        own code also its code (:func:`_class_code`), so editing a method changes the digest."""
+        self.raw(tag, type_path(t))
+        code = self.codes.get(t)
+        if code is None:
+            code = _class_code(self, t)
+        self.buf += code
+
+    def where(self) -> str:
+        """The value being encoded, for error messages."""
+        return f"argument {self.path!r}" if self.path else "value"
+
+    def cannot(self, problem: str, fix: str) -> SerializationError:
+        """The error for a value that cannot be digested; ``fix`` says what to do instead."""
+        return SerializationError(
+            f"cannot digest {self.where()}: {problem}. Fix: {fix}, or leave the argument out "
+            f"of the cache key with ignore=({self.path or 'name'!r},)."
+        )
+
     def fields(self, tag: bytes, obj: Any, names: Any) -> None:
         """A record: its type and (name, value) pairs, in declaration order."""
         if not self.enter(obj):
             return
         try:
-            self.typed(tag, type(obj))
+            t = type(obj)
+            self.record_type(tag, t)
             names = list(names)
             self.buf += len(names).to_bytes(8, "little")
             for name in names:
                 self.text(b"s", name)
-                self.encode(getattr(obj, name))
+                try:
+                    value = getattr(obj, name)
+                except AttributeError:
+                    raise self.cannot(
+                        f"field {name!r} of {type_path(t).decode()} was never set",
+                        f"set {name!r} in __init__ or __post_init__, or give the field a default",
+                    ) from None
+                self.encode(value)
         finally:
             self.leave(obj)
 
@@ -283,7 +333,7 @@ class Encoder:
             # entered, so a hook that returns its parent/children (a cycle) cannot recurse forever
             if self.enter(obj):
                 try:
-                    self.typed(tag, t)
+                    self.record_type(tag, t)
                     value = hook(obj)
                     if value is obj:  # would digest as a bare back-reference: all alike
                         how = "__durably_digest__" if tag == b"H" else "the registered encoder"
@@ -306,9 +356,8 @@ class Encoder:
         try:
             rv = obj.__reduce_ex__(4)
         except Exception as exc:  # noqa: BLE001 - any failure means: cannot digest this
-            where = f"argument {self.path!r}" if self.path else "value"
             raise SerializationError(
-                f"cannot digest {where}: an object of type {type_path(t).decode()} "
+                f"cannot digest {self.where()}: an object of type {type_path(t).decode()} "
                 f"({exc}). Fix: leave the argument out of the cache key with "
                 f"ignore=({self.path or 'name'!r},), give the class a __durably_digest__ "
                 "method, or call durably.register_encoder(type, fn)."
@@ -346,6 +395,236 @@ class Encoder:
 
 def _first(p: tuple[bytes, Any]) -> bytes:
     return p[0]
+
+
+# -- the code of the user's record classes ---------------------------------------------------
+_CONSTANT_TYPES = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, decimal.Decimal, fractions.Fraction}
+)
+
+
+class _Layout:
+    """What the code of a user class is made of, computed once per class and revalidated
+    (see :func:`_class_code`)."""
+
+    __slots__ = ("entries", "fingerprints", "functions", "made", "sizes", "static", "values")
+
+    def __init__(self) -> None:
+        self.static = b""  # names, kinds, constants and plain member values, encoded
+        self.functions: list[types.FunctionType] = []  # user functions, in order
+        self.values: list[Any] = []  # member values that are not plain constants
+        self.sizes: list[tuple[type, int]] = []  # each class of the MRO read, its attribute count
+        self.entries: list[tuple[type, str, Any]] = []  # each attribute read, by identity
+        self.fingerprints: list[Any] = []  # Fingerprint of each function, outside a walk
+        # the class code and the fingerprints it was made from (kept when values is empty)
+        self.made: tuple[list[Any], bytes] | None = None
+
+    def valid(self) -> bool:
+        """True while no attribute of the classes was added, removed or rebound."""
+        for k, n in self.sizes:
+            if len(k.__dict__) != n:
+                return False
+        return all(k.__dict__.get(name, _UNSET) is v for k, name, v in self.entries)
+
+
+_LAYOUTS: weakref.WeakKeyDictionary[type, _Layout | None] = weakref.WeakKeyDictionary()
+
+
+def _layout(t: type) -> _Layout | None:
+    """The layout of ``t``; None when no class of its MRO is the user's own code."""
+    layout = _LAYOUTS.get(t, _UNSET)
+    if layout is None:
+        return None
+    if isinstance(layout, _Layout) and layout.valid():
+        return layout
+    new = _LAYOUTS[t] = _compute_layout(t)
+    return new
+
+
+def _compute_layout(t: type) -> _Layout | None:
+    is_user_module = _fingerprints().is_user_module
+    own = [k for k in t.__mro__ if is_user_module(k.__module__)]
+    if not own:
+        return None
+    layout = _Layout()
+    e = Encoder()
+    for k in own:
+        ns = k.__dict__
+        layout.sizes.append((k, len(ns)))
+        e.raw(b"Q", type_path(k))
+        members = ns.get("_member_map_", {}) if issubclass(k, enum.Enum) else {}
+        for name in sorted(ns):
+            value = ns[name]
+            if name in members:
+                continue
+            funcs = _functions_of(value)
+            if funcs is not None:
+                e.text(b"g", name)
+                for f in funcs:
+                    if not is_user_module(f.__module__):  # a library's: by name
+                        e.text(b"f", _callable_name(f))
+                    elif _generated(f, name, k):  # made from the fields, digested already
+                        e.text(b"f", f.__qualname__)
+                    else:
+                        e.buf += b"F"  # its fingerprint follows the static part
+                        layout.functions.append(f)
+            elif name[:1] == "_" and name[-1:] == "_":
+                continue  # managed by a library: pydantic's schema, an Enum's member maps
+            elif isinstance(value, type):
+                e.text(b"g", name)
+                e.raw(b"t", type_path(value))
+            elif _is_constant(value):
+                e.text(b"g", name)
+                e.encode(value)
+            else:
+                continue  # mutable (a registry, a cache): its content is not code
+            layout.entries.append((k, name, value))
+    if issubclass(t, enum.Enum):
+        for name, member in t.__members__.items():  # definition order, aliases too
+            e.text(b"s", name)
+            if _is_constant(member._value_):
+                e.encode(member._value_)
+            else:  # encoded on each use: it may hold records and functions
+                e.buf += b"V"
+                layout.values.append(member._value_)
+    layout.static = bytes.fromhex(e.hexdigest())
+    return layout
+
+
+def _class_code(e: Encoder, t: type) -> bytes:
+    """The code of ``t`` as a part of its instances' digest (``b""`` for classes that are not
+    the user's own code: those are recorded by their type path alone).
+
+    For every class of the MRO that is the user's: the code fingerprint of each function,
+    static/class method and property accessor (so editing ``Params.effective_lr`` changes the
+    digest of every ``Params``), the value of each immutable class constant (``SCALE = 2``)
+    and, for an Enum, each member's name and value. Left out: names a library manages
+    (``__dunder__`` and ``_sunder_``: pydantic's schema, an Enum's member maps, which grow as
+    Flag values are combined) and mutable class attributes (registries, caches), whose content
+    depends on what the process did and would make digests differ between processes.
+
+    Memoized per digest in ``e.codes``; a class met again while its own code is being encoded
+    (an Enum member whose value refers back to it) is written by its path alone. Inside a code
+    fingerprint walk the functions are fingerprinted by that walk (cycle-safe, and recorded
+    for its revalidation); outside one, each by a fingerprint of its own, cached in the layout
+    and revalidated on each use.
+    """
+    layout = _layout(t)
+    if layout is None:
+        e.codes[t] = b""
+        return b""
+    path = type_path(t)
+    e.codes[t] = b"J" + _pack_Q(len(path)) + path  # while in progress: a back-reference
+    try:
+        code = _encode_class_code(e, layout)
+    except BaseException:
+        del e.codes[t]
+        raise
+    e.codes[t] = code
+    return code
+
+
+def _encode_class_code(e: Encoder, layout: _Layout) -> bytes:
+    fps = _fingerprints()
+    walking = fps._WALKING.get() is not None
+    current: list[Any] = []
+    if not walking:  # each function's own fingerprint, revalidated (cheap when unchanged)
+        current = layout.fingerprints
+        functions = layout.functions
+        if len(current) != len(functions):
+            current = [fps.fingerprint_function(f) for f in functions]
+        elif not all(fp.valid() for fp in current):
+            current = [
+                fp if fp.valid() else fps.fingerprint_function(f)
+                for fp, f in zip(current, functions, strict=True)
+            ]
+        layout.fingerprints = current  # a new list whenever one changed: `made` sees it
+        made = layout.made
+        if made is not None and made[0] is current:
+            return made[1]
+    c = Encoder(e.path)  # its own cycle guard: a class's code does not depend on the value
+    c.codes = e.codes
+    c.raw(b"K", layout.static)
+    if walking:  # fingerprinted by that walk: cycle-safe, and recorded for its revalidation
+        for f in layout.functions:
+            c.text(b"F", fps.fingerprint_of(f) or "")
+    else:
+        for fp in current:
+            c.text(b"F", fp.digest)
+    for v in layout.values:
+        try:
+            c.buf += c.sub(v)
+        except SerializationError:
+            c.raw(b"?", type_path(type(v)))
+    code = b"K" + bytes.fromhex(c.hexdigest())
+    if not walking and not layout.values:
+        layout.made = (current, code)
+    return code
+
+
+_FINGERPRINTS: Any = None
+
+
+def _fingerprints() -> Any:
+    """The ``_fingerprint`` module (it imports this one: imported on first use)."""
+    global _FINGERPRINTS
+    if _FINGERPRINTS is None:
+        from . import _fingerprint
+
+        _FINGERPRINTS = _fingerprint
+    return _FINGERPRINTS
+
+
+_DATACLASS_METHODS = frozenset(
+    {"__init__", "__repr__", "__eq__", "__lt__", "__le__", "__gt__", "__ge__", "__hash__",
+     "__setattr__", "__delattr__", "__replace__"}
+)
+
+
+def _generated(f: types.FunctionType, name: str, k: type) -> bool:
+    """A method a library generated from the fields (dataclasses, NamedTuple, attrs): recorded
+    by name, since the fields are digested already, its bytecode changes with the Python
+    version, and attrs' ``__hash__`` holds a constant that differs from process to process."""
+    file = f.__code__.co_filename
+    if file.startswith("<attrs generated"):
+        return True
+    ns = k.__dict__
+    if name in _DATACLASS_METHODS and "__dataclass_fields__" in ns:
+        for _ in range(10):  # __repr__ is wrapped by a recursion guard
+            inner = getattr(f, "__wrapped__", None)
+            if not isinstance(inner, types.FunctionType):
+                break
+            f = inner
+        return f.__code__.co_filename == "<string>"  # written by exec, not by the user
+    return name == "__new__" and "_fields" in ns and file == "<string>"  # a namedtuple's
+
+
+def _functions_of(v: Any) -> list[Any] | None:
+    """The functions of a class attribute that is code; None for any other value."""
+    if isinstance(v, (staticmethod, classmethod)):
+        v = v.__func__
+    if isinstance(v, property):
+        return [f for f in (v.fget, v.fset, v.fdel) if f is not None]
+    if isinstance(v, functools.cached_property):
+        v = v.func
+    for _ in range(100):  # decorator objects (functools.cache) keep the function they wrap
+        if isinstance(v, types.FunctionType) or not callable(v) or isinstance(v, type):
+            break
+        try:
+            wrapped = getattr(v, "__wrapped__", None)
+        except Exception:  # noqa: BLE001 - a proxy that fails on lookup wraps nothing we see
+            wrapped = None
+        if wrapped is None:
+            break
+        v = wrapped
+    return [v] if isinstance(v, types.FunctionType) else None
+
+
+def _is_constant(v: Any) -> bool:
+    t = type(v)
+    if t in _CONSTANT_TYPES:
+        return True
+    return (t is tuple or t is frozenset) and all(map(_is_constant, v))
 
 
 def _callable_name(f: Any) -> str:
@@ -401,9 +680,16 @@ def _bytearray(e: Encoder, o: bytearray) -> None:
 
 
 def _memoryview(e: Encoder, o: memoryview) -> None:
-    e.text(b"m", o.format)
-    e.encode(o.shape)
-    e.raw(b"b", o.cast("B") if o.c_contiguous else o.tobytes())
+    try:
+        fmt, shape, contiguous = o.format, o.shape, o.c_contiguous
+    except ValueError:  # every access to a released view raises
+        raise e.cannot(
+            "the memoryview was released, so its data is gone",
+            "pass the data itself (bytes(view)) or release the view after the call",
+        ) from None
+    e.text(b"m", fmt)
+    e.encode(shape)
+    e.raw(b"b", o.cast("B") if contiguous else o.tobytes())
 
 
 def _tuple(e: Encoder, o: tuple[Any, ...]) -> None:
@@ -475,7 +761,16 @@ def _tz(e: Encoder, o: _dt.datetime | _dt.time) -> None:
             e.encode(key if key is not None else str(tz))
         # the offset in force: pytz-style zones keep one tzinfo object per offset
         # (LMT, EST, EDT, ...) that all print the same zone name
-        e.encode(o.utcoffset())
+        try:
+            offset = o.utcoffset()
+        except (NotImplementedError, TypeError, ValueError) as exc:
+            raise e.cannot(
+                f"its tzinfo, an object of type {type_path(t).decode()}, gives no valid "
+                f"utcoffset() ({type(exc).__name__}: {exc})",
+                "use zoneinfo.ZoneInfo(name) or datetime.timezone(offset), or implement "
+                "utcoffset() in the tzinfo class",
+            ) from exc
+        e.encode(offset)
 
 
 def _datetime(e: Encoder, o: _dt.datetime) -> None:
@@ -543,7 +838,7 @@ _DISPATCH: dict[type, Callable[[Encoder, Any], None]] = {
 def _probe_enum(e: Encoder, o: Any, t: type) -> bool:
     if not isinstance(o, enum.Enum):
         return False
-    e.typed(b"E", t)
+    e.record_type(b"E", t)
     name = o.name
     if name is None:  # a Flag value without a name (Flag(0), bits outside the members)
         e.buf += b"N"
@@ -589,7 +884,7 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
         return False
     if isinstance(o, np.ndarray):
         if t is not np.ndarray:
-            e.typed(b"S", t)
+            e.record_type(b"S", t)
         dtype = o.dtype
         e.text(b"x", _dtype_text(dtype))
         e.encode(o.shape)
@@ -629,7 +924,7 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
     if pd is None:
         return False
     if isinstance(o, pd.DataFrame):
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         e.encode([str(c) for c in o.dtypes])
         e.encode(o.columns)
         e.encode(o.index)
@@ -637,29 +932,29 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
             _pandas_values(e, o.iloc[:, i])
         return True
     if isinstance(o, pd.Series):
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(o.name)
         e.encode(o.index)
         _pandas_values(e, o)
         return True
     if isinstance(o, pd.Index):
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         e.text(b"s", str(o.dtype))
         e.encode(list(o.names))
         _pandas_values(e, o)
         return True
     if isinstance(o, (pd.Timestamp, pd.Timedelta)):
         # nanoseconds count (a datetime would drop them); the zone is part of the value
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         e.encode(int(o.value))
         e.encode(str(getattr(o, "tz", None)))
         return True
     if o is pd.NaT or o is pd.NA:
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         return True
     if isinstance(o, pd.Period):
-        e.typed(b"p", t)
+        e.record_type(b"p", t)
         e.encode((str(o), o.freqstr))
         return True
     return False
@@ -708,7 +1003,7 @@ def _probe_builtin_subclass(e: Encoder, o: Any, t: type) -> bool:
         if not e.enter(o):
             return True
         try:
-            e.typed(b"^", t)
+            e.record_type(b"^", t)
             if isinstance(o, collections.OrderedDict):
                 e.encode(list(o.items()))  # order is part of an OrderedDict's value
             elif base in _CONTAINERS:
@@ -718,12 +1013,36 @@ def _probe_builtin_subclass(e: Encoder, o: Any, t: type) -> bool:
             # attributes set on the instance, and a defaultdict's factory, are state too
             extra = getattr(o, "__dict__", None)
             e.encode(dict(extra) if extra else None)
+            slots = _slot_names(t)
+            if slots:  # written only for classes with slots: other digests stay as they were
+                e.buf += b"/"
+                e.encode({n: v for n in slots if (v := getattr(o, n, _UNSET)) is not _UNSET})
             if isinstance(o, collections.defaultdict):
                 e.encode(o.default_factory)
         finally:
             e.leave(o)
         return True
     return False
+
+
+_SLOTS: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _slot_names(t: type) -> tuple[str, ...]:
+    """The instance attributes ``t`` keeps in ``__slots__`` (mangled as Python stores them)."""
+    names = _SLOTS.get(t)
+    if names is None:
+        found: dict[str, None] = {}
+        for k in t.__mro__:
+            slots = k.__dict__.get("__slots__", ())
+            for n in (slots,) if isinstance(slots, str) else slots:
+                if n in ("__dict__", "__weakref__"):
+                    continue
+                if n.startswith("__") and not n.endswith("__"):
+                    n = f"_{k.__name__.lstrip('_')}{n}"
+                found[n] = None
+        names = _SLOTS[t] = tuple(found)
+    return names
 
 
 _DISPATCH_GET = _DISPATCH.get
@@ -747,7 +1066,9 @@ def digest(obj: Any) -> str:
     """The canonical xxh3-128 digest of a value, as 32 hex characters.
 
     Equal values give equal digests in every process; values that differ in type or content
-    differ (``1``, ``1.0``, ``True`` and ``"1"`` all differ).
+    differ (``1``, ``1.0``, ``True`` and ``"1"`` all differ). A dataclass, NamedTuple, Enum
+    member, attrs or pydantic instance of the user's own class also carries the code of its
+    class, so editing one of its methods changes the digest.
 
     Args:
         obj: Any value durably can digest: builtins, containers, dataclasses, enums, dates,

@@ -1,0 +1,91 @@
+"""Results to bytes and back: plain pickle first, cloudpickle for code, never an open file."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably._serde import dumps, loads
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.txt"
+    path.write_text("line 1\nline 2\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("mode", "type_name"),
+    [("r", "TextIOWrapper"), ("rb", "BufferedReader"), ("a", "TextIOWrapper"),
+     ("ab", "BufferedWriter"), ("r+b", "BufferedRandom")],
+)
+def test_an_open_file_is_refused(data_file: Path, mode: str, type_name: str) -> None:
+    with open(data_file, mode) as f:
+        with pytest.raises(durably.SerializationError, match=type_name) as info:
+            dumps(f, what="the result of task 'load'")
+        with pytest.raises(durably.SerializationError, match=type_name):
+            dumps({"rows": [1, 2], "handle": [f]}, what="the result of task 'load'")
+    message = str(info.value)
+    assert "task 'load'" in message and "open file" in message and str(data_file) in message
+
+
+def test_an_open_file_inside_code_pickled_by_value_is_refused(data_file: Path) -> None:
+    with open(data_file) as f, pytest.raises(durably.SerializationError, match="TextIOWrapper"):
+        dumps([lambda: f.read()], what="x")  # cloudpickle would store f's content
+
+
+def test_code_still_pickles_by_value() -> None:
+    class Local:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+    def make_adder(n: int) -> Any:
+        return lambda x: x + n
+
+    restored = loads(dumps([make_adder(2), Local(3)], what="x"))
+    assert restored[0](1) == 3 and restored[1].n == 3
+    buffers = loads(dumps([io.BytesIO(b"ab"), io.StringIO("cd"), lambda: 1], what="x"))
+    assert buffers[0].getvalue() == b"ab" and buffers[1].getvalue() == "cd"  # values in memory
+    assert loads(dumps({"a": [1, 2.5]}, what="x")) == {"a": [1, 2.5]}
+    assert loads(pickle.dumps(3)) == 3
+
+
+def generator() -> Iterator[int]:
+    yield 1
+
+
+def test_what_cannot_be_pickled_raises_a_serialization_error() -> None:
+    with pytest.raises(durably.SerializationError, match="generator"):
+        dumps(generator(), what="the result of task 'g'")
+
+
+def test_a_task_returning_an_open_file_fails_and_caches_nothing(
+    tmp_path: Path, data_file: Path
+) -> None:
+    durably.configure(store=durably.DiskStore(tmp_path / "s"))
+    calls: list[int] = []
+    handles: list[Any] = []
+
+    @durably.task
+    def load(path: str) -> Any:
+        calls.append(1)
+        f = open(path)  # noqa: SIM115 - the bug under test: an open file as a result
+        handles.append(f)
+        return f
+
+    try:
+        for _ in range(2):
+            with pytest.raises(durably.SerializationError, match="TextIOWrapper"):
+                load(str(data_file))
+        assert len(calls) == 2  # nothing was cached: the second call ran again
+    finally:
+        for f in handles:
+            f.close()
+        durably.configure()
