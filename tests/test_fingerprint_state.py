@@ -1,0 +1,907 @@
+"""Values in code fingerprints: configuration is followed into its contents, state is not.
+
+A value the task reads is *configuration* unless the walked code itself changes it: changing
+configuration in place gives the next call a fingerprint of the current contents; *state*
+(memos, registries, counters, lazily created clients) never enters the fingerprint, so a key
+does not depend on what ran before it in the process. Also: package versions, docstrings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably._fingerprint import fingerprint_function
+
+
+def define(src: str, ns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run source like a notebook cell: into a ``__main__`` namespace (new or given)."""
+    if ns is None:
+        ns = {"__name__": "__main__"}
+    exec(textwrap.dedent(src), ns)
+    return ns
+
+
+def fp(func: Any) -> str:
+    return fingerprint_function(func).digest
+
+
+def variant(template: str, value: object) -> str:
+    return textwrap.dedent(template).replace("$V", repr(value))
+
+
+# -- configuration: changed in place, noticed ------------------------------------------------
+# Each case: a source defining `task` with the value `$V`, and a statement that changes that
+# value in place to `$V` (run in the same namespace).
+CONFIGURATION = {
+    "dict item": (
+        """
+        WEIGHTS = {"a": $V}
+        def task(x):
+            return x * WEIGHTS["a"]
+        """,
+        'WEIGHTS["a"] = $V',
+    ),
+    "nested dict item": (
+        """
+        CONFIG = {"nested": {"x": $V}, "other": [1, 2]}
+        def task(x):
+            return x * CONFIG["nested"]["x"]
+        """,
+        'CONFIG["nested"]["x"] = $V',
+    ),
+    "attribute of a user object": (
+        """
+        class Settings:
+            def __init__(self):
+                self.rate = 1
+        SETTINGS = Settings()
+        SETTINGS.rate = $V
+        def task(x):
+            return x * SETTINGS.rate
+        """,
+        "SETTINGS.rate = $V",
+    ),
+    "field of a dataclass": (
+        """
+        import dataclasses
+        @dataclasses.dataclass
+        class Config:
+            rate: int
+        CONFIG = Config($V)
+        def task(x):
+            return x * CONFIG.rate
+        """,
+        "CONFIG.rate = $V",
+    ),
+    "list in a closure": (
+        """
+        def make():
+            factors = [$V, 7]
+            def task(x):
+                return x * factors[0]
+            return task
+        task = make()
+        """,
+        "task.__closure__[0].cell_contents[0] = $V",
+    ),
+    "set": (
+        """
+        TAGS = {"t", $V}
+        def task(x):
+            return x in TAGS
+        """,
+        'TAGS.clear(); TAGS.update({"t", $V})',
+    ),
+    "list inside a tuple": (
+        """
+        PAIR = ([$V], "fixed")
+        def task(x):
+            return x * PAIR[0][0]
+        """,
+        "PAIR[0][0] = $V",
+    ),
+    "constant of a helper": (
+        """
+        WEIGHTS = {"a": $V}
+        def helper(x):
+            return x * WEIGHTS["a"]
+        def task(x):
+            return helper(x) + 1
+        """,
+        'WEIGHTS["a"] = $V',
+    ),
+    "class attribute": (
+        """
+        class Model:
+            weights = {"a": $V}
+        def task(x):
+            return x * Model.weights["a"]
+        """,
+        'Model.weights["a"] = $V',
+    ),
+    "default argument": (
+        """
+        def task(x, opts={"k": $V}):
+            return x * opts["k"]
+        """,
+        'task.__defaults__[0]["k"] = $V',
+    ),
+    "instance of a bound method": (
+        """
+        class Scaler:
+            def __init__(self):
+                self.k = $V
+            def scale(self, x):
+                return x * self.k
+        scale = Scaler().scale
+        def task(x):
+            return scale(x)
+        """,
+        "scale.__self__.k = $V",
+    ),
+    "small numpy array": (
+        """
+        import numpy as np
+        W = np.array([$V, 2.0])
+        def task(x):
+            return W @ x
+        """,
+        "W[0] = $V",
+    ),
+    "dict holding a function": (
+        """
+        def double(x):
+            return 2 * x
+        STEPS = {"scale": double, "offset": $V}
+        def task(x):
+            return STEPS["scale"](x) + STEPS["offset"]
+        """,
+        'STEPS["offset"] = $V',
+    ),
+}
+
+
+@pytest.mark.parametrize(("template", "change"), CONFIGURATION.values(),
+                         ids=CONFIGURATION.keys())
+def test_configuration_changed_in_place_is_noticed(template: str, change: str) -> None:
+    ns = define(variant(template, 1.5))
+    first = fingerprint_function(ns["task"])
+    assert first.valid()
+    exec(variant(change, 2.5), ns)
+    assert not first.valid()
+    changed = fp(ns["task"])
+    assert changed != first.digest
+    exec(variant(change, 1.5), ns)  # back to the original contents: the original key
+    assert fp(ns["task"]) == first.digest
+
+
+@pytest.mark.parametrize("name", ["dict item", "nested dict item", "list in a closure",
+                                  "class attribute", "constant of a helper"])
+def test_a_changed_value_gives_the_key_of_a_fresh_definition_with_it(name: str) -> None:
+    """No poisoning: the key made after the change is the one a new process makes for the same
+    contents, not the one made before the change."""
+    template, change = CONFIGURATION[name]
+    ns = define(variant(template, 1.5))
+    task = durably.task(ns["task"])
+    before = task.cache_key(3)
+    exec(variant(change, 2.5), ns)
+    fresh = durably.task(define(variant(template, 2.5))["task"])
+    assert task.cache_key(3) == fresh.cache_key(3) != before
+
+
+def test_in_place_change_gives_the_current_result_and_stores_it_under_its_own_key(
+    tmp_path: Path,
+) -> None:
+    durably.configure(store=durably.DiskStore(tmp_path / "s"))
+    source = """
+        import durably
+        WEIGHTS = {"a": $V}
+        @durably.task
+        def score(x):
+            record(x)
+            return x * WEIGHTS["a"]
+        """
+    try:
+        calls: list[int] = []
+        ns = define(variant(source, 1), {"__name__": "__main__", "record": calls.append})
+        assert ns["score"](2) == 2
+        ns["WEIGHTS"]["a"] = 10
+        assert ns["score"](2) == 20  # not the stale 2
+        ns["WEIGHTS"]["a"] = 1
+        assert ns["score"](2) == 2
+        assert calls == [2, 2]  # the last call was a hit on the first key
+        # new definitions, as in new processes: each value finds its own result
+        for value, expected in ((1, 2), (10, 20)):
+            fresh = define(variant(source, value),
+                           {"__name__": "__main__", "record": calls.append})
+            assert fresh["score"](2) == expected
+        assert calls == [2, 2]
+    finally:
+        durably.configure()
+
+
+def test_a_function_put_into_a_table_is_noticed() -> None:
+    ns = define("""
+        def double(x):
+            return 2 * x
+        def triple(x):
+            return 3 * x
+        HANDLERS = {"scale": double}
+        def task(x):
+            return HANDLERS["scale"](x)
+        """)
+    first = fingerprint_function(ns["task"])
+    ns["HANDLERS"]["scale"] = ns["triple"]
+    assert not first.valid()
+    assert fp(ns["task"]) != first.digest
+    ns["HANDLERS"]["scale"] = ns["double"]
+    assert fp(ns["task"]) == first.digest
+
+
+def test_explain_names_the_changed_configuration(tmp_path: Path) -> None:
+    durably.configure(store=durably.DiskStore(tmp_path / "s"))
+    try:
+        ns = define(variant(CONFIGURATION["dict item"][0], 1) + "import durably\n"
+                    "task = durably.task(task)\n")
+        ns["task"](3)
+        ns["WEIGHTS"]["a"] = 2
+        why = ns["task"].explain(3)
+        assert not why.hit
+        assert why.changed_code == ("__main__.WEIGHTS",)
+    finally:
+        durably.configure()
+
+
+def test_a_file_held_in_a_global_follows_its_content(tmp_path: Path) -> None:
+    """``durably.file`` is digested by its content: a small file is digested again on each
+    revalidation, so editing it gives the next call a new key."""
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    ns = define("""
+        import durably
+        def task(x):
+            return DATA.read_text() + x
+        """)
+    ns["DATA"] = durably.file(data)
+    first = fingerprint_function(ns["task"])
+    assert first.valid()
+    data.write_text("a,b\n1,3\n")
+    assert not first.valid()
+    assert fp(ns["task"]) != first.digest
+
+
+def test_an_enum_member_value_is_code() -> None:
+    src = """
+        import enum
+        class Mode(enum.Enum):
+            FAST = $V
+            SLOW = "slow"
+        def task(x):
+            return Mode.FAST.value * x
+        """
+    one, two, one_again = (fp(define(variant(src, v))["task"]) for v in (1, 2, 1))
+    assert one != two and one == one_again
+
+
+def test_a_large_value_is_revalidated_by_identity() -> None:
+    """The documented limit: a value whose encoding passes 64 KiB is not digested again on
+    every call; rebinding the name is noticed, a change in place is not."""
+    ns = define("""
+        BIG = list(range(100_000))
+        def task(x):
+            return BIG[x]
+        """)
+    first = fingerprint_function(ns["task"])
+    ns["BIG"][0] = -1
+    assert first.valid()  # in place: not seen (use version= or rebind the name)
+    ns["BIG"] = list(ns["BIG"])
+    assert not first.valid()
+
+
+def test_a_mutation_by_code_the_task_does_not_reach_keeps_the_value_configuration() -> None:
+    ns = define("""
+        WEIGHTS = {"a": 1}
+        def configure(a):
+            WEIGHTS["a"] = a
+        def task(x):
+            return x * WEIGHTS["a"]
+        """)
+    first = fingerprint_function(ns["task"])
+    ns["configure"](3)
+    assert not first.valid()
+    assert fp(ns["task"]) != first.digest
+
+
+@pytest.mark.parametrize("body", [
+    'return CONFIG.get("a"), CONFIG.copy(), list(CONFIG.items()), "a" in CONFIG',
+    # in a nested function: a local, a parameter of the same name
+    "def f():\n        CONFIG = {}\n        CONFIG['a'] = x\n    return f(), CONFIG['a']",
+    "def f(CONFIG):\n        CONFIG['a'] = x\n    return f({}), CONFIG['a']",
+    "d = {}\n    d['a'] = CONFIG['a']\n    return d",  # another dict, filled from it
+    "return sorted(CONFIG)[0].upper()",  # a method of something derived from it
+    "return dict(CONFIG).update(a=x)",  # a copy changed
+])
+def test_reading_a_value_keeps_it_configuration(body: str) -> None:
+    ns = define(f"CONFIG = {{'a': 1}}\ndef task(x):\n    {body}\n")
+    first = fingerprint_function(ns["task"])
+    ns["CONFIG"]["a"] = 2
+    assert not first.valid()
+
+
+# -- state: changed by the walked code, left out ---------------------------------------------
+# Each case: a source defining `task` and `fill()`, which changes the state the way the
+# program does when it runs; the fingerprint must not depend on whether it ran.
+STATE = {
+    "memo filled by a helper": """
+        _CONFIG_CACHE = {}
+        def load_config(name):
+            if name not in _CONFIG_CACHE:
+                _CONFIG_CACHE[name] = {"k": len(name)}
+            return _CONFIG_CACHE[name]
+        def task(x):
+            return load_config(x)["k"]
+        def fill():
+            task("abc")
+        """,
+    "memo read before the helper that fills it is walked": """
+        _CACHE = {}
+        def task(x):
+            return len(_CACHE), remember(x)
+        def remember(x):
+            _CACHE[x] = x
+            return x
+        def fill():
+            task(1)
+        """,
+    "list appended to": """
+        _SEEN = []
+        def task(x):
+            _SEEN.append(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "setdefault and append": """
+        _GROUPS = {}
+        def task(x):
+            _GROUPS.setdefault(x % 2, []).append(x)
+            return x
+        def fill():
+            task(3)
+        """,
+    "item deleted": """
+        _PENDING = {"a": 1, "b": 2}
+        def task(x):
+            if _PENDING:
+                del _PENDING[next(iter(_PENDING))]
+            return x
+        def fill():
+            task(1)
+        """,
+    "item of an item": """
+        _TREE = {"a": {}}
+        def task(x):
+            _TREE["a"][x] = x
+            return x
+        def fill():
+            task(1)
+        """,
+    "key chosen by a condition": """
+        _CACHE = {}
+        def task(x):
+            _CACHE[x if x > 0 else -x] = x
+            return x
+        def fill():
+            task(-4)
+        """,
+    "inside a loop and an exception handler": """
+        _LOG = {}
+        def task(x):
+            for i in range(x):
+                try:
+                    raise KeyError(i)
+                except KeyError:
+                    _LOG[i] = True
+            return x
+        def fill():
+            task(3)
+        """,
+    "in a nested function": """
+        _CACHE = {}
+        def task(x):
+            def put():
+                _CACHE[x] = x
+            put()
+            return x
+        def fill():
+            task(5)
+        """,
+    "attribute assigned": """
+        class Stats:
+            calls = 0
+        STATS = Stats()
+        def task(x):
+            STATS.calls += 1
+            return x
+        def fill():
+            task(1)
+        """,
+    "attribute deleted": """
+        class Box:
+            pass
+        BOX = Box()
+        BOX.item = 1
+        def task(x):
+            if hasattr(BOX, "item"):
+                del BOX.item
+            return x
+        def fill():
+            task(1)
+        """,
+    "global counter": """
+        _CALLS = 0
+        def task(x):
+            global _CALLS
+            _CALLS += 1
+            return x
+        def fill():
+            task(1)
+        """,
+    "client created on first use": """
+        class Client:
+            def get(self, x):
+                return x
+        _CLIENT = None
+        def client():
+            global _CLIENT
+            if _CLIENT is None:
+                _CLIENT = Client()
+            return _CLIENT
+        def task(x):
+            return client().get(x)
+        def fill():
+            task(1)
+        """,
+    "nonlocal counter": """
+        def make():
+            calls = 0
+            def task(x):
+                nonlocal calls
+                calls += 1
+                return x
+            return task
+        task = make()
+        def fill():
+            task(1)
+        """,
+    "list in a closure appended to": """
+        def make():
+            seen = []
+            def task(x):
+                seen.append(x)
+                return x
+            return task
+        task = make()
+        def fill():
+            task(1)
+        """,
+    "default argument used as a memo": """
+        def helper(x, _memo={}):
+            if x not in _memo:
+                _memo[x] = x * 2
+            return _memo[x]
+        def task(x):
+            return helper(x)
+        def fill():
+            task(4)
+        """,
+    "class attribute changed through self": """
+        class Registry:
+            items = []
+            def add(self, x):
+                self.items.append(x)
+                return x
+        REGISTRY = Registry()
+        def task(x):
+            return REGISTRY.add(x)
+        def fill():
+            task(1)
+        """,
+    "class attribute changed through cls": """
+        class Plugins:
+            _known = {}
+            @classmethod
+            def register(cls, name):
+                cls._known[name] = True
+                return name
+        def task(x):
+            return Plugins.register(x)
+        def fill():
+            task("p")
+        """,
+    "class counter rebound through cls": """
+        class Ids:
+            last = 0
+            @classmethod
+            def next(cls):
+                cls.last += 1
+                return cls.last
+        def task(x):
+            return Ids.next() and x
+        def fill():
+            task(1)
+        """,
+    "a method of the user's class changes self": """
+        class Counter:
+            def __init__(self):
+                self.n = 0
+            def bump(self):
+                self.n += 1
+                return self.n
+        COUNTER = Counter()
+        def task(x):
+            return COUNTER.bump() and x
+        def fill():
+            task(1)
+        """,
+    "a method that calls a method that changes self": """
+        class Cache:
+            def __init__(self):
+                self.data = {}
+            def get(self, k):
+                return self.data.get(k) or self._load(k)
+            def _load(self, k):
+                self.data[k] = k
+                return k
+        CACHE = Cache()
+        def task(x):
+            return CACHE.get(x)
+        def fill():
+            task(1)
+        """,
+    "a bound method that changes its instance": """
+        class Recorder:
+            def __init__(self):
+                self.seen = []
+            def add(self, x):
+                self.seen.append(x)
+                return x
+        record = Recorder().add
+        def task(x):
+            return record(x)
+        def fill():
+            task(1)
+        """,
+    "a callable object that records its calls": """
+        class Recorder:
+            def __init__(self):
+                self.calls = []
+            def __call__(self, x):
+                self.calls.append(x)
+        def make(record):
+            def task(x):
+                record(x)
+                return x
+            return task
+        RECORD = Recorder()
+        task = make(RECORD)
+        def also(x):
+            RECORD(x)
+        def fill():
+            task(1)
+            also(2)
+        """,
+    "class attribute changed through an instance": """
+        class Registry:
+            items = []
+        REGISTRY = Registry()
+        def task(x):
+            REGISTRY.items.append(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "field of a slotted object": """
+        class Bag:
+            __slots__ = ("seen",)
+            def __init__(self):
+                self.seen = set()
+        BAG = Bag()
+        def task(x):
+            BAG.seen.add(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "flag values combined": """
+        import enum
+        class Perm(enum.Flag):
+            R = 1
+            W = 2
+            X = 4
+        def task(x):
+            return Perm.R in x
+        def fill():
+            Perm.R | Perm.W | Perm.X
+        """,
+    "a memo of functools.cache": """
+        import functools
+        @functools.cache
+        def square(x):
+            return x * x
+        def task(x):
+            return square(x)
+        def fill():
+            task(3)
+        """,
+}
+
+
+@pytest.mark.parametrize("template", STATE.values(), ids=STATE.keys())
+def test_state_changed_by_the_code_is_left_out(template: str) -> None:
+    ns = define(template)
+    first = fingerprint_function(ns["task"])
+    ns["fill"]()
+    assert first.valid()  # nothing to compute again
+    assert fp(ns["task"]) == first.digest
+    filled_first = define(template)  # a process where the state was filled before the key
+    filled_first["fill"]()
+    assert fp(filled_first["task"]) == first.digest
+
+
+def test_a_side_effect_task_keeps_its_key_whatever_ran_before() -> None:
+    """The tester's case: a ``cache=False`` task whose key depended on whether another task
+    had filled a memo first, so its journaled step ran again on resume."""
+    src = """
+        import durably
+        _CONFIG_CACHE = {}
+        def load_config(name):
+            if name not in _CONFIG_CACHE:
+                _CONFIG_CACHE[name] = {"k": len(name)}
+            return _CONFIG_CACHE[name]
+        @durably.task
+        def warm(name):
+            return load_config(name)["k"]
+        @durably.task(cache=False)
+        def notify(name):
+            return load_config(name)["k"]
+        """
+    key = define(src)["notify"].cache_key("abc")
+    ns = define(src)
+    ns["warm"]("abc")  # another task filled the memo before notify's key was made
+    assert ns["notify"].cache_key("abc") == key
+
+
+def test_state_still_takes_part_by_its_type_and_its_code() -> None:
+    src = """
+        class Client:
+            def get(self, x):
+                return x + $V
+        _CLIENTS = {}
+        def task(x):
+            _CLIENTS.setdefault("c", Client())
+            return _CLIENTS["c"].get(x)
+        """
+    # the client's class is named by the code, so its code counts
+    assert fp(define(variant(src, 1))["task"]) != fp(define(variant(src, 2))["task"])
+    ns = define(variant(src, 1))
+    first = fingerprint_function(ns["task"])
+    ns["_CLIENTS"] = {}  # rebinding state by hand: computed again, to the same digest
+    assert not first.valid()
+    assert fp(ns["task"]) == first.digest
+
+
+# -- modules ---------------------------------------------------------------------------------
+Loader = Callable[[dict[str, str], str], types.ModuleType]
+
+
+@pytest.fixture
+def user_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Loader]:
+    """Write modules into tmp_path (on sys.path) and import one of them afresh."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+
+    def purge() -> None:
+        for name in [n for n in sys.modules if n.startswith("fps_")]:
+            del sys.modules[name]
+
+    def load(files: dict[str, str], main: str) -> types.ModuleType:
+        for rel, src in files.items():
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text(textwrap.dedent(src))
+        purge()
+        importlib.invalidate_caches()
+        return importlib.import_module(main)
+
+    yield load
+    purge()
+
+
+def test_an_attribute_of_a_user_module_is_configuration_or_state(user_modules: Loader) -> None:
+    tasks = user_modules({
+        "fps_cfg.py": """
+            WEIGHTS = {"a": 1}
+            CACHE = {}
+            CALLS = 0
+            """,
+        "fps_tasks.py": """
+            import fps_cfg
+            def task(x):
+                fps_cfg.CACHE[x] = x
+                fps_cfg.CALLS += 1
+                return x * fps_cfg.WEIGHTS["a"]
+            """,
+    }, "fps_tasks")
+    cfg = sys.modules["fps_cfg"]
+    first = fingerprint_function(tasks.task)
+    tasks.task(2)  # fills the cache: state
+    assert first.valid()
+    cfg.WEIGHTS["a"] = 3  # configuration
+    assert not first.valid()
+    assert fp(tasks.task) != first.digest
+
+
+CROSS = """
+import dataclasses
+_MEMO = {}
+_CALLS = 0
+WEIGHTS = {"b": 2.0, "a": 1, "tags": {"x", "y", "z"}}
+@dataclasses.dataclass
+class Config:
+    rate: float = 0.5
+    layers: list = dataclasses.field(default_factory=lambda: [1, 2])
+CONFIG = Config()
+class Registry:
+    items = []
+    def add(self, x):
+        self.items.append(x)
+        return x
+REGISTRY = Registry()
+def load(k):
+    global _CALLS
+    _CALLS += 1
+    if k not in _MEMO:
+        _MEMO[k] = {"k": k, "set": {k, "s"}}
+    return _MEMO[k]
+def task(x):
+    return load(x), WEIGHTS["a"], CONFIG.rate, REGISTRY.add(x), sorted(WEIGHTS["tags"])
+"""
+PRINT = """
+import sys; sys.path.insert(0, sys.argv[1]); import fps_cross as m
+from durably._fingerprint import fingerprint_function as f
+if sys.argv[2] == "filled":
+    for k in ("q", "r", "s"):
+        m.task(k)
+print(f(m.task).digest)
+m.WEIGHTS["a"] = 5
+m.CONFIG.layers.append(3)
+changed = f(m.task).digest
+m.WEIGHTS["a"] = 1
+m.CONFIG.layers.pop()
+print(changed, f(m.task).digest)
+"""
+
+
+def test_fingerprints_are_equal_across_processes_whatever_ran_before(
+    user_modules: Loader, tmp_path: Path
+) -> None:
+    mod = user_modules({"fps_cross.py": CROSS}, "fps_cross")
+    here = fp(mod.task)
+    outputs = []
+    for seed, state in (("1", "empty"), ("2", "filled"), ("3", "filled")):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run(
+            [sys.executable, "-B", "-c", PRINT, str(tmp_path), state],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outputs.append(proc.stdout.split())
+    assert all(out[0] == here == out[2] for out in outputs)  # state filled or not
+    assert len({out[1] for out in outputs}) == 1  # the changed contents: one digest too
+    assert outputs[0][1] != here
+
+
+# -- versions of installed packages ----------------------------------------------------------
+def _install(site: Path, dist: str, version: str) -> None:
+    """A package without ``__version__``, installed with distribution metadata."""
+    (site / "fps_lib").mkdir(parents=True, exist_ok=True)
+    (site / "fps_lib" / "__init__.py").write_text("def work(x):\n    return x\n")
+    for old in site.glob("*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "top_level.txt").write_text("fps_lib\n")
+    (info / "RECORD").write_text("fps_lib/__init__.py,,\n")
+
+
+VERSION_TASK = """
+import sys; sys.path.insert(0, sys.argv[1])
+import fps_lib
+from durably._fingerprint import fingerprint_function
+def task(x):
+    return fps_lib.work(x)
+print(fingerprint_function(task).digest)
+"""
+
+
+# a distribution named like its module, or not (found through packages_distributions)
+@pytest.mark.parametrize("dist", ["fps_lib", "fps-lib-dist"])
+def test_an_upgrade_of_a_package_without_version_attribute_is_noticed(
+    tmp_path: Path, dist: str
+) -> None:
+    site = tmp_path / "lib" / "site-packages"  # an installed package, not the user's code
+
+    def digest() -> str:
+        proc = subprocess.run(
+            [sys.executable, "-B", "-c", VERSION_TASK, str(site)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    _install(site, dist, "1.0")
+    first = digest()
+    assert digest() == first
+    _install(site, dist, "1.1")
+    assert digest() != first
+
+
+# -- docstrings ------------------------------------------------------------------------------
+DOCSTRINGS = {  # (source, whether rewording `$V` keeps the fingerprint)
+    "function": ('def task(x):\n    """$V"""\n    return x + 1\n', True),
+    "method of a helper class": (
+        'class M:\n    def f(self, x):\n        """$V"""\n        return x\n'
+        "def task(x):\n    return M().f(x)\n", True),
+    "nested function": (
+        'def task(x):\n    def inner():\n        """$V"""\n        return x\n'
+        "    return inner()\n", True),
+    # the same text as the docstring and as a value: the value counts
+    "string returned that equals the docstring": (
+        'def task(x):\n    """$V"""\n    return "$V"\n', False),
+    "first string constant, no docstring": ('def task(x):\n    return "$V"\n', False),
+    "string statement after the first": (
+        'def task(x):\n    y = x\n    "$V"\n    return y\n', True),  # no value at all
+}
+
+
+@pytest.mark.parametrize(("template", "ignored"), DOCSTRINGS.values(), ids=DOCSTRINGS.keys())
+def test_docstrings_are_left_out_and_string_values_are_not(template: str, ignored: bool) -> None:
+    one, two = (fp(define(template.replace("$V", v))["task"]) for v in ("one", "two"))
+    assert (one == two) is ignored
+
+
+def test_adding_a_docstring_keeps_the_fingerprint() -> None:
+    plain = "def task(x):\n    return x + 1\n"
+    documented = 'def task(x):\n    """Add one."""\n    return x + 1\n'
+    assert fp(define(plain)["task"]) == fp(define(documented)["task"])
+
+
+def test_a_class_keeps_its_fingerprint_after_its_instances_were_digested() -> None:
+    """Pickling or digesting an instance adds ``__slotnames__`` to its class (copyreg): a
+    cache, not code, so the key does not depend on whether that happened first."""
+    src = """
+        class Settings:
+            def __init__(self):
+                self.rate = 2
+        SETTINGS = Settings()
+        def task(x):
+            return x * SETTINGS.rate
+        """
+    before = fp(define(src)["task"])
+    ns = define(src)
+    durably.digest(ns["SETTINGS"])
+    assert fp(ns["task"]) == before
