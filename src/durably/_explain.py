@@ -31,6 +31,19 @@ class Explanation:
             fingerprint differs from the nearest earlier entry (added or removed ones too).
         version_change: ``(old, new)`` explicit versions when they differ, else None.
         nearest: The key record of the nearest earlier entry, or None when there is none.
+
+    Example:
+        >>> import durably
+        >>> from durably.testing import MemoryStore
+        >>> durably.configure(store=MemoryStore())
+        >>> @durably.task
+        ... def scale(x, factor=2):
+        ...     return x * factor
+        >>> _ = scale(3)
+        >>> why = scale.explain(3, factor=5)
+        >>> why.hit, why.changed_arguments
+        (False, ('factor',))
+        >>> durably.configure()
     """
 
     task: str

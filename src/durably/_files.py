@@ -19,6 +19,14 @@ class File(os.PathLike[str]):
 
     It is a path-like object: ``open(f)``, ``Path(f)`` and ``f.read_bytes()`` work.
     Made by :func:`file`.
+
+    Example:
+        >>> import durably, pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
+        >>> _ = p.write_text("hello")
+        >>> f = durably.file(p)
+        >>> f.read_text(), pathlib.Path(f) == p
+        ('hello', True)
     """
 
     __slots__ = ("path",)

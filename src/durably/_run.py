@@ -33,6 +33,21 @@ class Run(Generic[R]):
             before this attempt (``"running"`` after a crash, ``"stopped"`` after Ctrl-C,
             ``"failed"``, ``"finished"`` for a rerun), or None for a new run.
         wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
+
+    Example:
+        >>> import durably, tempfile
+        >>> @durably.task
+        ... def inc(x):
+        ...     return x + 1
+        >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+        ... def count(n):
+        ...     return [inc(i) for i in range(n)]
+        >>> run = count.run(2)
+        >>> run.status, run.result, run.counts()
+        ('finished', [1, 2], {'ran': 2, 'cached': 0, 'replayed': 0, 'failed': 0})
+        >>> again = count.run(2)
+        >>> (again.id == run.id, again.attempt, again.counts()["replayed"])
+        (True, 2, 2)
     """
 
     def __init__(self, record: RunRecord, store: Store, result: Any = _UNSET) -> None:
