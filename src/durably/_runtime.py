@@ -496,28 +496,30 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             "processes must not execute one run. Fix: wait for it to finish (then rerun to get "
             "its result), or start a separate run with fresh=True or another run_id."
         )
-    t = now()
-    record = RunRecord(
-        run_id=run_id,
-        entrypoint=spec.identity,
-        name=spec.name,
-        status="running",
-        created=existing.created if existing else t,
-        updated=t,
-        attempt=(existing.attempt + 1) if existing else 1,
-        input_digest=input_digest,
-        args=stored_args,
-    )
     try:
+        # read again under the lease: another process may have finished an attempt meanwhile
+        existing = store.find_run(run_id)
+        t = now()
+        record = RunRecord(
+            run_id=run_id,
+            entrypoint=spec.identity,
+            name=spec.name,
+            status="running",
+            created=existing.created if existing else t,
+            updated=t,
+            attempt=(existing.attempt + 1) if existing else 1,
+            input_digest=input_digest,
+            args=stored_args,
+        )
         store.put_run(record)
+        resumed_from = existing.status if existing else None
+        if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
+            resumed_from = "stopped"
+        if existing is not None and existing.status == "running":
+            _restore_cache(store, run_id, existing.attempt)
     except BaseException:
-        store.release_run(run_id, owner)
+        store.release_run(run_id, owner)  # never leave a lease behind
         raise
-    resumed_from = existing.status if existing else None
-    if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
-        resumed_from = "stopped"
-    if existing is not None and existing.status == "running":
-        _restore_cache(store, run_id, existing.attempt)
     return Started(record, RunContext(run_id, store, record.attempt, owner), resumed_from)
 
 
