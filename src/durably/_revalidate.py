@@ -1,0 +1,260 @@
+"""A code fingerprint, and its revalidation on each use.
+
+A :class:`Fingerprint` keeps what it was computed from: every name, attribute, closure cell
+and code object the walk read (checked by identity) and the small mutable configuration
+values it met (checked by their contents: by pickle, or by digest for values digested by a
+hook). See :mod:`durably._fingerprint` for what enters a fingerprint.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import io
+import pickle
+import time
+import types
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import wrapt
+
+from ._hashing import _ENCODERS, Encoder
+
+__all__ = ["Fingerprint"]
+
+#: stands for a name, attribute or closure cell that was not there when the walk read it
+_MISSING = object()
+#: a configuration value is checked again on each revalidation up to this encoded size ...
+_RECHECK_BYTES = 1 << 16
+#: ... and when pickling or digesting it takes at most this long (float seconds)
+_RECHECK_SECONDS = 0.001
+# plain values: containers and scalars whose pickle is exact (type and value) and C-fast
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
+_PLAIN_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
+
+
+class _Nested(Protocol):
+    def nested(self, obj: Any) -> str | None: ...
+
+
+# what digests the functions and classes met inside a value being encoded: the walk (see
+# _fingerprint.fingerprint_of), or _BY_IDENTITY when a value is digested again to check it
+_WALKING: contextvars.ContextVar[_Nested | None] = contextvars.ContextVar(
+    "durably_fingerprint_walk", default=None
+)
+
+
+class _ByIdentity:
+    """Functions and classes inside a configuration value, by identity: revalidation only
+    needs to notice that one was replaced (their code is revalidated on its own)."""
+
+    __slots__ = ("keep",)
+
+    def __init__(self, keep: list[Any] | None) -> None:
+        self.keep = keep  # keeps them alive, so an id is never reused by a replacement
+
+    def nested(self, obj: Any) -> str | None:
+        if not isinstance(
+            obj, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper, types.FunctionType, type)
+        ):
+            return None
+        if self.keep is not None:
+            self.keep.append(obj)
+        return f"id:{id(obj):x}"
+
+
+_BY_IDENTITY = _ByIdentity(None)
+
+
+# -- checking configuration on revalidation --------------------------------------------------
+# A check is (value, how, expected): valid while how(value) == expected. Three ways, fastest
+# first: the pickle of a plain value; the pickle of any other value, with functions, classes
+# and modules by identity (their code is revalidated on its own); the value's digest, for
+# values digested by a hook (``__durably_digest__``, ``register_encoder``: ``durably.file``
+# follows the file's content) or that do not pickle.
+_Check = tuple[Any, Callable[[Any], Any], Any]
+_BY_ID = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType,
+          wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)
+
+
+def _plain(value: Any) -> bytes:
+    return pickle.dumps(value, 5)
+
+
+def _identified(n: int) -> int:
+    """Stands for an object pickled by identity (never called: the pickle is not loaded)."""
+    return n
+
+
+class _Pickler(pickle.Pickler):
+    # called for every object but None, bools, numbers, str, bytes and builtin containers
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, _BY_ID) and obj is not _identified:
+            return (_identified, (id(obj),))
+        return NotImplemented
+
+
+def _pickled(value: Any) -> bytes:
+    f = io.BytesIO()
+    _Pickler(f, 5).dump(value)
+    return f.getvalue()
+
+
+class _FirstPickler(_Pickler):
+    """The first pickle of a value: keeps what it names by identity alive (so an id is never
+    reused by a replacement) and notices values digested by a hook."""
+
+    def __init__(self, f: io.BytesIO, keep: list[Any]) -> None:
+        super().__init__(f, 5)
+        self.keep = keep
+        self.hooked = False
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, _BY_ID):
+            self.keep.append(obj)
+        else:
+            t = type(obj)
+            if hasattr(t, "__durably_digest__") or any(k in _ENCODERS for k in t.__mro__):
+                self.hooked = True
+        return super().reducer_override(obj)
+
+
+def _is_plain(value: Any) -> bool:
+    """Builtin containers of None, bool, numbers, str and bytes: pickled exactly (type and
+    value) at C speed; a change that makes it not plain changes its pickle (classes are named
+    in it). Bounded: a large value is not plain."""
+    todo, seen, count = [value], set(), 0
+    while todo:
+        v = todo.pop()
+        t = type(v)
+        if t in _PLAIN:
+            continue
+        if t not in _PLAIN_CONTAINERS:
+            return False
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        count += len(v)
+        if count > 10_000:
+            return False
+        if t is dict:
+            todo.extend(v.keys())  # not the items: temporary tuples, whose ids are reused
+            todo.extend(v.values())
+        else:
+            todo.extend(v)
+    return True
+
+
+def _quick(how: Callable[[Any], Any], value: Any) -> Any:
+    """``how(value)`` when it is small and quick to compute (too slow twice: a pause of the
+    machine does not decide), else None."""
+    for _ in range(2):
+        start = time.perf_counter()
+        data = how(value)
+        if data is None or len(data) > _RECHECK_BYTES:
+            return None
+        if time.perf_counter() - start <= _RECHECK_SECONDS:
+            return data
+    return None
+
+
+def _check_of(value: Any, keep: list[Any], digest: str | None) -> _Check | None:
+    """How to check ``value`` on revalidation, or None when it is too large or too slow to
+    check on every call (by identity only). ``digest``: its digest, when that is the check
+    digest (no function or class inside) and was quick to compute."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            if _is_plain(value):
+                data = _quick(_plain, value)
+                return None if data is None else (value, _plain, data)
+            f = io.BytesIO()
+            first = _FirstPickler(f, keep)
+            first.dump(value)
+            # stable too: an unchanged value pickles alike (no clock or counter in its state)
+            if not first.hooked and _quick(_pickled, value) == f.getvalue():
+                return (value, _pickled, f.getvalue())
+        except Exception:  # noqa: BLE001 - does not pickle: checked by its digest
+            pass
+        if digest is None:
+            nested = _ByIdentity(keep)
+            try:
+                digest = _quick(lambda v: _digest_again(v, nested), value)
+            except Exception:  # noqa: BLE001 - not digestible: by identity only
+                return None
+            if digest is None:
+                return None
+        return (value, _digest_again, digest)
+
+
+def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
+    e = Encoder()
+    token = _WALKING.set(nested or _BY_IDENTITY)
+    try:
+        e.encode(value)
+    finally:
+        _WALKING.reset(token)
+    if e.hasher is not None or len(e.buf) > _RECHECK_BYTES:
+        return None
+    return e.hexdigest()
+
+
+class Fingerprint:
+    """A function's code fingerprint with what it was computed from."""
+
+    __slots__ = ("_attrs", "_checks", "_globals", "_keep", "changed_by", "digest")
+
+    def __init__(
+        self,
+        digest: str,
+        globals_: list[tuple[Mapping[str, Any], str, Any]],
+        attrs: list[tuple[Any, str, Any]],
+        parts: dict[str, str],
+        checks: list[_Check] | None = None,
+        keep: list[Any] | None = None,
+    ) -> None:
+        self.digest = digest
+        self._globals = globals_
+        self._attrs = attrs
+        self._checks = _grouped(checks or [])  # small mutable configuration values
+        self._keep = keep  # objects whose ids the checks rely on
+        #: digest of each user function or class it depends on, by qualified name
+        self.changed_by = parts
+
+    def valid(self) -> bool:
+        """True while every name, cell and code object it was computed from is unchanged
+        (by identity) and every small mutable configuration value has the same contents."""
+        for ns, name, value in self._globals:
+            if ns.get(name, _MISSING) is not value:
+                return False
+        for obj, attr, value in self._attrs:
+            try:
+                current = getattr(obj, attr)
+            except ValueError:  # an empty closure cell
+                current = _MISSING
+            if current is not value:
+                return False
+        try:
+            for value, how, expected in self._checks:
+                if how(value) != expected:
+                    return False
+        except Exception:  # noqa: BLE001 - no longer pickles or digests: changed, compute anew
+            return False
+        return True
+
+
+def _grouped(checks: list[_Check]) -> list[_Check]:
+    """The checks, with all plain values in one pickle and all other pickled ones in another:
+    one pickler per revalidation instead of one per value."""
+    out = [c for c in checks if c[1] is _digest_again]
+    for how in (_plain, _pickled):
+        values = tuple(c[0] for c in checks if c[1] is how)
+        if len(values) == 1:
+            out.append((values[0], how, how(values[0])))
+        elif values:
+            try:
+                out.append((values, how, how(values)))
+            except Exception:  # noqa: BLE001 - changed since it was checked: compute anew
+                out.append((values, how, None))
+    return out
