@@ -168,3 +168,15 @@ def test_changed_constant_and_class_attribute_are_named() -> None:
               "Scaler.apply = apply\n")
     # the method was replaced by another function: the old one is gone, the new one is named
     assert ns["price"].explain(10).changed_code == ("__main__.Scaler.apply", "__main__.apply")
+
+
+def test_an_argument_mutated_by_the_body_is_recorded_as_it_was_passed() -> None:
+    @durably.task
+    def consume(items: list[int], n: int) -> int:
+        total = sum(items)
+        items.clear()
+        return total * n
+
+    consume([1, 2, 3], 2)
+    why = consume.explain([1, 2, 3], 3)
+    assert why.changed_arguments == ("n",)

@@ -240,11 +240,11 @@ class Spec:
         assert self._fingerprint is not None
         return dict(self._fingerprint.changed_by)
 
-    def key_record(self, key: str, arguments: dict[str, Any]) -> KeyRecord:
-        """What the key was made of. Digests each argument again: paid on a miss only (the
-        body just ran), never on a hit."""
-        return KeyRecord(self.identity, key, self.code_version(), digest_each(arguments),
-                         self.code_parts(), now())
+    def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
+        """What the key was made of (``inputs``: digest of each argument, taken on a miss
+        before the body ran: paid on misses only, never on a hit)."""
+        return KeyRecord(self.identity, key, self.code_version(), inputs, self.code_parts(),
+                         now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
@@ -283,7 +283,7 @@ class Call:
         self.ctx = ctx
         self.store = store
         self.key = key
-        self.inputs: dict[str, Any] = {}  # the bound arguments, for the key record
+        self.inputs: dict[str, str] = {}  # digest of each argument, for the key record
         self.step_id = ""
         self.parent: str | None = None
         self.position = 0
@@ -352,12 +352,12 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     arguments = spec.arguments(instance, args, kwargs)
     key = spec.cache_key(spec.digest_inputs(arguments))
     call = Call(spec, ctx, store, key)
-    call.inputs = arguments
     if ctx is None:
         if spec.cache:
             data = store.cache_get(key)
             if data is not None:
                 return _load(data, spec, "cached"), call
+            call.inputs = digest_each(arguments)  # before the body may mutate them
         return _MISS, call
     ctx.keep_lease()
     parent = current_step.get()
@@ -379,6 +379,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             store.append_steps([(call.record("cached"), data)])
             ctx.count("cached")
             return value, call
+        call.inputs = digest_each(arguments)  # before the body may mutate them
     return _MISS, call
 
 
