@@ -12,11 +12,13 @@ given.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as _dt
 import decimal
 import enum
 import fractions
+import functools
 import pathlib
 import struct
 import sys
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the encoder calls these functions, and they write through it
     from ._hashing import Encoder
 
-__all__ = ["type_path"]
+__all__ = ["type_path", "without_cached"]
 
 _LARGE = 1 << 16  # buffers at least this big are hashed in place, not copied into the stream
 _pack_d = struct.Struct("<d").pack
@@ -47,6 +49,35 @@ def type_path(t: type) -> bytes:
         p = f"{t.__module__}.{t.__qualname__}".encode()
         _TYPE_PATHS[t] = p
     return p
+
+
+_CACHED: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def _cached_names(t: type) -> frozenset[str]:
+    """Names of the ``functools.cached_property`` attributes of ``t`` (their values sit in
+    the instance ``__dict__`` once computed, but are derived, not state)."""
+    try:
+        return _CACHED[t]
+    except KeyError:
+        pass
+    except TypeError:  # not weak-referenceable
+        return frozenset()
+    names = frozenset(
+        n for k in t.__mro__ for n, v in vars(k).items()
+        if isinstance(v, functools.cached_property)
+    )
+    with contextlib.suppress(TypeError):
+        _CACHED[t] = names
+    return names
+
+
+def without_cached(d: dict[Any, Any], t: type) -> dict[Any, Any]:
+    """``d`` (an instance dict of a ``t``) without the values cached by cached_property."""
+    names = _cached_names(t)
+    if not names or not any(k in names for k in d):
+        return d
+    return {k: v for k, v in d.items() if k not in names}
 
 
 # -- encoders of exact types -----------------------------------------------------------------
@@ -270,7 +301,9 @@ def _probe_namedtuple(e: Encoder, o: Any, t: type) -> bool:
 def _probe_dataclass(e: Encoder, o: Any, t: type) -> bool:
     if not dataclasses.is_dataclass(t):
         return False
-    e.fields(b"a", o, (f.name for f in dataclasses.fields(o)))
+    base = next((b for b in t.__mro__[1:] if b in _CONTAINERS), None)
+    # a dataclass that subclasses dict or list: its content is state too
+    e.fields(b"a", o, (f.name for f in dataclasses.fields(o)), None if base is None else base)
     return True
 
 
@@ -286,8 +319,18 @@ def _probe_pydantic(e: Encoder, o: Any, t: type) -> bool:
     fields = getattr(t, "model_fields", None)
     if not isinstance(fields, dict) or not hasattr(o, "model_dump"):
         return False
-    e.fields(b"M", o, fields)
+    e.fields(b"M", o, fields, _pydantic_more)
     return True
+
+
+def _pydantic_more(o: Any) -> Any:
+    """A pydantic model's extra fields (``extra="allow"``) and private attributes; None
+    when it has neither (so other models' digests stay as they were)."""
+    extra = getattr(o, "__pydantic_extra__", None) or None
+    private = getattr(o, "__pydantic_private__", None) or None
+    if extra is None and private is None:
+        return None
+    return (None if extra is None else dict(extra), None if private is None else dict(private))
 
 
 def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
@@ -306,6 +349,8 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
                     e.encode(o.tolist())
                 finally:
                     e.leave(o)
+        elif _padded(np, dtype):
+            _significant(e, np, np.asarray(o))
         else:
             # a plain ndarray (subclasses' own view/reshape may misbehave), copied only
             # when not C-contiguous
@@ -315,15 +360,73 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
         if ma is not None and isinstance(o, ma.MaskedArray):
             e.encode(ma.getmaskarray(o))
             e.encode(o.fill_value)
+        elif t is not np.ndarray and not isinstance(o, np.memmap):
+            # attributes of a subclass instance (a Quantity's unit) are state too
+            extra = getattr(o, "__dict__", None)
+            if extra:
+                extra = without_cached(extra, t)
+            if extra and e.enter(o):
+                try:
+                    e.buf += b"+"
+                    e.encode(dict(extra))
+                finally:
+                    e.leave(o)
         return True
     if isinstance(o, np.generic):
         e.text(b"X", _dtype_text(o.dtype))
         if o.dtype.hasobject:
             e.encode(o.item())
+        elif _padded(np, o.dtype):
+            _significant(e, np, np.asarray(o))
         else:
             e.raw(b"b", o.tobytes())
         return True
     return False
+
+
+_X87: bool | None = None
+
+
+def _is_x87(np: Any, dtype: Any) -> bool:
+    """A native long double (or its complex) that is x87 80-bit extended precision, stored
+    with padding bytes whose content is undefined."""
+    global _X87
+    if _X87 is None:
+        _X87 = int(np.finfo(np.longdouble).nmant) == 63 and np.dtype(np.longdouble).itemsize > 10
+    return _X87 and bool(dtype == np.dtype(np.longdouble) or dtype == np.dtype(np.clongdouble))
+
+
+def _padded(np: Any, dtype: Any) -> bool:
+    """Whether values of ``dtype`` hold bytes that are not part of the value (alignment
+    padding of a structured dtype, the unused bytes of an x87 long double)."""
+    if dtype.subdtype is not None:
+        return _padded(np, dtype.subdtype[0])
+    if dtype.fields is None:
+        return _is_x87(np, dtype)
+    end = 0
+    for name in dtype.names:
+        sub, offset = dtype.fields[name][:2]
+        if offset != end or _padded(np, sub):
+            return True
+        end = offset + sub.itemsize
+    return bool(end != dtype.itemsize)
+
+
+def _significant(e: Encoder, np: Any, a: Any) -> None:
+    """The value bytes of an array whose dtype holds padding: field by field, and of an x87
+    long double only its 10 significant bytes."""
+    dtype = a.dtype
+    if dtype.fields is not None:
+        e.buf += b"{"
+        for name in dtype.names:
+            e.encode(np.ascontiguousarray(a[name]))
+        return
+    if dtype.subdtype is not None:  # a subarray dtype: its elements
+        e.encode(np.ascontiguousarray(a).reshape(a.shape + dtype.shape).view(dtype.base))
+        return
+    width = dtype.itemsize // (2 if dtype.kind == "c" else 1)
+    data = np.ascontiguousarray(a).reshape(-1).view(np.uint8).reshape(-1, width)[:, :10]
+    e.raw(b"g", np.ascontiguousarray(data))
 
 
 def _dtype_text(dtype: Any) -> str:
@@ -337,7 +440,19 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
         return False
     if isinstance(o, pd.DataFrame):
         e.record_type(b"p", t)
-        e.encode([str(c) for c in o.dtypes])
+        dtypes = list(o.dtypes)
+        np = sys.modules["numpy"]
+        kinds = set(dtypes)
+        first = dtypes[0] if len(kinds) == 1 and len(dtypes) > 1 else None
+        if isinstance(first, np.dtype) and not first.hasobject:
+            # one numpy dtype throughout: the block at once, column after column (no copy
+            # when the frame holds a single block)
+            e.encode((str(first), len(dtypes)))
+            e.encode(o.columns)
+            e.encode(o.index)
+            e.encode(np.asarray(o.to_numpy()).T)
+            return True
+        e.encode([str(c) for c in dtypes])
         e.encode(o.columns)
         e.encode(o.index)
         for i in range(o.shape[1]):  # by position: column names may repeat
@@ -355,6 +470,15 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
         e.text(b"s", str(o.dtype))
         e.encode(list(o.names))
         _pandas_values(e, o)
+        if isinstance(o, pd.MultiIndex):
+            # the categories (and their order) of categorical levels; None for other levels
+            cats = [
+                (lv.categories, bool(lv.ordered)) if isinstance(lv, pd.CategoricalIndex) else None
+                for lv in o.levels
+            ]
+            if any(c is not None for c in cats):
+                e.buf += b"+"
+                e.encode(cats)
         return True
     if isinstance(o, (pd.Timestamp, pd.Timedelta)):
         # nanoseconds count (a datetime would drop them); the zone is part of the value
@@ -374,11 +498,12 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
 
 def _pandas_values(e: Encoder, o: Any) -> None:
     """The values of a Series or Index; a categorical's categories and order count too."""
-    cat = getattr(o, "cat", None) if str(o.dtype) == "category" else None
-    if cat is not None:
+    if str(o.dtype) == "category":
+        # a Series has .cat; a CategoricalIndex has the same attributes itself
+        cat = getattr(o, "cat", o)
         e.encode(cat.categories)
         e.encode(bool(cat.ordered))
-        e.encode(cat.codes.to_numpy())
+        e.encode(sys.modules["numpy"].asarray(cat.codes))
         return
     e.encode(o.to_numpy())
 
@@ -424,6 +549,8 @@ def _probe_builtin_subclass(e: Encoder, o: Any, t: type) -> bool:
                 f(e, o)
             # attributes set on the instance, and a defaultdict's factory, are state too
             extra = getattr(o, "__dict__", None)
+            if extra:
+                extra = without_cached(extra, t)
             e.encode(dict(extra) if extra else None)
             slots = _slot_names(t)
             if slots:  # written only for classes with slots: other digests stay as they were

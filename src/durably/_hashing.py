@@ -23,6 +23,7 @@ is in :mod:`durably._encoders`, the code of record classes in :mod:`durably._cla
 from __future__ import annotations
 
 import array
+import copyreg
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -30,7 +31,7 @@ from typing import Any
 
 import xxhash
 
-from ._encoders import _DISPATCH, _LARGE, _PROBES, type_path
+from ._encoders import _DISPATCH, _LARGE, _PROBES, type_path, without_cached
 from .exceptions import SerializationError
 
 __all__ = [
@@ -272,8 +273,11 @@ class Encoder:
             f"of the cache key with ignore=({self.path or 'name'!r},)."
         )
 
-    def fields(self, tag: bytes, obj: Any, names: Any) -> None:
-        """A record: its type and (name, value) pairs, in declaration order."""
+    def fields(
+        self, tag: bytes, obj: Any, names: Any, more: Callable[[Any], Any] | None = None
+    ) -> None:
+        """A record: its type and (name, value) pairs, in declaration order; then, when
+        ``more`` gives a value other than None, that value (state kept outside the fields)."""
         if not self.enter(obj):
             return
         try:
@@ -291,6 +295,11 @@ class Encoder:
                         f"set {name!r} in __init__ or __post_init__, or give the field a default",
                     ) from None
                 self.encode(value)
+            if more is not None:
+                extra = more(obj)
+                if extra is not None:
+                    self.buf += b"+"
+                    self.encode(extra)
         finally:
             self.leave(obj)
 
@@ -306,7 +315,7 @@ class Encoder:
             if self.enter(obj):
                 try:
                     self.record_type(tag, t)
-                    value = hook(obj)
+                    value = self.call_hook(hook, obj, t, tag)
                     if value is obj:  # would digest as a bare back-reference: all alike
                         how = "__durably_digest__" if tag == b"H" else "the registered encoder"
                         raise SerializationError(
@@ -322,11 +331,38 @@ class Encoder:
                 return
         self.reduce(obj, t)
 
+    def call_hook(self, hook: Callable[[Any], Any], obj: Any, t: type, tag: bytes) -> Any:
+        """``hook(obj)``; a failure inside it becomes a SerializationError naming the type and
+        the argument (the cause chained)."""
+        try:
+            return hook(obj)
+        except SerializationError:
+            raise
+        except Exception as exc:
+            from ._files import File
+
+            name = type_path(t).decode()
+            if isinstance(exc, FileNotFoundError) and isinstance(obj, File):
+                raise SerializationError(
+                    f"cannot digest {self.where()}: the file of {obj!r} is gone (it was "
+                    "deleted or moved after durably.file() was called). Fix: recreate the "
+                    "file, or pass durably.file() of a file that exists."
+                ) from exc
+            how = "__durably_digest__" if tag == b"H" else "the registered encoder"
+            raise SerializationError(
+                f"cannot digest {self.where()}: {how} of {name} raised "
+                f"{type(exc).__name__}: {exc}. Fix: make it return the state that identifies "
+                "the object, or leave the argument out of the cache key with "
+                f"ignore=({self.path or 'name'!r},)."
+            ) from exc
+
     def reduce(self, obj: Any, t: type) -> None:
         """Fallback: the object's pickle recipe (``__reduce_ex__``), encoded canonically, so
         dicts and sets inside its state are ordered and no memory address leaks in."""
         try:
-            rv = obj.__reduce_ex__(4)
+            # what pickle consults first: copyreg's table (re.Pattern, types.UnionType, ufuncs)
+            reducer = copyreg.dispatch_table.get(t)
+            rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(4)
         except Exception as exc:  # noqa: BLE001 - any failure means: cannot digest this
             raise SerializationError(
                 f"cannot digest {self.where()}: an object of type {type_path(t).decode()} "
@@ -344,23 +380,37 @@ class Encoder:
             parts = list(rv[1:])
             state = parts[1] if len(parts) > 1 else None
             args = parts[0] if parts else ()
-            if state is None and not _has_content(args, t) and t not in _WARNED:
+            items = parts[2] if len(parts) > 2 else None
+            items = None if items is None else list(items)
+            pairs = parts[3] if len(parts) > 3 else None
+            pairs = None if pairs is None else dict(pairs)
+            if (
+                state is None
+                and not items
+                and not pairs
+                and not _has_content(args, t)
+                and t not in _WARNED
+            ):
                 _WARNED.add(t)
+                where = f" (in argument {self.path!r})" if self.path else ""
                 warnings.warn(
-                    f"durably: instances of {type_path(t).decode()} expose no state to "
+                    f"durably: instances of {type_path(t).decode()}{where} expose no state to "
                     "digest, so all of them get the same digest. If they can differ, give "
                     "the class a __durably_digest__ method or call "
                     "durably.register_encoder().",
                     stacklevel=4,
                 )
-            self.encode(_callable_name(rv[0]))
+            make = rv[0]
+            if _is_user_code(make):  # its code counts: a user factory or class may be edited
+                self.buf += b"!"
+                self.encode(make)
+            else:
+                self.encode(_callable_name(make))
             self.encode(args)
-            self.encode(state)
+            self.encode(_without_cached_state(state, t))
             # always written (None when absent) so the encoding stays self-delimiting
-            items = parts[2] if len(parts) > 2 else None
-            self.encode(None if items is None else list(items))
-            pairs = parts[3] if len(parts) > 3 else None
-            self.encode(None if pairs is None else dict(pairs))
+            self.encode(items)
+            self.encode(pairs)
         finally:
             self.leave(obj)
 
@@ -385,6 +435,26 @@ def _class_code() -> Callable[[Encoder, type], bytes]:
 
 def _callable_name(f: Any) -> str:
     return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+
+
+def _is_user_code(f: Any) -> bool:
+    """A function or class of the user's own code (fingerprinted, not named)."""
+    import types
+
+    if not isinstance(f, (types.FunctionType, type)):
+        return False
+    from ._origin import is_user_module
+
+    return is_user_module(getattr(f, "__module__", None))
+
+
+def _without_cached_state(state: Any, t: type) -> Any:
+    """The pickle state without values cached by ``functools.cached_property``."""
+    if isinstance(state, dict):
+        return without_cached(state, t)
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
+        return (without_cached(state[0], t), state[1])
+    return state
 
 
 def _has_content(args: Any, t: type) -> bool:
@@ -426,8 +496,20 @@ def digest(obj: Any) -> str:
     """
     e = Encoder()
     e.buf += _HEADER
-    e.encode(obj)
+    try:
+        e.encode(obj)
+    except RecursionError:
+        raise _too_deep(e) from None
     return e.hexdigest()
+
+
+def _too_deep(e: Encoder) -> SerializationError:
+    return SerializationError(
+        f"cannot digest {e.where()}: it is nested too deeply (Python's recursion limit was "
+        "reached). Fix: flatten the structure, give its type a __durably_digest__ method "
+        "that returns a flat summary, or leave the argument out of the cache key with "
+        f"ignore=({e.path or 'name'!r},)."
+    )
 
 
 def encode_arguments(arguments: Mapping[str, Any]) -> str:
@@ -438,7 +520,10 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
     for name in sorted(arguments):
         e.path = name
         e.raw(b"=", name.encode())
-        e.encode(arguments[name])
+        try:
+            e.encode(arguments[name])
+        except RecursionError:
+            raise _too_deep(e) from None
     return e.hexdigest()
 
 
@@ -448,6 +533,9 @@ def digest_each(arguments: Mapping[str, Any]) -> dict[str, str]:
     for name in sorted(arguments):
         e = Encoder(name)
         e.buf += _HEADER
-        e.encode(arguments[name])
+        try:
+            e.encode(arguments[name])
+        except RecursionError:
+            raise _too_deep(e) from None
         each[name] = e.hexdigest()
     return each
