@@ -68,6 +68,14 @@ the fingerprint, and only changing it invalidates the task's entries.
 * Once the walked code mutates a value it is state: changes made to it from outside (a
   notebook cell editing a registry) are not noticed. A name the walked code rebinds with
   ``global`` is state even when it holds a function.
+* A configuration value that can be neither digested nor pickled (a dict holding a lock, a
+  hashlib object) is recorded by its type, with a warning naming it. Values that are state
+  by nature (locks, iterators such as ``itertools.count()``, generators, queues, files) are
+  recorded by type without one; ``os.environ`` by name only.
+* Classes: dunder attributes count only when they are code (a library's data there, such as
+  pydantic's schema, holds ids); the fields of dataclasses, attrs classes and pydantic models
+  count by name, annotation, default and factory, and the methods those libraries generate
+  from them by name.
 * Installed packages are recorded by version, not walked: editing one in place (other than
   an editable install of the user's own project) is not noticed.
 
@@ -82,6 +90,9 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
+import pickle
+import re
 import sys
 import time
 import types
@@ -105,7 +116,7 @@ from ._revalidate import (
     _Check,
     _check_of,
 )
-from ._state import _is_atom, _is_code, _StateFinder, _wrapped_of
+from ._state import _is_atom, _is_code, _is_stateful, _StateFinder, _wrapped_of
 from .exceptions import SerializationError
 
 __all__ = ["Fingerprint", "fingerprint_function", "fingerprint_of", "is_user_module"]
@@ -115,8 +126,67 @@ _SKIP_CLASS_ATTRS = frozenset(
      "__firstlineno__", "__static_attributes__", "__slots__", "__parameters__",
      "__orig_bases__", "__dataclass_fields__", "__dataclass_params__", "__match_args__",
      # a cache copyreg adds the first time an instance is pickled or digested
-     "__slotnames__"}
+     "__slotnames__",
+     # abc's registry and caches: filled as isinstance() runs
+     "_abc_impl"}
 )
+#: code kept in a class attribute (a dunder attribute counts only when it is code)
+_CODE_ATTRS = (staticmethod, classmethod, property, functools.cached_property)
+#: (function, name) pairs already warned about a value whose changes are not noticed
+_OPAQUE_WARNED: set[tuple[str, str]] = set()
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _type_text(t: Any) -> str:
+    """An annotation as text, without memory addresses (stable across processes)."""
+    if isinstance(t, type):
+        return f"{t.__module__}.{t.__qualname__}"
+    return _ADDRESS.sub("", repr(t))
+
+
+def _fields_of(c: type) -> list[tuple[Any, ...]] | None:
+    """The fields a record library (dataclasses, attrs, pydantic) keeps for class ``c``:
+    name, annotation, default and default factory, or None for another class. Their
+    generated methods are recorded by name (see :func:`durably._class_code._generated`), so
+    the fields stand for them."""
+    ns = vars(c)
+    out: list[tuple[Any, ...]] = []
+    if isinstance(ns.get("__dataclass_fields__"), dict):
+        for f in ns["__dataclass_fields__"].values():
+            default = getattr(f, "default", None)
+            factory = getattr(f, "default_factory", None)
+            out.append((
+                "dc", str(f.name), _type_text(f.type),
+                () if type(default).__name__ == "_MISSING_TYPE" else (default,),
+                None if type(factory).__name__ == "_MISSING_TYPE" else factory,
+                getattr(f, "init", True), getattr(f, "kw_only", False),
+            ))
+        return out
+    attrs_fields = ns.get("__attrs_attrs__")
+    if isinstance(attrs_fields, tuple):
+        for a in attrs_fields:
+            default = getattr(a, "default", None)
+            factory = getattr(default, "factory", None)
+            if type(default).__name__ == "_Nothing":
+                kept: tuple[Any, ...] = ()
+            elif factory is not None:
+                kept = ("factory", factory, getattr(default, "takes_self", False))
+            else:
+                kept = (default,)
+            out.append(("attrs", str(a.name), _type_text(getattr(a, "type", None)), kept,
+                        getattr(a, "converter", None), getattr(a, "init", True)))
+        return out
+    fields = ns.get("__pydantic_fields__")
+    if isinstance(fields, dict):
+        for name, info in fields.items():
+            default = getattr(info, "default", None)
+            kept = () if type(default).__name__ == "PydanticUndefinedType" else (default,)
+            out.append(("pydantic", str(name), _type_text(getattr(info, "annotation", None)),
+                        kept, getattr(info, "default_factory", None),
+                        list(getattr(info, "metadata", None) or ()),
+                        getattr(info, "alias", None)))
+        return out
+    return None
 
 
 class _StateMark:
@@ -143,6 +213,7 @@ class _Walker(_StateFinder):
         self.seen_names: set[tuple[int, str]] = set()
         self.checks: dict[int, _Check] = {}  # configuration checked on revalidation
         self.hits = 0  # functions and classes digested inside values so far
+        self.where = ("", "")  # (function or class, name) of the value being encoded
 
     def conflicted(self) -> bool:
         """Whether a value or name found to be state later was encoded as configuration."""
@@ -169,6 +240,7 @@ class _Walker(_StateFinder):
             refs = _Refs()
             self.code(e, code, refs, frozenset(code.co_freevars), top=True)
             self.resolve(f, refs.events)  # before its values are encoded
+            self.where = (name, "a default argument")
             self.defaults(e, f.__defaults__)
             self.defaults(e, f.__kwdefaults__)
             for cell in f.__closure__ or ():
@@ -183,6 +255,7 @@ class _Walker(_StateFinder):
                     e.buf += b"0"
                     continue
                 self.attrs.append((cell, "cell_contents", value))
+                self.where = (name, "a closure variable")
                 self.value(e, value, refs.names)
             own = e.hasher.copy() if e.hasher is not None else xxhash.xxh3_128()
             own.update(bytes(e.buf))  # the function itself, without what it refers to
@@ -199,6 +272,7 @@ class _Walker(_StateFinder):
                 if value is _MISSING:
                     continue  # a builtin, or a name not defined yet
                 e.text(b"g", gname)
+                self.where = (name, f"{f.__module__}.{gname}")
                 if _is_code(value):
                     self.value(e, value, refs.names)
                 else:  # a module-level value: a part of its own, so explain can name it
@@ -222,6 +296,11 @@ class _Walker(_StateFinder):
         function's closure cells that ``code`` sees."""
         scan = _scan(code)
         e.raw(b"c", code.co_code)
+        # which instructions a try block covers: moving a statement in or out of one can
+        # leave co_code as it was (3.11+)
+        table = getattr(code, "co_exceptiontable", b"")
+        if table:  # (only when there is one: digests of code without try blocks stay)
+            e.raw(b"x", table)
         e.encode(
             (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
              code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)
@@ -291,6 +370,7 @@ class _Walker(_StateFinder):
         """The contents of a value; with ``check``, also checked on revalidation."""
         sub = Encoder(e.path)
         hits = self.hits
+        where = self.where
         start = time.perf_counter()
         token = _WALKING.set(self)  # functions inside the value are walked by this walk
         try:
@@ -298,7 +378,7 @@ class _Walker(_StateFinder):
                 warnings.simplefilter("ignore")
                 sub.encode(value)
         except (SerializationError, RecursionError, TypeError, ValueError, AttributeError):
-            e.typed(b"?", type(value))
+            self.opaque(e, value, where)
             return
         finally:
             _WALKING.reset(token)
@@ -310,6 +390,35 @@ class _Walker(_StateFinder):
             # without functions or classes inside, the contents digest is the check digest
             self.check(value, digest if cheap else None)
 
+    def opaque(self, e: Encoder, value: Any, where: tuple[str, str]) -> None:
+        """A value that cannot be digested: by its pickle, else by its type, with a warning
+        (once per function and name) that its changes are not noticed."""
+        e.typed(b"?", type(value))
+        if _is_stateful(value):
+            return  # a lock, an iterator: what it holds is no configuration
+        # by its pickle (classes and functions by reference). Not cloudpickle: it pickles a
+        # class of __main__ by value with a random tracker id, different in every process
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                data = pickle.dumps(value, protocol=5)
+        except Exception:  # noqa: BLE001 - does not pickle either: by type, with a warning
+            pass
+        else:
+            e.raw(b"p", xxhash.xxh3_128_digest(data))
+            return
+        if where in _OPAQUE_WARNED:
+            return
+        _OPAQUE_WARNED.add(where)
+        owner, what = where
+        warnings.warn(
+            f"durably: the code fingerprint of {owner or 'a task'} records {what or 'a value'} "
+            f"(a {type_path(type(value)).decode()}) by its type only: it can be neither "
+            "digested nor pickled, so changes to it are not noticed. Give the task an "
+            "explicit @task(version=...) and change it when that value changes.",
+            stacklevel=2,
+        )
+
     def check(self, value: Any, digest: str | None) -> None:
         """Check ``value``'s contents on revalidation (see :meth:`Fingerprint.valid`)."""
         if id(value) in self.checks:
@@ -320,6 +429,8 @@ class _Walker(_StateFinder):
             self.checks[id(value)] = found
 
     def klass(self, c: type) -> str:
+        from ._class_code import _generated  # lazily: it imports this module
+
         key = id(c)
         done = self.done.get(key)
         if done is not None:
@@ -346,6 +457,11 @@ class _Walker(_StateFinder):
                     # an Enum's member maps: managed by enum, and they grow as Flag values
                     # are combined; the members' values are encoded below
                     is_enum and attr[:1] == "_" == attr[-1:] and not _is_code(value)
+                ) or (
+                    # data a library keeps in dunders (pydantic's schema, validator and
+                    # signature, attrs' fields: they hold ids); its fields are encoded below
+                    attr[:2] == "__" == attr[-2:] and not isinstance(value, _CODE_ATTRS)
+                    and not (_is_code(value) and not isinstance(value, (type, types.ModuleType)))
                 ):
                     continue
                 if (id(c), attr) in self.rebound:  # `cls.attr = v` in a classmethod: state
@@ -354,6 +470,7 @@ class _Walker(_StateFinder):
                     continue
                 self.seen_names.add((id(c), attr))
                 self.globals.append((ns, attr, value))  # `Cls.method = other` is noticed
+                self.where = (name, f"{name}.{attr}")
                 e.text(b"g", attr)
                 if isinstance(value, (staticmethod, classmethod)):
                     value = value.__func__
@@ -362,12 +479,23 @@ class _Walker(_StateFinder):
                 if isinstance(value, property):
                     for acc in (value.fget, value.fset, value.fdel):
                         self.value(e, acc, names)
+                elif isinstance(value, types.FunctionType) and _generated(value, attr, c):
+                    # made by a library from the fields (encoded below): by name, since its
+                    # bytecode changes with the library and attrs' __hash__ holds a constant
+                    # that differs from process to process
+                    e.text(b"f", value.__qualname__)
                 elif _is_code(value):
                     self.value(e, value, names)
                 else:
                     self.value(e, value, names)
                     own.text(b"g", attr)
                     self.value(own, value, names)
+            fields = _fields_of(c)
+            if fields is not None:
+                self.where = (name, "its fields")
+                for enc in (e, own):
+                    enc.buf += b"R"
+                    self.constant(enc, fields)
             if issubclass(c, enum.Enum):
                 for member_name, member in c.__members__.items():
                     for enc in (e, own):
@@ -404,6 +532,7 @@ class _Walker(_StateFinder):
                 if sub is _MISSING:
                     continue
                 e.text(b"a", attr)
+                self.where = (m.__name__, f"{m.__name__}.{attr}")
                 self.value(e, sub, names if isinstance(sub, types.ModuleType) else set())
         finally:
             self.active.discard(key)
@@ -450,8 +579,11 @@ class _Walker(_StateFinder):
         when that is the user's."""
         if not isinstance(v, type):
             self.user_type(e, type(v))
-        if id(v) in self.state:
+        if id(v) in self.state or _is_stateful(v):
             e.typed(b"S", type(v))
+            return
+        if isinstance(v, os._Environ):  # the whole environment (PWD...): by name only
+            e.text(b"E", "os.environ")
             return
         if _is_atom(v) or _is_code(v):
             self.constant(e, v)

@@ -55,12 +55,17 @@ def is_user_module(name: str | None) -> bool:
     if known is not None:
         return known
     top = name.partition(".")[0]
+    mod = sys.modules.get(name)
     if name == "__main__":
         result = True
-    elif top == "durably" or top in sys.stdlib_module_names:
+    elif top in sys.stdlib_module_names and mod is None:
+        return False  # not imported: decided by its file once it is (not cached)
+    elif top == "durably" or (
+        # a user's module named like a standard one (a local `code.py`) is the user's
+        top in sys.stdlib_module_names and not _has_user_file(mod)
+    ):
         result = False
     else:
-        mod = sys.modules.get(name)
         if mod is None:
             return True  # code without a module (exec'd): fingerprint it; not cached
         file = getattr(mod, "__file__", None)
@@ -69,6 +74,11 @@ def is_user_module(name: str | None) -> bool:
         result = any(_is_user_path(p) for p in paths)  # no file and no path: a built-in
     _USER[name] = result
     return result
+
+
+def _has_user_file(mod: types.ModuleType | None) -> bool:
+    file = getattr(mod, "__file__", None)
+    return isinstance(file, str) and os.path.isabs(file) and _is_user_path(file)
 
 
 # -- versions of installed packages ----------------------------------------------------------

@@ -13,7 +13,11 @@ import datetime as _dt
 import decimal
 import enum
 import fractions
+import io
+import itertools
 import pathlib
+import queue
+import threading
 import types
 import uuid
 from typing import Any
@@ -40,6 +44,31 @@ _ATOMS = frozenset(
      pathlib.PosixPath, pathlib.WindowsPath, types.MemberDescriptorType,
      types.GetSetDescriptorType}
 )
+
+
+def _iterator_types() -> tuple[type, ...]:
+    found: set[type] = {
+        types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, io.IOBase,
+        type(threading.Lock()), type(threading.RLock()), threading.Condition,
+        threading.Semaphore, threading.Event, threading.Thread, threading.Barrier,
+        queue.Queue, queue.SimpleQueue,
+    }
+    found.update(v for v in vars(itertools).values() if isinstance(v, type))
+    samples: tuple[Any, ...] = ([], (), {}, set(), "", b"", bytearray(), range(0), {}.keys(),
+                                {}.values(), {}.items(), reversed([]))
+    for sample in samples:
+        found.add(type(iter(sample)))
+    return tuple(found)
+
+
+#: values that only ever hold state (a lock, an iterator, a generator, a queue, a file):
+#: recorded by type, whether or not the walked code is seen changing them
+_STATEFUL = _iterator_types()
+
+
+def _is_stateful(v: Any) -> bool:
+    """A value that is state by its nature (its contents change as it is used)."""
+    return isinstance(v, _STATEFUL)
 
 
 def _is_code(v: Any) -> bool:
