@@ -3,12 +3,14 @@ helper that runs a script in a real subprocess."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -68,3 +70,37 @@ def run_script(
     )
     assert proc.returncode == 0, f"script failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def load_source(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, source: str
+                ) -> ModuleType:
+    """(Re)load a module from source under a fixed name, as an edited file would be."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale .pyc of the same size
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def define(src: str, ns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run source like a notebook cell: into a ``__main__`` namespace (new or given)."""
+    if ns is None:
+        ns = {"__name__": "__main__"}
+    exec(textwrap.dedent(src), ns)
+    return ns
+
+
+def fp(func: Any) -> str:
+    """The code fingerprint of a function."""
+    from durably._fingerprint import fingerprint_function
+
+    return fingerprint_function(func).digest
+
+
+def variant(template: str, value: object) -> str:
+    """A source template with ``$V`` replaced by ``repr(value)``."""
+    return textwrap.dedent(template).replace("$V", repr(value))

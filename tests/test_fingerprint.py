@@ -18,22 +18,7 @@ import pytest
 import durably
 from durably._fingerprint import fingerprint_function
 
-
-def define(src: str, ns: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run source like a notebook cell: into a ``__main__`` namespace (new or given)."""
-    if ns is None:
-        ns = {"__name__": "__main__"}
-    exec(textwrap.dedent(src), ns)
-    return ns
-
-
-def fp(func: Any) -> str:
-    return fingerprint_function(func).digest
-
-
-def variant(template: str, value: object) -> str:
-    return textwrap.dedent(template).replace("$V", repr(value))
-
+from .conftest import define, fp, variant
 
 # -- what changes the key ----------------------------------------------------------------------
 # Each template defines `task`; `$V` is the edit. Every task takes one argument `x`.

@@ -16,29 +16,13 @@ import textwrap
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import durably
 from durably._fingerprint import fingerprint_function
 
-
-def define(src: str, ns: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run source like a notebook cell: into a ``__main__`` namespace (new or given)."""
-    if ns is None:
-        ns = {"__name__": "__main__"}
-    exec(textwrap.dedent(src), ns)
-    return ns
-
-
-def fp(func: Any) -> str:
-    return fingerprint_function(func).digest
-
-
-def variant(template: str, value: object) -> str:
-    return textwrap.dedent(template).replace("$V", repr(value))
-
+from .conftest import define, fp, variant
 
 # -- configuration: changed in place, noticed ------------------------------------------------
 # Each case: a source defining `task` with the value `$V`, and a statement that changes that

@@ -32,6 +32,8 @@ from hypothesis import strategies as st
 import durably
 from durably._hashing import encode_arguments
 
+from .conftest import load_source
+
 # -- shared strategies ---------------------------------------------------------------------
 # Set elements and dict keys never mix values that are == across types (1, 1.0, True, -0.0,
 # 0.0): Python keeps whichever came first, so such sets are "equal" yet hold different values.
@@ -635,15 +637,7 @@ def values():
 def load_records(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, factor: str,
                  name: str = "durably_records") -> ModuleType:
     """(Re)load the records module from source, as a notebook or an edited file would."""
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale .pyc of the same size
-    path = tmp_path / f"{name}.py"
-    path.write_text(RECORDS.replace("FACTOR", factor))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(tmp_path, monkeypatch, name, RECORDS.replace("FACTOR", factor))
 
 
 def test_editing_a_method_of_a_record_class_changes_the_digest(

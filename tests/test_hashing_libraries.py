@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import pytest
 
 import durably
 from durably import digest
+
+from .conftest import load_source
 
 
 def test_dataframe_by_values_index_columns_and_dtypes() -> None:
@@ -118,16 +119,8 @@ class Model(pydantic.BaseModel):
 
 def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factor: str) -> ModuleType:
     """(Re)load the module of records from source, under the same name."""
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no stale .pyc of the same size
-    name = "durably_library_records"
-    path = tmp_path / f"{name}.py"
-    path.write_text(LIBRARY_RECORDS.replace("FACTOR", factor))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(tmp_path, monkeypatch, "durably_library_records",
+                       LIBRARY_RECORDS.replace("FACTOR", factor))
 
 
 def test_editing_a_method_of_attrs_and_pydantic_classes_changes_the_digest(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import importlib.util
 import pathlib
 import re
 import subprocess
@@ -23,6 +22,8 @@ import pytest
 import durably
 from durably import digest
 from durably._hashing import encode_arguments
+
+from .conftest import load_source
 
 
 # -- 1. copyreg.dispatch_table is consulted first ------------------------------------------------
@@ -56,16 +57,7 @@ class Other:
 
 
 def load(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: str) -> ModuleType:
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    name = "durably_reduce_records"
-    path = tmp_path / f"{name}.py"
-    path.write_text(body)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_source(tmp_path, monkeypatch, "durably_reduce_records", body)
 
 
 def test_editing_a_user_reconstructor_changes_the_digest(
