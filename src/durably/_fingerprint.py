@@ -407,8 +407,9 @@ class _Walker(_StateFinder):
         else:
             e.raw(b"p", xxhash.xxh3_128_digest(data))
             return
-        if where in _OPAQUE_WARNED:
-            return
+        if where in _OPAQUE_WARNED or type(value).__module__.partition(".")[0] in (
+                sys.stdlib_module_names):
+            return  # a connection, a thread-local, an executor: resources, not configuration
         _OPAQUE_WARNED.add(where)
         owner, what = where
         warnings.warn(
@@ -541,6 +542,14 @@ class _Walker(_StateFinder):
         """A name the code refers to: user code deeply, other code by name and version."""
         if isinstance(v, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)):
             v = v.__wrapped__
+        registry = getattr(v, "registry", None) if isinstance(v, types.FunctionType) else None
+        if isinstance(registry, types.MappingProxyType) and callable(getattr(v, "dispatch", None)):
+            # functools.singledispatch: the code is in the registered implementations
+            e.text(b"D", f"{v.__module__}.{v.__qualname__}")
+            for cls, impl in sorted(registry.items(), key=lambda kv: type_path(kv[0])):
+                e.raw(b"t", type_path(cls))
+                self.value(e, impl, names)
+            return
         if isinstance(v, types.FunctionType):
             if is_user_module(v.__module__):
                 e.text(b"F", self.function(v))
@@ -581,6 +590,7 @@ class _Walker(_StateFinder):
             self.user_type(e, type(v))
         if id(v) in self.state or _is_stateful(v):
             e.typed(b"S", type(v))
+            self.code_in_state(e, v)
             return
         if isinstance(v, os._Environ):  # the whole environment (PWD...): by name only
             e.text(b"E", "os.environ")
@@ -591,6 +601,23 @@ class _Walker(_StateFinder):
         self.seen.add(id(v))
         self.keep.append(v)
         self.constant(e, v, check=check)
+
+    def code_in_state(self, e: Encoder, v: Any) -> None:
+        """The user classes and functions a state container holds (a plugin registry filled
+        by ``__init_subclass__``): their code counts, the rest of the state does not."""
+        if isinstance(v, dict):
+            items = list(v.values()) + list(v.keys())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            items = list(v)
+        else:
+            return
+        code = {}
+        for item in items:
+            if isinstance(item, (type, types.FunctionType)) and is_user_module(item.__module__):
+                code[f"{item.__module__}.{item.__qualname__}"] = item
+        for name in sorted(code):
+            e.text(b"r", name)
+            self.value(e, code[name], set())
 
     def nested(self, obj: Any) -> str | None:
         """Digest of a function or class met inside a constant (for :func:`fingerprint_of`)."""

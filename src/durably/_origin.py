@@ -71,7 +71,12 @@ def is_user_module(name: str | None) -> bool:
         file = getattr(mod, "__file__", None)
         # a namespace package is the user's when one of its directories is
         paths = [file] if file else [p for p in getattr(mod, "__path__", None) or () if p]
-        result = any(_is_user_path(p) for p in paths)  # no file and no path: a built-in
+        if paths:
+            result = any(_is_user_path(p) for p in paths)
+        else:  # no file and no path: a built-in, or a module made in memory (types.ModuleType)
+            origin = getattr(getattr(mod, "__spec__", None), "origin", None)
+            result = name not in sys.builtin_module_names and origin not in ("built-in",
+                                                                              "frozen")
     _USER[name] = result
     return result
 

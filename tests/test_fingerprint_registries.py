@@ -1,0 +1,77 @@
+"""Code reached through registries: singledispatch, __init_subclass__ plugins, in-memory
+modules."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from .conftest import define, fp, load_source
+
+
+def test_singledispatch_implementations_count() -> None:
+    src = """
+        import functools
+
+        @functools.singledispatch
+        def render(x):
+            return "generic"
+
+        @render.register
+        def _(x: int):
+            return f"int {x * $V}"
+
+        def task(x):
+            return render(x)
+        """
+    two = fp(define(src.replace("$V", "2"))["task"])
+    three = fp(define(src.replace("$V", "3"))["task"])
+    assert two != three
+    assert two == fp(define(src.replace("$V", "2"))["task"])
+
+
+def test_plugin_classes_in_a_registry_filled_by_init_subclass_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugins = """
+class Base:
+    _registry = {}
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        Base._registry[cls.__name__.lower()] = cls
+
+    @classmethod
+    def create(cls, name):
+        return cls._registry[name]()
+
+
+class Double(Base):
+    def apply(self, x):
+        return x * FACTOR
+"""
+    fps = []
+    for factor in ("2", "3", "2"):
+        mod = load_source(tmp_path, monkeypatch, "durably_plugins", plugins.replace("FACTOR",
+                                                                                   factor))
+        ns = define("def task(x):\n    return plugins.Base.create('double').apply(x)\n",
+                    {"__name__": "__main__", "plugins": mod})
+        fps.append(fp(ns["task"]))
+    assert fps[0] != fps[1] and fps[0] == fps[2]
+
+
+def test_a_module_made_in_memory_is_user_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durably._origin import is_user_module
+
+    mod = types.ModuleType("durably_cfgmod")
+    mod.K = 4  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "durably_cfgmod", mod)
+    assert is_user_module("durably_cfgmod")
+    assert not is_user_module("sys") and not is_user_module("builtins")
+    ns = define("import durably_cfgmod\ndef task(x):\n    return durably_cfgmod.K * x\n")
+    before = fp(ns["task"])
+    mod.K = 11  # type: ignore[attr-defined]
+    assert fp(define("import durably_cfgmod\ndef task(x):\n    return durably_cfgmod.K * x\n")
+              ["task"]) != before
