@@ -75,3 +75,25 @@ def test_a_module_made_in_memory_is_user_code(monkeypatch: pytest.MonkeyPatch) -
     mod.K = 11  # type: ignore[attr-defined]
     assert fp(define("import durably_cfgmod\ndef task(x):\n    return durably_cfgmod.K * x\n")
               ["task"]) != before
+
+
+def test_standard_library_resources_do_not_warn() -> None:
+    import warnings
+
+    src = """
+        import sqlite3, threading
+        from concurrent.futures import ThreadPoolExecutor
+        CONN = sqlite3.connect(":memory:")
+        LOCAL = threading.local()
+        POOL = ThreadPoolExecutor(1)
+        def task(x):
+            return (CONN, LOCAL, POOL, x)
+        """
+    ns = define(src)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fp(ns["task"])
+    finally:
+        ns["POOL"].shutdown()
+        ns["CONN"].close()

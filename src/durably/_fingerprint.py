@@ -407,8 +407,8 @@ class _Walker(_StateFinder):
         else:
             e.raw(b"p", xxhash.xxh3_128_digest(data))
             return
-        if where in _OPAQUE_WARNED or type(value).__module__.partition(".")[0] in (
-                sys.stdlib_module_names):
+        top = type(value).__module__.partition(".")[0]
+        if where in _OPAQUE_WARNED or (top in sys.stdlib_module_names and top != "builtins"):
             return  # a connection, a thread-local, an executor: resources, not configuration
         _OPAQUE_WARNED.add(where)
         owner, what = where
