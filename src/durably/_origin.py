@@ -10,14 +10,16 @@ function's body are resolved here, and imported when they are the user's own.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import os
 import sys
 import sysconfig
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 __all__ = ["is_user_module"]
 
@@ -105,6 +107,8 @@ def _find_version(top: str) -> str:
     if top not in sys.stdlib_module_names:
         try:
             # the common case, cheap: a distribution named like the module, that provides it
+            import importlib.metadata  # lazily: it costs ~13 ms at import time
+
             dist = importlib.metadata.distribution(top)
             if _provides(dist, top):
                 return str(dist.version)
@@ -139,6 +143,8 @@ def _distributions() -> Mapping[str, list[str]]:
     global _DISTRIBUTIONS
     if _DISTRIBUTIONS is None:
         try:
+            import importlib.metadata
+
             _DISTRIBUTIONS = importlib.metadata.packages_distributions()
         except Exception:  # noqa: BLE001 - broken metadata somewhere: versions fall back
             _DISTRIBUTIONS = {}
