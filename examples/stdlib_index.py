@@ -106,7 +106,7 @@ def index_stdlib(root: str, limit: int | None = None, top: int = 20,
         if i % 250 == 0 or i == len(files):
             print(f"  {i:>5,}/{len(files):,} files  ({time.perf_counter() - started:.1f} s)",
                   flush=True)
-    names = [str(p.relative_to(base)) for p in files]
+    names = [os.path.relpath(p, base) for p in files]
     summary = merge(names, stats, top)
     write_report(summary, root, report)
     return summary

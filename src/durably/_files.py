@@ -32,7 +32,7 @@ class File(os.PathLike[str]):
     __slots__ = ("path",)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
 
     def __fspath__(self) -> str:
         return str(self.path)
