@@ -261,17 +261,9 @@ class _Walker(_StateFinder):
             own.update(bytes(e.buf))  # the function itself, without what it refers to
             ns = f.__globals__
             for gname in sorted(refs.globals):
-                if (id(ns), gname) in self.rebound:  # `global` rebinds it: state
-                    e.text(b"g", gname)
-                    e.buf += b"S"
-                    continue
-                self.seen_names.add((id(ns), gname))
-                value = ns.get(gname, _MISSING)
-                # recorded even when missing: a helper defined after the first call is seen
-                self.globals.append((ns, gname, value))
+                value = self.lookup(e, b"g", ns, gname)
                 if value is _MISSING:
-                    continue  # a builtin, or a name not defined yet
-                e.text(b"g", gname)
+                    continue  # state, a builtin, or a name not defined yet
                 self.where = (name, f"{f.__module__}.{gname}")
                 if _is_code(value):
                     self.value(e, value, refs.names)
@@ -509,6 +501,21 @@ class _Walker(_StateFinder):
         self.parts[name] = own.hexdigest()
         return result
 
+    def lookup(self, e: Encoder, tag: bytes, ns: Any, name: str) -> Any:
+        """Look a name up in a namespace (a module's globals) and record it for revalidation,
+        even when missing (a helper defined after the first call is seen). Returns _MISSING
+        for a name the walked code rebinds (state: written as such) or one not defined."""
+        if (id(ns), name) in self.rebound:
+            e.text(tag, name)
+            e.buf += b"S"
+            return _MISSING
+        self.seen_names.add((id(ns), name))
+        value = ns.get(name, _MISSING)
+        self.globals.append((ns, name, value))
+        if value is not _MISSING:
+            e.text(tag, name)
+        return value
+
     def module(self, e: Encoder, m: types.ModuleType, names: set[str]) -> None:
         """A module the code refers to: a user module by the attributes the code names
         (``helpers.step``, ``pkg.sub.step``), another module by name and version."""
@@ -523,16 +530,9 @@ class _Walker(_StateFinder):
         try:
             ns = vars(m)
             for attr in sorted(names):
-                if (id(ns), attr) in self.rebound:  # rebound by the walked code: state
-                    e.text(b"a", attr)
-                    e.buf += b"S"
-                    continue
-                self.seen_names.add((id(ns), attr))
-                sub = ns.get(attr, _MISSING)
-                self.globals.append((ns, attr, sub))
+                sub = self.lookup(e, b"a", ns, attr)
                 if sub is _MISSING:
                     continue
-                e.text(b"a", attr)
                 self.where = (m.__name__, f"{m.__name__}.{attr}")
                 self.value(e, sub, names if isinstance(sub, types.ModuleType) else set())
         finally:
