@@ -87,9 +87,7 @@ class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
 
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """See :meth:`Task.cache_key`."""
-        spec = self._self_parent._self_spec
-        return str(spec.cache_key(spec.digest_inputs(spec.arguments(_instance_of(self), args,
-                                                                      kwargs))))
+        return str(self._self_parent._self_spec.key_for(_instance_of(self), args, kwargs))
 
 
 class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
@@ -169,8 +167,7 @@ class Task(_ByReference, _Wrapper[P, R]):
             SerializationError: an argument cannot be digested.
             TypeError: the arguments do not fit the signature.
         """
-        spec = self._self_spec
-        return str(spec.cache_key(spec.digest_inputs(spec.arguments(None, args, kwargs))))
+        return str(self._self_spec.key_for(None, args, kwargs))
 
 
 class Entrypoint(_ByReference, _Wrapper[P, R]):

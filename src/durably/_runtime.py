@@ -231,6 +231,10 @@ class Spec:
             f"{self.identity}\x00{self.code_version()}\x00{input_digest}".encode()
         )
 
+    def key_for(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The cache key of a call with these arguments."""
+        return self.cache_key(self.digest_inputs(self.arguments(instance, args, kwargs)))
+
     def code_parts(self) -> dict[str, str]:
         """Fingerprint of each user function or class the code depends on (empty with an
         explicit ``version``)."""
