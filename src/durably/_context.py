@@ -5,12 +5,22 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
 from ._lease import RENEW_SECONDS, Owner
 from ._store import KeyRecord, StepRecord, Store
 
-__all__ = ["RunContext", "current_run", "current_step"]
+if TYPE_CHECKING:
+    from ._tracer import Event
+
+__all__ = ["RunContext", "StopRun", "current_run", "current_step"]
+
+
+class StopRun(BaseException):
+    """Stops a run at its next step boundary (the consumer of ``stream()`` went away). The
+    run is recorded as ``stopped`` and stays resumable."""
 
 _FLUSH_EVERY = 2048  # replay records buffered before a write
 CACHE_BATCH = 256  # cache writes queued before a batch write
@@ -30,15 +40,34 @@ class RunContext:
         "_pending",
         "_positions",
         "_renewed",
+        "answers",
         "attempt",
         "counts",
+        "interrupts",
+        "listener",
+        "name",
         "owner",
+        "read_cache",
         "run_id",
+        "stop",
         "store",
     )
 
-    def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner) -> None:
+    def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner, *,
+                 name: str = "", listener: Callable[[Event], Any] | None = None,
+                 answers: dict[str, bytes] | None = None, read_cache: bool = True) -> None:
         self.run_id = run_id
+        self.name = name
+        #: receives live events (Entrypoint.stream); None when nobody listens
+        self.listener = listener
+        #: set to stop the run at its next step boundary
+        self.stop = False
+        #: answers to interrupts by interrupt id (pickled), read when the attempt starts
+        self.answers: dict[str, bytes] = answers or {}
+        #: interrupt() calls so far under each parent step, for stable interrupt ids
+        self.interrupts: dict[str | None, int] = {}
+        #: False for the first attempt of a fork: steps after the checkpoint execute again
+        self.read_cache = read_cache
         self.owner = owner
         self._renewed = time.monotonic()
         self.store = store
@@ -69,6 +98,19 @@ class RunContext:
 
     def position(self) -> int:
         return next(self._positions)
+
+    def next_interrupt(self, parent: str | None) -> int:
+        """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""
+        with self._lock:
+            n = self.interrupts.get(parent, 0)
+            self.interrupts[parent] = n + 1
+        return n
+
+    def emit(self, event: Event) -> None:
+        """Give a live event to the listener, if any."""
+        listener = self.listener
+        if listener is not None:
+            listener(event)
 
     def count(self, status: str) -> None:
         with self._lock:

@@ -8,21 +8,31 @@ logic lives here: calls go to :mod:`durably._runtime`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import pickle
-from collections.abc import Callable
+import queue
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 
 import wrapt
 
-from ._context import current_run
+from . import _serde
+from ._config import default_store
+from ._context import StopRun, current_run
 from ._explain import Explanation, explain
-from ._run import Run
-from ._runtime import Spec, begin_run, call_async, call_sync, end_run
-from ._store import Store, now
-from .exceptions import DefinitionError
+from ._history import NO_UPDATE, make_fork
+from ._interrupt import InterruptSignal, pending_interrupts, record_answers
+from ._run import _UNSET, Run
+from ._runtime import Spec, begin_run, call_async, call_sync, end_run, validate_run_id
+from ._store import RunRecord, Store, now
+from ._tracer import Event, RunGraph
+from .exceptions import DefinitionError, NotFoundError, RunInterrupted, RunStateError
 
-__all__ = ["Entrypoint", "Task", "entrypoint", "task"]
+__all__ = ["Entrypoint", "Task", "entrypoint", "fork", "task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -100,6 +110,28 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         parent = self._self_parent
         runner = parent._self_arun if parent._self_spec.is_async else parent._self_srun
         return runner(self.__wrapped__, _instance_of(self), args, kwargs, run_id, fresh, True)
+
+    def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
+               **kwargs: Any) -> Any:
+        """See :meth:`Entrypoint.stream`."""
+        return self._self_parent._self_stream(self.__wrapped__, _instance_of(self), args,
+                                              kwargs, run_id, fresh)
+
+    def resume(self, run_id: str, value: Any = None) -> Any:
+        """See :meth:`Entrypoint.resume`."""
+        return self._self_parent._self_resume(self.__wrapped__, _instance_of(self), run_id,
+                                              value)
+
+    def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
+             cache: bool = False) -> Any:
+        """See :meth:`Entrypoint.fork`."""
+        return self._self_parent._self_fork(self.__wrapped__, _instance_of(self), run_id, at,
+                                            update, cache)
+
+    def graph(self, *, collapse: int | None = 20) -> RunGraph:
+        """See :meth:`Entrypoint.graph`."""
+        graph: RunGraph = self._self_parent.graph(collapse=collapse)
+        return graph
 
 
 class Task(_ByReference, _Wrapper[P, R]):
@@ -183,6 +215,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
         super().__init__(func, self._self_call)
         self._self_spec = spec
+        _ENTRYPOINTS[spec.identity] = self
 
     @property
     def spec(self) -> Spec:
@@ -248,11 +281,159 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         run: Run[R] = self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True)
         return run
 
+    def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
+               **kwargs: Any) -> Iterator[Event]:
+        """Call the entrypoint as a run and yield its events as they happen.
+
+        Events (:class:`~durably.Event`) come in order: ``run_started``; for each step
+        ``step_started`` then ``step_finished`` (status ``ran``, ``cached`` or
+        ``replayed``), ``step_failed`` or ``step_interrupted``; ``custom`` events written with
+        :func:`durably.get_writer`; and last ``run_finished`` (``data`` is the result),
+        ``run_failed``, ``run_interrupted`` (``data`` is the list of interrupts) or
+        ``run_stopped``. The run executes in a worker thread while you iterate; for an async
+        entrypoint this returns an async iterator (``async for``) and the run is an asyncio
+        task.
+
+        Breaking out of the loop stops the run at its next step boundary (the step running
+        at that moment finishes first) and records it as ``stopped``; calling the entrypoint
+        again with the same arguments resumes it. A run that fails raises its exception from
+        the loop after the ``run_failed`` event. A sync stream runs in lockstep with your
+        loop (the run waits while you handle an event); an async one runs ahead until it
+        awaits — close it promptly with ``contextlib.aclosing``; a cancelled run is recorded
+        as ``stopped`` too.
+
+        Args:
+            *args: The entrypoint's positional arguments.
+            run_id: As for :meth:`run`.
+            fresh: As for :meth:`run`.
+            **kwargs: The entrypoint's keyword arguments.
+
+        Returns:
+            An iterator of :class:`~durably.Event` (async iterator for async entrypoints).
+
+        Raises:
+            RunStateError: as for :meth:`run`.
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.task
+            ... def double(x):
+            ...     return 2 * x
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def pipeline(n):
+            ...     return double(n) + 1
+            >>> for e in pipeline.stream(4):
+            ...     print(e.kind, e.task, e.status or "-")
+            run_started pipeline new
+            step_started double -
+            step_finished double ran
+            run_finished pipeline finished
+        """
+        return self._self_stream(self.__wrapped__, None, args, kwargs, run_id,  # type: ignore[no-any-return]
+                                 fresh)
+
+    def resume(self, run_id: str, value: Any = None) -> R:
+        """Answer the pending ``interrupt()`` of a run and continue it; return its result.
+
+        The answers are journaled before the run continues. The run then executes again
+        from the start of the entrypoint: finished steps are replayed from the journal, the
+        task that called ``interrupt()`` runs again from its start, and the ``interrupt()``
+        call returns ``value``. Works from any process that can import the entrypoint (the
+        run's arguments are read from the store). An async entrypoint returns a coroutine.
+
+        Args:
+            run_id: The interrupted run (``RunInterrupted.run_id``).
+            value: The answer. When several interrupts are pending (parallel branches),
+                a mapping ``{interrupt_id: value}``; answering only some keeps the rest
+                pending (the run pauses again at them).
+
+        Returns:
+            The entrypoint's result.
+
+        Raises:
+            RunInterrupted: the run paused again (another or a still unanswered interrupt).
+            RunStateError: the run is not interrupted (the message says its status), it
+                belongs to another entrypoint, or ``value`` does not say which interrupt it
+                answers.
+            NotFoundError: no run with that id.
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def approve(doc):
+            ...     verdict = durably.interrupt({"review": doc})
+            ...     return f"{doc}: {verdict}"
+            >>> run = approve.run("draft-1")
+            >>> run.status, run.interrupts[0].payload
+            ('interrupted', {'review': 'draft-1'})
+            >>> approve.resume(run.id, "approved")
+            'draft-1: approved'
+        """
+        return self._self_resume(self.__wrapped__, None, run_id, value)  # type: ignore[no-any-return]
+
+    def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
+             cache: bool = False) -> Run[R]:
+        """Start a new run from a checkpoint of an earlier run, and execute it.
+
+        The new run's journal holds the source run's finished steps up to the checkpoint
+        (and the answers to earlier interrupts); executing it replays those and executes
+        everything after the checkpoint with today's code — the way to replay from a bad
+        decision with a changed prompt, router or answer. The source run is never modified.
+
+        Args:
+            run_id: The source run.
+            at: A checkpoint id from ``run.history()`` (or a unique prefix of 6+
+                characters). Default: the latest checkpoint.
+            update: For a step checkpoint, a new result for that step; for an interrupt
+                checkpoint, the (new) answer to that interrupt. Default: none (an interrupt
+                checkpoint is then pending again, and the fork pauses there).
+            cache: False (default): steps after the checkpoint execute even if the
+                cross-run cache has their result. True: they may be served from the cache.
+
+        Returns:
+            The fork's :class:`~durably.Run` (status ``finished``, or ``interrupted``).
+
+        Raises:
+            NotFoundError: no such run or checkpoint.
+            RunStateError: the run belongs to another entrypoint, or is running right now.
+
+        Exceptions raised by the fork's steps propagate unchanged (the fork is recorded as
+        failed and can be resumed like any run).
+        """
+        return self._self_fork(self.__wrapped__, None, run_id, at, update, cache)  # type: ignore[no-any-return]
+
+    def graph(self, *, collapse: int | None = 20) -> RunGraph:
+        """The graph of this entrypoint's most recently updated run (its latest attempt).
+
+        Args:
+            collapse: More than this many calls of one task under one parent draw as one
+                node (``parse ×1,200``); None or 0 draws every call.
+
+        Raises:
+            NotFoundError: the entrypoint has no run in its store yet.
+        """
+        spec = self._self_spec
+        store = spec.store or default_store()
+        runs = store.list_runs(spec.identity)
+        if not runs:
+            raise NotFoundError(
+                f"entrypoint {spec.name!r} has no run in the store at "
+                f"{getattr(store, 'path', store)!r} yet. Fix: call it first, or pass store=... "
+                "to read another store.")
+        return Run(runs[0], store).graph(collapse=collapse)
+
+    # -- machinery -----------------------------------------------------------------------
     def _self_srun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                   run_id: str | None, fresh: bool, handle: bool) -> Any:
-        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id, fresh=fresh)
+                   run_id: str | None, fresh: bool, handle: bool,
+                   listener: Any = None, read_cache: bool = True, store: Store | None = None
+                   ) -> Any:
+        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
+                            fresh=fresh, listener=listener, read_cache=read_cache, store=store)
         try:
             result = wrapped(*args, **kwargs)
+        except InterruptSignal as signal:
+            end_run(started, exc=signal)
+            return _paused(started, signal, handle)
         except BaseException as exc:
             end_run(started, exc=exc)
             raise
@@ -260,15 +441,249 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return _handle(started, result) if handle else result
 
     async def _self_arun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                         run_id: str | None, fresh: bool, handle: bool) -> Any:
-        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id, fresh=fresh)
+                         run_id: str | None, fresh: bool, handle: bool,
+                         listener: Any = None, read_cache: bool = True,
+                         store: Store | None = None) -> Any:
+        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
+                            fresh=fresh, listener=listener, read_cache=read_cache, store=store)
         try:
             result = await wrapped(*args, **kwargs)
+        except InterruptSignal as signal:
+            end_run(started, exc=signal)
+            return _paused(started, signal, handle)
         except BaseException as exc:
             end_run(started, exc=exc)
             raise
         end_run(started, result=result)
         return _handle(started, result) if handle else result
+
+    def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
+                     run_id: str | None, fresh: bool) -> Any:
+        if self._self_spec.is_async:
+            return _stream_async(self, wrapped, instance, args, kwargs, run_id, fresh)
+        return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh)
+
+    def _self_stored_call(self, run_id: str, what: str, store: Store | None = None
+                          ) -> tuple[Store, RunRecord, Any, Any]:
+        """The store, record and stored arguments of one of this entrypoint's runs."""
+        spec = self._self_spec
+        store = store or spec.store or default_store()
+        rec = store.find_run(validate_run_id(run_id))
+        if rec is None:
+            raise NotFoundError(
+                f"no run {run_id!r} in the store at {getattr(store, 'path', store)!r}. Fix: "
+                "check the id with durably.list_runs(), or set DURABLY_DIR for the store "
+                "that holds it.")
+        if rec.entrypoint != spec.identity:
+            raise RunStateError(
+                f"run {run_id!r} belongs to entrypoint {rec.entrypoint!r}, not "
+                f"{spec.identity!r}. Fix: {what} it with that entrypoint.")
+        if rec.args is None:
+            raise RunStateError(
+                f"the arguments of run {run_id!r} were not stored (too large or not "
+                f"picklable), so it cannot be continued from its id. Fix: call "
+                f"{spec.name}.run(<the same arguments>, run_id={run_id!r}).")
+        args, kwargs = _serde.loads(rec.args)
+        return store, rec, args, kwargs
+
+    def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any) -> Any:
+        store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
+        if rec.status != "interrupted":
+            raise RunStateError(
+                f"run {run_id!r} is {rec.status}, not interrupted: resume() answers an "
+                "interrupt(), and this run is not waiting for one. "
+                + ("Fix: call the entrypoint again with the same arguments to continue it."
+                   if rec.status in ("failed", "stopped", "running") else
+                   "Fix: read its result with durably.get_run(run_id).result."
+                   if rec.status == "finished" else ""))
+        pending = pending_interrupts(store, run_id, rec.attempt)
+        if pending:
+            record_answers(store, run_id, rec.attempt, pending, value)
+        runner = self._self_arun if self._self_spec.is_async else self._self_srun
+        return runner(wrapped, instance, args, kwargs, run_id, False, False)
+
+    def _self_fork(self, wrapped: Any, instance: Any, run_id: str, at: str | None,
+                   update: Any, cache: bool, store: Store | None = None) -> Any:
+        if not isinstance(cache, bool):
+            raise DefinitionError(f"fork(cache=...) must be True or False, not {cache!r}")
+        store, rec, args, kwargs = self._self_stored_call(run_id, "fork", store)
+        fork_id = make_fork(store, rec, at, update)
+        runner = self._self_arun if self._self_spec.is_async else self._self_srun
+        return runner(wrapped, instance, args, kwargs, fork_id, False, True, None, cache, store)
+
+
+_ENTRYPOINTS: weakref.WeakValueDictionary[str, Entrypoint[Any, Any]] = (
+    weakref.WeakValueDictionary())
+
+
+def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: bool = False,
+         store: Store | None = None) -> Run[Any]:
+    """Start a new run from a checkpoint of an earlier run, and execute it with today's code.
+
+    The same as :meth:`Entrypoint.fork`, found by the run's id: the entrypoint must be
+    importable (``module:name``) or already defined in this process (a script's or a
+    notebook's entrypoint is found once its definition ran). An async entrypoint returns a
+    coroutine of the run.
+
+    Args:
+        run_id: The source run; it is never modified.
+        at: A checkpoint id from ``run.history()`` (or a unique prefix of 6+ characters).
+            Default: the latest checkpoint.
+        update: A new result for the checkpoint's step, or the answer for an interrupt
+            checkpoint. Default: none.
+        cache: Whether steps after the checkpoint may be served from the cross-run cache
+            (default False: they execute).
+        store: The store holding the run. Default: the configured store.
+
+    Returns:
+        The fork's :class:`~durably.Run`.
+
+    Raises:
+        NotFoundError: no such run or checkpoint.
+        RunStateError: the run's entrypoint cannot be found in this process.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.task
+        ... def draft(topic):
+        ...     return f"a draft on {topic}"
+        >>> @durably.task
+        ... def publish(text):
+        ...     return text.upper()
+        >>> @durably.entrypoint(store=store)
+        ... def blog(topic):
+        ...     return publish(draft(topic))
+        >>> run = blog.run("owls")
+        >>> first = run.history()[-1]  # oldest checkpoint: the draft
+        >>> durably.fork(run.id, at=first.id, update="a better draft", store=store).result
+        'A BETTER DRAFT'
+    """
+    st = store if store is not None else default_store()
+    rec = st.find_run(validate_run_id(run_id))
+    if rec is None:
+        raise NotFoundError(
+            f"no run {run_id!r} in the store at {getattr(st, 'path', st)!r}. Fix: check the id "
+            "with durably.list_runs(), or pass store=... (or set DURABLY_DIR).")
+    ep = _ENTRYPOINTS.get(rec.entrypoint)
+    if ep is None:
+        module = rec.entrypoint.rpartition(":")[0]
+        with contextlib.suppress(Exception):  # said below, with the way out
+            importlib.import_module(module)
+        ep = _ENTRYPOINTS.get(rec.entrypoint)
+    if ep is None:
+        raise RunStateError(
+            f"run {run_id!r} belongs to entrypoint {rec.entrypoint!r}, which is not defined in "
+            "this process and cannot be imported. Fix: import (or run) the code that defines "
+            "it first, or call <entrypoint>.fork(run_id, ...) on it.")
+    return ep._self_fork(ep.__wrapped__, None, run_id, at, update, cache, st)  # type: ignore[no-any-return]
+
+
+def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:
+    """An attempt that ended at ``interrupt()``: the handle, or :class:`RunInterrupted`."""
+    if handle:
+        run = _handle(started, None)
+        run._result = _UNSET
+        return run
+    raise RunInterrupted(started.record.run_id, signal.interrupts) from None
+
+
+class _Listener:
+    """Passes a run's live events on, and can ask the run to stop.
+
+    With ``lockstep``, the thread that emits an event waits until the consumer asks for the
+    next one, so the run never gets ahead of the loop that reads it (a ``break`` stops the
+    run right after the event the consumer saw)."""
+
+    __slots__ = ("_ack", "closed", "ctx", "put")
+
+    def __init__(self, put: Callable[[Event], Any], lockstep: bool = False) -> None:
+        self.put = put
+        self.ctx: Any = None
+        self.closed = False
+        self._ack = threading.Semaphore(0) if lockstep else None
+
+    def __call__(self, event: Event) -> None:
+        if self.closed:
+            return
+        self.put(event)
+        if self._ack is not None:
+            self._ack.acquire()
+
+    def next(self) -> None:
+        """The consumer wants the next event."""
+        if self._ack is not None:
+            self._ack.release()
+
+    def stop(self) -> None:
+        self.closed = True
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.stop = True
+        if self._ack is not None:
+            for _ in range(64):  # wake every emitting thread (a fan-out may have several)
+                self._ack.release()
+
+
+_DONE: Any = object()
+
+
+def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
+                 kwargs: Any, run_id: str | None, fresh: bool) -> Iterator[Event]:
+    events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    listener = _Listener(events.put, lockstep=True)
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            ep._self_srun(wrapped, instance, args, kwargs, run_id, fresh, True, listener)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            failure.append(exc)
+        finally:
+            listener.closed = True
+            events.put(_DONE)
+
+    worker = threading.Thread(target=work, name="durably-stream", daemon=True)
+    worker.start()
+    try:
+        while True:
+            event = events.get()
+            if event is _DONE:
+                break
+            yield event
+            listener.next()
+    finally:
+        listener.stop()
+        worker.join()
+    if failure and not isinstance(failure[0], StopRun):
+        raise failure[0]
+
+
+async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
+                        kwargs: Any, run_id: str | None, fresh: bool) -> AsyncIterator[Event]:
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[Any] = asyncio.Queue()
+    listener = _Listener(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))
+
+    async def work() -> None:
+        try:
+            await ep._self_arun(wrapped, instance, args, kwargs, run_id, fresh, True, listener)
+        finally:
+            loop.call_soon_threadsafe(events.put_nowait, _DONE)
+
+    job = asyncio.ensure_future(work())
+    try:
+        while True:
+            event = await events.get()
+            if event is _DONE:
+                break
+            yield event
+    finally:
+        listener.stop()
+        await asyncio.wait([job])
+    exc = job.exception()
+    if exc is not None and not isinstance(exc, StopRun):
+        raise exc
 
 
 def _handle(started: Any, result: Any) -> Run[Any]:

@@ -100,9 +100,10 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("active", "buf", "codes", "hasher", "path")
+    __slots__ = ("active", "buf", "codes", "hasher", "path", "quiet")
 
-    def __init__(self, path: str = "") -> None:
+    def __init__(self, path: str = "", quiet: bool = False) -> None:
+        self.quiet = quiet  # no warnings (the tracer digests results, not cache keys)
         self.buf: bytearray = bytearray()
         self.hasher: Any = None
         self.active: dict[int, int] = {}
@@ -390,6 +391,7 @@ class Encoder:
                 and not pairs
                 and not _has_content(args, t)
                 and t not in _WARNED
+                and not self.quiet
             ):
                 _WARNED.add(t)
                 where = f" (in argument {self.path!r})" if self.path else ""
@@ -500,6 +502,20 @@ def digest(obj: Any) -> str:
         e.encode(obj)
     except RecursionError:
         raise _too_deep(e) from None
+    return e.hexdigest()
+
+
+def trace_digest(obj: Any) -> str:
+    """The digest of a value for the tracer's data-flow edges, or "" when the value cannot
+    be digested or is too common to mean a flow (None, True, False). Never warns or raises."""
+    if obj is None or obj is True or obj is False:
+        return ""
+    e = Encoder(quiet=True)
+    e.buf += _HEADER
+    try:
+        e.encode(obj)
+    except Exception:  # noqa: BLE001 - the tracer must never fail a step (RecursionError too)
+        return ""
     return e.hexdigest()
 
 

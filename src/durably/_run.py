@@ -7,7 +7,10 @@ from typing import Any, Generic, TypeVar
 
 from . import _serde
 from ._config import default_store
+from ._history import Checkpoint, checkpoints
+from ._interrupt import Interrupt, pending_interrupts
 from ._store import RunRecord, StepRecord, Store
+from ._tracer import Event, RunGraph, build_graph
 from .exceptions import NotFoundError, RunStateError, SerializationError
 
 __all__ = ["Run", "get_run", "list_runs"]
@@ -24,7 +27,9 @@ class Run(Generic[R]):
         entrypoint: Identity of the entrypoint (``module:name``).
         name: The entrypoint's name.
         status: ``"running"`` (executing now, or crashed and waiting to be resumed),
-            ``"finished"``, ``"failed"`` or ``"interrupted"``.
+            ``"finished"``, ``"failed"``, ``"interrupted"`` (waiting at ``interrupt()``
+            for ``resume``), ``"stopped"`` (Ctrl-C, or the consumer of ``stream()`` stopped
+            it; call again to resume) or ``"forked"`` (made by ``fork``, not executed yet).
         attempt: How many times the run was executed (1, then 2 after one resume, ...).
         created: When the run was first started, seconds since the epoch.
         updated: When its record last changed, seconds since the epoch.
@@ -104,9 +109,94 @@ class Run(Generic[R]):
         """The steps of the run's latest attempt, in call order (including failed ones)."""
         return self._store.list_steps(self.id, attempt=self.attempt)
 
-    def history(self) -> list[StepRecord]:
+    def records(self) -> list[StepRecord]:
         """Every step record of every attempt, in order (attempt, then position)."""
         return self._store.list_steps(self.id)
+
+    def history(self) -> list[Checkpoint]:
+        """The run's checkpoints, newest first: one per step it finished (ran or cached)
+        and one per ``interrupt()``. Each has an ``id`` to fork from
+        (``durably.fork(run.id, at=checkpoint.id)``), the task, the time, and a view of the
+        state there (the step's result or the interrupt's payload and answer).
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.task
+            ... def add(a, b):
+            ...     return a + b
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def total(n):
+            ...     return add(add(1, 2), n)
+            >>> [(c.kind, c.task, c.state) for c in total.run(10).history()]
+            [('step', 'add', '13'), ('step', 'add', '3')]
+        """
+        return checkpoints(self._store, self._record)[::-1]
+
+    @property
+    def interrupts(self) -> list[Interrupt]:
+        """The interrupts the run waits for (empty unless its status is ``interrupted``)."""
+        if self._record.status != "interrupted":
+            return []
+        return pending_interrupts(self._store, self.id, self.attempt)
+
+    def graph(self, *, attempt: int | None = None, collapse: int | None = 20) -> RunGraph:
+        """The graph of one attempt of the run, from its journal (works for a run read back
+        by another process, a crashed run or a finished one).
+
+        Args:
+            attempt: Which attempt to draw. Default: the latest.
+            collapse: More than this many calls of one task under one parent draw as one
+                node (``parse ×1,200``, with counts per status); None or 0 draws every call.
+
+        Returns:
+            A :class:`~durably.RunGraph`: ``.nodes`` (steps, nested by call), ``.edges``
+            (data flow), ``.to_mermaid()``, ``.to_dot()``, ``.to_svg()``, ``.save(path)``.
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.task
+            ... def load(n):
+            ...     return list(range(n))
+            >>> @durably.task
+            ... def total(xs):
+            ...     return sum(xs)
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def pipeline(n):
+            ...     return total(load(n))
+            >>> g = pipeline.run(3).graph()
+            >>> [n.task for n in g.nodes], [(g.node(e.source).task, g.node(e.target).task)
+            ...                             for e in g.edges]
+            (['load', 'total'], [('load', 'total')])
+        """
+        rec = self._record
+        return build_graph(rec.run_id, rec.name, rec.status,
+                           self.attempt if attempt is None else attempt,
+                           self._store.list_steps(self.id), collapse)
+
+    def events(self) -> list[Event]:
+        """The run's events rebuilt from its journal, in time order: attempts starting and
+        ending, steps (``step_started`` is not journaled: the ``step_finished``,
+        ``step_failed`` and ``step_interrupted`` events carry the duration), interrupts,
+        answers and custom events. ``data`` of custom events is the value written."""
+        found: list[Event] = []
+        for s in self._store.list_steps(self.id):
+            kind = {"failed": "step_failed", "interrupted": "step_interrupted"}.get(
+                s.status, "step_finished")
+            found.append(Event(kind, s.run_id, s.ended, s.step_id, s.parent_id, s.task,
+                               s.status, s.duration, s.inputs, s.output, s.error, s.attempt))
+        for e in self._store.list_events(self.id):
+            data: Any = None
+            if e.data is not None:
+                try:
+                    data = _serde.loads(e.data)
+                except Exception:  # noqa: BLE001 - a class gone from the code is still listed
+                    data = None
+            found.append(Event(e.kind, e.run_id, e.time, e.step_id, None,
+                               self.name if e.kind.startswith("run_") else "",
+                               e.kind[4:] if e.kind.startswith("run_") else e.key,
+                               data=data, attempt=e.attempt))
+        found.sort(key=lambda ev: ev.time)
+        return found
 
     def counts(self) -> dict[str, int]:
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
@@ -128,7 +218,14 @@ class Run(Generic[R]):
         )
         if self.wall_time is not None:
             text += f" — in {self.wall_time:.2f} s"
-        if self.resumed_from == "finished":
+        if self.status == "interrupted":
+            text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
+                     f"pipeline.resume({self.id!r}, value)")
+        if self.resumed_from == "forked":
+            text += " (first execution of a fork)"
+        elif self.resumed_from == "interrupted":
+            text += " (resumed after an interrupt: its finished steps were replayed)"
+        elif self.resumed_from == "finished":
             text += " (reran a finished run: unchanged steps replayed from its journal)"
         elif self.resumed_from == "stopped":
             text += (" (resumed a run that was stopped by Ctrl-C: its finished steps were "

@@ -15,6 +15,8 @@ Call path of a task (DESIGN.md, "the heart"):
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import inspect
 import logging
 import re
@@ -28,11 +30,13 @@ import xxhash
 from . import _serde
 from ._config import default_store
 from ._context import CACHE_BATCH as _CACHE_BATCH
-from ._context import RunContext, current_run, current_step
+from ._context import RunContext, StopRun, current_run, current_step
 from ._fingerprint import Fingerprint, fingerprint_function
-from ._hashing import digest_each, encode_arguments
+from ._hashing import digest_each, encode_arguments, trace_digest
+from ._interrupt import InterruptSignal
 from ._lease import me
-from ._store import KeyRecord, RunRecord, StepRecord, Store, now
+from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, now
+from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
 __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_id"]
@@ -270,7 +274,9 @@ class Call:
     """One task call in progress: what :func:`begin_step` found, to finish it with."""
 
     __slots__ = (
+        "args_repr",
         "ctx",
+        "flow",
         "inputs",
         "key",
         "parent",
@@ -293,14 +299,33 @@ class Call:
         self.position = 0
         self.started = 0.0
         self.token: Any = None
+        self.args_repr: str | None = None  # tracer: short repr of the arguments
+        self.flow: tuple[str, ...] = ()  # tracer: digests a producing step's result may match
 
-    def record(self, status: str, error: str | None = None) -> StepRecord:
+    def record(self, status: str, error: str | None = None, output: str | None = None,
+               result_digest: str = "") -> StepRecord:
         ctx = self.ctx
         assert ctx is not None
         return StepRecord(
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
             self.position, self.started, now(), error, self.key if self.spec.cache else "",
+            self.args_repr, output, result_digest, self.flow,
         )
+
+    def trace_inputs(self, arguments: dict[str, Any]) -> None:
+        """Take the tracer's view of the arguments (before the body may mutate them)."""
+        self.args_repr = inputs_repr(arguments)
+        self.flow = flow_digests(arguments, self.inputs or None)
+
+    def event(self, kind: str, record: StepRecord | None = None, **fields: Any) -> Event:
+        ctx = self.ctx
+        assert ctx is not None
+        if record is None:
+            return Event(kind, ctx.run_id, now(), self.step_id, self.parent, self.spec.name,
+                         inputs=self.args_repr, attempt=ctx.attempt, **fields)
+        return Event(kind, ctx.run_id, record.ended, self.step_id, self.parent,
+                     self.spec.name, record.status, record.duration, record.inputs,
+                     record.output, attempt=ctx.attempt, **fields)
 
     def enter(self) -> None:
         """Make this step the parent of the tasks its body calls."""
@@ -318,10 +343,29 @@ class Call:
         if ctx is None or not isinstance(exc, Exception):
             return
         try:
-            self.store.append_steps([(self.record("failed", repr(exc)[:2000]), None)])
+            record = self.record("failed", repr(exc)[:2000])
+            self.store.append_steps([(record, None)])
             ctx.count("failed")
+            if ctx.listener is not None:
+                ctx.emit(self.event("step_failed", record, data=record.error))
         except Exception as store_exc:  # noqa: BLE001 - never hide the user's exception
             exc.add_note(f"durably: could not journal this failure: {store_exc}")
+
+    def interrupted(self, signal: InterruptSignal) -> None:
+        """Journal a step that called ``interrupt()`` (it runs again from its start when the
+        run resumes) and name it in the signal's interrupts."""
+        signal.interrupts = [
+            dataclasses.replace(i, task=self.spec.name)
+            if i.step_id == self.step_id and not i.task else i
+            for i in signal.interrupts
+        ]
+        ctx = self.ctx
+        if ctx is None:
+            return
+        record = self.record("interrupted")
+        self.store.append_steps([(record, None)])
+        if ctx.listener is not None:
+            ctx.emit(self.event("step_interrupted", record, data=signal.interrupts))
 
     def succeeded(self, result: Any) -> Any:
         """Store the result in the cache and the journal (committed), then return it."""
@@ -332,7 +376,7 @@ class Call:
             if spec.cache:
                 self.store.cache_put(self.key, data, spec.key_record(self.key, self.inputs))
             return result
-        record = self.record("ran")
+        record = self.record("ran", None, short_repr(result), trace_digest(result))
         if spec.cache:
             info = spec.key_record(self.key, self.inputs)
             if record.ended - record.started >= _WRITE_THROUGH:
@@ -341,6 +385,8 @@ class Call:
                 ctx.cache_later(self.key, data, info)
         self.store.append_steps([(record, data)])
         ctx.count("ran")
+        if ctx.listener is not None:
+            ctx.emit(self.event("step_finished", record))
         return result
 
 
@@ -363,29 +409,44 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 return _load(data, spec, "cached"), call
             call.inputs = digest_each(arguments)  # before the body may mutate them
         return _MISS, call
+    if ctx.stop:
+        raise StopRun()
     ctx.keep_lease()
     parent = current_step.get()
     call.parent = parent
     call.step_id = step_identity(parent, key, ctx.occurrence(parent, key))
     call.position = ctx.position()
     call.started = now()
+    listening = ctx.listener is not None
+    if listening:
+        call.args_repr = inputs_repr(arguments)
+        ctx.emit(call.event("step_started"))
     data = store.find_step(ctx.run_id, call.step_id)
     if data is not None:
         value = _load(data, spec, "journaled")
-        ctx.note_replayed(call.record("replayed"))
+        record = call.record("replayed")
+        ctx.note_replayed(record)
+        if listening:
+            ctx.emit(call.event("step_finished", dataclasses.replace(
+                record, output=short_repr(value))))
         return value, call
     if spec.cache:
-        data = ctx.pending_cache(key)
-        if data is None:
+        data = ctx.pending_cache(key) if ctx.read_cache else None
+        if data is None and ctx.read_cache:
             data = store.cache_get(key)
+        call.inputs = digest_each(arguments)  # before the body may mutate them
+        call.trace_inputs(arguments)
         if data is not None:
             value = _load(data, spec, "cached")
-            store.append_steps([(call.record("cached"), data)])
+            record = call.record("cached", None, short_repr(value), trace_digest(value))
+            store.append_steps([(record, data)])
             ctx.count("cached")
+            if listening:
+                ctx.emit(call.event("step_finished", record))
             return value, call
-        call.inputs = digest_each(arguments)  # before the body may mutate them
+    else:
+        call.trace_inputs(arguments)
     return _MISS, call
-
 
 
 def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
@@ -396,6 +457,9 @@ def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tupl
     call.enter()
     try:
         result = wrapped(*args, **kwargs)
+    except InterruptSignal as signal:
+        call.interrupted(signal)
+        raise
     except BaseException as exc:
         call.failed(exc)
         raise
@@ -412,6 +476,9 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
     call.enter()
     try:
         result = await wrapped(*args, **kwargs)
+    except InterruptSignal as signal:
+        call.interrupted(signal)
+        raise
     except BaseException as exc:
         call.failed(exc)
         raise
@@ -448,11 +515,16 @@ class Started:
 
 
 def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-              run_id: str | None, fresh: bool) -> Started:
-    """Find or create the run record and make the run active in this context."""
+              run_id: str | None, fresh: bool, listener: Callable[[Event], Any] | None = None,
+              read_cache: bool = True, store: Store | None = None) -> Started:
+    """Find or create the run record and make the run active in this context.
+
+    ``listener`` receives the run's live events; ``read_cache=False`` (a fork's first
+    attempt) executes steps that are not in the run's journal instead of taking them from
+    the cross-run cache."""
     if not isinstance(fresh, bool):
         raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
-    store = spec.store or default_store()
+    store = store or spec.store or default_store()
     arguments = spec.arguments(instance, args, kwargs)
     input_digest = spec.digest_inputs(arguments)
     existing: RunRecord | None
@@ -518,14 +590,22 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         )
         store.put_run(record)
         resumed_from = existing.status if existing else None
-        if existing is not None and (existing.error or "").startswith("KeyboardInterrupt"):
-            resumed_from = "stopped"
         if existing is not None and existing.status == "running":
             _restore_cache(store, run_id, existing.attempt)
+        answers = {e.key: e.data for e in store.list_events(run_id, ("answer",))
+                   if e.data is not None} if existing is not None else {}
+        store.append_events([EventRecord(run_id, "run_started", t, record.attempt)])
     except BaseException:
         store.release_run(run_id, owner)  # never leave a lease behind
         raise
-    return Started(record, RunContext(run_id, store, record.attempt, owner), resumed_from)
+    ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
+                     answers=answers, read_cache=read_cache)
+    if listener is not None and hasattr(listener, "ctx"):
+        listener.ctx = ctx  # so the consumer of a stream can stop the run
+    if listener is not None:
+        ctx.emit(Event("run_started", run_id, t, task=spec.name, status=resumed_from or "new",
+                       attempt=record.attempt))
+    return Started(record, ctx, resumed_from)
 
 
 def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
@@ -556,6 +636,15 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             _finish_record(ctx, record, result, exc)
         finally:
             ctx.store.release_run(record.run_id, ctx.owner)
+    if ctx.listener is not None:
+        ctx.emit(Event(
+            f"run_{record.status}", record.run_id, record.updated, task=record.name,
+            status=record.status, duration=record.updated - started.wall,
+            output=short_repr(result) if exc is None else None,
+            data=result if exc is None else exc.interrupts
+            if isinstance(exc, InterruptSignal) else record.error,
+            attempt=record.attempt,
+        ))
     if exc is not None and isinstance(exc, Exception):
         exc.add_note(
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
@@ -563,11 +652,22 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
         )
 
 
+def run_status(exc: BaseException | None) -> str:
+    """The status an attempt that ended with ``exc`` leaves its run in."""
+    if exc is None:
+        return "finished"
+    if isinstance(exc, InterruptSignal):
+        return "interrupted"
+    if isinstance(exc, (StopRun, KeyboardInterrupt, asyncio.CancelledError)):
+        return "stopped"  # by the user (Ctrl-C, a closed stream, a cancelled task): resumable
+    return "failed"
+
+
 def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None
                    ) -> None:
     record.updated = now()
+    record.status = run_status(exc)
     if exc is None:
-        record.status = "finished"
         try:
             record.result = _serde.dumps(result, what=f"the result of {record.name!r}")
         except SerializationError as ser:
@@ -575,7 +675,11 @@ def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExc
             record.error = str(ser)
             log.warning("durably: run %r finished, but its result is not stored (other "
                         "processes cannot read it): %s", record.run_id, ser)
-    else:
-        record.status = "failed"
+    elif record.status == "stopped":
+        record.error = "StopRun('the consumer of stream() stopped the run')" if isinstance(
+            exc, StopRun) else repr(exc)[:2000]
+    elif record.status == "failed":
         record.error = repr(exc)[:2000]
     ctx.store.put_run(record)
+    ctx.store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
+                                         record.attempt)])

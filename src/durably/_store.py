@@ -36,12 +36,21 @@ import xxhash
 from ._lease import Owner
 from .exceptions import DefinitionError, StoreError
 
-__all__ = ["STORE_FORMAT", "DiskStore", "KeyRecord", "RunRecord", "StepRecord", "Store"]
+__all__ = [
+    "STORE_FORMAT",
+    "DiskStore",
+    "EventRecord",
+    "KeyRecord",
+    "RunRecord",
+    "StepRecord",
+    "Store",
+]
 
 log = logging.getLogger("durably")
 
-#: Version of the on-disk layout; a store written by a newer durably is refused.
-STORE_FORMAT = 1
+#: Version of the on-disk layout; a store written by a newer durably is refused. Format 1
+#: (no tracer columns, no events table) is upgraded in place when first opened.
+STORE_FORMAT = 2
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -63,7 +72,15 @@ class StepRecord:
         started: Start time, seconds since the epoch.
         ended: End time, seconds since the epoch.
         error: ``repr`` of the exception for a failed step, else None.
-        cache_key: The cache key of the call (32 hex characters).
+        cache_key: The cache key of the call (32 hex characters; empty for ``cache=False``).
+        inputs: Short ``repr`` of the arguments (at most a few hundred characters), for
+            steps that ran or were served from the cache; else None.
+        output: Short ``repr`` of the result, likewise.
+        result_digest: Digest of the result (32 hex characters), or "" when the result
+            cannot be digested or carries no information (None, True, False).
+        input_digests: Digests of the arguments and of the elements of list, tuple and
+            dict arguments: a later step whose argument digest equals an earlier step's
+            result digest received that result (a data-flow edge of the run graph).
     """
 
     run_id: str
@@ -77,6 +94,10 @@ class StepRecord:
     ended: float
     error: str | None = None
     cache_key: str = ""
+    inputs: str | None = None
+    output: str | None = None
+    result_digest: str = ""
+    input_digests: tuple[str, ...] = ()
 
     @property
     def duration(self) -> float:
@@ -122,6 +143,32 @@ class KeyRecord:
     inputs: dict[str, str]
     parts: dict[str, str]
     created: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A journaled event of a run besides its steps: an attempt starting or ending, an
+    ``interrupt()`` and its answer, a custom event written from inside a task.
+
+    Attributes:
+        run_id: The run.
+        kind: ``"run_started"``, ``"run_finished"``, ``"run_failed"``,
+            ``"run_interrupted"``, ``"interrupt"``, ``"answer"`` or ``"custom"``.
+        time: Seconds since the epoch.
+        attempt: The attempt of the run it happened in (0 for answers given between
+            attempts).
+        step_id: The step it happened in, or None (the entrypoint's own body, or the run).
+        key: The interrupt id for ``"interrupt"`` and ``"answer"``, else "".
+        data: Pickled payload (interrupt payload, answer value, custom data), or None.
+    """
+
+    run_id: str
+    kind: str
+    time: float
+    attempt: int
+    step_id: str | None = None
+    key: str = ""
+    data: bytes | None = None
 
 
 @runtime_checkable
@@ -172,6 +219,12 @@ class Store(Protocol):
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         """A run's step records in call order; ``attempt`` selects one execution."""
 
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        """Append events of runs, durably, in one transaction."""
+
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        """A run's events in the order they were appended; ``kinds`` filters by kind."""
+
     def close(self) -> None:
         """Release files and connections; the store reopens on next use."""
 
@@ -179,7 +232,15 @@ class Store(Protocol):
 def step_row(r: StepRecord) -> tuple[Any, ...]:
     """A step record as a row (fast: dataclasses.astuple deep-copies)."""
     return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
-            r.started, r.ended, r.error, r.cache_key)
+            r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, r.result_digest,
+            " ".join(r.input_digests))
+
+
+def step_from_row(row: Sequence[Any]) -> StepRecord:
+    """The inverse of :func:`step_row`."""
+    return StepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                      row[9], row[10], row[11], row[12], row[13] or "",
+                      tuple(row[14].split()) if row[14] else ())
 
 
 def run_row(r: RunRecord) -> tuple[Any, ...]:
@@ -239,14 +300,28 @@ CREATE TABLE IF NOT EXISTS keys (
 CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created);
 """
 
+# format 2: the tracer's columns on steps, and the events table
+_SCHEMA_2 = """
+ALTER TABLE steps ADD COLUMN inputs TEXT;
+ALTER TABLE steps ADD COLUMN output TEXT;
+ALTER TABLE steps ADD COLUMN result_digest TEXT;
+ALTER TABLE steps ADD COLUMN input_digests TEXT;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+    time REAL NOT NULL, attempt INTEGER NOT NULL, step_id TEXT, key TEXT NOT NULL,
+    data BLOB);
+CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind, seq);
+"""
+
 _RUN_COLS = (
     "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
     "error"
 )
 _STEP_COLS = (
     "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
-    "cache_key"
+    "cache_key, inputs, output, result_digest, input_digests"
 )
+_EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
 
 
 @contextlib.contextmanager
@@ -385,10 +460,16 @@ class DiskStore:
                     f"version reads format {STORE_FORMAT}). Fix: upgrade durably, or use "
                     "another DURABLY_DIR."
                 )
+            if found < STORE_FORMAT:  # the journal upgrades itself when it is opened
+                self._write_marker(root, marker)
         else:
-            tmp = root / f"FORMAT.{os.getpid()}.tmp"
-            tmp.write_text(f"durably-store {STORE_FORMAT}\n")
-            os.replace(tmp, marker)
+            self._write_marker(root, marker)
+
+    @staticmethod
+    def _write_marker(root: Path, marker: Path) -> None:
+        tmp = root / f"FORMAT.{os.getpid()}.tmp"
+        tmp.write_text(f"durably-store {STORE_FORMAT}\n")
+        os.replace(tmp, marker)
 
     def _translate(self, where: str | Path, action: str) -> _Translate:
         """A context that turns OS and SQLite errors into a StoreError naming the path."""
@@ -447,8 +528,7 @@ class DiskStore:
                     "Fix: upgrade durably, or use another DURABLY_DIR."
                 )
             if version < STORE_FORMAT:
-                con.executescript(_SCHEMA)  # idempotent: racing processes are fine
-                con.execute(f"PRAGMA user_version={STORE_FORMAT}")
+                _upgrade(con)
         self._local.con = con
         return con
 
@@ -587,7 +667,7 @@ class DiskStore:
         if not steps:
             return
         rows = [(*step_row(rec), data) for rec, data in steps]
-        sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 12)})"
+        sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 16)})"
         with self._write_journal:
             db = self._db()
             if len(rows) == 1:
@@ -609,7 +689,26 @@ class DiskStore:
                     "ORDER BY position",
                     (run_id, attempt),
                 ).fetchall()
-        return [StepRecord(*row) for row in rows]
+        return [step_from_row(row) for row in rows]
+
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        if not events:
+            return
+        rows = [(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key, e.data) for e in events]
+        with self._write_journal, _immediate(self._db()) as db:
+            db.executemany(f"INSERT INTO events ({_EVENT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           rows)
+
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        sql = f"SELECT {_EVENT_COLS} FROM events WHERE run_id=?"
+        params: list[Any] = [run_id]
+        if kinds is not None:
+            sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
+            params.extend(kinds)
+        with self._read_journal:
+            rows = self._db().execute(sql + " ORDER BY seq", params).fetchall()
+        return [EventRecord(r, k, t, a, s, key, None if d is None else bytes(d))
+                for r, k, t, a, s, key, d in rows]
 
     def _query_one(self, sql: str, params: tuple[Any, ...]) -> Any:
         with self._read_journal:
@@ -625,6 +724,28 @@ class DiskStore:
                 self._cache.close()
                 self._cache = None
             self._root = None
+
+
+def _upgrade(con: sqlite3.Connection) -> None:
+    """Create the journal's tables, or upgrade them from an older format, in one
+    transaction (a racing process sees the new format and does nothing)."""
+    with _immediate(con):
+        version = con.execute("PRAGMA user_version").fetchone()[0]
+        if version >= STORE_FORMAT:
+            return
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                con.execute(statement)
+        if version < 2:
+            columns = {row[1] for row in con.execute("PRAGMA table_info(steps)")}
+            for statement in _SCHEMA_2.split(";"):
+                statement = statement.strip()
+                if not statement:
+                    continue
+                column = statement.split()[5] if statement.startswith("ALTER") else None
+                if column is None or column not in columns:
+                    con.execute(statement)
+        con.execute(f"PRAGMA user_version={STORE_FORMAT}")
 
 
 def now() -> float:

@@ -7,7 +7,14 @@
     ├── SerializationError     an argument cannot be digested, a result cannot be stored
     ├── StoreError             the store cannot be opened, read or written
     ├── NotFoundError          (also LookupError) no run with that id
-    └── RunStateError          the run is not in a state that allows the operation
+    ├── RunStateError          the run is not in a state that allows the operation
+    │   └── NoActiveRunError   interrupt() / idempotency_key() called outside a run's step
+    ├── RunInterrupted         the run paused at interrupt(): answer with resume()
+    └── RenderError            a run graph cannot be drawn (graphviz missing, bad format)
+
+    BaseException
+    └── InterruptSignal        (internal) unwinds a run from interrupt() to its entrypoint;
+                               never swallowed by ``except Exception:``
 
 Exceptions raised by the body of a task or an entrypoint are never wrapped: they propagate
 to the caller unchanged, and are recorded in the run's journal.
@@ -17,10 +24,18 @@ Every message says what was wrong, with which value, and how to fix it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._interrupt import Interrupt
+
 __all__ = [
     "DefinitionError",
     "DurablyError",
+    "NoActiveRunError",
     "NotFoundError",
+    "RenderError",
+    "RunInterrupted",
     "RunStateError",
     "SerializationError",
     "StoreError",
@@ -57,3 +72,41 @@ class NotFoundError(DurablyError, LookupError):
 class RunStateError(DurablyError):
     """The run is not in a state that allows the operation (for example, it belongs to
     another entrypoint, or was started with other arguments)."""
+
+
+class NoActiveRunError(RunStateError):
+    """An operation that needs a run (``interrupt()``, ``idempotency_key()``,
+    ``get_writer()``) was called outside one, or outside a task of one."""
+
+
+class RunInterrupted(DurablyError):
+    """The run paused at ``interrupt()`` and waits for an answer.
+
+    Attributes:
+        run_id: The interrupted run: answer with ``pipeline.resume(run_id, value)``.
+        interrupts: The pending :class:`~durably.Interrupt` objects (``.id``, ``.payload``).
+    """
+
+    def __init__(self, run_id: str, interrupts: list[Interrupt]) -> None:
+        self.run_id = run_id
+        self.interrupts = list(interrupts)
+        shown = "; ".join(f"{i.id}: {_short(i.payload)}" for i in self.interrupts[:5])
+        more = f" (+{len(self.interrupts) - 5} more)" if len(self.interrupts) > 5 else ""
+        super().__init__(
+            f"run {run_id!r} is waiting for {len(self.interrupts)} answer(s) — {shown}{more}. "
+            f"Answer with pipeline.resume({run_id!r}, value) (several: a mapping "
+            "{interrupt_id: value})."
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RunInterrupted, (self.run_id, self.interrupts))
+
+
+class RenderError(DurablyError):
+    """A run graph cannot be drawn: the ``graphviz`` package or the ``dot`` program is
+    missing, or the file format is unknown. The message says how to install or fix it."""
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

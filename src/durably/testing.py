@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 
 from ._lease import Owner
-from ._store import FINISHED_STEP, KeyRecord, RunRecord, StepRecord
+from ._store import FINISHED_STEP, EventRecord, KeyRecord, RunRecord, StepRecord
 
 __all__ = ["MemoryStore"]
 
@@ -40,6 +40,7 @@ class MemoryStore:
         self._finished: dict[tuple[str, str], bytes] = {}
         self._keys: dict[str, KeyRecord] = {}
         self._leases: dict[str, Owner] = {}
+        self._events: dict[str, list[EventRecord]] = {}
 
     def __repr__(self) -> str:
         return f"<MemoryStore: {len(self._cache)} cache entries, {len(self._runs)} runs>"
@@ -122,6 +123,16 @@ class MemoryStore:
         if attempt is not None:
             recs = [r for r in recs if r.attempt == attempt]
         return sorted(recs, key=lambda r: (r.attempt, r.position))
+
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        with self._lock:
+            for event in events:
+                self._events.setdefault(event.run_id, []).append(event)
+
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        with self._lock:
+            found = list(self._events.get(run_id, ()))
+        return found if kinds is None else [e for e in found if e.kind in kinds]
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,0 +1,273 @@
+"""``interrupt()``: pause a run durably for outside input; and the other calls a task makes
+into its run (``idempotency_key()``, ``get_writer()``).
+
+Interrupt ids are stable: the n-th ``interrupt()`` call under one step (or in the
+entrypoint's own body) has the id ``xxh3_64(step id, n)``, the same in every attempt, so an
+answer journaled between attempts finds its call again (LangGraph matches resume values to
+interrupts by their order within a task in the same way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = [
+    "Interrupt",
+    "InterruptSignal",
+    "get_writer",
+    "idempotency_key",
+    "interrupt",
+    "pending_interrupts",
+    "record_answers",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Interrupt:
+    """One pending question of an interrupted run.
+
+    Attributes:
+        id: Stable id of the ``interrupt()`` call (16 hex characters): the same across
+            replays and resumes of the run.
+        payload: The value passed to ``interrupt()``.
+        step_id: The step that called ``interrupt()`` (None: the entrypoint's own body).
+        task: The name of that step's task (or of the entrypoint).
+    """
+
+    id: str
+    payload: Any
+    step_id: str | None = None
+    task: str = ""
+
+
+class InterruptSignal(BaseException):
+    """Unwinds a run from ``interrupt()`` to its entrypoint. A ``BaseException``, so a user's
+    ``except Exception:`` cannot swallow it (trio's ``Cancelled`` does the same).
+
+    Several signals (parallel items of a fan-out) merge into one:
+    ``InterruptSignal([*a.interrupts, *b.interrupts])``.
+    """
+
+    def __init__(self, interrupts: list[Interrupt]) -> None:
+        super().__init__(interrupts)
+        self.interrupts = list(interrupts)
+
+
+# -- inside a run ----------------------------------------------------------------------------
+def _active(what: str) -> Any:
+    from ._context import current_run
+
+    ctx = current_run.get()
+    if ctx is None:
+        from .exceptions import NoActiveRunError
+
+        raise NoActiveRunError(
+            f"{what} was called outside a run. Fix: call it inside a task (or the body) of an "
+            "@durably.entrypoint while the entrypoint runs."
+        )
+    return ctx
+
+
+def interrupt(payload: Any = None) -> Any:
+    """Pause the run durably until someone answers; return the answer.
+
+    The first time a run reaches this call, the payload is journaled and the run stops: the
+    caller of the entrypoint gets :class:`~durably.RunInterrupted` (with ``.run_id`` and
+    ``.interrupts``; ``Entrypoint.run`` returns a handle with status ``"interrupted"``).
+    ``pipeline.resume(run_id, value)`` continues the run from any process: its finished steps
+    are replayed from the journal, and this call returns ``value``. As in LangGraph, the
+    task that called ``interrupt()`` runs again from its start on resume, and so does the
+    entrypoint's own code between tasks, so side effects belong in tasks that finish before
+    the interrupt.
+
+    The pause unwinds the stack with a ``BaseException``, so ``except Exception:`` in your
+    code does not swallow it. Several ``interrupt()`` calls in one task are told apart by
+    their order; each has a stable id (the same across replays and resumes).
+
+    Args:
+        payload: What the person answering needs to see (any picklable value).
+
+    Returns:
+        The answer given to ``resume`` for this interrupt.
+
+    Raises:
+        NoActiveRunError: called outside a run.
+        SerializationError: the payload cannot be stored.
+
+    Example:
+        >>> import durably, tempfile
+        >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+        ... def greet(name):
+        ...     answer = durably.interrupt(f"May I greet {name}?")
+        ...     return f"hello {name}" if answer == "yes" else "no greeting"
+        >>> try:
+        ...     greet("ada")
+        ... except durably.RunInterrupted as paused:
+        ...     print(paused.interrupts[0].payload)
+        ...     print(greet.resume(paused.run_id, "yes"))
+        May I greet ada?
+        hello ada
+    """
+    from . import _serde
+    from ._context import current_step
+    from ._store import EventRecord, now
+
+    ctx = _active("durably.interrupt()")
+    step = current_step.get()
+    n = ctx.next_interrupt(step)
+    interrupt_id = xxhash.xxh3_64_hexdigest(f"{step or ''}/interrupt/{n}".encode())
+    answer = ctx.answers.get(interrupt_id)
+    if answer is not None:
+        return _serde.loads(answer)
+    data = _serde.dumps(payload, what="the payload of interrupt()")
+    ctx.store.append_events([EventRecord(ctx.run_id, "interrupt", now(), ctx.attempt, step,
+                                         interrupt_id, data)])
+    raise InterruptSignal([Interrupt(interrupt_id, payload, step, "" if step else ctx.name)])
+
+
+def idempotency_key() -> str:
+    """A key for the current step that stays the same across replays and resumes of that
+    step in this run (32 hex characters, from the run id and the step id): pass it to an
+    external service so a write repeated after a crash is applied once.
+
+    A step that crashed after its side effect but before its result was journaled runs
+    again on resume; with this key the service can recognise the repeat. A fork is a new
+    run, so its steps get new keys.
+
+    Returns:
+        32 lowercase hex characters.
+
+    Raises:
+        NoActiveRunError: called outside a task of a run.
+
+    Example:
+        >>> import durably, tempfile
+        >>> @durably.task(cache=False)
+        ... def charge(amount):
+        ...     return durably.idempotency_key()
+        >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+        ... def checkout(amount):
+        ...     return charge(amount)
+        >>> key = checkout(10)
+        >>> len(key), checkout(10) == key
+        (32, True)
+    """
+    from ._context import current_step
+
+    ctx = _active("durably.idempotency_key()")
+    step = current_step.get()
+    if step is None:
+        from .exceptions import NoActiveRunError
+
+        raise NoActiveRunError(
+            "durably.idempotency_key() was called in the entrypoint's own body, which "
+            "re-executes on every attempt. Fix: call it inside the @durably.task that "
+            "performs the external write."
+        )
+    return xxhash.xxh3_128_hexdigest(f"{ctx.run_id}\x00{step}".encode())
+
+
+def get_writer() -> Callable[[Any], None]:
+    """A function that writes custom events into the current run: they appear in
+    ``Entrypoint.stream`` as ``Event(kind="custom", data=value)`` and are journaled with the
+    run (``Run.events()``).
+
+    Returns:
+        ``write(value)``; the value must be picklable.
+
+    Raises:
+        NoActiveRunError: called outside a run.
+
+    Example:
+        >>> import durably, tempfile
+        >>> @durably.task
+        ... def fit(n):
+        ...     write = durably.get_writer()
+        ...     write({"progress": 0.5})
+        ...     return n
+        >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+        ... def sweep(n):
+        ...     return fit(n)
+        >>> [e.data for e in sweep.stream(3) if e.kind == "custom"]
+        [{'progress': 0.5}]
+    """
+    from . import _serde
+    from ._context import current_step
+    from ._store import EventRecord, now
+    from ._tracer import Event
+
+    ctx = _active("durably.get_writer()")
+    step = current_step.get()
+
+    def write(value: Any) -> None:
+        t = now()
+        data = _serde.dumps(value, what="a custom event")
+        ctx.store.append_events([EventRecord(ctx.run_id, "custom", t, ctx.attempt, step, "",
+                                             data)])
+        ctx.emit(Event("custom", ctx.run_id, t, step, data=value, attempt=ctx.attempt))
+
+    return write
+
+
+# -- between attempts ------------------------------------------------------------------------
+def pending_interrupts(store: Store, run_id: str, attempt: int) -> list[Interrupt]:
+    """The interrupts of the run's latest attempt that have no answer yet, in order."""
+    from . import _serde
+
+    events = store.list_events(run_id, ("interrupt", "answer"))
+    answered = {e.key for e in events if e.kind == "answer"}
+    tasks = {s.step_id: s.task for s in store.list_steps(run_id, attempt=attempt)
+             if s.status == "interrupted"}
+    run = store.find_run(run_id)
+    found: dict[str, Interrupt] = {}
+    for e in events:
+        if e.kind == "interrupt" and e.attempt == attempt and e.key not in answered:
+            payload = _serde.loads(e.data) if e.data is not None else None
+            task = tasks.get(e.step_id or "", "") if e.step_id else (run.name if run else "")
+            found.setdefault(e.key, Interrupt(e.key, payload, e.step_id, task))
+    return list(found.values())
+
+
+def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interrupt],
+                   value: Any) -> None:
+    """Match ``value`` to the pending interrupts and journal the answers (committed before
+    the run continues).
+
+    Raises:
+        RunStateError: several interrupts are pending and ``value`` is not a mapping of
+            their ids, or names an interrupt that is not pending.
+    """
+    from . import _serde
+    from ._store import EventRecord, now
+    from .exceptions import RunStateError
+
+    ids = [i.id for i in pending]
+    if isinstance(value, Mapping) and value and all(k in ids for k in value):
+        answers = dict(value)
+    elif len(pending) == 1:
+        answers = {ids[0]: value}
+    elif isinstance(value, Mapping) and any(isinstance(k, str) and len(k) == 16 for k in value):
+        unknown = [k for k in value if k not in ids]
+        raise RunStateError(
+            f"run {run_id!r}: {unknown} are not pending interrupts; pending: {ids}. Fix: "
+            "answer with a mapping of pending interrupt ids to values."
+        )
+    else:
+        raise RunStateError(
+            f"run {run_id!r} waits for {len(pending)} answers ({ids}); a single value cannot "
+            "say which. Fix: resume(run_id, {interrupt_id: value, ...}); answering some keeps "
+            "the rest pending."
+        )
+    t = now()
+    store.append_events([
+        EventRecord(run_id, "answer", t, attempt, None, k,
+                    _serde.dumps(v, what=f"the answer to interrupt {k}"))
+        for k, v in answers.items()
+    ])

@@ -1,0 +1,407 @@
+"""The tracer: live events (stream), journaled events, and the run graph, on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import entrypoint, task
+from tests.conftest import run_script, script_env, write_script
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def _n(name: str) -> str:
+    """A task's short name (tasks defined in a test are named by their qualified name)."""
+    return name.rpartition(".")[2]
+
+
+# -- events ----------------------------------------------------------------------------------
+def test_stream_yields_every_event_in_order_with_reprs() -> None:
+    @task
+    def square(x: int) -> int:
+        return x * x
+
+    @task
+    def total(xs: list[int]) -> int:
+        durably.get_writer()({"adding": len(xs)})
+        return sum(xs)
+
+    @entrypoint
+    def pipeline(n: int) -> int:
+        return total([square(i) for i in range(n)])
+
+    events = list(pipeline.stream(2))
+    assert [(e.kind, _n(e.task), e.status) for e in events] == [
+        ("run_started", "pipeline", "new"),
+        ("step_started", "square", ""), ("step_finished", "square", "ran"),
+        ("step_started", "square", ""), ("step_finished", "square", "ran"),
+        ("step_started", "total", ""), ("custom", "", ""),
+        ("step_finished", "total", "ran"),
+        ("run_finished", "pipeline", "finished"),
+    ]
+    finished = [e for e in events if e.kind == "step_finished"]
+    assert [(e.inputs, e.output) for e in finished] == [
+        ("x=0", "0"), ("x=1", "1"), ("xs=[0, 1]", "1")]
+    assert all(e.duration is not None and e.duration >= 0 for e in finished)
+    custom = next(e for e in events if e.kind == "custom")
+    assert custom.data == {"adding": 2} and custom.step_id == finished[-1].step_id
+    assert events[-1].data == 1 and events[-1].run_id == events[0].run_id
+    # a second stream of the same run replays: the steps say so
+    again = list(pipeline.stream(2))
+    assert [e.status for e in again if e.kind == "step_finished"] == ["replayed"] * 3
+    assert again[0].status == "finished"  # the status the run had before this attempt
+
+
+def test_step_events_carry_parent_of_nested_calls() -> None:
+    @task
+    def leaf(x: int) -> int:
+        return x + 1
+
+    @task
+    def outer(x: int) -> int:
+        return leaf(x) * 2
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return outer(x)
+
+    events = [e for e in pipeline.stream(1) if e.kind == "step_finished"]
+    assert [_n(e.task) for e in events] == ["leaf", "outer"]
+    assert events[0].parent_id == events[1].step_id and events[1].parent_id is None
+
+
+def test_failed_run_raises_from_the_stream_after_its_events() -> None:
+    @task
+    def boom(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return boom(x)
+
+    seen: list[str] = []
+    with pytest.raises(ValueError, match="bad 3"):
+        for event in pipeline.stream(3):
+            seen.append(event.kind)
+    assert seen == ["run_started", "step_started", "step_failed", "run_failed"]
+
+
+def test_breaking_out_of_a_stream_stops_the_run_and_it_resumes() -> None:
+    executed: list[int] = []
+
+    @task
+    def work(i: int) -> int:
+        executed.append(i)
+        return i
+
+    @entrypoint
+    def pipeline(n: int) -> list[int]:
+        return [work(i) for i in range(n)]
+
+    for event in pipeline.stream(10):
+        if event.kind == "step_finished" and event.output == "2":
+            break
+    assert executed == [0, 1, 2]  # stopped at the next step boundary
+    run = durably.list_runs(pipeline)[0]
+    assert run.status == "stopped"
+    assert run.events()[-1].kind == "run_stopped"
+    again = pipeline.run(10)
+    assert again.result == list(range(10)) and again.resumed_from == "stopped"
+    assert executed == list(range(10))  # nothing ran twice
+    assert again.counts() == {"ran": 7, "cached": 0, "replayed": 3, "failed": 0}
+
+
+def test_async_entrypoint_streams_asynchronously() -> None:
+    @task
+    async def fetch(x: int) -> int:
+        await asyncio.sleep(0)
+        return x * 10
+
+    @entrypoint
+    async def pipeline(n: int) -> int:
+        return sum(await asyncio.gather(*(fetch(i) for i in range(n))))
+
+    async def consume() -> list[Any]:
+        return [(e.kind, e.status) async for e in pipeline.stream(3)]
+
+    events = asyncio.run(consume())
+    assert events[0] == ("run_started", "new") and events[-1] == ("run_finished", "finished")
+    assert [s for k, s in events if k == "step_finished"] == ["ran"] * 3
+
+    @task
+    async def step(i: int) -> int:
+        await asyncio.sleep(0.02)  # the run yields to the loop, so the consumer keeps up
+        return i
+
+    @entrypoint
+    async def sequential(n: int) -> list[int]:
+        return [await step(i) for i in range(n)]
+
+    async def stop_early() -> None:
+        async for e in sequential.stream(50):
+            if e.kind == "step_finished":
+                break
+
+    asyncio.run(stop_early())
+    run = durably.list_runs(sequential)[0]
+    assert run.status == "stopped" and 1 <= run.counts()["ran"] < 50
+
+
+def test_events_are_journaled_with_the_run() -> None:
+    @task
+    def note(x: int) -> int:
+        durably.get_writer()(f"seen {x}")
+        return x
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return note(x)
+
+    run = pipeline.run(5)
+    pipeline.run(5)
+    kinds = [(e.kind, e.attempt) for e in durably.get_run(run.id).events()]
+    assert kinds == [("run_started", 1), ("custom", 1), ("step_finished", 1),
+                     ("run_finished", 1), ("run_started", 2), ("step_finished", 2),
+                     ("run_finished", 2)]
+    custom = [e for e in run.events() if e.kind == "custom"]
+    assert [e.data for e in custom] == ["seen 5"]
+
+
+def test_get_writer_outside_a_run_says_so() -> None:
+    with pytest.raises(durably.NoActiveRunError, match="outside a run"):
+        durably.get_writer()
+
+
+# -- the run graph ---------------------------------------------------------------------------
+def _edges(graph: durably.RunGraph) -> list[tuple[str, str]]:
+    return [(_n(graph.node(e.source).label), _n(graph.node(e.target).label))
+            for e in graph.edges]
+
+
+def test_graph_has_data_flow_edges_through_arguments_and_containers() -> None:
+    @task
+    def load(name: str) -> dict[str, int]:
+        return {"name_len": len(name)}
+
+    @task
+    def score(row: dict[str, int]) -> int:
+        return row["name_len"] * 10
+
+    @task
+    def report(scores: list[int], by_name: dict[str, dict[str, int]], title: str) -> str:
+        return f"{title}: {sum(scores)}"
+
+    @entrypoint
+    def pipeline(names: list[str]) -> str:
+        rows = [load(n) for n in names]
+        scores = [score(r) for r in rows]
+        return report(scores, {n: r for n, r in zip(names, rows, strict=True)}, "total")
+
+    graph = pipeline.run(["ab", "cde"]).graph()
+    assert [_n(n.task) for n in graph.nodes] == ["load", "load", "score", "score", "report"]
+    load_a, load_b, score_a, score_b, rep = (n.id for n in graph.nodes)
+    pairs = {(e.source, e.target) for e in graph.edges}
+    assert pairs == {(load_a, score_a), (load_b, score_b), (score_a, rep), (score_b, rep),
+                     (load_a, rep), (load_b, rep)}
+    assert graph.node(rep).inputs is not None and "title='total'" in graph.node(rep).inputs
+    assert graph.node(rep).output == "'total: 50'"
+
+
+def test_graph_ignores_none_and_booleans_as_flows() -> None:
+    @task
+    def check(x: int) -> bool:
+        return x > 0
+
+    @task
+    def nothing(x: int) -> None:
+        return None
+
+    @task
+    def use(flag: bool, value: None) -> int:
+        return 1
+
+    @entrypoint
+    def pipeline() -> int:
+        check(1)
+        nothing(1)
+        return use(True, None)
+
+    assert pipeline.run().graph().edges == ()
+
+
+def test_graph_nests_calls_inside_their_caller() -> None:
+    @task
+    def leaf(x: int) -> int:
+        return x + 1
+
+    @task
+    def middle(x: int) -> int:
+        return leaf(x) + leaf(x + 10)
+
+    @entrypoint
+    def pipeline() -> int:
+        return middle(1)
+
+    graph = pipeline.run().graph()
+    top = graph.children(None)
+    assert [_n(n.task) for n in top] == ["middle"]
+    assert [_n(n.task) for n in graph.children(top[0].id)] == ["leaf", "leaf"]
+
+
+def test_graph_shows_failed_steps_and_the_retry() -> None:
+    fail = [True]
+
+    @task
+    def flaky(x: int) -> int:
+        if fail[0]:
+            raise RuntimeError("flaky")
+        return x
+
+    @task
+    def ok(x: int) -> int:
+        return x
+
+    @entrypoint
+    def pipeline() -> int:
+        return flaky(ok(1))
+
+    with pytest.raises(RuntimeError):
+        pipeline()
+    run = durably.list_runs(pipeline)[0]
+    graph = run.graph()
+    assert [(_n(n.task), n.status) for n in graph.nodes] == [("ok", "ran"), ("flaky", "failed")]
+    assert graph.nodes[1].error == "RuntimeError('flaky')"
+    assert _edges(graph) == [("ok", "flaky")]
+    fail[0] = False
+    graph = pipeline.run().graph()
+    assert [(_n(n.task), n.status) for n in graph.nodes] == [("ok", "replayed"), ("flaky", "ran")]
+    assert _edges(graph) == [("ok", "flaky")]  # flow info of the replayed step is kept
+    first = run.graph(attempt=1)
+    assert [n.status for n in first.nodes] == ["ran", "failed"]
+
+
+def test_graph_of_a_rerun_shows_replayed_and_cached_steps() -> None:
+    @task
+    def slow(x: int) -> int:
+        return x * 2
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return slow(x) + slow(x + 1)
+
+    pipeline(1)
+    replayed = pipeline.run(1).graph()
+    assert {n.status for n in replayed.nodes} == {"replayed"}
+    assert replayed.time_saved >= 0 and replayed.attempt == 2
+    cached = pipeline.run(1, fresh=True).graph()
+    assert {n.status for n in cached.nodes} == {"cached"}
+    assert all(n.output is not None for n in cached.nodes)
+
+
+def test_large_fan_out_collapses_into_one_node_with_counts() -> None:
+    @task
+    def parse(i: int) -> int:
+        return i
+
+    @task
+    def merge(xs: list[int]) -> int:
+        return sum(xs)
+
+    @entrypoint
+    def pipeline(n: int) -> int:
+        return merge([parse(i) for i in range(n)])
+
+    pipeline(1_000)  # the first 1,000 are replayed or cached below
+    graph = pipeline.run(1_200).graph()
+    assert [_n(n.label) for n in graph.nodes] == ["parse ×1,200", "merge"]
+    group = graph.nodes[0]
+    assert group.count == 1_200 and dict(group.statuses) == {"cached": 1_000, "ran": 200}
+    assert group.status == "ran" and len(group.steps) == 1_200
+    assert [(e.count, _n(graph.node(e.target).task)) for e in graph.edges] == [(1_200, "merge")]
+    assert graph.counts() == {"cached": 1_000, "ran": 201}
+    full = durably.list_runs(pipeline)[0].graph(collapse=None)
+    assert len(full.nodes) == 1_201 and len(full.edges) == 1_200
+
+
+def test_entrypoint_graph_is_its_latest_run() -> None:
+    @task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return inc(x)
+
+    with pytest.raises(durably.NotFoundError, match="no run"):
+        pipeline.graph()
+    pipeline(1)
+    pipeline(2)
+    graph = pipeline.graph()
+    assert graph.run_id == durably.list_runs(pipeline)[0].id
+    assert graph.nodes[0].inputs == "x=2"
+
+
+def test_a_run_is_drawn_by_another_process(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "flow.py", """
+        import sys
+        import durably
+
+        @durably.task
+        def load(n):
+            return list(range(n))
+
+        @durably.task
+        def total(xs):
+            return sum(xs)
+
+        @durably.entrypoint
+        def pipeline(n):
+            return total(load(n))
+
+        if __name__ == "__main__":
+            print(pipeline.run(4).id)
+    """)
+    env = script_env(tmp_path / "store")
+    run_id = run_script(script, env).stdout.strip()
+    reader = write_script(tmp_path / "reader.py", f"""
+        import durably
+        graph = durably.get_run({run_id!r}).graph()
+        print([n.task for n in graph.nodes])
+        print([(graph.node(e.source).task, graph.node(e.target).task) for e in graph.edges])
+    """)
+    out = run_script(reader, env).stdout.splitlines()
+    assert out == ["['load', 'total']", "[('load', 'total')]"]
+
+
+# -- the journal format ----------------------------------------------------------------------
+def test_a_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    root = tmp_path / "old"
+    root.mkdir()
+    (root / "FORMAT").write_text("durably-store 1\n")
+    con = sqlite3.connect(root / "journal.sqlite3")
+    con.executescript("""
+        CREATE TABLE runs (run_id TEXT PRIMARY KEY, entrypoint TEXT NOT NULL, name TEXT NOT NULL,
+            status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+            attempt INTEGER NOT NULL, input_digest TEXT NOT NULL, args BLOB, result BLOB,
+            error TEXT);
+        CREATE TABLE steps (run_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+            position INTEGER NOT NULL, step_id TEXT NOT NULL, parent_id TEXT,
+            task TEXT NOT NULL, status TEXT NOT NULL, started REAL NOT NULL, ended REAL NOT NULL,
+            error TEXT, cache_key TEXT NOT NULL, result BLOB);
+        INSERT INTO steps VALUES ('r', 1, 0, 's', NULL, 't', 'ran', 1.0, 2.0, NULL, 'k', x'00');
+        PRAGMA user_version=1;
+    """)
+    con.close()
+    store = durably.DiskStore(root)
+    [step] = store.list_steps("r")
+    assert (step.step_id, step.inputs, step.result_digest, step.input_digests) == (
+        "s", None, "", ())
+    assert store.list_events("r") == []
+    assert (root / "FORMAT").read_text().strip() == "durably-store 2"
+    store.close()
