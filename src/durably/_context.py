@@ -51,6 +51,7 @@ class RunContext:
         "run_id",
         "stop",
         "store",
+        "uncacheable",
     )
 
     def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner, *,
@@ -68,6 +69,9 @@ class RunContext:
         self.interrupts: dict[str | None, int] = {}
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
+        #: steps whose result depends on an answer to interrupt() (theirs or a nested
+        #: step's): journaled, never written to the cross-run cache
+        self.uncacheable: set[str] = set()
         self.owner = owner
         self._renewed = time.monotonic()
         self.store = store

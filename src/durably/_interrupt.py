@@ -123,6 +123,8 @@ def interrupt(payload: Any = None) -> Any:
     step = current_step.get()
     n = ctx.next_interrupt(step)
     interrupt_id = xxhash.xxh3_64_hexdigest(f"{step or ''}/interrupt/{n}".encode())
+    if step is not None:
+        ctx.uncacheable.add(step)  # its result depends on a person's answer: never cached
     answer = ctx.answers.get(interrupt_id)
     if answer is not None:
         return _serde.loads(answer)

@@ -377,7 +377,12 @@ class Call:
                 self.store.cache_put(self.key, data, spec.key_record(self.key, self.inputs))
             return result
         record = self.record("ran", None, short_repr(result), trace_digest(result))
-        if spec.cache:
+        cacheable = spec.cache
+        if ctx.uncacheable and self.step_id in ctx.uncacheable:
+            cacheable = False  # it depends on an answer to interrupt()
+            if self.parent is not None:
+                ctx.uncacheable.add(self.parent)
+        if cacheable:
             info = spec.key_record(self.key, self.inputs)
             if record.ended - record.started >= _WRITE_THROUGH:
                 self.store.cache_put(self.key, data, info)
@@ -424,6 +429,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     data = store.find_step(ctx.run_id, call.step_id)
     if data is not None:
         value = _load(data, spec, "journaled")
+        if parent is not None and call.step_id in ctx.uncacheable:
+            ctx.uncacheable.add(parent)
         record = call.record("replayed")
         ctx.note_replayed(record)
         if listening:
@@ -592,14 +599,21 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         resumed_from = existing.status if existing else None
         if existing is not None and existing.status == "running":
             _restore_cache(store, run_id, existing.attempt)
-        answers = {e.key: e.data for e in store.list_events(run_id, ("answer",))
-                   if e.data is not None} if existing is not None else {}
+        answers: dict[str, bytes] = {}
+        asked: set[str] = set()
+        if existing is not None:
+            for e in store.list_events(run_id, ("interrupt", "answer")):
+                if e.kind == "answer" and e.data is not None:
+                    answers[e.key] = e.data
+                elif e.kind == "interrupt" and e.step_id is not None:
+                    asked.add(e.step_id)
         store.append_events([EventRecord(run_id, "run_started", t, record.attempt)])
     except BaseException:
         store.release_run(run_id, owner)  # never leave a lease behind
         raise
     ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
                      answers=answers, read_cache=read_cache)
+    ctx.uncacheable.update(asked)
     if listener is not None and hasattr(listener, "ctx"):
         listener.ctx = ctx  # so the consumer of a stream can stop the run
     if listener is not None:

@@ -1,0 +1,420 @@
+"""interrupt() / resume, idempotency keys, run history and fork, on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import entrypoint, task
+from tests.conftest import run_script, script_env, write_script
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def _n(name: str) -> str:
+    return name.rpartition(".")[2]
+
+
+# -- interrupts ------------------------------------------------------------------------------
+def test_interrupt_pauses_and_resume_continues_without_rerunning_finished_steps() -> None:
+    ran: list[str] = []
+
+    @task
+    def draft(topic: str) -> str:
+        ran.append("draft")
+        return f"draft on {topic}"
+
+    @task
+    def review(text: str) -> str:
+        ran.append("review")
+        verdict = durably.interrupt({"please review": text})
+        return f"{text} [{verdict}]"
+
+    @entrypoint
+    def pipeline(topic: str) -> str:
+        return review(draft(topic))
+
+    with pytest.raises(durably.RunInterrupted) as paused:
+        pipeline("owls")
+    [pending] = paused.value.interrupts
+    assert pending.payload == {"please review": "draft on owls"}
+    assert len(pending.id) == 16 and _n(pending.task) == "review"
+    assert "pipeline.resume(" in str(paused.value) and paused.value.run_id in str(paused.value)
+    run = durably.get_run(paused.value.run_id)
+    assert run.status == "interrupted" and run.interrupts == [pending]
+    assert ran == ["draft", "review"]
+
+    assert pipeline.resume(paused.value.run_id, "approved") == "draft on owls [approved]"
+    assert ran == ["draft", "review", "review"]  # the interrupting task runs again; draft not
+    run = durably.get_run(paused.value.run_id)
+    assert run.status == "finished" and run.interrupts == []
+    assert [(_n(s.task), s.status) for s in run.steps] == [("draft", "replayed"),
+                                                           ("review", "ran")]
+
+
+def test_the_signal_is_not_swallowed_by_except_exception() -> None:
+    @task
+    def ask() -> str:
+        try:
+            return str(durably.interrupt("name?"))
+        except Exception:  # noqa: BLE001 - a user's broad handler
+            return "swallowed"
+
+    @entrypoint
+    def pipeline() -> str:
+        try:
+            return ask()
+        except Exception:  # noqa: BLE001 - and another one
+            return "swallowed too"
+
+    with pytest.raises(durably.RunInterrupted):
+        pipeline()
+
+
+def test_run_returns_a_handle_with_status_interrupted() -> None:
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return int(durably.interrupt(f"double {x}?")) * x
+
+    run = pipeline.run(4)
+    assert run.status == "interrupted" and [i.payload for i in run.interrupts] == ["double 4?"]
+    assert _n(run.interrupts[0].task) == "pipeline" and run.interrupts[0].step_id is None
+    with pytest.raises(durably.RunStateError, match="interrupted"):
+        _ = run.result
+    assert "waiting for 1 answer" in run.summary()
+    assert pipeline.resume(run.id, 2) == 8
+
+
+def test_a_second_interrupt_later_in_the_run_works_the_same_way() -> None:
+    @task
+    def ask(question: str) -> Any:
+        return durably.interrupt(question)
+
+    @entrypoint
+    def pipeline() -> tuple[Any, Any]:
+        return ask("first?"), ask("second?")
+
+    run = pipeline.run()
+    assert [i.payload for i in run.interrupts] == ["first?"]
+    with pytest.raises(durably.RunInterrupted) as again:
+        pipeline.resume(run.id, 1)
+    assert [i.payload for i in again.value.interrupts] == ["second?"]
+    assert pipeline.resume(run.id, 2) == (1, 2)
+
+
+def test_several_interrupts_in_one_task_are_told_apart_by_order() -> None:
+    @task
+    def form() -> tuple[Any, Any]:
+        return durably.interrupt("name?"), durably.interrupt("age?")
+
+    @entrypoint
+    def pipeline() -> tuple[Any, Any]:
+        return form()
+
+    first = pipeline.run()
+    [name] = first.interrupts
+    with pytest.raises(durably.RunInterrupted) as second:
+        pipeline.resume(first.id, "ada")
+    assert [i.payload for i in second.value.interrupts] == ["age?"]
+    assert second.value.interrupts[0].id != name.id
+    assert first.refresh().interrupts == second.value.interrupts  # only age? is pending
+    assert pipeline.resume(first.id, 36) == ("ada", 36)
+
+
+def test_several_pending_interrupts_are_answered_by_id_and_partially() -> None:
+    @task
+    def ask(q: str) -> Any:
+        return durably.interrupt(q)
+
+    @entrypoint
+    def pipeline() -> list[Any]:
+        # two branches that both wait: collected like a parallel fan-out does
+        from durably._interrupt import InterruptSignal
+
+        found, pending = [], []
+        for q in ("a?", "b?"):
+            try:
+                found.append(ask(q))
+            except InterruptSignal as signal:
+                pending.extend(signal.interrupts)
+        if pending:
+            raise InterruptSignal(pending)
+        return found
+
+    run = pipeline.run()
+    a, b = run.interrupts
+    with pytest.raises(durably.RunStateError, match="cannot say which"):
+        pipeline.resume(run.id, "x")
+    with pytest.raises(durably.RunStateError, match="not pending"):
+        pipeline.resume(run.id, {"0123456789abcdef": 1})
+    with pytest.raises(durably.RunInterrupted) as rest:
+        pipeline.resume(run.id, {a.id: "A"})
+    assert [i.payload for i in rest.value.interrupts] == ["b?"]
+    assert pipeline.resume(run.id, {b.id: "B"}) == ["A", "B"]
+
+
+def test_resume_of_a_run_that_is_not_interrupted_says_its_status() -> None:
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return x
+
+    run = pipeline.run(1)
+    with pytest.raises(durably.RunStateError, match="is finished, not interrupted"):
+        pipeline.resume(run.id, "yes")
+    with pytest.raises(durably.NotFoundError):
+        pipeline.resume("no-such-run", "yes")
+    with pytest.raises(durably.DefinitionError):
+        pipeline.resume("bad id!", "yes")
+
+
+def test_answers_are_journaled_before_the_run_continues() -> None:
+    fail = [True]
+
+    @task
+    def after(answer: str) -> str:
+        if fail[0]:
+            raise RuntimeError("crash after the answer")
+        return answer.upper()
+
+    @entrypoint
+    def pipeline() -> str:
+        return after(str(durably.interrupt("word?")))
+
+    run = pipeline.run()
+    with pytest.raises(RuntimeError):
+        pipeline.resume(run.id, "kept")
+    fail[0] = False
+    assert pipeline() == "KEPT"  # a plain rerun finds the journaled answer
+
+
+def test_a_task_that_asked_a_person_is_never_served_from_the_cache() -> None:
+    @task
+    def decide(q: str) -> Any:
+        return durably.interrupt(q)
+
+    @task
+    def around(q: str) -> Any:
+        return ("around", decide(q))
+
+    @entrypoint
+    def agent(q: str) -> Any:
+        return around(q)
+
+    first = agent.run("go?")
+    assert agent.resume(first.id, "left") == ("around", "left")
+    other = agent.run("go?", fresh=True)  # a new run asks again
+    assert other.status == "interrupted"
+    assert agent.resume(other.id, "right") == ("around", "right")
+
+
+def test_interrupt_outside_a_run_says_so() -> None:
+    with pytest.raises(durably.NoActiveRunError, match="outside a run"):
+        durably.interrupt("hello?")
+
+    @task
+    def lonely() -> Any:
+        return durably.interrupt("anyone?")
+
+    with pytest.raises(durably.NoActiveRunError):
+        lonely()
+
+
+def test_async_entrypoint_interrupt_and_resume() -> None:
+    @task
+    async def ask(q: str) -> Any:
+        await asyncio.sleep(0)
+        return durably.interrupt(q)
+
+    @entrypoint
+    async def pipeline(q: str) -> Any:
+        return await ask(q)
+
+    run = asyncio.run(pipeline.run("ok?"))
+    assert run.status == "interrupted"
+    assert asyncio.run(pipeline.resume(run.id, "yes")) == "yes"
+
+
+def test_resume_from_another_process(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "approval.py", """
+        import sys
+        import durably
+
+        @durably.task
+        def draft(topic):
+            print("drafting", flush=True)
+            return f"draft on {topic}"
+
+        @durably.task
+        def approve(text):
+            return durably.interrupt({"approve?": text})
+
+        @durably.entrypoint
+        def flow(topic):
+            return draft(topic) + " -> " + str(approve(draft(topic)))
+
+        if __name__ == "__main__":
+            if sys.argv[1:] == []:
+                try:
+                    flow("owls")
+                except durably.RunInterrupted as paused:
+                    print("PAUSED", paused.run_id, paused.interrupts[0].payload)
+            else:
+                print("RESULT", flow.resume(sys.argv[1], sys.argv[2]))
+    """)
+    env = script_env(tmp_path / "store")
+    first = run_script(script, env).stdout
+    assert "drafting" in first and "PAUSED" in first
+    run_id = first.split("PAUSED ")[1].split()[0]
+    import subprocess
+    import sys
+
+    second = subprocess.run([sys.executable, str(script), run_id, "yes"], env=env,
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "drafting" not in second.stdout  # replayed from the journal
+    assert "RESULT draft on owls -> yes" in second.stdout
+
+
+# -- idempotency keys ------------------------------------------------------------------------
+def test_idempotency_key_is_stable_across_resume_and_differs_per_step() -> None:
+    keys: list[str] = []
+
+    @task(cache=False)
+    def charge(amount: int) -> int:
+        keys.append(durably.idempotency_key())
+        if durably.interrupt("confirm?") != "yes":
+            return 0
+        return amount
+
+    @task(cache=False)
+    def refund(amount: int) -> str:
+        return durably.idempotency_key()
+
+    @entrypoint
+    def checkout(amount: int) -> tuple[int, str]:
+        return charge(amount), refund(amount)
+
+    run = checkout.run(10)
+    total, other = checkout.resume(run.id, "yes")
+    assert total == 10 and len(keys) == 2 and keys[0] == keys[1] and other != keys[0]
+
+    @entrypoint
+    def body_only() -> str:
+        return durably.idempotency_key()
+
+    with pytest.raises(durably.NoActiveRunError, match=r"inside the @durably\.task"):
+        body_only()
+
+
+# -- history and fork ------------------------------------------------------------------------
+def _pipeline(calls: list[str], flavour: list[str]) -> Any:
+    @task
+    def research(topic: str) -> str:
+        calls.append("research")
+        return f"notes on {topic}"
+
+    @task
+    def write(notes: str) -> str:
+        calls.append("write")
+        return f"{flavour[0]} essay from {notes}"
+
+    @task
+    def publish(text: str) -> str:
+        calls.append("publish")
+        return text.upper()
+
+    @entrypoint
+    def blog(topic: str) -> str:
+        return publish(write(research(topic)))
+
+    return blog
+
+
+def test_history_lists_checkpoints_newest_first() -> None:
+    blog = _pipeline([], ["dull"])
+    run = blog.run("owls")
+    history = run.history()
+    assert [(c.kind, _n(c.task), c.steps_done) for c in history] == [
+        ("step", "publish", 3), ("step", "write", 2), ("step", "research", 1)]
+    assert history[-1].state == "'notes on owls'" and len(history[0].id) == 32
+    assert history[0].time >= history[-1].time
+
+
+def test_fork_replays_up_to_the_checkpoint_and_executes_the_rest() -> None:
+    calls: list[str] = []
+    flavour = ["dull"]
+    blog = _pipeline(calls, flavour)
+    source = blog.run("owls")
+    before = [(s.step_id, s.status) for s in source.records()]
+    at = source.history()[-1]  # after research
+    flavour[0] = "lively"  # the "changed prompt": same code, other behaviour
+    calls.clear()
+    fork = blog.fork(source.id, at=at.id[:8])
+    assert fork.status == "finished" and fork.id != source.id
+    assert fork.result == "LIVELY ESSAY FROM NOTES ON OWLS"
+    assert calls == ["write", "publish"]  # research replayed; the rest executed (no cache)
+    assert fork.resumed_from == "forked"
+    # the source run is untouched
+    again = durably.get_run(source.id)
+    assert [(s.step_id, s.status) for s in again.records()] == before
+    assert again.result == "DULL ESSAY FROM NOTES ON OWLS"
+    # fork with cache=True may take unchanged steps from the cache
+    calls.clear()
+    cached = blog.fork(source.id, at=at.id, cache=True)
+    assert calls == [] and cached.result == "LIVELY ESSAY FROM NOTES ON OWLS"
+
+
+def test_fork_with_an_update_replaces_the_checkpoint_result() -> None:
+    blog = _pipeline([], ["dull"])
+    source = blog.run("owls")
+    at = source.history()[-1]
+    fork = durably.fork(source.id, at=at.id, update="better notes")
+    assert fork.result == "DULL ESSAY FROM BETTER NOTES"
+
+
+def test_fork_at_an_interrupt_uses_the_new_answer() -> None:
+    @task
+    def decide(options: list[str]) -> Any:
+        return durably.interrupt({"choose": options})
+
+    @task
+    def act(choice: str) -> str:
+        return f"did {choice}"
+
+    @entrypoint
+    def agent(options: list[str]) -> str:
+        return act(decide(options))
+
+    run = agent.run(["left", "right"])
+    assert agent.resume(run.id, "left") == "did left"
+    checkpoint = next(c for c in durably.get_run(run.id).history() if c.kind == "interrupt")
+    assert checkpoint.answer == "'left'" and checkpoint.state == "{'choose': ['left', 'right']}"
+    fork = agent.fork(run.id, at=checkpoint.id, update="right")
+    assert fork.result == "did right"
+    pending = agent.fork(run.id, at=checkpoint.id)  # no answer: waits again
+    assert pending.status == "interrupted"
+    assert agent.resume(pending.id, "up") == "did up"
+    assert durably.get_run(run.id).result == "did left"
+
+
+def test_fork_errors_name_the_run_and_checkpoint() -> None:
+    blog = _pipeline([], ["dull"])
+    source = blog.run("owls")
+    with pytest.raises(durably.NotFoundError, match="no checkpoint 'ffffffff'"):
+        blog.fork(source.id, at="ffffffff")
+    with pytest.raises(durably.NotFoundError, match="no run"):
+        durably.fork("missing-run")
+    with pytest.raises(durably.NotFoundError, match=r"6\+ of its first characters"):
+        blog.fork(source.id, at="ab")
+
+
+def test_checkpoint_is_a_frozen_record() -> None:
+    blog = _pipeline([], ["dull"])
+    cp = blog.run("x").history()[0]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cp.id = "other"  # type: ignore[misc]
