@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import Any, Generic, TypeVar
 
 from . import _serde
@@ -169,9 +170,14 @@ class Run(Generic[R]):
             (['load', 'total'], [('load', 'total')])
         """
         rec = self._record
-        return build_graph(rec.run_id, rec.name, rec.status,
-                           self.attempt if attempt is None else attempt,
-                           self._store.list_steps(self.id), collapse)
+        attempt = self.attempt if attempt is None else attempt
+        graph = build_graph(rec.run_id, rec.name, rec.status, attempt,
+                            self._store.list_steps(self.id), collapse)
+        times = [e.time for e in self._store.list_events(self.id) if e.attempt == attempt
+                 and e.kind.startswith("run_")]
+        if len(times) >= 2:
+            graph = dataclasses.replace(graph, wall_time=times[-1] - times[0])
+        return graph
 
     def events(self) -> list[Event]:
         """The run's events rebuilt from its journal, in time order: attempts starting and

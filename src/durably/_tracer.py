@@ -195,6 +195,8 @@ class RunGraph:
         edges: The data-flow edges, in order of their targets.
         time_saved: Seconds the cache and the journal saved in this attempt: for each cached
             or replayed step, the time it took when it ran.
+        wall_time: Seconds from the attempt's start to its end (None while it runs or when
+            unknown).
     """
 
     run_id: str
@@ -204,6 +206,7 @@ class RunGraph:
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
     time_saved: float = 0.0
+    wall_time: float | None = None
 
     def node(self, id_or_task: str) -> Node:
         """The node with this id, or the first node of this task.
