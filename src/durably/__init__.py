@@ -17,6 +17,7 @@ from ._interrupt import Interrupt, get_writer, idempotency_key, interrupt
 from ._run import Run, get_run, list_runs
 from ._store import DiskStore, StepRecord, Store
 from ._tracer import Event, RunGraph
+from .stategraph import END, START, StateGraph
 from .exceptions import (
     DefinitionError,
     DurablyError,
@@ -33,6 +34,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ENCODING_VERSION",
+    "END",
+    "START",
     "Checkpoint",
     "DefinitionError",
     "DiskStore",
@@ -50,6 +53,7 @@ __all__ = [
     "RunInterrupted",
     "RunStateError",
     "SerializationError",
+    "StateGraph",
     "StepRecord",
     "Store",
     "StoreError",

@@ -23,6 +23,7 @@ import wrapt
 from . import _serde
 from ._config import default_store
 from ._context import StopRun, current_run
+from ._executors import Executor, Target, map_async, map_sync, submit_async, submit_sync
 from ._explain import Explanation, explain
 from ._history import NO_UPDATE, make_fork
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
@@ -36,8 +37,12 @@ __all__ = ["Entrypoint", "Task", "entrypoint", "fork", "task"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 if TYPE_CHECKING:
+    import concurrent.futures
+    from collections.abc import Coroutine, Iterable
+
     from wrapt import FunctionWrapper as _Wrapper
 else:
     # wrapt < 2.5 cannot subscript FunctionWrapper at run time: add the generic parameters here
@@ -98,6 +103,25 @@ class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """See :meth:`Task.cache_key`."""
         return str(self._self_parent._self_spec.key_for(_instance_of(self), args, kwargs))
+
+    def map(self, *iterables: Iterable[Any], executor: str | Executor | None = None,
+            max_workers: int | None = None, progress: bool | None = None) -> Any:
+        """See :meth:`Task.map`."""
+        target = self._self_target()
+        run = map_async if target.spec.is_async else map_sync
+        return run(target, iterables, executor, max_workers, progress)
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`Task.submit`."""
+        target = self._self_target()
+        if target.spec.is_async:
+            return submit_async(target, args, kwargs, None)
+        return submit_sync(target, args, kwargs, None)
+
+    def _self_target(self) -> Target:
+        parent = self._self_parent
+        ref = (parent, True, self._self_instance, self._self_owner)
+        return Target(parent._self_spec, self.__wrapped__, _instance_of(self), ref)
 
 
 class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
@@ -200,6 +224,132 @@ class Task(_ByReference, _Wrapper[P, R]):
             TypeError: the arguments do not fit the signature.
         """
         return str(self._self_spec.key_for(None, args, kwargs))
+
+    @overload
+    def map(  # type: ignore[overload-overlap]
+        self: Task[..., Coroutine[Any, Any, T]], *iterables: Iterable[Any],
+        executor: str | Executor | None = None, max_workers: int | None = None,
+        progress: bool | None = None,
+    ) -> Coroutine[Any, Any, list[T]]: ...
+
+    @overload
+    def map(self: Task[..., T], *iterables: Iterable[Any], executor: str | Executor | None = None,
+            max_workers: int | None = None, progress: bool | None = None) -> list[T]: ...
+
+    def map(self, *iterables: Iterable[Any], executor: str | Executor | None = None,
+            max_workers: int | None = None, progress: bool | None = None) -> Any:
+        """Call the task on every item of ``iterables`` in parallel; the results in input
+        order. Several iterables are zipped, as the built-in :func:`map` does.
+
+        Each item is a step of the run (or, outside a run, a cached call), and its identity
+        is assigned before anything runs, in input order, so it never depends on which item
+        finishes first: a fan-out killed halfway and run again executes exactly the items
+        that had not finished, on any executor. Items the journal or the cache has are
+        served at once; only the others are sent to the executor, and each result is
+        journaled and cached the moment it comes back. An ``async`` task returns a coroutine
+        (``await task.map(...)``); its items are gathered on the running event loop.
+
+        A progress bar (tqdm) with counts of ran and cached items shows in a terminal or a
+        notebook when the fan-out takes more than half a second; it is off when output is
+        not interactive, with ``progress=False``, or with ``DURABLY_PROGRESS=0``.
+
+        Args:
+            *iterables: One iterable per positional argument of the task.
+            executor: Where the bodies run: ``"thread"`` (default; threads of this process,
+                and tasks they call are child steps of the run), ``"process"`` (worker
+                processes; functions and results travel with cloudpickle), ``"dask"`` (the
+                current ``distributed.Client``), or an executor from
+                :mod:`durably.executors` (``Thread``, ``Process``, ``Dask(client)``).
+            max_workers: At most this many items run at once. Default: the executor's
+                size (threads: ``min(32, os.cpu_count() + 4)``; processes:
+                ``os.cpu_count()``; Dask: no limit).
+            progress: Show the progress bar: None (default) when output is interactive.
+
+        Returns:
+            The results, one per item, in input order (a coroutine of them for an async
+            task).
+
+        Raises:
+            ExceptionGroup: some items failed: their exceptions, in input order. The
+                items that finished are journaled and cached, so a rerun executes only the
+                failed and missing ones.
+            DefinitionError: ``executor`` is not one of the above.
+            SerializationError: an argument cannot be digested (raised before anything
+                runs), or cannot be sent to a worker process (that item's failure).
+
+        Items that call ``interrupt()`` all pause: once the other items have finished, one
+        interrupt carries every item's question, in input order (failures of other items
+        are then journaled, and retried on resume).
+
+        Example:
+            >>> import durably, tempfile
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def power(base, exponent):
+            ...     return base ** exponent
+            >>> power.map([2, 3, 4], [1, 2, 3])
+            [2, 9, 64]
+            >>> power.map([2, 3, 4], [1, 2, 3], executor="thread", max_workers=2)
+            [2, 9, 64]
+            >>> durably.configure()
+        """
+        target = self._self_target()
+        run = map_async if target.spec.is_async else map_sync
+        return run(target, iterables, executor, max_workers, progress)
+
+    @overload
+    def submit(  # type: ignore[overload-overlap]
+        self: Task[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> asyncio.Future[T]: ...
+
+    @overload
+    def submit(self: Task[P, T], *args: P.args, **kwargs: P.kwargs
+               ) -> concurrent.futures.Future[T]: ...
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        """Start one call of the task on a thread and return a future of its result.
+
+        The call's step identity is assigned now, in submission order, so it does not
+        depend on which future finishes first; a call the journal or the cache has returns
+        an already finished future. The result is journaled and cached before the future
+        resolves. Wait for the futures inside the entrypoint. For another executor, use its
+        ``submit``: ``durably.executors.Process().submit(task, *args)``.
+
+        Args:
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            A :class:`concurrent.futures.Future` (``.result()``, ``.done()``; works with
+            ``concurrent.futures.wait`` and ``as_completed``). For an ``async`` task, an
+            :class:`asyncio.Future` on the running loop (await it, or use
+            ``asyncio.gather``).
+
+        Raises:
+            SerializationError: an argument cannot be digested.
+            TypeError: the arguments do not fit the signature.
+            RuntimeError: an async task was submitted outside a running event loop.
+
+        Exceptions raised by the body propagate unchanged from ``.result()``.
+
+        Example:
+            >>> import concurrent.futures, durably, tempfile
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def half(x):
+            ...     return x / 2
+            >>> futures = [half.submit(x) for x in (2, 4, 6)]
+            >>> sorted(f.result() for f in concurrent.futures.as_completed(futures))
+            [1.0, 2.0, 3.0]
+            >>> durably.configure()
+        """
+        target = self._self_target()
+        if target.spec.is_async:
+            return submit_async(target, args, kwargs, None)
+        return submit_sync(target, args, kwargs, None)
+
+    def _self_target(self) -> Target:
+        return Target(self._self_spec, self.__wrapped__, None, (self, False, None, None))
 
 
 class Entrypoint(_ByReference, _Wrapper[P, R]):
@@ -584,6 +734,7 @@ def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:
     if handle:
         run = _handle(started, None)
         run._result = _UNSET
+        run._pending = list(signal.interrupts)  # in call order (a fan-out's: input order)
         return run
     raise RunInterrupted(started.record.run_id, signal.interrupts) from None
 

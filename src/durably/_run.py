@@ -62,6 +62,7 @@ class Run(Generic[R]):
         self._result = result
         self.resumed_from: str | None = None
         self.wall_time: float | None = None
+        self._pending: list[Interrupt] | None = None  # as the attempt raised them
 
     def __repr__(self) -> str:
         return f"<Run {self.id!r} of {self.name!r}: {self.status}, attempt {self.attempt}>"
@@ -138,6 +139,8 @@ class Run(Generic[R]):
         """The interrupts the run waits for (empty unless its status is ``interrupted``)."""
         if self._record.status != "interrupted":
             return []
+        if self._pending is not None:
+            return list(self._pending)
         return pending_interrupts(self._store, self.id, self.attempt)
 
     def graph(self, *, attempt: int | None = None, collapse: int | None = 20) -> RunGraph:
@@ -249,6 +252,7 @@ class Run(Generic[R]):
         if rec is not None:
             self._record = rec
             self._result = _UNSET
+            self._pending = None
         return self
 
 

@@ -92,7 +92,9 @@ class Event:
     Attributes:
         kind: ``"run_started"``, ``"run_finished"``, ``"run_failed"``,
             ``"run_interrupted"``, ``"run_stopped"``, ``"step_started"``,
-            ``"step_finished"``, ``"step_failed"``, ``"step_interrupted"`` or ``"custom"``.
+            ``"step_finished"``, ``"step_failed"``, ``"step_interrupted"``, ``"custom"`` or
+            ``"graph_step"`` (a StateGraph super-step ended: ``data`` has ``step``,
+            ``values``, ``updates`` and ``next``).
         run_id: The run.
         time: When it happened, seconds since the epoch.
         step_id: The step (step events and custom events written inside a task), else None.

@@ -1,0 +1,113 @@
+"""A StateGraph's state schema (fields, reducers, conversions) and the fingerprint of its
+structure and code (what a resumed run is compared with)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .exceptions import DefinitionError, DurablyError
+
+__all__ = ["InvalidUpdateError", "Schema", "describe_changes", "fingerprint_of"]
+
+
+class InvalidUpdateError(DurablyError):
+    """Nodes of one super-step wrote the same state key, which has no reducer; or a node
+    returned something that is not an update."""
+
+
+class Schema:
+    """How a state type is read, built and merged: field names, reducers, and conversions."""
+
+    def __init__(self, state_type: Any, namespace: Mapping[str, Any] | None = None) -> None:
+        self.type = state_type
+        if isinstance(state_type, type) and dataclasses.is_dataclass(state_type):
+            self.kind = "dataclass"
+        elif isinstance(state_type, type) and hasattr(state_type, "model_fields"):
+            self.kind = "pydantic"
+        elif isinstance(state_type, type) and issubclass(state_type, dict):
+            self.kind = "typeddict"
+        else:
+            raise DefinitionError(
+                f"StateGraph(state) takes a TypedDict, a dataclass or a pydantic model class, "
+                f"not {state_type!r}. Fix: class State(TypedDict): messages: list[str]")
+        try:
+            # names the annotations use may live where the graph is built (a function, a
+            # notebook cell, a doctest) rather than in the class's module
+            hints = typing.get_type_hints(state_type, localns=dict(namespace or {}),
+                                          include_extras=True)
+        except Exception as exc:  # noqa: BLE001 - reported as a definition error
+            raise DefinitionError(f"cannot read the fields of {state_type!r}: {exc}") from None
+        self.fields = list(hints)
+        self.reducers: dict[str, Callable[[Any, Any], Any]] = {}
+        for name, hint in hints.items():
+            if typing.get_origin(hint) is typing.Annotated:
+                for meta in hint.__metadata__:
+                    if callable(meta):
+                        self.reducers[name] = meta
+                        break
+
+    def to_dict(self, value: Any, what: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if isinstance(value, Mapping):
+            unknown = [k for k in value if k not in self.fields]
+            if unknown:
+                raise InvalidUpdateError(
+                    f"{what} has keys {unknown} that are not fields of "
+                    f"{self.type.__qualname__} ({self.fields}). Fix: add them to the state "
+                    "type, or drop them.")
+            return dict(value)
+        if self.kind == "dataclass" and isinstance(value, self.type):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        if self.kind == "pydantic" and isinstance(value, self.type):
+            return {k: getattr(value, k) for k in self.fields}
+        raise InvalidUpdateError(
+            f"{what} must be a dict of state keys (or a {self.type.__qualname__}), not "
+            f"{type(value).__qualname__}: {value!r:.80}")
+
+    def build(self, values: dict[str, Any]) -> Any:
+        """The state as the node sees it: a dict for a TypedDict, else an instance."""
+        if self.kind == "typeddict":
+            return dict(values)
+        return self.type(**values)
+
+
+def fingerprint_of(graph: Any) -> dict[str, Any]:
+    """The graph's structure and the code of its nodes and routers, comparable as JSON."""
+    from ._fingerprint import fingerprint_function
+
+    def code(fn: Any) -> str:
+        if hasattr(fn, "fingerprint_digest"):  # a compiled subgraph
+            return "graph:" + str(fn.fingerprint_digest)
+        try:
+            return fingerprint_function(fn).digest
+        except Exception:  # noqa: BLE001 - a callable object without code: by its type
+            return f"type:{type(fn).__module__}.{type(fn).__qualname__}"
+
+    return {
+        "nodes": {n: code(fn) for n, fn in sorted(graph.nodes.items())},
+        "edges": sorted([[list(s), t] for s, t in graph.edges]),
+        "routers": sorted([[r.source, r.names, code(r.fn)] for r in graph.routers]),
+    }
+
+
+def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    changes: list[str] = []
+    on, nn = old.get("nodes", {}), new.get("nodes", {})
+    changes += [f"node {n!r} was removed" for n in on if n not in nn]
+    changes += [f"node {n!r} was added" for n in nn if n not in on]
+    changes += [f"the code of node {n!r} changed" for n in nn if n in on and on[n] != nn[n]]
+    oe = {json.dumps(e) for e in old.get("edges", [])}
+    ne = {json.dumps(e) for e in new.get("edges", [])}
+    changes += [f"edge {e} was removed" for e in sorted(oe - ne)]
+    changes += [f"edge {e} was added" for e in sorted(ne - oe)]
+    orr = {json.dumps(r[:2]): r[2] for r in old.get("routers", [])}
+    nr = {json.dumps(r[:2]): r[2] for r in new.get("routers", [])}
+    changes += [f"router {r} was removed" for r in orr if r not in nr]
+    changes += [f"router {r} was added" for r in nr if r not in orr]
+    changes += [f"the code of router {r} changed" for r in nr if r in orr and orr[r] != nr[r]]
+    return changes

@@ -1,0 +1,879 @@
+"""StateGraph: explicit graphs of nodes over a typed state, run on the durable runtime.
+
+A graph is built from nodes (functions ``state -> partial update``), edges, joins and
+routers, validated all at once by :meth:`StateGraph.compile`, and executed in
+**super-steps** (as in Pregel and LangGraph): every ready node runs in parallel, then their
+updates are applied in node order through the state's reducers, then edges and routers pick
+the next nodes.
+
+On the runtime, a compiled graph is an entrypoint: each invocation is a run with a journal.
+Each super-step is a journaled step (its result is the state after it: a checkpoint) and
+each node call is a journaled step nested in it. A crashed run resumes at the super-step
+where it stopped: finished super-steps replay from the journal, and in the super-step that
+was running, nodes that had finished replay while the others execute. ``interrupt()`` in a
+node pauses the run; interrupts of parallel nodes are collected together.
+
+Routers are plain functions of the state and are re-evaluated only inside super-steps that
+execute, so they must be deterministic (a router is not a place for an LLM call: make that a
+node that writes its decision into the state, and route on the state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import dataclasses
+import inspect
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import xxhash
+
+from ._context import current_run
+from ._decorators import Entrypoint, Task
+from ._graph_state import InvalidUpdateError, Schema, describe_changes, fingerprint_of
+from ._graph_structure import END, RESERVED, START, GraphStructure
+from ._interrupt import InterruptSignal
+from ._run import Run
+from ._runtime import Spec
+from ._store import Store
+from ._tracer import Event
+from .exceptions import DefinitionError, DurablyError, RunStateError
+
+__all__ = [
+    "END",
+    "START",
+    "CompiledGraph",
+    "GraphChangedError",
+    "GraphStructure",
+    "GraphValidationError",
+    "InvalidRouteError",
+    "InvalidUpdateError",
+    "StateGraph",
+    "StateSnapshot",
+    "StepLimitError",
+]
+
+S = TypeVar("S")
+
+
+
+# -- errors ------------------------------------------------------------------------------------
+class GraphValidationError(DefinitionError):
+    """The graph is not well formed. ``problems`` lists every problem found (compile checks
+    everything at once)."""
+
+    def __init__(self, name: str, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"graph {name!r} has {len(problems)} problem(s):\n- "
+                         + "\n- ".join(problems))
+
+
+class InvalidRouteError(DurablyError):
+    """A router returned a destination it did not declare."""
+
+
+class StepLimitError(DurablyError):
+    """The run exceeded ``max_steps`` super-steps. ``path`` lists the nodes of each
+    super-step taken."""
+
+    def __init__(self, message: str, path: list[list[str]]) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class GraphChangedError(RunStateError):
+    """A run is resumed under a graph whose structure or node code changed since its
+    checkpoints were written. ``changes`` says what changed; pass ``migrate=`` to accept."""
+
+    def __init__(self, message: str, changes: list[str]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+# -- the builder -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Router:
+    source: str
+    fn: Callable[[Any], Any]
+    mapping: dict[Any, str] | None  # router output -> node (None: outputs are node names)
+    names: list[str]  # declared destinations (node names or END)
+
+
+class StateGraph(Generic[S]):
+    """Build a graph of nodes over a state type.
+
+    Args:
+        state: A ``TypedDict``, dataclass or pydantic model class. Per-key reducers come
+            from ``Annotated[type, reducer]`` (for example ``Annotated[list[str],
+            operator.add]``), where a reducer is ``(current, update) -> merged``; keys
+            without one are replaced by updates.
+        name: The graph's name (the name of its runs and of its steps). Default: the state
+            type's name with ``graph`` appended.
+
+    Raises:
+        DefinitionError: ``state`` is not a TypedDict, dataclass or pydantic model.
+
+    Example:
+        >>> import operator, tempfile
+        >>> from typing import Annotated, TypedDict
+        >>> import durably
+        >>> from durably import StateGraph, START, END
+        >>> class State(TypedDict):
+        ...     topic: str
+        ...     notes: Annotated[list[str], operator.add]
+        >>> def search(state): return {"notes": [f"web on {state['topic']}"]}
+        >>> def docs(state): return {"notes": [f"docs on {state['topic']}"]}
+        >>> builder = StateGraph(State, name="research")
+        >>> _ = builder.add_node("search", search).add_node("docs", docs)
+        >>> _ = builder.add_edge(START, "search").add_edge(START, "docs")
+        >>> _ = builder.add_edge(["search", "docs"], END)
+        >>> app = builder.compile(store=durably.DiskStore(tempfile.mkdtemp()))
+        >>> app.invoke({"topic": "owls", "notes": []})["notes"]
+        ['web on owls', 'docs on owls']
+    """
+
+    def __init__(self, state: type[S], *, name: str | None = None) -> None:
+        caller = sys._getframe(1)
+        self.schema = Schema(state, {**caller.f_globals, **caller.f_locals})
+        self.name = name or f"{state.__name__}graph"
+        self.nodes: dict[str, Any] = {}
+        self.node_options: dict[str, dict[str, Any]] = {}
+        self.edges: list[tuple[tuple[str, ...], str]] = []
+        self.routers: list[_Router] = []
+        self.problems: list[str] = []
+        self.module = _caller_module()
+
+    def add_node(self, name: str, fn: Any, *, cache: bool = False) -> StateGraph[S]:
+        """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
+        subgraph: it runs on the current state and its final state is the update).
+
+        Args:
+            name: Unique node name (not ``START``/``END``).
+            fn: The node function, or a :class:`CompiledGraph`.
+            cache: True to also serve the node from the cross-run cache when its code and
+                input state are unchanged. Default False: a node is journaled in its run
+                (never executed twice there) but executes in every new run, as agents and
+                LLM calls usually should.
+
+        Returns:
+            The builder (calls chain).
+        """
+        if not isinstance(name, str) or not name:
+            self.problems.append(f"a node name must be a non-empty string, not {name!r}")
+            return self
+        if name in RESERVED:
+            self.problems.append(f"node name {name!r} is reserved (START/END)")
+            return self
+        if name in self.nodes:
+            self.problems.append(f"node {name!r} is added twice")
+            return self
+        if not (callable(fn) or isinstance(fn, CompiledGraph)):
+            self.problems.append(f"node {name!r} is not callable: {fn!r}")
+            return self
+        self.nodes[name] = fn
+        self.node_options[name] = {"cache": cache}
+        return self
+
+    def add_edge(self, source: str | Sequence[str], target: str) -> StateGraph[S]:
+        """Add an edge. ``add_edge([a, b], c)`` is a join: ``c`` runs once both ``a`` and
+        ``b`` have finished. Several edges out of one node fan out: their targets run in the
+        same super-step.
+
+        Returns:
+            The builder.
+        """
+        sources = (source,) if isinstance(source, str) else tuple(source)
+        self.edges.append((sources, target))
+        return self
+
+    def add_conditional_edges(self, source: str, router: Callable[[Any], Any],
+                              destinations: Sequence[str] | Mapping[Any, str] | None = None
+                              ) -> StateGraph[S]:
+        """Route from ``source`` by a function of the state.
+
+        Args:
+            source: The node after which the router runs (or ``START``).
+            router: ``state -> name``, a list of names (fan out), or ``END``.
+            destinations: What the router may return: a list of node names (and/or
+                ``END``), or a mapping from router outputs to node names. Required: the
+                graph is drawn and validated from it, and a router returning anything else
+                raises :class:`InvalidRouteError` at run time.
+
+        Returns:
+            The builder.
+        """
+        if not callable(router):
+            self.problems.append(f"the router of {source!r} is not callable: {router!r}")
+            return self
+        label = getattr(router, "__name__", repr(router))
+        if not destinations:
+            self.problems.append(
+                f"router {label!r} from {source!r} declares no destinations. Fix: "
+                f"add_conditional_edges({source!r}, {label}, ['a', 'b', END])")
+            return self
+        if isinstance(destinations, Mapping):
+            mapping = dict(destinations)
+            names = list(dict.fromkeys(mapping.values()))
+        else:
+            mapping = None
+            names = list(destinations)
+        self.routers.append(_Router(source, router, mapping, names))
+        return self
+
+    def compile(self, *, max_steps: int = 25, store: Store | None = None,
+                name: str | None = None) -> CompiledGraph[S]:
+        """Validate the graph and make it runnable.
+
+        Args:
+            max_steps: The most super-steps one run may take (cycles are bounded by it).
+            store: Where its runs live. Default: the configured store.
+            name: Override the graph's name.
+
+        Returns:
+            A :class:`CompiledGraph`.
+
+        Raises:
+            GraphValidationError: lists every problem at once: unknown nodes in edges, nodes
+                with no way out, nodes unreachable from ``START``, ``END`` unreachable,
+                duplicate or reserved names, routers without destinations.
+        """
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise DefinitionError(f"compile(max_steps=...) must be a positive int, not "
+                                  f"{max_steps!r}")
+        name = name or self.name
+        problems = list(self.problems) + self._check()
+        if problems:
+            raise GraphValidationError(name, problems)
+        return CompiledGraph(self, name, max_steps, store)
+
+    def _check(self) -> list[str]:
+        problems: list[str] = []
+        known = set(self.nodes) | RESERVED
+        out: dict[str, set[str]] = {n: set() for n in [START, *self.nodes]}
+        for sources, target in self.edges:
+            for s in sources:
+                if s not in known:
+                    problems.append(f"edge {list(sources)} -> {target!r}: unknown node {s!r}")
+                elif s == END:
+                    problems.append(f"edge {list(sources)} -> {target!r}: END has no way out")
+                else:
+                    out[s].add(target)
+            if target not in known:
+                problems.append(f"edge {list(sources)} -> {target!r}: unknown node {target!r}")
+            elif target == START:
+                problems.append(f"edge {list(sources)} -> START: nothing goes into START")
+        for r in self.routers:
+            if r.source not in known or r.source == END:
+                problems.append(f"router {r.fn.__name__!r}: unknown source node {r.source!r}")
+                continue
+            for d in r.names:
+                if d not in known or d == START:
+                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} declares "
+                                    f"unknown destination {d!r}")
+                else:
+                    out[r.source].add(d)
+        if not out[START]:
+            problems.append("no edge from START. Fix: add_edge(START, '<first node>')")
+        for n in self.nodes:
+            if not out[n]:
+                problems.append(f"node {n!r} has no way out. Fix: add_edge({n!r}, END) or an "
+                                "edge to the next node")
+        seen = _reach(START, out)
+        for n in self.nodes:
+            if n not in seen:
+                problems.append(f"node {n!r} is unreachable from START")
+        if END not in seen and out[START]:
+            problems.append("END is unreachable: every path loops forever")
+        return problems
+
+
+def _reach(start: str, out: Mapping[str, set[str]]) -> set[str]:
+    seen = {start}
+    todo = [start]
+    while todo:
+        for t in out.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def _caller_module() -> str:
+    frame = sys._getframe(2)
+    return str(frame.f_globals.get("__name__", "__main__"))
+
+
+# -- snapshots and structure -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StateSnapshot:
+    """The state of a graph run at one checkpoint (after one super-step).
+
+    Attributes:
+        values: The state (a dict for a TypedDict state, else an instance).
+        next: The nodes of the next super-step (empty when the run ended).
+        step: The super-step number (0-based; -1 for the input before any step).
+        checkpoint_id: The id to fork from (``app.fork(run_id, at=...)``).
+        run_id: The run.
+        status: The run's status.
+        interrupts: Pending interrupts (when the run waits at this point).
+    """
+
+    values: Any
+    next: tuple[str, ...]
+    step: int
+    checkpoint_id: str
+    run_id: str
+    status: str
+    interrupts: tuple[Any, ...] = ()
+
+
+# -- the compiled graph ------------------------------------------------------------------------
+class CompiledGraph(Generic[S]):
+    """A validated graph, runnable as durable runs (made by :meth:`StateGraph.compile`).
+
+    A compiled graph is also a node: ``builder.add_node("research", compiled)`` runs it as a
+    subgraph on the parent's state.
+    """
+
+    def __init__(self, graph: StateGraph[S], name: str, max_steps: int,
+                 store: Store | None) -> None:
+        self.graph = graph
+        self.name = name
+        self.max_steps = max_steps
+        self.schema = graph.schema
+        self.fingerprint = fingerprint_of(graph)
+        self.fingerprint_digest = xxhash.xxh3_64_hexdigest(
+            json.dumps(self.fingerprint, sort_keys=True).encode())
+        self._migrate: contextvars.ContextVar[Callable[[Any], Any] | None] = (
+            contextvars.ContextVar(f"durably_migrate_{name}", default=None))
+        self._tasks = {n: self._node_task(n, fn) for n, fn in graph.nodes.items()}
+        self._superstep = self._superstep_task()
+        self._migration = self._migration_task()
+        self._entry = self._entrypoint(store)
+
+    def __durably_digest__(self) -> str:
+        """A compiled graph held by a node (a subgraph) is known by its structure and code."""
+        return f"{self.name}:{self.fingerprint_digest}"
+
+    # -- construction of the durable pieces ------------------------------------------------
+    def _node_task(self, name: str, fn: Any) -> Task[Any, Any]:
+        schema = self.schema
+        if isinstance(fn, CompiledGraph):
+            sub = fn
+
+            def run_subgraph(state: Any) -> Any:
+                values = schema.to_dict(state, f"the input of subgraph {name!r}")
+                shared = {k: v for k, v in values.items() if k in sub.schema.fields}
+                final = sub._execute(shared, top=False)
+                return {k: v for k, v in final.items() if k in schema.fields}
+
+            run_subgraph.__qualname__ = run_subgraph.__name__ = f"{self.name}.{name}"
+            run_subgraph.__module__ = self.graph.module
+            target: Any = run_subgraph
+        elif inspect.iscoroutinefunction(fn):
+            afn = fn
+
+            def run_async(state: Any) -> Any:
+                return asyncio.run(afn(state))
+
+            run_async.__wrapped__ = afn  # type: ignore[attr-defined]
+            run_async.__qualname__ = run_async.__name__ = getattr(fn, "__qualname__", name)
+            run_async.__module__ = getattr(fn, "__module__", self.graph.module)
+            target = run_async
+        else:
+            target = fn
+        cache = bool(self.graph.node_options[name]["cache"])
+        spec = Spec(target, kind="task", name=f"{self.name}.{name}", cache=cache)
+        return Task(target, spec)
+
+    def _superstep_task(self) -> Task[Any, Any]:
+        app = self
+
+        def superstep(index: int, frontier: list[str], state: dict[str, Any],
+                      joins: dict[str, list[str]]) -> dict[str, Any]:
+            return app._run_superstep(index, frontier, state, joins)
+
+        superstep.__qualname__ = superstep.__name__ = f"{self.name}.superstep"
+        superstep.__module__ = self.graph.module
+        spec = Spec(superstep, kind="task", name=f"{self.name}.superstep", version="1",
+                    cache=False, ignore=("frontier", "state", "joins"))
+        return Task(superstep, spec)
+
+    def _migration_task(self) -> Task[Any, Any]:
+        app = self
+
+        def migrate(index: int, state: dict[str, Any]) -> dict[str, Any]:
+            fn = app._migrate.get()
+            if fn is None:
+                raise RunStateError(
+                    f"graph {app.name!r}: the run must migrate its state before super-step "
+                    f"{index}, but no migrate= function was given. Fix: pass migrate=... to "
+                    "invoke() or resume().")
+            return app.schema.to_dict(fn(app.schema.build(state)),
+                                      "the state returned by migrate")
+
+        migrate.__qualname__ = migrate.__name__ = f"{self.name}.migrate"
+        migrate.__module__ = self.graph.module
+        spec = Spec(migrate, kind="task", name=f"{self.name}.migrate", version="1",
+                    cache=False, ignore=("state",))
+        return Task(migrate, spec)
+
+    def _entrypoint(self, store: Store | None) -> Entrypoint[Any, Any]:
+        app = self
+
+        def run_graph(input: dict[str, Any]) -> dict[str, Any]:
+            return app._execute(input, top=True)
+
+        run_graph.__qualname__ = run_graph.__name__ = self.name
+        run_graph.__module__ = self.graph.module
+        spec = Spec(run_graph, kind="entrypoint", name=self.name, store=store)
+        return Entrypoint(run_graph, spec)
+
+    # -- execution -------------------------------------------------------------------------
+    def _execute(self, values: dict[str, Any], *, top: bool) -> dict[str, Any]:
+        """The super-step loop (inside a run): returns the final state as a dict."""
+        ctx = current_run.get()
+        # a run checkpointed under another graph, resumed with migrate=: the state is
+        # migrated by a journaled step before the first super-step that had not finished
+        migrate_at = self._check_fingerprint(ctx) if top and ctx is not None else None
+        state = dict(values)
+        frontier = self._next_from(START, state)
+        joins: dict[str, list[str]] = {}
+        path: list[list[str]] = []
+        index = 0
+        while frontier:
+            if index >= self.max_steps:
+                raise StepLimitError(
+                    f"graph {self.name!r} reached max_steps={self.max_steps} super-steps "
+                    f"without reaching END; path: {' → '.join('+'.join(p) for p in path)}. "
+                    "Fix: keep a counter in the state and route to an explicit node (for "
+                    "example 'escalate') before the limit, or raise max_steps.", path)
+            path.append(list(frontier))
+            if index == migrate_at:
+                state = self._migration(index, state)
+            result = self._superstep(index, frontier, state, joins)
+            state, frontier, joins = result["state"], result["next"], result["joins"]
+            index += 1
+        return state
+
+    def _recorded(self, store: Store, run_id: str) -> dict[str, Any] | None:
+        """The graph the run's checkpoints were last written under: ``{"fingerprint": ...,
+        "migrate_at": super-step index or None}``."""
+        from . import _serde
+
+        events = store.list_events(run_id, ("graph",))
+        if not events or events[-1].data is None:
+            return None
+        recorded: dict[str, Any] = _serde.loads(events[-1].data)
+        return recorded
+
+    def _changes(self, store: Store, run_id: str) -> list[str] | None:
+        """What changed since the run's checkpoints were written (None: nothing), raising
+        GraphChangedError unless a migration is set."""
+        recorded = self._recorded(store, run_id)
+        if recorded is None or recorded["fingerprint"] == self.fingerprint:
+            return None
+        changes = describe_changes(recorded["fingerprint"], self.fingerprint)
+        if self._migrate.get() is None:
+            raise GraphChangedError(
+                f"run {run_id!r} of graph {self.name!r} was checkpointed under another "
+                f"graph: {'; '.join(changes) or 'the structure changed'}. Fix: restore the "
+                "old graph to finish the run, start a new run, or pass migrate=<function("
+                "state) -> state> to carry the state over.", changes)
+        return changes
+
+    def _check_fingerprint(self, ctx: Any) -> int | None:
+        """Record the graph with the run; return the super-step before which the state is
+        migrated (a journaled step, so later attempts replay it), or None."""
+        from . import _serde
+        from ._store import EventRecord, now
+
+        recorded = self._recorded(ctx.store, ctx.run_id)
+        if recorded is not None and recorded["fingerprint"] == self.fingerprint:
+            at: int | None = recorded["migrate_at"]
+            return at
+        at = None
+        if recorded is not None:
+            self._changes(ctx.store, ctx.run_id)  # raises unless migrate= was given
+            name = self._superstep.spec.name
+            at = len({s.step_id for s in ctx.store.list_steps(ctx.run_id)
+                      if s.task == name and s.status == "ran"})
+        data = {"fingerprint": self.fingerprint, "migrate_at": at}
+        ctx.store.append_events([EventRecord(ctx.run_id, "graph", now(), ctx.attempt, None,
+                                             self.fingerprint_digest,
+                                             _serde.dumps(data, what="the graph"))])
+        return at
+
+    def _next_from(self, node: str, state: dict[str, Any]) -> list[str]:
+        """The targets of ``node``'s plain edges and routers (joins are handled apart)."""
+        targets: list[str] = []
+        for sources, target in self.graph.edges:
+            if sources == (node,) and target not in targets:
+                targets.append(target)
+        for r in self.graph.routers:
+            if r.source == node:
+                for t in self._route(r, state):
+                    if t not in targets:
+                        targets.append(t)
+        return [t for t in targets if t != END]
+
+    def _route(self, r: _Router, state: dict[str, Any]) -> list[str]:
+        out = r.fn(self.schema.build(state))
+        values = list(out) if isinstance(out, (list, tuple)) else [out]
+        targets = []
+        for v in values:
+            if r.mapping is not None:
+                if v not in r.mapping:
+                    raise InvalidRouteError(
+                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
+                        f"is not among its declared outputs {list(r.mapping)}. Fix: return "
+                        "one of them, or declare it in add_conditional_edges.")
+                targets.append(r.mapping[v])
+            else:
+                if v not in r.names:
+                    raise InvalidRouteError(
+                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
+                        f"is not among its declared destinations {r.names}. Fix: return one "
+                        "of them, or declare it in add_conditional_edges.")
+                targets.append(v)
+        return targets
+
+    def _run_superstep(self, index: int, frontier: list[str], state: dict[str, Any],
+                       joins: dict[str, list[str]]) -> dict[str, Any]:
+        view = self.schema.build(state)
+        order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
+        results: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        if len(order) == 1:
+            try:
+                results[order[0]] = self._tasks[order[0]](view)
+            except BaseException as exc:  # noqa: BLE001 - sorted out below
+                errors[order[0]] = exc
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(order)) as pool:
+                futures = {n: pool.submit(contextvars.copy_context().run, self._tasks[n], view)
+                           for n in order}
+                for n in order:
+                    try:
+                        results[n] = futures[n].result()
+                    except BaseException as exc:  # noqa: BLE001 - sorted out below
+                        errors[n] = exc
+        if errors:
+            signals = [e for e in errors.values() if isinstance(e, InterruptSignal)]
+            others = {n: e for n, e in errors.items() if not isinstance(e, InterruptSignal)}
+            if others:
+                fatal = [e for e in others.values() if not isinstance(e, Exception)]
+                if fatal:
+                    raise fatal[0]  # Ctrl-C, a stopped stream: not a node failure
+                if len(others) == 1:
+                    raise next(iter(others.values()))
+                raise ExceptionGroup(
+                    f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed",
+                    [e for e in others.values() if isinstance(e, Exception)])
+            raise InterruptSignal([i for s in signals for i in s.interrupts])
+        updates = {n: self.schema.to_dict(results[n], f"the update returned by node {n!r}")
+                   for n in order}
+        state = self._apply(state, updates)
+        frontier_next: list[str] = []
+        joins = {k: list(v) for k, v in joins.items()}
+        for n in order:
+            for t in self._next_from(n, state):
+                if t not in frontier_next:
+                    frontier_next.append(t)
+            for sources, target in self.graph.edges:
+                if len(sources) > 1 and n in sources:
+                    key = f"{'|'.join(sources)}>{target}"
+                    done = joins.setdefault(key, [])
+                    if n not in done:
+                        done.append(n)
+                    if set(done) == set(sources):
+                        del joins[key]
+                        if target != END and target not in frontier_next:
+                            frontier_next.append(target)
+        ctx = current_run.get()
+        if ctx is not None and ctx.listener is not None:
+            from ._store import now
+
+            ctx.emit(Event("graph_step", ctx.run_id, now(), task=self.name,
+                           data={"step": index, "values": self.schema.build(state),
+                                 "updates": updates, "next": list(frontier_next)},
+                           attempt=ctx.attempt))
+        return {"state": state, "next": frontier_next, "joins": joins,
+                "fingerprint": self.fingerprint_digest, "nodes": order}
+
+    def _apply(self, state: dict[str, Any], updates: dict[str, dict[str, Any]]
+               ) -> dict[str, Any]:
+        writers: dict[str, str] = {}
+        new = dict(state)
+        for node, update in updates.items():
+            for key, value in update.items():
+                reducer = self.schema.reducers.get(key)
+                if reducer is None:
+                    if key in writers:
+                        raise InvalidUpdateError(
+                            f"nodes {writers[key]!r} and {node!r} both wrote state key {key!r} "
+                            f"in one super-step, and {key!r} has no reducer. Fix: annotate it "
+                            f"with a reducer (Annotated[list, operator.add]) or let one node "
+                            "write it.")
+                    writers[key] = node
+                    new[key] = value
+                else:
+                    new[key] = reducer(new[key], value) if key in new else value
+        return new
+
+    # -- public API ------------------------------------------------------------------------
+    def invoke(self, state: Any = None, *, run_id: str | None = None,
+               migrate: Callable[[Any], Any] | None = None) -> Any:
+        """Run the graph to the end and return the final state.
+
+        Args:
+            state: The input state (a dict of keys, or an instance of the state type).
+                None to continue the run ``run_id`` with the input it started with.
+            run_id: Continue (or start) the run with this id. Default: derived from the
+                graph and the input, so invoking again with the same input continues the
+                same run.
+            migrate: ``state -> state`` applied once when the run was checkpointed under a
+                different graph (otherwise that raises :class:`GraphChangedError`): to the
+                state at the run's last checkpoint, before the first super-step that
+                executes. Nodes whose input state it changed run as new steps (an
+                ``interrupt()`` in them asks again).
+
+        Returns:
+            The final state (a dict for a TypedDict state, else an instance).
+
+        Raises:
+            RunInterrupted: a node called ``interrupt()``; answer with :meth:`resume`.
+            GraphChangedError: the run's checkpoints come from another graph.
+            StepLimitError: more than ``max_steps`` super-steps.
+            InvalidUpdateError: two nodes wrote one key without a reducer, or a node
+                returned something that is not an update.
+            InvalidRouteError: a router returned an undeclared destination.
+
+        Exceptions raised by nodes propagate unchanged (several at once: ``ExceptionGroup``).
+        """
+        args = self._input(state, run_id)
+        token = self._migrate.set(migrate)
+        try:
+            run = self._entry.run(args, run_id=run_id)
+        finally:
+            self._migrate.reset(token)
+        if run.status == "interrupted":
+            from .exceptions import RunInterrupted
+
+            raise RunInterrupted(run.id, run.interrupts)
+        return self.schema.build(run.result)
+
+    def run(self, state: Any = None, *, run_id: str | None = None, fresh: bool = False,
+            migrate: Callable[[Any], Any] | None = None) -> Run[Any]:
+        """Like :meth:`invoke`, but return the :class:`~durably.Run` handle (status
+        ``interrupted`` instead of raising; ``run.result`` is the final state as a dict)."""
+        args = self._input(state, run_id)
+        token = self._migrate.set(migrate)
+        try:
+            return self._entry.run(args, run_id=run_id, fresh=fresh)
+        finally:
+            self._migrate.reset(token)
+
+    def _input(self, state: Any, run_id: str | None) -> dict[str, Any]:
+        if state is None and run_id is not None:
+            from . import _serde
+
+            rec = self._store().find_run(run_id)
+            if rec is not None and rec.args is not None:
+                args, _ = _serde.loads(rec.args)
+                return dict(args[0])
+        return self.schema.to_dict(state, "the input state")
+
+    def _store(self) -> Store:
+        from ._config import default_store
+
+        return self._entry.spec.store or default_store()
+
+    def resume(self, run_id: str, value: Any = None, *,
+               migrate: Callable[[Any], Any] | None = None) -> Any:
+        """Answer the pending interrupt(s) of a run and continue it; return the final state.
+
+        Args:
+            run_id: The interrupted run.
+            value: The answer; several pending interrupts (parallel nodes) take a mapping
+                ``{interrupt_id: value}``.
+            migrate: As for :meth:`invoke`.
+
+        Raises:
+            RunInterrupted: the run paused again.
+            RunStateError: the run is not interrupted.
+        """
+        token = self._migrate.set(migrate)
+        try:
+            self._changes(self._store(), run_id)  # before the answer is journaled
+            final = self._entry.resume(run_id, value)
+        finally:
+            self._migrate.reset(token)
+        return self.schema.build(final)
+
+    def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None
+               ) -> Iterator[Any]:
+        """Run the graph and yield as it goes.
+
+        Args:
+            state: The input state (as for :meth:`invoke`).
+            mode: ``"values"``: the state after each super-step; ``"updates"``: a dict
+                ``{node: update}`` per super-step; ``"events"``: every
+                :class:`~durably.Event` of the run (steps, nodes, custom events).
+            run_id: As for :meth:`invoke`.
+
+        Breaking out of the loop stops the run at its next step boundary (resumable).
+        """
+        if mode not in ("values", "updates", "events"):
+            raise DefinitionError(f"stream(mode=...) is 'values', 'updates' or 'events', not "
+                                  f"{mode!r}")
+        args = self._input(state, run_id)
+        for event in self._entry.stream(args, run_id=run_id):
+            if mode == "events":
+                yield event
+            elif event.kind == "graph_step":
+                yield event.data["values"] if mode == "values" else event.data["updates"]
+
+    def get_state(self, run_id: str) -> StateSnapshot:
+        """The state at the run's latest checkpoint.
+
+        Raises:
+            NotFoundError: no such run.
+        """
+        history = self.get_state_history(run_id)
+        return history[0]
+
+    def get_state_history(self, run_id: str) -> list[StateSnapshot]:
+        """The run's checkpoints (one per super-step, and the input), newest first.
+
+        Raises:
+            NotFoundError: no such run.
+        """
+        from . import _serde
+        from ._run import get_run
+
+        run = get_run(run_id, store=self._store())
+        store = self._store()
+        name = self._superstep.spec.name
+        snapshots: list[StateSnapshot] = []
+        seen: set[str] = set()
+        first: dict[str, Any] = {}
+        if run._record.args is not None:
+            args, _ = _serde.loads(run._record.args)
+            first = dict(args[0])
+        snapshots.append(StateSnapshot(self.schema.build(first),
+                                       tuple(self._next_from(START, first)), -1, "", run.id,
+                                       run.status))
+        for s in store.list_steps(run.id):
+            if s.task != name or s.status not in ("ran", "cached") or s.step_id in seen:
+                continue
+            seen.add(s.step_id)
+            data = store.find_step(run.id, s.step_id)
+            if data is None:
+                continue
+            result = _serde.loads(data)
+            snapshots.append(StateSnapshot(
+                self.schema.build(result["state"]), tuple(result["next"]), len(snapshots) - 1,
+                s.step_id, run.id, run.status))
+        last = snapshots[-1]
+        if run.status == "interrupted":
+            snapshots[-1] = dataclasses.replace(last, interrupts=tuple(run.interrupts))
+        return snapshots[::-1]
+
+    def update_state(self, run_id: str, values: Any, *, as_node: str | None = None) -> str:
+        """Fork the run at its latest checkpoint with ``values`` applied (through the
+        reducers, as if node ``as_node`` had written them); return the new run's id. The
+        source run's history is never rewritten. Continue the fork with
+        ``app.invoke(None, run_id=new_id)``.
+
+        Args:
+            run_id: The run.
+            values: A partial update of the state.
+            as_node: Apply it as this node's update: the next super-step runs that node's
+                successors. Default: the next nodes stay those of the checkpoint.
+
+        Returns:
+            The id of the new run (status ``forked``).
+
+        Raises:
+            NotFoundError: no such run, or it has no checkpoint yet.
+            DefinitionError: ``as_node`` is not a node of the graph.
+        """
+        from ._history import make_fork
+
+        snapshot = self.get_state(run_id)
+        if not snapshot.checkpoint_id:
+            from .exceptions import NotFoundError
+
+            raise NotFoundError(f"run {run_id!r} has no finished super-step to update yet")
+        if as_node is not None and as_node not in self.graph.nodes:
+            raise DefinitionError(f"update_state(as_node={as_node!r}): not a node of graph "
+                                  f"{self.name!r} ({list(self.graph.nodes)})")
+        state = self._apply(self.schema.to_dict(snapshot.values, "the state"),
+                            {as_node or "update_state": self.schema.to_dict(values, "values")})
+        nxt = self._next_from(as_node, state) if as_node else list(snapshot.next)
+        store = self._store()
+        rec = store.find_run(run_id)
+        assert rec is not None
+        from . import _serde
+
+        old = _serde.loads(store.find_step(run_id, snapshot.checkpoint_id) or b"")
+        update = {**old, "state": state, "next": nxt}
+        return make_fork(store, rec, snapshot.checkpoint_id, update)
+
+    def fork(self, run_id: str, at: str | None = None, *, cache: bool = False) -> Run[Any]:
+        """Replay a run up to a checkpoint (``StateSnapshot.checkpoint_id`` or any id from
+        ``run.history()``) and execute the rest with today's code, as a new run."""
+        return self._entry.fork(run_id, at, cache=cache)
+
+    def get_graph(self, run_id: str | None = None) -> GraphStructure:
+        """The declared structure, for drawing; with ``run_id``, the path that run took
+        (nodes visited, with counts) and where it stopped.
+
+        Example:
+            >>> from typing import TypedDict
+            >>> from durably import StateGraph, START, END
+            >>> class S(TypedDict):
+            ...     n: int
+            >>> b = StateGraph(S, name="loop")
+            >>> _ = b.add_node("inc", lambda s: {"n": s["n"] + 1})
+            >>> _ = b.add_edge(START, "inc")
+            >>> _ = b.add_conditional_edges("inc", lambda s: END if s["n"] > 2 else "inc",
+            ...                             ["inc", END])
+            >>> print(b.compile().get_graph().to_mermaid().splitlines()[5])
+                n1 -.->|"inc"| n1
+        """
+        nodes = (START, *self.graph.nodes, END)
+        edges: list[tuple[str, str, str, bool]] = []
+        for sources, target in self.graph.edges:
+            for s in sources:
+                edges.append((s, target, "join" if len(sources) > 1 else "", False))
+        for r in self.graph.routers:
+            if r.mapping is not None:
+                for out, target in r.mapping.items():
+                    edges.append((r.source, target, str(out), True))
+            else:
+                for target in r.names:
+                    label = "END" if target == END else target
+                    edges.append((r.source, target, label, True))
+        visits: dict[str, int] = {}
+        stopped: tuple[str, ...] = ()
+        if run_id is not None:
+            from ._run import get_run
+
+            run = get_run(run_id, store=self._store())
+            prefix = f"{self.name}."
+            for step in run.steps:
+                node = step.task[len(prefix):] if step.task.startswith(prefix) else ""
+                if node in self.graph.nodes and step.status in ("ran", "cached", "replayed"):
+                    visits[node] = visits.get(node, 0) + 1
+            stopped = tuple(dict.fromkeys(
+                step.task[len(prefix):] for step in run.steps
+                if step.status in ("interrupted", "failed") and step.task.startswith(prefix)
+                and step.task[len(prefix):] in self.graph.nodes))
+        return GraphStructure(self.name, nodes, tuple(edges), visits, stopped)
+

@@ -1,0 +1,389 @@
+"""StateGraph: building, validation, super-steps, reducers, routers, cycles, interrupts,
+checkpoints, resume after a crash, drawing — on every store."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pydantic
+import pytest
+
+import durably
+from durably import END, START, StateGraph
+from durably.stategraph import (
+    GraphChangedError,
+    GraphValidationError,
+    InvalidRouteError,
+    InvalidUpdateError,
+    StepLimitError,
+)
+from tests.conftest import script_env, write_script
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+class Notes(TypedDict):
+    topic: str
+    notes: Annotated[list[str], operator.add]
+    draft: str
+
+
+def test_validation_lists_every_problem_at_once() -> None:
+    b = StateGraph(Notes, name="broken")
+    b.add_node("a", lambda s: {})
+    b.add_node("a", lambda s: {})  # duplicate
+    b.add_node(END, lambda s: {})  # reserved
+    b.add_node("orphan", lambda s: {})  # unreachable, no way out
+    b.add_node("stuck", lambda s: {})  # no way out
+    b.add_edge(START, "a")
+    b.add_edge("a", "stuck")
+    b.add_edge("a", "ghost")  # unknown
+    b.add_conditional_edges("a", lambda s: "a")  # no destinations
+    with pytest.raises(GraphValidationError) as err:
+        b.compile()
+    problems = "\n".join(err.value.problems)
+    for text in ("'a' is added twice", "'__end__' is reserved", "unknown node 'ghost'",
+                 "declares no destinations", "'orphan' is unreachable from START",
+                 "'stuck' has no way out", "END is unreachable"):
+        assert text in problems, text
+    assert isinstance(err.value, durably.DefinitionError)
+
+
+def test_no_start_edge_and_bad_state_type() -> None:
+    b = StateGraph(Notes)
+    b.add_node("a", lambda s: {}).add_edge("a", END)
+    with pytest.raises(GraphValidationError, match="no edge from START"):
+        b.compile()
+    with pytest.raises(durably.DefinitionError, match="TypedDict, a dataclass or a pydantic"):
+        StateGraph(int)  # type: ignore[type-var]
+
+
+def test_parallel_super_step_merges_in_node_order_through_reducers() -> None:
+    order: list[str] = []
+
+    def slow(state: Notes) -> dict[str, Any]:
+        import time
+
+        time.sleep(0.05)  # finishes last, merged first: node order, not completion order
+        order.append("slow")
+        return {"notes": ["slow"]}
+
+    def fast(state: Notes) -> dict[str, Any]:
+        order.append("fast")
+        return {"notes": ["fast"]}
+
+    def write(state: Notes) -> dict[str, Any]:
+        return {"draft": " + ".join(state["notes"])}
+
+    b = StateGraph(Notes, name="fan")
+    b.add_node("slow", slow).add_node("fast", fast).add_node("write", write)
+    b.add_edge(START, "slow").add_edge(START, "fast").add_edge(["slow", "fast"], "write")
+    b.add_edge("write", END)
+    final = b.compile().invoke({"topic": "t", "notes": [], "draft": ""})
+    assert final == {"topic": "t", "notes": ["slow", "fast"], "draft": "slow + fast"}
+    assert order == ["fast", "slow"]
+
+
+def test_two_nodes_writing_one_key_without_reducer_is_an_error_naming_both() -> None:
+    b = StateGraph(Notes, name="clash")
+    b.add_node("x", lambda s: {"draft": "x"}).add_node("y", lambda s: {"draft": "y"})
+    b.add_edge(START, "x").add_edge(START, "y").add_edge("x", END).add_edge("y", END)
+    with pytest.raises(InvalidUpdateError, match="'x' and 'y' both wrote state key 'draft'"):
+        b.compile().invoke({"topic": "t", "notes": [], "draft": ""})
+
+
+def test_a_join_waits_for_every_source() -> None:
+    class S(TypedDict):
+        trail: Annotated[list[str], operator.add]
+
+    b = StateGraph(S, name="join")
+    for n in ("a", "b1", "b2", "c"):
+        b.add_node(n, lambda s, n=n: {"trail": [n]})
+    b.add_edge(START, "a").add_edge(START, "b1").add_edge("b1", "b2")
+    b.add_edge(["a", "b2"], "c").add_edge("c", END)
+    b.add_edge("a", END)
+    app = b.compile()
+    assert app.invoke({"trail": []})["trail"] == ["a", "b1", "b2", "c"]
+    history = app.get_state_history(durably.list_runs()[0].id)
+    assert [h.next for h in history][::-1] == [("a", "b1"), ("b2",), ("c",), ()]
+
+
+def test_routers_fan_out_map_and_end_and_reject_undeclared_values() -> None:
+    class S(TypedDict):
+        kind: str
+        seen: Annotated[list[str], operator.add]
+
+    def classify(state: S) -> Any:
+        return {"both": ["search", "docs"], "none": END, "bad": "nowhere"}[state["kind"]]
+
+    b = StateGraph(S, name="route")
+    b.add_node("classify", lambda s: {"seen": ["classify"]})
+    b.add_node("search", lambda s: {"seen": ["search"]})
+    b.add_node("docs", lambda s: {"seen": ["docs"]})
+    b.add_edge(START, "classify")
+    b.add_conditional_edges("classify", classify, ["search", "docs", END])
+    b.add_edge("search", END).add_edge("docs", END)
+    app = b.compile()
+    assert app.invoke({"kind": "both", "seen": []})["seen"] == ["classify", "search", "docs"]
+    assert app.invoke({"kind": "none", "seen": []})["seen"] == ["classify"]
+    with pytest.raises(InvalidRouteError, match=r"'classify'.*returned 'nowhere'.*\['search'"):
+        app.invoke({"kind": "bad", "seen": []})
+
+    m = StateGraph(S, name="mapped")
+    m.add_node("go", lambda s: {"seen": ["go"]})
+    m.add_edge(START, "go")
+    m.add_conditional_edges("go", lambda s: len(s["seen"]) > 3, {True: END, False: "go"})
+    assert m.compile().invoke({"kind": "", "seen": []})["seen"] == ["go"] * 4
+
+
+def test_cycles_are_bounded_and_the_counter_pattern_escalates() -> None:
+    class S(TypedDict):
+        revisions: int
+        status: str
+
+    def review(state: S) -> str:
+        if state["revisions"] >= 2:
+            return "escalate"
+        return "revise"
+
+    b = StateGraph(S, name="review_loop")
+    b.add_node("revise", lambda s: {"revisions": s["revisions"] + 1})
+    b.add_node("escalate", lambda s: {"status": "escalated"})
+    b.add_edge(START, "revise")
+    b.add_conditional_edges("revise", review, ["revise", "escalate"])
+    b.add_edge("escalate", END)
+    assert b.compile().invoke({"revisions": 0, "status": ""}) == {"revisions": 2,
+                                                                 "status": "escalated"}
+    forever = StateGraph(S, name="forever")
+    forever.add_node("spin", lambda s: {"revisions": s["revisions"] + 1})
+    forever.add_edge(START, "spin")
+    forever.add_conditional_edges("spin", lambda s: "spin", ["spin", END])
+    with pytest.raises(StepLimitError, match="max_steps=5") as err:
+        forever.compile(max_steps=5).invoke({"revisions": 0, "status": ""})
+    assert err.value.path == [["spin"]] * 5
+
+
+def test_dataclass_and_pydantic_states() -> None:
+    @dataclasses.dataclass
+    class D:
+        n: int
+        log: Annotated[list[int], operator.add] = dataclasses.field(default_factory=list)
+
+    b = StateGraph(D, name="dc")
+    b.add_node("inc", lambda s: {"n": s.n + 1, "log": [s.n]})
+    b.add_edge(START, "inc").add_edge("inc", END)
+    assert b.compile().invoke(D(1)) == D(2, [1])
+
+    class P(pydantic.BaseModel):
+        n: int
+        word: str = ""
+
+    p = StateGraph(P, name="pyd")
+    p.add_node("name", lambda s: P(n=s.n, word="x" * s.n))  # an instance: changed fields
+    p.add_edge(START, "name").add_edge("name", END)
+    assert p.compile().invoke({"n": 3}) == P(n=3, word="xxx")
+
+
+def test_a_bad_update_names_the_node() -> None:
+    b = StateGraph(Notes, name="bad")
+    b.add_node("oops", lambda s: ["not", "a", "dict"]).add_edge(START, "oops")
+    b.add_edge("oops", END)
+    with pytest.raises(InvalidUpdateError, match="node 'oops'"):
+        b.compile().invoke({"topic": "", "notes": [], "draft": ""})
+    u = StateGraph(Notes, name="unknown_key")
+    u.add_node("n", lambda s: {"nope": 1}).add_edge(START, "n").add_edge("n", END)
+    with pytest.raises(InvalidUpdateError, match=r"\['nope'\]"):
+        u.compile().invoke({"topic": "", "notes": [], "draft": ""})
+
+
+def test_nodes_are_journaled_and_never_run_twice_in_a_run() -> None:
+    calls: list[str] = []
+    fail = [True]
+
+    def research(state: Notes) -> dict[str, Any]:
+        calls.append("research")
+        return {"notes": [f"about {state['topic']}"]}
+
+    def write(state: Notes) -> dict[str, Any]:
+        calls.append("write")
+        if fail[0]:
+            raise RuntimeError("writer crashed")
+        return {"draft": state["notes"][0]}
+
+    b = StateGraph(Notes, name="journaled")
+    b.add_node("research", research).add_node("write", write)
+    b.add_edge(START, "research").add_edge("research", "write").add_edge("write", END)
+    app = b.compile()
+    state = {"topic": "owls", "notes": [], "draft": ""}
+    with pytest.raises(RuntimeError, match="writer crashed"):
+        app.invoke(state)
+    fail[0] = False
+    assert app.invoke(state)["draft"] == "about owls"
+    assert calls == ["research", "write", "write"]
+    # a new run executes nodes again (not cached by default)...
+    calls.clear()
+    app.run(state, fresh=True)
+    assert calls == ["research", "write"]
+
+
+def test_interrupt_in_parallel_nodes_is_collected_and_resumed() -> None:
+    class S(TypedDict):
+        answers: Annotated[list[str], operator.add]
+
+    b = StateGraph(S, name="ask_two")
+    b.add_node("left", lambda s: {"answers": [str(durably.interrupt("left?"))]})
+    b.add_node("right", lambda s: {"answers": [str(durably.interrupt("right?"))]})
+    b.add_edge(START, "left").add_edge(START, "right")
+    b.add_edge("left", END).add_edge("right", END)
+    app = b.compile()
+    with pytest.raises(durably.RunInterrupted) as paused:
+        app.invoke({"answers": []})
+    left, right = paused.value.interrupts
+    assert (left.payload, right.payload) == ("left?", "right?")
+    snapshot = app.get_state(paused.value.run_id)
+    assert snapshot.status == "interrupted" and len(snapshot.interrupts) == 2
+    final = app.resume(paused.value.run_id, {left.id: "L", right.id: "R"})
+    assert final["answers"] == ["L", "R"]
+
+
+def test_stream_modes_state_history_and_update_state() -> None:
+    class S(TypedDict):
+        n: int
+
+    b = StateGraph(S, name="counter")
+    b.add_node("double", lambda s: {"n": s["n"] * 2})
+    b.add_node("inc", lambda s: {"n": s["n"] + 1})
+    b.add_edge(START, "double").add_edge("double", "inc").add_edge("inc", END)
+    app = b.compile()
+    assert list(app.stream({"n": 1})) == [{"n": 2}, {"n": 3}]
+    assert list(app.stream({"n": 5}, mode="updates")) == [{"double": {"n": 10}},
+                                                          {"inc": {"n": 11}}]
+    kinds = {e.kind for e in app.stream({"n": 7}, mode="events")}
+    assert {"run_started", "step_finished", "graph_step", "run_finished"} <= kinds
+    run_id = durably.list_runs()[0].id
+    history = app.get_state_history(run_id)
+    assert [(h.values["n"], h.next, h.step) for h in history] == [
+        (15, (), 1), (14, ("inc",), 0), (7, ("double",), -1)]
+    assert app.get_state(run_id) == history[0]
+    new_id = app.update_state(run_id, {"n": 100}, as_node="double")
+    assert new_id != run_id
+    assert app.invoke(None, run_id=new_id) == {"n": 101}
+    assert app.get_state(run_id).values == {"n": 15}  # history never rewritten
+    fork = app.fork(run_id, at=history[1].checkpoint_id)
+    assert fork.result == {"n": 15} and fork.id != run_id
+
+
+def test_a_changed_graph_is_refused_on_resume_unless_migrated() -> None:
+    class S(TypedDict):
+        text: str
+
+    def build(second: Any) -> Any:
+        b = StateGraph(S, name="evolving")
+        b.add_node("ask", lambda s: {"text": s["text"] + str(durably.interrupt("ok?"))})
+        b.add_node("finish", second)
+        b.add_edge(START, "ask").add_edge("ask", "finish").add_edge("finish", END)
+        return b.compile()
+
+    old = build(lambda s: {"text": s["text"] + "!"})
+    run = old.run({"text": "a"})
+    assert run.status == "interrupted"
+    new = build(lambda s: {"text": s["text"].upper()})
+    with pytest.raises(GraphChangedError, match="the code of node 'finish' changed") as err:
+        new.resume(run.id, "-yes")
+    assert err.value.changes == ["the code of node 'finish' changed"]
+    # the migrated state is a new input for "ask": a new step, so it asks again
+    with pytest.raises(durably.RunInterrupted):
+        new.resume(run.id, "-yes", migrate=lambda s: {"text": s["text"] + "~"})
+    assert new.resume(run.id, "-sure") == {"text": "A~-SURE"}
+
+
+def test_subgraph_and_async_nodes() -> None:
+    class S(TypedDict):
+        items: Annotated[list[str], operator.add]
+
+    inner = StateGraph(S, name="inner")
+
+    async def fetch(state: S) -> dict[str, Any]:
+        return {"items": ["fetched"]}
+
+    inner.add_node("fetch", fetch).add_edge(START, "fetch").add_edge("fetch", END)
+    outer = StateGraph(S, name="outer")
+    outer.add_node("sub", inner.compile()).add_node("after", lambda s: {"items": ["after"]})
+    outer.add_edge(START, "sub").add_edge("sub", "after").add_edge("after", END)
+    final = outer.compile().invoke({"items": ["start"]})
+    assert final["items"][0] == "start" and final["items"][-1] == "after"
+    assert "fetched" in final["items"]
+
+
+def test_drawing_declared_structure_and_run_overlay() -> None:
+    class S(TypedDict):
+        n: int
+
+    b = StateGraph(S, name="drawn")
+    b.add_node("work", lambda s: {"n": s["n"] + 1})
+    b.add_node("ask", lambda s: {"n": int(durably.interrupt("more?"))})
+    b.add_edge(START, "work")
+    b.add_conditional_edges("work", lambda s: "ask" if s["n"] > 1 else "work",
+                            {"ask": "ask", "again": "work"})
+    b.add_edge("ask", END)
+    app = b.compile()
+    text = app.get_graph().to_mermaid()
+    assert 'n1 -.->|"ask"| n2' in text and 'n1 -.->|"again"| n1' in text
+    assert "n0 --> n1" in text and "n2 --> n3" in text
+    dot = app.get_graph().to_dot()
+    assert 'style=dashed, label="again"' in dot
+    with pytest.raises(InvalidRouteError):  # "work" is not a declared output of the mapping
+        app.invoke({"n": 0})
+    run = app.run({"n": 5})
+    assert run.status == "interrupted"
+    overlay = app.get_graph(run.id)
+    assert overlay.visits == {"work": 1} and overlay.stopped_at == ("ask",)
+    assert "class n2 stopped" in overlay.to_mermaid()
+    assert "<svg" in app.get_graph().to_svg()
+
+
+def test_a_killed_graph_run_resumes_at_its_super_step(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "graph_job.py", """
+        import operator, os, signal, sys
+        from typing import Annotated, TypedDict
+        from durably import StateGraph, START, END
+
+        class S(TypedDict):
+            done: Annotated[list[str], operator.add]
+
+        def node(name):
+            def run(state):
+                with open(os.environ["LOG"], "a") as log:
+                    log.write(name + "\\n")
+                if name == os.environ.get("KILL_AT"):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return {"done": [name]}
+            return run
+
+        b = StateGraph(S, name="job")
+        for n in ("a", "b", "c", "d"):
+            b.add_node(n, node(n))
+        b.add_edge(START, "a").add_edge("a", "b").add_edge("a", "c")
+        b.add_edge(["b", "c"], "d").add_edge("d", END)
+        app = b.compile()
+        if __name__ == "__main__":
+            print(app.invoke({"done": []})["done"])
+    """)
+    log = tmp_path / "log.txt"
+    env = script_env(tmp_path / "store", LOG=str(log), KILL_AT="d")
+    killed = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    env.pop("KILL_AT")
+    again = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "['a', 'b', 'c', 'd']"
+    lines = log.read_text().split()
+    assert sorted(lines[:3]) == ["a", "b", "c"] and lines[3:] == ["d", "d"]  # only d again
