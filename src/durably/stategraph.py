@@ -867,9 +867,12 @@ class CompiledGraph(Generic[S]):
 
             run = get_run(run_id, store=self._store())
             prefix = f"{self.name}."
-            for step in run.steps:
+            counted: set[str] = set()
+            for step in run.records():  # every attempt: a replayed super-step hides its nodes
                 node = step.task[len(prefix):] if step.task.startswith(prefix) else ""
-                if node in self.graph.nodes and step.status in ("ran", "cached", "replayed"):
+                if (node in self.graph.nodes and step.status in ("ran", "cached")
+                        and step.step_id not in counted):
+                    counted.add(step.step_id)
                     visits[node] = visits.get(node, 0) + 1
             stopped = tuple(dict.fromkeys(
                 step.task[len(prefix):] for step in run.steps
