@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: not here ({report}); this run wrote it in an earlier attempt, "
               "perhaps elsewhere. Run with --fresh to write it again.")
     print(run.summary())
+    # the run's graph (steps, data flow, cache hits) as one self-contained HTML page
+    graph_file = run.graph().save(Path(args.report).with_suffix(".html").absolute())
+    print(f"run graph and step table: {graph_file} (open it in a browser)")
     c = run.counts()
     if c["ran"] == 0:
         print(f"everything was served from the store ({c['replayed']:,} replayed, "

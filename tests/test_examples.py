@@ -39,6 +39,11 @@ def test_demo_second_run_is_served_from_the_store(tmp_path: Path) -> None:
     assert _counts(first.stdout) == {"ran": 42, "replayed": 0, "cached": 0}
     report = (tmp_path / "stdlib_report.md").read_text()
     assert "Top identifiers" in report and "40 files" in report
+    # the run's graph is saved as an HTML report, and the demo says where
+    html = tmp_path / "stdlib_report.html"
+    assert f"run graph and step table: {html}" in first.stdout
+    page = html.read_text()
+    assert "index_file ×40" in page and "<table" in page
     second = _demo(tmp_path, "--limit", "40")
     assert _counts(second.stdout) == {"ran": 0, "replayed": 42, "cached": 0}
     assert "everything was served from the store" in second.stdout
