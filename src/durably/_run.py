@@ -207,6 +207,19 @@ class Run(Generic[R]):
         found.sort(key=lambda ev: ev.time)
         return found
 
+    def time_saved(self) -> float:
+        """Seconds the latest attempt did not spend: for each replayed step, the time it
+        took when it ran (steps served from the cross-run cache count 0: their cost was paid
+        by another run)."""
+        ran: dict[str, float] = {}
+        saved = 0.0
+        for s in self._store.list_steps(self.id):
+            if s.status == "ran":
+                ran.setdefault(s.step_id, s.duration)
+            elif s.status == "replayed" and s.attempt == self.attempt:
+                saved += ran.get(s.step_id, 0.0)
+        return saved
+
     def counts(self) -> dict[str, int]:
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
         ``failed``."""
@@ -227,6 +240,9 @@ class Run(Generic[R]):
         )
         if self.wall_time is not None:
             text += f" — in {self.wall_time:.2f} s"
+        saved = self.time_saved()
+        if saved >= 0.01:
+            text += f", {saved:,.2f} s saved by the journal"
         if self.status == "interrupted":
             text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
                      f"pipeline.resume({self.id!r}, value)")
@@ -237,8 +253,8 @@ class Run(Generic[R]):
         elif self.resumed_from == "finished":
             text += " (reran a finished run: unchanged steps replayed from its journal)"
         elif self.resumed_from == "stopped":
-            text += (" (resumed a run that was stopped by Ctrl-C: its finished steps were "
-                     "replayed)")
+            text += (" (resumed a run that was stopped by Ctrl-C or a closed stream: its "
+                     "finished steps were replayed)")
         elif self.resumed_from == "failed":
             text += " (resumed a run that had failed: its finished steps were replayed)"
         elif self.resumed_from is not None:

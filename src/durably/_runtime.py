@@ -35,6 +35,7 @@ from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
 from ._lease import me
+from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
@@ -80,8 +81,10 @@ class Spec:
         "kind",
         "name",
         "raw",
+        "retry",
         "signature",
         "store",
+        "timeout",
         "version",
     )
 
@@ -95,6 +98,8 @@ class Spec:
         cache: bool = True,
         ignore: tuple[str, ...] = (),
         store: Store | None = None,
+        retry: Any = None,
+        timeout: Any = None,
     ) -> None:
         raw = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
         if isinstance(raw, type) or not callable(raw):
@@ -150,6 +155,8 @@ class Spec:
         self.signature = signature
         self.is_async = inspect.iscoroutinefunction(raw)
         self.store = store
+        self.retry = to_retry(retry, self.name)
+        self.timeout = check_timeout(timeout, self.name)
         self._fingerprint: Fingerprint | None = None
         self._prepend_instance = not isinstance(func, staticmethod)
         # a fast binder for the common signature: no *args, **kwargs or positional-only
@@ -337,13 +344,15 @@ class Call:
             current_step.reset(self.token)
             self.token = None
 
-    def failed(self, exc: BaseException) -> None:
-        """Journal a failed step (never cached); the exception then propagates unchanged."""
+    def failed(self, exc: BaseException, tries: str = "") -> None:
+        """Journal a failed step (never cached); the exception then propagates unchanged.
+        ``tries`` ("try 1 of 3") prefixes the error of a task with ``retry=``."""
         ctx = self.ctx
         if ctx is None or not isinstance(exc, Exception):
             return
         try:
-            record = self.record("failed", repr(exc)[:2000])
+            error = f"{tries}: {exc!r}" if tries else repr(exc)
+            record = self.record("failed", error[:2000])
             self.store.append_steps([(record, None)])
             ctx.count("failed")
             if ctx.listener is not None:
@@ -461,6 +470,8 @@ def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tupl
     value, call = begin_step(spec, instance, args, kwargs)
     if value is not _MISS:
         return value
+    if spec.retry is not None or spec.timeout is not None:
+        return _call_with_policy(spec, call, wrapped, args, kwargs)
     call.enter()
     try:
         result = wrapped(*args, **kwargs)
@@ -480,6 +491,8 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
     value, call = begin_step(spec, instance, args, kwargs)
     if value is not _MISS:
         return value
+    if spec.retry is not None or spec.timeout is not None:
+        return await _acall_with_policy(spec, call, wrapped, args, kwargs)
     call.enter()
     try:
         result = await wrapped(*args, **kwargs)
@@ -491,6 +504,65 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
         raise
     finally:
         call.exit()
+    return call.succeeded(result)
+
+
+_NEVER_RETRIED = (InterruptSignal, StopRun, KeyboardInterrupt, SystemExit)
+
+
+def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
+                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Execute a body under ``retry=`` / ``timeout=``: every failed try is journaled."""
+    policy = spec.retry or Retry(attempts=1)
+    tries = 0
+    result: Any = None
+    for attempt in retrying(policy, _NEVER_RETRIED, is_async=False):
+        with attempt:
+            tries += 1
+            if tries > 1:
+                call.started = now()
+            call.enter()
+            try:
+                if spec.timeout is not None:
+                    result = call_with_timeout(spec.name, spec.timeout, wrapped, args, kwargs)
+                else:
+                    result = wrapped(*args, **kwargs)
+            except InterruptSignal as signal:
+                call.interrupted(signal)
+                raise
+            except BaseException as exc:
+                call.failed(exc, f"try {tries} of {policy.attempts}")
+                raise
+            finally:
+                call.exit()
+    return call.succeeded(result)
+
+
+async def _acall_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
+                             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    policy = spec.retry or Retry(attempts=1)
+    tries = 0
+    result: Any = None
+    async for attempt in retrying(policy, _NEVER_RETRIED, is_async=True):
+        with attempt:
+            tries += 1
+            if tries > 1:
+                call.started = now()
+            call.enter()
+            try:
+                if spec.timeout is not None:
+                    result = await await_with_timeout(spec.name, spec.timeout,
+                                                      wrapped(*args, **kwargs))
+                else:
+                    result = await wrapped(*args, **kwargs)
+            except InterruptSignal as signal:
+                call.interrupted(signal)
+                raise
+            except BaseException as exc:
+                call.failed(exc, f"try {tries} of {policy.attempts}")
+                raise
+            finally:
+                call.exit()
     return call.succeeded(result)
 
 
@@ -659,6 +731,12 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             if isinstance(exc, InterruptSignal) else record.error,
             attempt=record.attempt,
         ))
+    if log.isEnabledFor(logging.INFO):
+        from ._run import Run
+
+        handle: Run[Any] = Run(record, ctx.store)
+        handle.resumed_from, handle.wall_time = started.resumed_from, now() - started.wall
+        log.info("durably: %s", handle.summary())
     if exc is not None and isinstance(exc, Exception):
         exc.add_note(
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "

@@ -6,10 +6,12 @@
     ├── DefinitionError        a decorator or an option used the wrong way
     ├── SerializationError     an argument cannot be digested, a result cannot be stored
     ├── StoreError             the store cannot be opened, read or written
+    │   └── CorruptJournalError  a run's journal rows are damaged or fail their signature
     ├── NotFoundError          (also LookupError) no run with that id
     ├── RunStateError          the run is not in a state that allows the operation
     │   └── NoActiveRunError   interrupt() / idempotency_key() called outside a run's step
     ├── RunInterrupted         the run paused at interrupt(): answer with resume()
+    ├── TaskTimeoutError       (also TimeoutError) a task ran past its timeout=
     └── RenderError            a run graph cannot be drawn (graphviz missing, bad format)
 
     BaseException
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from ._interrupt import Interrupt
 
 __all__ = [
+    "CorruptJournalError",
     "DefinitionError",
     "DurablyError",
     "NoActiveRunError",
@@ -39,6 +42,7 @@ __all__ = [
     "RunStateError",
     "SerializationError",
     "StoreError",
+    "TaskTimeoutError",
 ]
 
 
@@ -63,6 +67,13 @@ class SerializationError(DurablyError):
 
 class StoreError(DurablyError):
     """The store could not be opened, read or written (a path, a permission, a full disk)."""
+
+
+class CorruptJournalError(StoreError):
+    """A run's journal cannot be trusted: a recorded result fails its checksum or its
+    signature, or a row is garbage. Raised for that run alone; other runs and the cache keep
+    working. The message names the run and says how to repair it
+    (:meth:`DiskStore.repair_run <durably.DiskStore.repair_run>`) or start anew."""
 
 
 class NotFoundError(DurablyError, LookupError):
@@ -110,3 +121,10 @@ class RenderError(DurablyError):
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+class TaskTimeoutError(DurablyError, TimeoutError):
+    """A task ran longer than its ``timeout=`` (seconds). Also a :class:`TimeoutError`, so
+    ``retry=`` policies that retry timeouts catch it. An ``async`` task is cancelled; a sync
+    task's body cannot be stopped by Python and is left to finish in a background thread
+    (its result is discarded)."""

@@ -1,0 +1,964 @@
+"""The ``durably`` command: list and inspect runs, draw them, resume and fork them, explain a
+cache miss, and look after the cache.
+
+::
+
+    durably runs [--entrypoint NAME] [--status S] [--limit N] [--json]
+    durably show RUN [--all] [--json]
+    durably history RUN [--json]
+    durably graph RUN [-f mermaid|dot|svg|html] [-o FILE] [--attempt N] [--collapse N]
+    durably resume MODULE:ENTRYPOINT RUN [--value JSON]
+    durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache]
+    durably explain MODULE:TASK [ARG ...] [--json]
+    durably cache stats [--json]
+    durably cache prune [--older-than 30d] [--max-size 5GB] [--dry-run]
+    durably cache clear [--task NAME] [--dry-run]
+
+The store is ``--dir DIR`` (before or after the command's name), else ``$DURABLY_DIR``, else
+``./.durably``; it must exist. ``RUN`` is a run id or a unique prefix of one. ``MODULE`` is
+imported the way ``python -m`` would, with the current directory first on ``sys.path``. An
+entrypoint or task declared with its own store (``@entrypoint(store=...)``) keeps that store:
+``--dir`` chooses the default store only.
+
+Exit status: 0 success; 1 an error, said in one line on stderr (``durably: error: ...``; add
+``--traceback`` for the traceback); 2 a usage error (an unknown option, a missing argument);
+3 the run paused at ``interrupt()`` and waits for an answer (resume, fork); 130 Ctrl-C.
+
+The command uses only durably's public API, and :mod:`durably._maintenance` for the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import importlib
+import inspect
+import json
+import math
+import os
+import re
+import reprlib
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+import durably
+
+from . import _maintenance
+from .exceptions import DurablyError
+
+__all__ = ["cli", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STATUSES = ("running", "finished", "failed", "interrupted", "stopped", "forked")
+_FORMATS = {"mermaid": "mermaid", "mmd": "mermaid", "dot": "dot", "svg": "svg", "html": "html"}
+_EXIT_INTERRUPTED = 3
+_EXIT_CTRL_C = 130
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxdict = 5
+_REPR.maxlevel = 3
+
+
+# -- errors: one line on stderr, never a traceback ---------------------------------------------
+class _CommandError(click.ClickException):
+    """An error the command reports in one line on stderr (``durably: error: ...``), with
+    exit status 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_one_line(message))
+
+    def show(self, file: Any = None) -> None:
+        """Print the one line on stderr."""
+        click.echo(f"durably: error: {self.format_message()}", err=True)
+
+
+class _CtrlC(_CommandError):
+    exit_code = _EXIT_CTRL_C
+
+
+def _fail(message: str) -> NoReturn:
+    raise _CommandError(message)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, (DurablyError, OSError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class _Group(click.Group):
+    """The root group: turns every error into one line (unless ``--traceback``)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise
+        except KeyboardInterrupt:
+            if ctx.meta.get("durably.traceback"):
+                raise
+            raise _CtrlC("interrupted (Ctrl-C)") from None
+        except Exception as exc:
+            if ctx.meta.get("durably.traceback"):
+                raise
+            raise _CommandError(_describe(exc)) from None
+
+
+# -- the store --------------------------------------------------------------------------------
+def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta["durably.dir"] = value
+
+
+def _dir_option(func: F) -> F:
+    """``--dir`` on a command (``durably show RUN --dir DIR``), as on the group."""
+    return click.option(
+        "--dir", "store_dir", type=click.Path(path_type=Path), expose_value=False,
+        callback=_set_dir, is_eager=True,
+        help="The store directory (default: $DURABLY_DIR, else ./.durably).",
+    )(func)
+
+
+def _store(ctx: click.Context) -> durably.DiskStore:
+    """The store the command works on, configured as the process's default store (so
+    entrypoints and tasks without a store of their own use it)."""
+    cached = ctx.meta.get("durably.store")
+    if isinstance(cached, durably.DiskStore):
+        return cached
+    given = ctx.meta.get("durably.dir")
+    if given is not None:
+        path, source = Path(given), "--dir"
+    elif os.environ.get("DURABLY_DIR"):
+        path, source = Path(os.environ["DURABLY_DIR"]), "$DURABLY_DIR"
+    else:
+        path, source = Path(".durably"), "the default, ./.durably"
+    path = path.expanduser()
+    fix = "Fix: pass --dir DIR or set DURABLY_DIR to the directory of the store."
+    if not path.exists():
+        _fail(f"no durably store at {str(path)!r} ({source}): the directory does not exist. "
+              + fix)
+    if not path.is_dir():
+        _fail(f"{str(path)!r} ({source}) is a file, not a durably store. " + fix)
+    if not ((path / "FORMAT").exists() or (path / "journal.sqlite3").exists()):
+        _fail(f"{str(path)!r} ({source}) is not a durably store (it has no FORMAT and no "
+              "journal.sqlite3). " + fix)
+    store = durably.DiskStore(path)
+    durably.configure(store=store)
+    ctx.meta["durably.store"] = store
+    return store
+
+
+def _find_run(store: durably.DiskStore, text: str) -> durably.Run[Any]:
+    """The run with this id, or the one run whose id starts with it."""
+    try:
+        return durably.get_run(text, store=store)
+    except durably.NotFoundError:
+        found = [r for r in durably.list_runs(store=store) if r.id.startswith(text)]
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            shown = ", ".join(r.id for r in found[:5]) + (" ..." if len(found) > 5 else "")
+            _fail(f"run id prefix {text!r} names {len(found)} runs ({shown}). Fix: give more "
+                  "of the id.")
+        _fail(f"no run {text!r} in the store at {str(store.path)!r}. Fix: list the runs with "
+              "`durably runs`, or choose the store with --dir DIR or DURABLY_DIR.")
+
+
+# -- values from the command line --------------------------------------------------------------
+_SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([a-z])")
+
+
+def _parse_size(option: str, text: str) -> int:
+    """Bytes from ``5GB``, ``500MB``, ``1.5GiB`` or plain bytes (kB, MB, GB, TB count in
+    powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
+
+    Raises:
+        _CommandError: not a size; the message names the option and gives an example.
+
+    Example:
+        >>> _parse_size("--max-size", "5GB"), _parse_size("--max-size", "1.5KiB")
+        (5000000000, 1536)
+        >>> _parse_size("--max-size", "1024")
+        1024
+    """
+    m = _SIZE.fullmatch(text)
+    unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+    if m is None or unit is None:
+        _fail(f"{option} {text!r} is not a size. Give bytes or a number with a unit, for "
+              f"example {option} 5GB, 500MB, 1.5GiB or 1000000.")
+    return int(float(m.group(1)) * unit)
+
+
+def _parse_duration(option: str, text: str) -> float:
+    """Seconds from ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or a sum of them (``1h30m``).
+
+    Raises:
+        _CommandError: not a duration; the message names the option and gives an example.
+
+    Example:
+        >>> _parse_duration("--older-than", "30d"), _parse_duration("--older-than", "1h30m")
+        (2592000.0, 5400.0)
+    """
+    compact = text.strip().lower().replace(" ", "")
+    parts = _DURATION_PART.findall(compact)
+    if (not parts or "".join(n + u for n, u in parts) != compact
+            or any(u not in _DURATION_UNITS for _, u in parts)):
+        _fail(f"{option} {text!r} is not a duration. Give a number with a unit (s, m, h, d, "
+              f"w), for example {option} 30d, 12h, 90m or 45s.")
+    return float(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
+
+
+def _parse_json(option: str, text: str) -> Any:
+    """The value of a JSON option.
+
+    Raises:
+        _CommandError: not JSON; the message says where and how to quote a string.
+
+    Example:
+        >>> _parse_json("--value", '{"ok": true}')
+        {'ok': True}
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        _fail(f"{option} {text!r} is not valid JSON ({exc.msg} at character {exc.pos + 1}). "
+              f"A string needs JSON quotes inside the shell's: {option} '\"yes\"'; numbers, "
+              "true, false, null, [lists] and {objects} are written as in JSON.")
+
+
+def _parse_argument(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+_KEYWORD = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+
+
+def _parse_call(args: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
+    """Positional and keyword arguments from ``ARG`` and ``name=ARG``; each value is JSON
+    when it parses as JSON, else the string itself.
+
+    Example:
+        >>> _parse_call(["3", "owls", "[1, 2]", "factor=2.5", "name=ada"])
+        ([3, 'owls', [1, 2]], {'factor': 2.5, 'name': 'ada'})
+    """
+    positional: list[Any] = []
+    keywords: dict[str, Any] = {}
+    for text in args:
+        m = _KEYWORD.fullmatch(text)
+        if m:
+            keywords[m.group(1)] = _parse_argument(m.group(2))
+        elif keywords:
+            _fail(f"argument {text!r} comes after keyword arguments "
+                  f"({', '.join(keywords)}). Fix: put positional arguments first.")
+        else:
+            positional.append(_parse_argument(text))
+    return positional, keywords
+
+
+# -- importing user code -----------------------------------------------------------------------
+def _import_module(module: str) -> Any:
+    """Import ``module`` as ``python -m`` would find it (the current directory first)."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (module == exc.name or module.startswith(exc.name + ".")):
+            _fail(f"cannot import module {module!r}: no module named {exc.name!r} in the "
+                  f"current directory ({here}) or on sys.path. Fix: run durably from the "
+                  "directory that holds it, or install its package.")
+        _fail(f"importing module {module!r} failed: {_describe(exc)}")
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module failed to import
+        _fail(f"importing module {module!r} failed: {_describe(exc)}")
+
+
+def _load(target: str, kind: str) -> Any:
+    """The object named by ``MODULE:NAME``, checked to be an entrypoint or a task."""
+    module, sep, name = target.partition(":")
+    example = "flows:pipeline" if kind == "entrypoint" else "flows:score"
+    if not sep or not module or not name:
+        _fail(f"{target!r} is not MODULE:{kind.upper()}. Fix: name the module and the {kind} "
+              f"with a colon, for example {example}.")
+    if module.endswith(".py") or "/" in module or os.sep in module:
+        _fail(f"{module!r} is a file name; give the module's name instead (job.py -> job, "
+              f"pkg/flows.py -> pkg.flows) and run durably from the directory that holds it.")
+    if module.startswith("__main__"):
+        _fail(f"{target!r} names a script that ran as __main__; the command cannot import a "
+              "script's __main__. Fix: give the module's name (job for job.py); runs started "
+              "with `python job.py` belong to '__main__.job:...', so start them with "
+              "`python -m job` or from an import to resume or fork them here.")
+    mod = _import_module(module)
+    obj: Any = mod
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            cls = durably.Entrypoint if kind == "entrypoint" else durably.Task
+            have = sorted(k for k, v in vars(mod).items() if isinstance(v, cls))
+            _fail(f"module {module!r} has no {name!r}. "
+                  + (f"Its {kind}s: {', '.join(have)}." if have else
+                     f"It defines no @durably.{kind}."))
+    cls = durably.Entrypoint if kind == "entrypoint" else durably.Task
+    if not isinstance(obj, cls):
+        what = ("a @durably.task" if isinstance(obj, durably.Task) else
+                "a @durably.entrypoint" if isinstance(obj, durably.Entrypoint) else
+                f"a {type(obj).__name__}")
+        _fail(f"{target!r} is {what}, not a @durably.{kind}.")
+    return obj
+
+
+def _signature(func: Any) -> str:
+    try:
+        return str(inspect.signature(func))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _script_run(run: durably.Run[Any]) -> str:
+    script = run.entrypoint.rpartition(":")[0].partition(".")[2] or "script"
+    return (f"run {run.id!r} belongs to {run.entrypoint!r}: its script ran as `python "
+            f"{script}.py`, and the command cannot import a script's __main__. Fix: resume "
+            "or fork it from the script (entrypoint.resume(run_id, value), durably.fork(run_id, "
+            f"at=...)), or start such runs with `python -m {script}` or from an import.")
+
+
+def _await(value: Any) -> Any:
+    """The value, or the result of an async entrypoint's coroutine."""
+    if inspect.isawaitable(value):
+        return asyncio.run(value)  # type: ignore[arg-type]
+    return value
+
+
+# -- output ------------------------------------------------------------------------------------
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ still gets a cell
+        text = f"<{type(value).__qualname__}>"
+    return _clip(text, limit)
+
+
+def _clip(text: str | None, limit: int) -> str:
+    if text is None:
+        return ""
+    text = _one_line(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    """``12 ms``, ``1.25 s``, ``2 m 05 s``, ``1 h 02 m``.
+
+    Example:
+        >>> [_duration(s) for s in (0.0004, 0.012, 1.25, 125, 3720)]
+        ['0.4 ms', '12 ms', '1.25 s', '2 m 05 s', '1 h 02 m']
+    """
+    if seconds is None or math.isnan(seconds):
+        return ""
+    if seconds < 0.001:
+        return f"{seconds * 1000:.1f} ms"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} m {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} m"
+
+
+def _size(n: int | None) -> str:
+    """Bytes in powers of 1000, as ``--max-size`` reads them.
+
+    Example:
+        >>> [_size(n) for n in (512, 1_500, 2_500_000, 5 * 10**9)]
+        ['512 B', '1.5 kB', '2.5 MB', '5.0 GB']
+    """
+    if n is None:
+        return ""
+    if n < 1000:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000
+        if value < 1000 or unit == "TB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def _percent(rate: float | None) -> str:
+    return "" if rate is None else f"{rate:.0%}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]],
+           right: Sequence[int] = ()) -> str:
+    """Plain columns aligned with spaces; ``right`` are the columns aligned right."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w)
+               for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def _fields(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}".rstrip() for k, v in rows)
+
+
+def _jsonable(value: Any) -> Any:
+    """The value when JSON can write it as it is, else its ``repr``."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+
+
+def _run_fields(run: durably.Run[Any]) -> dict[str, Any]:
+    return {"id": run.id, "entrypoint": run.entrypoint, "name": run.name,
+            "status": run.status, "attempt": run.attempt, "created": run.created,
+            "updated": run.updated, "error": run.error}
+
+
+def _step_fields(s: durably.StepRecord) -> dict[str, Any]:
+    return {"task": s.task, "status": s.status, "attempt": s.attempt, "position": s.position,
+            "started": s.started, "ended": s.ended, "duration": s.duration,
+            "inputs": s.inputs, "output": s.output, "error": s.error, "step_id": s.step_id,
+            "parent_id": s.parent_id, "cache_key": s.cache_key}
+
+
+def _interrupt_fields(i: durably.Interrupt) -> dict[str, Any]:
+    return {"id": i.id, "task": i.task, "step_id": i.step_id, "payload": _jsonable(i.payload)}
+
+
+def _result(run: durably.Run[Any]) -> tuple[Any, str | None]:
+    """The run's result and None, or None and why it cannot be read."""
+    if run.status != "finished":
+        return None, None
+    try:
+        return run.result, None
+    except DurablyError as exc:
+        return None, _one_line(str(exc))
+
+
+def _answer_hint(run: durably.Run[Any], pending: Sequence[durably.Interrupt]) -> str:
+    value = "JSON" if len(pending) == 1 else "'{\"<interrupt id>\": JSON, ...}'"
+    return f"answer with: durably resume {run.entrypoint} {run.id} --value {value}"
+
+
+def _echo_interrupts(run: durably.Run[Any], pending: Sequence[durably.Interrupt]) -> None:
+    click.echo(f"run {run.id!r} is waiting for {len(pending)} answer(s):")
+    click.echo(_table(("INTERRUPT", "TASK", "PAYLOAD"),
+                      [(i.id, i.task, _short(i.payload, 80)) for i in pending]))
+    click.echo(_answer_hint(run, pending))
+
+
+def _paused(store: durably.Store, run_id: str) -> NoReturn:
+    """Print the pending interrupts of a run that paused again, and exit with status 3."""
+    run = durably.get_run(run_id, store=store)
+    _echo_interrupts(run, run.interrupts)
+    raise click.exceptions.Exit(_EXIT_INTERRUPTED)
+
+
+def _finished(run: durably.Run[Any], result: Any) -> None:
+    click.echo(run.summary())
+    click.echo(f"result: {_short(result, 200)}")
+
+
+# -- the commands ------------------------------------------------------------------------------
+_HELP = """Inspect durably runs, resume and fork them, and look after the cache.
+
+\b
+The store is --dir DIR (before or after the command), else $DURABLY_DIR,
+else ./.durably. RUN is a run id or a unique prefix of one. MODULE is
+imported like `python -m` would, from the current directory. An entrypoint
+declared with its own store (@entrypoint(store=...)) keeps it: --dir sets
+the default store only.
+
+\b
+Exit status:
+  0    success
+  1    an error, said in one line on stderr (--traceback shows more)
+  2    a usage error (unknown option, missing argument)
+  3    the run paused at interrupt() and waits for an answer
+  130  interrupted by Ctrl-C
+"""
+
+
+@click.group(cls=_Group, help=_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--dir", "store_dir", type=click.Path(path_type=Path), expose_value=False,
+              callback=_set_dir, help="The store directory (default: $DURABLY_DIR, else "
+              "./.durably).")
+@click.option("--traceback", is_flag=True, help="Show the traceback of an error.")
+@click.version_option(durably.__version__, "--version", prog_name="durably")
+@click.pass_context
+def cli(ctx: click.Context, traceback: bool) -> None:
+    """The ``durably`` command group (see the module's docstring)."""
+    ctx.meta["durably.traceback"] = traceback
+
+
+@cli.command("runs")
+@click.option("--entrypoint", "-e", "entrypoint", metavar="NAME",
+              help="Only runs of this entrypoint (its name, or module:name).")
+@click.option("--status", "-s", "status", metavar="STATUS",
+              help=f"Only runs with this status: {', '.join(STATUSES)}.")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=0,
+              help="At most this many runs (default 0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: a list of runs.")
+@_dir_option
+@click.pass_context
+def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None, limit: int,
+                 as_json: bool) -> None:
+    """List the runs in the store, most recently updated first."""
+    if status is not None and status not in STATUSES:
+        _fail(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
+    store = _store(ctx)
+    found = durably.list_runs(entrypoint, store=store)
+    if status is not None:
+        found = [r for r in found if r.status == status]
+    total = len(found)
+    if limit:
+        found = found[:limit]
+    if as_json:
+        _echo_json([_run_fields(r) for r in found])
+        return
+    if not found:
+        what = " ".join(filter(None, [status, "runs" if not entrypoint else
+                                      f"runs of {entrypoint!r}"]))
+        click.echo(f"no {what} in the store at {store.path}")
+        return
+    click.echo(_table(("RUN", "ENTRYPOINT", "STATUS", "ATTEMPT", "UPDATED"),
+                      [(r.id, r.entrypoint, r.status, str(r.attempt), _when(r.updated))
+                       for r in found], right=(3,)))
+    if total > len(found):
+        click.echo(f"({len(found)} of {total} runs; --limit 0 lists all)")
+
+
+def _depths(steps: Sequence[durably.StepRecord]) -> list[int]:
+    parents = {s.step_id: s.parent_id for s in steps}
+    depths = []
+    for s in steps:
+        depth, parent, seen = 0, s.parent_id, set()
+        while parent is not None and parent in parents and parent not in seen:
+            seen.add(parent)
+            depth += 1
+            parent = parents[parent]
+        depths.append(depth)
+    return depths
+
+
+@cli.command("show")
+@click.argument("run_id", metavar="RUN")
+@click.option("--all", "all_attempts", is_flag=True,
+              help="The steps of every attempt (default: the latest attempt).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: the run's fields and its steps.")
+@_dir_option
+@click.pass_context
+def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: bool) -> None:
+    """Show a run: its status and its steps, with durations and cache hits."""
+    store = _store(ctx)
+    run = _find_run(store, run_id)
+    steps = run.records() if all_attempts else run.steps
+    counts = run.counts()
+    pending = run.interrupts
+    result, result_error = _result(run)
+    if as_json:
+        data = _run_fields(run)
+        data.update(counts=counts, interrupts=[_interrupt_fields(i) for i in pending],
+                    result=_jsonable(result), result_error=result_error,
+                    steps=[_step_fields(s) for s in steps])
+        _echo_json(data)
+        return
+    tried = counts["ran"] + counts["cached"]
+    hits = (f"; cache hits {counts['cached']:,} of {tried:,} ({counts['cached'] / tried:.0%})"
+            if tried else "")
+    rows = [
+        ("run", run.id),
+        ("entrypoint", run.entrypoint),
+        ("status", f"{run.status} (attempt {run.attempt})"),
+        ("created", _when(run.created)),
+        ("updated", _when(run.updated)),
+        ("steps", f"{sum(counts.values()):,} — {counts['ran']:,} ran, {counts['cached']:,} "
+                  f"cached, {counts['replayed']:,} replayed, {counts['failed']:,} failed"
+                  + hits),
+    ]
+    if run.error:
+        rows.append(("error", _clip(run.error, 200)))
+    if result_error:
+        rows.append(("result", f"(not readable here: {_clip(result_error, 160)})"))
+    elif run.status == "finished":
+        rows.append(("result", _short(result, 200)))
+    click.echo(_fields(rows))
+    if pending:
+        click.echo()
+        _echo_interrupts(run, pending)
+    click.echo()
+    if not steps:
+        click.echo("no steps")
+        return
+    headers = ["#", "TASK", "STATUS", "DURATION", "STEP", "OUTPUT"]
+    if all_attempts:
+        headers.insert(1, "ATTEMPT")
+    # a replayed step's record has no output: show the one of the attempt that finished it
+    replayed = any(s.status == "replayed" for s in steps)
+    outputs = {s.step_id: s.output for s in reversed(run.records() if replayed else [])
+               if s.status in ("ran", "cached")}
+    table = []
+    for s, depth in zip(steps, _depths(steps), strict=True):
+        outcome = (s.error if s.status == "failed" else
+                   outputs.get(s.step_id) if s.status == "replayed" else s.output)
+        row = [str(s.position + 1), "  " * depth + s.task, s.status, _duration(s.duration),
+               s.step_id[:12], _clip(outcome, 60)]
+        if all_attempts:
+            row.insert(1, str(s.attempt))
+        table.append(row)
+    click.echo(_table(headers, table, right=(0, 1, 4) if all_attempts else (0, 3)))
+
+
+@cli.command("history")
+@click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: a list of checkpoints.")
+@_dir_option
+@click.pass_context
+def history_command(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """List a run's checkpoints, newest first: fork from one with `durably fork RUN --at ID`
+    (6 or more of its first characters name it)."""
+    store = _store(ctx)
+    run = _find_run(store, run_id)
+    points = run.history()
+    if as_json:
+        _echo_json([{"id": p.id, "kind": p.kind, "task": p.task, "time": p.time,
+                     "state": p.state, "answer": p.answer, "steps_done": p.steps_done,
+                     "step_id": p.step_id} for p in points])
+        return
+    if not points:
+        click.echo(f"run {run.id!r} has no checkpoints yet (no finished step, no interrupt)")
+        return
+    click.echo(_table(("CHECKPOINT", "KIND", "TASK", "TIME", "STEPS", "STATE", "ANSWER"),
+                      [(p.id[:12], p.kind, p.task, _when(p.time), str(p.steps_done),
+                        _clip(p.state, 50), _clip(p.answer, 30)) for p in points],
+                      right=(4,)))
+
+
+@cli.command("graph")
+@click.argument("run_id", metavar="RUN")
+@click.option("--format", "-f", "fmt", metavar="FORMAT",
+              help="mermaid (default), dot, svg (needs Graphviz) or html (a report). Default "
+                   "with -o: from the file's suffix (.mmd, .dot, .svg, .html).")
+@click.option("--output", "-o", "output", type=click.Path(path_type=Path), metavar="FILE",
+              help="Write to FILE (default: print to stdout).")
+@click.option("--attempt", type=click.IntRange(min=1), help="Draw this attempt (default: the "
+              "latest).")
+@click.option("--collapse", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Draw more than this many calls of one task under one parent as one node "
+                   "(0: draw every call).")
+@_dir_option
+@click.pass_context
+def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path | None,
+                  attempt: int | None, collapse: int) -> None:
+    """Draw a run's graph: its steps, nested by call, and the data flowing between them."""
+    kind = None
+    if fmt is not None:
+        kind = _FORMATS.get(fmt.lower())
+        if kind is None:
+            _fail(f"--format {fmt!r} is not a graph format. Use one of: mermaid, dot, svg, "
+                  "html (for example -f dot).")
+    store = _store(ctx)
+    run = _find_run(store, run_id)
+    if attempt is not None and attempt > run.attempt:
+        _fail(f"--attempt {attempt}: run {run.id!r} has {run.attempt} attempt(s).")
+    graph = run.graph(attempt=attempt, collapse=collapse or None)
+    if kind is None and output is not None:
+        try:
+            written = graph.save(output)
+        except OSError as exc:
+            _fail(f"cannot write {str(output)!r}: {exc.strerror or exc}")
+        click.echo(f"wrote the graph of run {run.id!r} to {written}", err=True)
+        return
+    render: dict[str, Callable[[], str]] = {
+        "mermaid": graph.to_mermaid, "dot": graph.to_dot, "svg": graph.to_svg,
+        "html": graph.to_html,
+    }
+    text = render[kind or "mermaid"]()
+    if output is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    try:
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        _fail(f"cannot write {str(output)!r}: {exc.strerror or exc}")
+    click.echo(f"wrote the graph of run {run.id!r} to {output}", err=True)
+
+
+@cli.command("resume")
+@click.argument("target", metavar="MODULE:ENTRYPOINT")
+@click.argument("run_id", metavar="RUN")
+@click.option("--value", default="null", show_default=True, metavar="JSON",
+              help="The answer to the pending interrupt(), as JSON ('\"yes\"', 42, "
+                   "'{\"ok\": true}'); several pending: '{\"<interrupt id>\": JSON, ...}'.")
+@_dir_option
+@click.pass_context
+def resume_command(ctx: click.Context, target: str, run_id: str, value: str) -> None:
+    """Answer an interrupted run and continue it (exit status 3 if it pauses again)."""
+    answer = _parse_json("--value", value)
+    store = _store(ctx)
+    ep = _load(target, "entrypoint")
+    durably.configure(store=store)  # again: importing the module may have configured another
+    home = ep.spec.store or store
+    run = _find_run(home, run_id)
+    if run.entrypoint != ep.spec.identity:
+        if run.entrypoint.startswith("__main__."):
+            _fail(_script_run(run))
+        _fail(f"run {run.id!r} belongs to entrypoint {run.entrypoint!r}, not "
+              f"{ep.spec.identity!r}. Fix: durably resume {run.entrypoint} {run.id}")
+    if run.status != "interrupted":
+        fix = {
+            "finished": f"Its result: durably show {run.id}.",
+            "forked": f"Execute it with: durably fork {run.id}, or call the entrypoint.",
+        }.get(run.status, "Fix: call the entrypoint again with the same arguments to "
+                          "continue it.")
+        _fail(f"run {run.id!r} is {run.status}, not interrupted: it waits for no answer. {fix}")
+    try:
+        result = _await(ep.resume(run.id, answer))
+    except durably.RunInterrupted:
+        _paused(home, run.id)
+    except (DurablyError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if ctx.meta.get("durably.traceback"):
+            raise
+        _fail(f"run {run.id!r} failed: {_describe(exc)} (recorded in its journal: durably "
+              f"show {run.id}; --traceback shows where)")
+    _finished(durably.get_run(run.id, store=home), result)
+
+
+@cli.command("fork")
+@click.argument("run_id", metavar="RUN")
+@click.option("--at", "at", metavar="CHECKPOINT",
+              help="A checkpoint id from `durably history RUN` (6+ of its first characters). "
+                   "Default: the latest checkpoint.")
+@click.option("--update", metavar="JSON",
+              help="A new result for the checkpoint's step, or the answer to an interrupt "
+                   "checkpoint, as JSON.")
+@click.option("--cache", "use_cache", is_flag=True,
+              help="Let steps after the checkpoint be served from the cache (default: they "
+                   "execute).")
+@_dir_option
+@click.pass_context
+def fork_command(ctx: click.Context, run_id: str, at: str | None, update: str | None,
+                 use_cache: bool) -> None:
+    """Start a new run from a checkpoint of RUN and execute it with today's code (the
+    entrypoint's module is imported by the name the run recorded)."""
+    new_value = _parse_json("--update", update) if update is not None else None
+    store = _store(ctx)
+    run = _find_run(store, run_id)
+    if run.entrypoint.startswith("__main__"):
+        _fail(_script_run(run))
+    _load(run.entrypoint, "entrypoint")
+    durably.configure(store=store)
+    points = run.history()
+    chosen = [p for p in points if at is not None and p.id.startswith(at)]
+    if at is not None and (len(at) < 6 or not chosen):
+        _fail(f"--at {at!r}: "
+              + ("give 6 or more characters of a checkpoint id" if len(at) < 6 else
+                 f"run {run.id!r} has no such checkpoint")
+              + f". Its checkpoints: durably history {run.id}.")
+    if len(chosen) > 1:
+        _fail(f"--at {at!r} names {len(chosen)} checkpoints of run {run.id!r}: give more "
+              "characters.")
+    options: dict[str, Any] = {"cache": use_cache, "store": store}
+    if update is not None:
+        options["update"] = new_value
+    before = {r.id for r in durably.list_runs(store=store)}
+    try:
+        forked = _await(durably.fork(run.id, at, **options))
+    except (DurablyError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if ctx.meta.get("durably.traceback"):
+            raise
+        new = [r.id for r in durably.list_runs(store=store) if r.id not in before]
+        name = f"run {new[0]!r}" if new else "the fork"
+        _fail(f"{name} (forked from {run.id!r}) failed: {_describe(exc)} (--traceback shows "
+              "where)")
+    point = chosen[0] if chosen else (points[0] if points else None)
+    where = f" at checkpoint {point.id[:12]} ({point.kind} {point.task})" if point else ""
+    click.echo(f"forked run {run.id!r}{where} into run {forked.id!r}")
+    if forked.status == "interrupted":
+        _paused(store, forked.id)
+    _finished(forked, _result(forked)[0])
+
+
+@cli.command("explain", context_settings={"ignore_unknown_options": True})
+@click.argument("target", metavar="MODULE:TASK")
+@click.argument("args", nargs=-1, metavar="[ARG|NAME=ARG]...")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_dir_option
+@click.pass_context
+def explain_command(ctx: click.Context, target: str, args: tuple[str, ...],
+                    as_json: bool) -> None:
+    """Say whether a call of a task would be served from the cache, and if not, why.
+
+    Each ARG is JSON when it parses as JSON (3, 2.5, true, null, "[1, 2]"), else a string;
+    NAME=ARG passes a keyword argument. Nothing executes.
+    """
+    positional, keywords = _parse_call(args)
+    store = _store(ctx)
+    task = _load(target, "task")
+    durably.configure(store=store)
+    try:
+        why = task.explain(*positional, **keywords)
+    except TypeError as exc:
+        if isinstance(exc, DurablyError):
+            raise
+        _fail(f"the arguments do not fit {target}{_signature(task)}: {exc}")
+    note = None
+    if why.nearest is None and not why.hit:
+        identity = task.spec.identity
+        script = f"__main__.{identity}"
+        if script in _maintenance.task_identities(store):
+            note = (f"note: the cache has entries of {script!r}, written by running the module "
+                    "as a script (python file.py); a task's identity includes how its module "
+                    "was loaded, so those entries are not this task's.")
+    if as_json:
+        _echo_json({"task": why.task, "identity": task.spec.identity,
+                    "cache_key": why.cache_key, "hit": why.hit, "reason": why.reason,
+                    "changed_arguments": list(why.changed_arguments),
+                    "changed_code": list(why.changed_code),
+                    "version_change": list(why.version_change) if why.version_change else None,
+                    "note": note})
+        return
+    click.echo(str(why))
+    if note:
+        click.echo(note)
+
+
+@cli.group("cache")
+@_dir_option
+def cache_group() -> None:
+    """Look after the cache: statistics, pruning, clearing. Journals are never touched, so
+    runs keep replaying their finished steps."""
+
+
+@cache_group.command("stats")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@_dir_option
+@click.pass_context
+def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
+    """Entries, bytes, entries per task, and the hit rate of runs."""
+    stats = _maintenance.cache_stats(_store(ctx))
+    if as_json:
+        _echo_json(stats)
+        return
+    rate = (f"{_percent(stats['hit_rate'])} ({stats['cached']:,} cached, {stats['ran']:,} ran, "
+            f"over the steps journaled by {stats['runs']:,} run(s))"
+            if stats["hit_rate"] is not None else f"no cacheable steps in {stats['runs']:,} "
+            "run(s)")
+    click.echo(_fields([
+        ("store", stats["path"]),
+        ("entries", f"{stats['entries']:,}"),
+        ("size", f"{_size(stats['bytes'])} on disk, {_size(stats['entry_bytes'])} of entries"),
+        ("stored", f"{_when(stats['oldest'])} … {_when(stats['newest'])}"
+         if stats["entries"] else ""),
+        ("hit rate", rate),
+    ]))
+    if stats["tasks"]:
+        click.echo()
+        click.echo(_table(("TASK", "ENTRIES", "SIZE", "RAN", "CACHED", "HIT RATE"),
+                          [(t["task"], f"{t['entries']:,}", _size(t["bytes"]), f"{t['ran']:,}",
+                            f"{t['cached']:,}", _percent(t["hit_rate"]))
+                           for t in stats["tasks"]], right=(1, 2, 3, 4, 5)))
+
+
+@cache_group.command("prune")
+@click.option("--older-than", "older_than", metavar="AGE",
+              help="Remove entries stored longer ago than this: 30d, 12h, 90m, 45s.")
+@click.option("--max-size", "max_size", metavar="SIZE",
+              help="Then remove the oldest entries until the cache is at most this big: 5GB, "
+                   "500MB, 1.5GiB, or bytes.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@_dir_option
+@click.pass_context
+def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: str | None,
+                        dry_run: bool) -> None:
+    """Remove cache entries by age and size, oldest first."""
+    if older_than is None and max_size is None:
+        _fail("cache prune needs --older-than AGE and/or --max-size SIZE, for example "
+              "--older-than 30d or --max-size 5GB.")
+    age = _parse_duration("--older-than", older_than) if older_than is not None else None
+    size = _parse_size("--max-size", max_size) if max_size is not None else None
+    store = _store(ctx)
+    before = int(store.cache.volume())
+    removed = _maintenance.prune(store, age, size, dry_run=dry_run)
+    _report(store, removed, before, dry_run)
+
+
+@cache_group.command("clear")
+@click.option("--task", "task", metavar="NAME",
+              help="Only this task's entries (its name, or module:name). Default: every entry.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@_dir_option
+@click.pass_context
+def cache_clear_command(ctx: click.Context, task: str | None, dry_run: bool) -> None:
+    """Remove every cache entry, or one task's."""
+    store = _store(ctx)
+    before = int(store.cache.volume())
+    removed = _maintenance.clear(store, task, dry_run=dry_run)
+    if task is not None:
+        click.echo(f"task {task!r}: {', '.join(_maintenance.match_tasks(store, task))}")
+    _report(store, removed, before, dry_run)
+
+
+def _report(store: durably.DiskStore, removed: int, before: int, dry_run: bool) -> None:
+    if dry_run:
+        click.echo(f"would remove {removed:,} cache entr{'y' if removed == 1 else 'ies'} "
+                   f"(dry run; the cache holds {_size(before)})")
+        return
+    after = int(store.cache.volume())
+    click.echo(f"removed {removed:,} cache entr{'y' if removed == 1 else 'ies'} from "
+               f"{store.path / 'cache'}: {_size(before)} -> {_size(after)}; journals are kept")
+
+
+def main() -> None:
+    """Run the ``durably`` command (the console script); exits with its status.
+
+    Example:
+        >>> import subprocess, sys
+        >>> subprocess.run([sys.executable, "-c", "from durably.cli import main; main()",
+        ...                 "--version"], capture_output=True, text=True).stdout
+        'durably, version 0.1.0\\n'
+    """
+    cli.main(prog_name="durably")
+
