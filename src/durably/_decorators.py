@@ -27,6 +27,7 @@ from ._executors import Executor, Target, map_async, map_sync, submit_async, sub
 from ._explain import Explanation, explain
 from ._history import NO_UPDATE, make_fork
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
+from ._retry import Retry
 from ._run import _UNSET, Run
 from ._runtime import Spec, begin_run, call_async, call_sync, end_run, validate_run_id
 from ._store import RunRecord, Store, now
@@ -862,6 +863,8 @@ def task(
     version: str | None = None,
     cache: bool = True,
     ignore: tuple[str, ...] = (),
+    retry: int | Retry | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -873,6 +876,8 @@ def task(
     version: str | None = None,
     cache: bool = True,
     ignore: tuple[str, ...] = (),
+    retry: int | Retry | None = None,
+    timeout: float | None = None,
 ) -> Any:
     """Make a function a durable task: its result is cached on disk by its code and inputs,
     and inside a run each call is a journaled step that never executes twice.
@@ -893,6 +898,11 @@ def task(
         cache: False for a side-effect task: never served from the cross-run cache, but
             inside a run it is journaled, so it is not executed twice in that run.
         ignore: Argument names left out of the input digest (a logger, a verbose flag).
+        retry: Retry a failing body: a number of attempts (``retry=3``) or a
+            :class:`~durably.Retry` (attempts, backoff in seconds, which exceptions). Built
+            on tenacity; inside a run every failed try is journaled.
+        timeout: Seconds each try may take before :class:`~durably.TaskTimeoutError`
+            (an async task is cancelled; a sync one is abandoned in a background thread).
 
     Returns:
         A :class:`Task` (or, with options, a decorator making one).
@@ -921,7 +931,8 @@ def task(
 
     def decorate(f: Callable[P, R]) -> Task[P, R]:
         spec = Spec(f, kind="task", name=name, version=version, cache=cache, ignore=tuple(ignore)
-                    if isinstance(ignore, (list, tuple)) else ignore)
+                    if isinstance(ignore, (list, tuple)) else ignore, retry=retry,
+                    timeout=timeout)
         return Task(f, spec)
 
     return decorate(func) if func is not None else decorate

@@ -1,0 +1,151 @@
+"""retry= and timeout= on tasks, and the one-line summary a finished run logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+import durably
+from durably import entrypoint, task
+
+pytestmark = pytest.mark.usefixtures("store")
+
+
+def test_retries_until_success_and_journals_every_failed_try() -> None:
+    tries: list[int] = []
+
+    @task(retry=durably.Retry(attempts=4, backoff=0, on=(ConnectionError,)))
+    def fetch(x: int) -> int:
+        tries.append(x)
+        if len(tries) < 3:
+            raise ConnectionError(f"flaky {len(tries)}")
+        return x * 2
+
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return fetch(x)
+
+    run = pipeline.run(5)
+    assert run.result == 10 and tries == [5, 5, 5]
+    records = [(r.status, r.error) for r in run.records()]
+    assert records == [("failed", "try 1 of 4: ConnectionError('flaky 1')"),
+                       ("failed", "try 2 of 4: ConnectionError('flaky 2')"), ("ran", None)]
+    assert [n.status for n in run.graph().nodes] == ["ran"]
+    assert pipeline.run(5).counts()["replayed"] == 1 and tries == [5, 5, 5]
+
+
+def test_other_exceptions_and_exhausted_retries_propagate_unchanged() -> None:
+    calls: list[str] = []
+
+    @task(retry=durably.Retry(attempts=2, backoff=0, on=(ConnectionError,)))
+    def picky(kind: str) -> None:
+        calls.append(kind)
+        raise (ConnectionError if kind == "net" else ValueError)(kind)
+
+    with pytest.raises(ValueError, match="bad"):
+        picky("bad")
+    assert calls == ["bad"]  # not a retried type: one try
+    with pytest.raises(ConnectionError, match="net"):
+        picky("net")
+    assert calls == ["bad", "net", "net"]
+
+
+def test_retry_shorthand_and_bad_options() -> None:
+    seen: list[int] = []
+
+    @task(retry=3, cache=False)
+    def flaky() -> str:
+        seen.append(1)
+        if len(seen) < 3:
+            raise RuntimeError("again")
+        return "ok"
+
+    durably.Retry(attempts=3, backoff=0)  # constructing is cheap and validated
+    flaky.spec.retry = durably.Retry(attempts=3, backoff=0)  # no real waiting in the test
+    assert flaky() == "ok" and len(seen) == 3
+    with pytest.raises(durably.DefinitionError, match="retry=3"):
+        task(retry="3")(lambda: 1)  # type: ignore[call-overload]
+    with pytest.raises(durably.DefinitionError, match="attempts"):
+        durably.Retry(attempts=0)
+    with pytest.raises(durably.DefinitionError, match="exception types"):
+        durably.Retry(on=(KeyError, "x"))  # type: ignore[arg-type]
+    with pytest.raises(durably.DefinitionError, match="positive number of seconds"):
+        task(timeout=-1)(lambda: 1)
+
+
+def test_interrupts_are_never_retried() -> None:
+    tries: list[int] = []
+
+    @task(retry=durably.Retry(attempts=5, backoff=0, on=(BaseException,)))
+    def ask() -> Any:
+        tries.append(1)
+        return durably.interrupt("ok?")
+
+    @entrypoint
+    def pipeline() -> Any:
+        return ask()
+
+    assert pipeline.run().status == "interrupted" and tries == [1]
+
+
+def test_timeout_of_a_sync_task_raises_and_can_be_retried() -> None:
+    release = threading.Event()
+    tries: list[int] = []
+
+    @task(cache=False, timeout=0.2,
+          retry=durably.Retry(attempts=2, backoff=0, on=(TimeoutError,)))
+    def slow() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            release.wait(10)  # the first try hangs past its timeout
+        return "second try"
+
+    @entrypoint
+    def pipeline() -> str:
+        return slow()
+
+    run = pipeline.run()
+    release.set()
+    assert run.result == "second try" and len(tries) == 2
+    [failed, ran] = run.records()
+    assert failed.status == "failed" and "TaskTimeoutError" in (failed.error or "")
+    with pytest.raises(TimeoutError):
+        raise durably.TaskTimeoutError("is a TimeoutError")
+
+
+def test_timeout_cancels_an_async_task() -> None:
+    cancelled: list[bool] = []
+
+    @task(timeout=0.1)
+    async def hang() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(durably.TaskTimeoutError, match="hang.*0.1 s and was cancelled"):
+        asyncio.run(hang())
+    assert cancelled == [True]
+
+
+def test_a_finished_run_logs_its_summary(caplog: pytest.LogCaptureFixture) -> None:
+    @task
+    def work(i: int) -> int:
+        return i
+
+    @entrypoint
+    def pipeline(n: int) -> list[int]:
+        return [work(i) for i in range(n)]
+
+    with caplog.at_level(logging.INFO, logger="durably"):
+        pipeline(3)
+        pipeline(3)
+    lines = [r.getMessage() for r in caplog.records if r.name == "durably"]
+    assert len(lines) == 2
+    assert "finished: 3 steps — 3 ran, 0 replayed" in lines[0]
+    assert "0 ran, 3 replayed" in lines[1] and "reran a finished run" in lines[1]
