@@ -387,3 +387,164 @@ def test_a_killed_graph_run_resumes_at_its_super_step(tmp_path: Path) -> None:
     assert again.stdout.strip() == "['a', 'b', 'c', 'd']"
     lines = log.read_text().split()
     assert sorted(lines[:3]) == ["a", "b", "c"] and lines[3:] == ["d", "d"]  # only d again
+
+
+# -- found by a new user trying to break it --------------------------------------------------
+class Log(TypedDict):
+    log: Annotated[list[str], operator.add]
+    count: int
+
+
+def _one(name: str, node: Any, graph: str) -> Any:
+    b = StateGraph(Log, name=graph)
+    b.add_node(name, node).add_edge(START, name).add_edge(name, END)
+    return b.compile()
+
+
+def test_a_subgraph_writes_what_its_nodes_wrote_not_its_whole_state() -> None:
+    sub = _one("i1", lambda s: {"log": ["i1"]}, "inner")
+    b = StateGraph(Log, name="outer")
+    b.add_node("pre", lambda s: {"log": ["pre"]}).add_node("sub", sub)
+    b.add_edge(START, "pre").add_edge("pre", "sub").add_edge("sub", END)
+    assert b.compile().invoke({"log": ["seed"], "count": 0})["log"] == ["seed", "pre", "i1"]
+    par = StateGraph(Log, name="outer_par")
+    par.add_node("counter", lambda s: {"count": 1}).add_node("sub", sub)
+    par.add_edge(START, "counter").add_edge(START, "sub").add_edge(["counter", "sub"], END)
+    assert par.compile().invoke({"log": [], "count": 0}) == {"log": ["i1"], "count": 1}
+
+
+def test_instances_write_only_what_they_set_or_changed() -> None:
+    class PS(pydantic.BaseModel):
+        topic: str = ""
+        notes: Annotated[list[str], operator.add] = []
+        score: int = 0
+
+    g = StateGraph(PS, name="pyd_writer")
+    g.add_node("w", lambda s: PS(notes=["from writer"])).add_edge(START, "w").add_edge("w", END)
+    assert g.compile().invoke(PS(topic="owls", notes=["seed"], score=3)) == PS(
+        topic="owls", notes=["seed", "from writer"], score=3)
+
+    def bump(s: PS) -> PS:
+        s.score += 1
+        return s
+
+    h = StateGraph(PS, name="pyd_bump")
+    h.add_node("bump", bump).add_edge(START, "bump").add_edge("bump", END)
+    assert h.compile().invoke(PS(topic="owls", notes=["seed"], score=3)) == PS(
+        topic="owls", notes=["seed"], score=4)
+
+
+def test_nodes_get_their_own_copy_of_the_state() -> None:
+    seen: list[list[str]] = []
+
+    def mutate(s: Log) -> dict[str, Any]:
+        s["log"].append("MUTATED")
+        return {}
+
+    def look(s: Log) -> dict[str, Any]:
+        import time
+
+        time.sleep(0.05)
+        seen.append(list(s["log"]))
+        return {}
+
+    b = StateGraph(Log, name="copies")
+    b.add_node("mutate", mutate).add_node("look", look)
+    b.add_edge(START, "mutate").add_edge(START, "look").add_edge(["mutate", "look"], END)
+    initial: Log = {"log": ["x"], "count": 0}
+    assert b.compile().invoke(initial)["log"] == ["x"]
+    assert seen == [["x"]] and initial["log"] == ["x"]
+
+
+def test_node_names_never_collide_with_internal_steps() -> None:
+    app = _one("superstep", lambda s: {"log": ["x"]}, "named")
+    app.invoke({"log": [], "count": 0})
+    run_id = durably.list_runs()[0].id
+    assert app.get_state(run_id).values["log"] == ["x"]
+    assert app.get_graph(run_id).visits == {"superstep": 1}
+
+
+def test_validation_of_joins_names_and_state_types() -> None:
+    b = StateGraph(Log, name="same")
+    b.add_node("a", lambda s: {}).add_node("sub", _one("i", lambda s: {}, "same"))
+    b.add_node("c", lambda s: {})
+    b.add_edge(START, "a").add_edge("a", "sub").add_edge([START, "a"], "c")
+    b.add_edge("sub", END).add_edge("c", END).add_edge(START, 3)  # type: ignore[arg-type]
+    with pytest.raises(GraphValidationError) as err:
+        b.compile()
+    text = "\n".join(err.value.problems)
+    assert "START cannot be part of a join" in text
+    assert "has the graph name 'same' of its parent" in text
+    assert "node names are strings" in text
+    with pytest.raises(durably.DefinitionError, match="TypedDict"):
+        StateGraph(dict)
+
+
+def test_update_state_as_one_of_several_pending_nodes_keeps_the_others() -> None:
+    def b_node(s: Log) -> dict[str, Any]:
+        return {"log": [f"b={durably.interrupt('b?')}"]}
+
+    g = StateGraph(Log, name="pending")
+    g.add_node("pre", lambda s: {"log": ["pre"]}).add_node("a", lambda s: {"log": ["a"]})
+    g.add_node("b", b_node).add_node("c", lambda s: {"log": ["c"]})
+    g.add_edge(START, "pre").add_edge("pre", "a").add_edge("pre", "b")
+    g.add_edge(["a", "b"], "c").add_edge("c", END)
+    app = g.compile()
+    run = app.run({"log": [], "count": 0})
+    assert app.get_state(run.id).next == ("a", "b")
+    new = app.update_state(run.id, {"log": ["human"]}, as_node="b")
+    assert app.get_state(new).next == ("a",)
+    assert app.invoke(None, run_id=new)["log"] == ["pre", "human", "a", "c"]
+
+
+def test_update_state_before_the_first_super_step_finished() -> None:
+    def review(s: Log) -> dict[str, Any]:
+        return {"log": [f"review={durably.interrupt('ok?')}"]}
+
+    g = StateGraph(Log, name="first_review")
+    g.add_node("review", review).add_node("after", lambda s: {"log": ["after"]})
+    g.add_edge(START, "review").add_edge("review", "after").add_edge("after", END)
+    app = g.compile()
+    run = app.run({"log": [], "count": 0})
+    new = app.update_state(run.id, {"log": ["reviewed by hand"]}, as_node="review")
+    assert app.invoke(None, run_id=new)["log"] == ["reviewed by hand", "after"]
+
+
+def test_runs_of_other_graphs_and_missing_runs_are_refused() -> None:
+    a = _one("a", lambda s: {"log": ["a"]}, "graph_a")
+    b = _one("b", lambda s: {"log": ["b"]}, "graph_b")
+    a.invoke({"log": [], "count": 0})
+    run_id = durably.list_runs()[0].id
+    for call in (lambda: b.get_state(run_id), lambda: b.get_graph(run_id),
+                 lambda: b.update_state(run_id, {"count": 1}),
+                 lambda: b.invoke(None, run_id=run_id)):
+        with pytest.raises(durably.RunStateError, match="belongs to"):
+            call()
+    with pytest.raises(durably.NotFoundError):
+        a.invoke(None, run_id="no-such-run")
+    with pytest.raises(durably.DefinitionError, match="needs run_id"):
+        a.invoke(None)
+
+
+def test_stream_ends_with_the_interrupt_and_replays_finished_super_steps() -> None:
+    def ask(s: Log) -> dict[str, Any]:
+        return {"log": [f"ask={durably.interrupt('?')}"]}
+
+    g = StateGraph(Log, name="streamed")
+    g.add_node("pre", lambda s: {"log": ["pre"]}).add_node("ask", ask)
+    g.add_edge(START, "pre").add_edge("pre", "ask").add_edge("ask", END)
+    app = g.compile()
+    chunks = list(app.stream({"log": [], "count": 0}, mode="updates"))
+    assert chunks[0] == {"pre": {"log": ["pre"]}}
+    assert [i.payload for i in chunks[1]["__interrupt__"]] == ["?"]
+    again = list(app.stream({"log": [], "count": 0}, mode="updates"))
+    assert again[0] == {"pre": {"log": ["pre"]}} and "__interrupt__" in again[1]
+
+
+def test_fresh_runs_after_an_edit_instead_of_a_graph_changed_error() -> None:
+    first = _one("n", lambda s: {"log": ["v1"]}, "edited")
+    first.invoke({"log": [], "count": 0})
+    second = _one("n", lambda s: {"log": ["v2"]}, "edited")
+    with pytest.raises(GraphChangedError, match="fresh=True"):
+        second.invoke({"log": [], "count": 0})
+    assert second.invoke({"log": [], "count": 0}, fresh=True)["log"] == ["v2"]

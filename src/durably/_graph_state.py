@@ -28,7 +28,7 @@ class Schema:
             self.kind = "dataclass"
         elif isinstance(state_type, type) and hasattr(state_type, "model_fields"):
             self.kind = "pydantic"
-        elif isinstance(state_type, type) and issubclass(state_type, dict):
+        elif isinstance(state_type, type) and typing.is_typeddict(state_type):
             self.kind = "typeddict"
         else:
             raise DefinitionError(
@@ -69,6 +69,24 @@ class Schema:
             f"{what} must be a dict of state keys (or a {self.type.__qualname__}), not "
             f"{type(value).__qualname__}: {value!r:.80}")
 
+    def update_of(self, value: Any, state: dict[str, Any], what: str) -> dict[str, Any]:
+        """What a node's return value writes. A dict (or None: nothing) is the update. An
+        instance of the state type writes, for pydantic, the fields set explicitly
+        (``State(notes=[...])``), and for a dataclass (or the very state object the node was
+        given, changed in place) the fields whose values differ from the node's input;
+        reducers apply to those values as to a dict's. To append through a reducer, return
+        only the new items."""
+        if value is None or isinstance(value, Mapping):
+            return self.to_dict(value, what)
+        if self.kind == "typeddict" or not isinstance(value, self.type):
+            return self.to_dict(value, what)  # raises, naming the node
+        fields = self.to_dict(value, what)
+        if self.kind == "pydantic":
+            explicit = set(getattr(value, "model_fields_set", fields))
+            if explicit != set(self.fields):  # a new instance with some fields set
+                return {k: v for k, v in fields.items() if k in explicit}
+        return {k: v for k, v in fields.items() if k not in state or not _same(v, state[k])}
+
     def build(self, values: dict[str, Any]) -> Any:
         """The state as the node sees it: a dict for a TypedDict, else an instance."""
         if self.kind == "typeddict":
@@ -92,6 +110,7 @@ def fingerprint_of(graph: Any) -> dict[str, Any]:
         "nodes": {n: code(fn) for n, fn in sorted(graph.nodes.items())},
         "edges": sorted([[list(s), t] for s, t in graph.edges]),
         "routers": sorted([[r.source, r.names, code(r.fn)] for r in graph.routers]),
+        "reducers": {k: code(fn) for k, fn in sorted(graph.schema.reducers.items())},
     }
 
 
@@ -110,4 +129,14 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     changes += [f"router {r} was removed" for r in orr if r not in nr]
     changes += [f"router {r} was added" for r in nr if r not in orr]
     changes += [f"the code of router {r} changed" for r in nr if r in orr and orr[r] != nr[r]]
+    ored, nred = old.get("reducers", {}), new.get("reducers", {})
+    changes += [f"the reducer of state key {k!r} changed" for k in sorted({*ored, *nred})
+                if ored.get(k) != nred.get(k)]
     return changes
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # noqa: BLE001 - arrays and odd types: not provably equal
+        return False

@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import copy
 import dataclasses
 import inspect
 import json
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -34,14 +34,22 @@ import xxhash
 
 from ._context import current_run
 from ._decorators import Entrypoint, Task
-from ._graph_state import InvalidUpdateError, Schema, describe_changes, fingerprint_of
-from ._graph_structure import END, RESERVED, START, GraphStructure
+from ._graph_builder import (
+    GraphChangedError,
+    GraphValidationError,
+    InvalidRouteError,
+    StateGraph,
+    StepLimitError,
+    _Router,
+)
+from ._graph_state import InvalidUpdateError, describe_changes, fingerprint_of
+from ._graph_structure import END, START, GraphStructure
 from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
 from ._store import Store
 from ._tracer import Event
-from .exceptions import DefinitionError, DurablyError, RunStateError
+from .exceptions import DefinitionError, RunStateError
 
 __all__ = [
     "END",
@@ -59,252 +67,6 @@ __all__ = [
 
 S = TypeVar("S")
 
-
-
-# -- errors ------------------------------------------------------------------------------------
-class GraphValidationError(DefinitionError):
-    """The graph is not well formed. ``problems`` lists every problem found (compile checks
-    everything at once)."""
-
-    def __init__(self, name: str, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__(f"graph {name!r} has {len(problems)} problem(s):\n- "
-                         + "\n- ".join(problems))
-
-
-class InvalidRouteError(DurablyError):
-    """A router returned a destination it did not declare."""
-
-
-class StepLimitError(DurablyError):
-    """The run exceeded ``max_steps`` super-steps. ``path`` lists the nodes of each
-    super-step taken."""
-
-    def __init__(self, message: str, path: list[list[str]]) -> None:
-        super().__init__(message)
-        self.path = path
-
-
-class GraphChangedError(RunStateError):
-    """A run is resumed under a graph whose structure or node code changed since its
-    checkpoints were written. ``changes`` says what changed; pass ``migrate=`` to accept."""
-
-    def __init__(self, message: str, changes: list[str]) -> None:
-        super().__init__(message)
-        self.changes = changes
-
-
-# -- the builder -------------------------------------------------------------------------------
-@dataclasses.dataclass
-class _Router:
-    source: str
-    fn: Callable[[Any], Any]
-    mapping: dict[Any, str] | None  # router output -> node (None: outputs are node names)
-    names: list[str]  # declared destinations (node names or END)
-
-
-class StateGraph(Generic[S]):
-    """Build a graph of nodes over a state type.
-
-    Args:
-        state: A ``TypedDict``, dataclass or pydantic model class. Per-key reducers come
-            from ``Annotated[type, reducer]`` (for example ``Annotated[list[str],
-            operator.add]``), where a reducer is ``(current, update) -> merged``; keys
-            without one are replaced by updates.
-        name: The graph's name (the name of its runs and of its steps). Default: the state
-            type's name with ``graph`` appended.
-
-    Raises:
-        DefinitionError: ``state`` is not a TypedDict, dataclass or pydantic model.
-
-    Example:
-        >>> import operator, tempfile
-        >>> from typing import Annotated, TypedDict
-        >>> import durably
-        >>> from durably import StateGraph, START, END
-        >>> class State(TypedDict):
-        ...     topic: str
-        ...     notes: Annotated[list[str], operator.add]
-        >>> def search(state): return {"notes": [f"web on {state['topic']}"]}
-        >>> def docs(state): return {"notes": [f"docs on {state['topic']}"]}
-        >>> builder = StateGraph(State, name="research")
-        >>> _ = builder.add_node("search", search).add_node("docs", docs)
-        >>> _ = builder.add_edge(START, "search").add_edge(START, "docs")
-        >>> _ = builder.add_edge(["search", "docs"], END)
-        >>> app = builder.compile(store=durably.DiskStore(tempfile.mkdtemp()))
-        >>> app.invoke({"topic": "owls", "notes": []})["notes"]
-        ['web on owls', 'docs on owls']
-    """
-
-    def __init__(self, state: type[S], *, name: str | None = None) -> None:
-        caller = sys._getframe(1)
-        self.schema = Schema(state, {**caller.f_globals, **caller.f_locals})
-        self.name = name or f"{state.__name__}graph"
-        self.nodes: dict[str, Any] = {}
-        self.node_options: dict[str, dict[str, Any]] = {}
-        self.edges: list[tuple[tuple[str, ...], str]] = []
-        self.routers: list[_Router] = []
-        self.problems: list[str] = []
-        self.module = _caller_module()
-
-    def add_node(self, name: str, fn: Any, *, cache: bool = False) -> StateGraph[S]:
-        """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
-        subgraph: it runs on the current state and its final state is the update).
-
-        Args:
-            name: Unique node name (not ``START``/``END``).
-            fn: The node function, or a :class:`CompiledGraph`.
-            cache: True to also serve the node from the cross-run cache when its code and
-                input state are unchanged. Default False: a node is journaled in its run
-                (never executed twice there) but executes in every new run, as agents and
-                LLM calls usually should.
-
-        Returns:
-            The builder (calls chain).
-        """
-        if not isinstance(name, str) or not name:
-            self.problems.append(f"a node name must be a non-empty string, not {name!r}")
-            return self
-        if name in RESERVED:
-            self.problems.append(f"node name {name!r} is reserved (START/END)")
-            return self
-        if name in self.nodes:
-            self.problems.append(f"node {name!r} is added twice")
-            return self
-        if not (callable(fn) or isinstance(fn, CompiledGraph)):
-            self.problems.append(f"node {name!r} is not callable: {fn!r}")
-            return self
-        self.nodes[name] = fn
-        self.node_options[name] = {"cache": cache}
-        return self
-
-    def add_edge(self, source: str | Sequence[str], target: str) -> StateGraph[S]:
-        """Add an edge. ``add_edge([a, b], c)`` is a join: ``c`` runs once both ``a`` and
-        ``b`` have finished. Several edges out of one node fan out: their targets run in the
-        same super-step.
-
-        Returns:
-            The builder.
-        """
-        sources = (source,) if isinstance(source, str) else tuple(source)
-        self.edges.append((sources, target))
-        return self
-
-    def add_conditional_edges(self, source: str, router: Callable[[Any], Any],
-                              destinations: Sequence[str] | Mapping[Any, str] | None = None
-                              ) -> StateGraph[S]:
-        """Route from ``source`` by a function of the state.
-
-        Args:
-            source: The node after which the router runs (or ``START``).
-            router: ``state -> name``, a list of names (fan out), or ``END``.
-            destinations: What the router may return: a list of node names (and/or
-                ``END``), or a mapping from router outputs to node names. Required: the
-                graph is drawn and validated from it, and a router returning anything else
-                raises :class:`InvalidRouteError` at run time.
-
-        Returns:
-            The builder.
-        """
-        if not callable(router):
-            self.problems.append(f"the router of {source!r} is not callable: {router!r}")
-            return self
-        label = getattr(router, "__name__", repr(router))
-        if not destinations:
-            self.problems.append(
-                f"router {label!r} from {source!r} declares no destinations. Fix: "
-                f"add_conditional_edges({source!r}, {label}, ['a', 'b', END])")
-            return self
-        if isinstance(destinations, Mapping):
-            mapping = dict(destinations)
-            names = list(dict.fromkeys(mapping.values()))
-        else:
-            mapping = None
-            names = list(destinations)
-        self.routers.append(_Router(source, router, mapping, names))
-        return self
-
-    def compile(self, *, max_steps: int = 25, store: Store | None = None,
-                name: str | None = None) -> CompiledGraph[S]:
-        """Validate the graph and make it runnable.
-
-        Args:
-            max_steps: The most super-steps one run may take (cycles are bounded by it).
-            store: Where its runs live. Default: the configured store.
-            name: Override the graph's name.
-
-        Returns:
-            A :class:`CompiledGraph`.
-
-        Raises:
-            GraphValidationError: lists every problem at once: unknown nodes in edges, nodes
-                with no way out, nodes unreachable from ``START``, ``END`` unreachable,
-                duplicate or reserved names, routers without destinations.
-        """
-        if not isinstance(max_steps, int) or max_steps < 1:
-            raise DefinitionError(f"compile(max_steps=...) must be a positive int, not "
-                                  f"{max_steps!r}")
-        name = name or self.name
-        problems = list(self.problems) + self._check()
-        if problems:
-            raise GraphValidationError(name, problems)
-        return CompiledGraph(self, name, max_steps, store)
-
-    def _check(self) -> list[str]:
-        problems: list[str] = []
-        known = set(self.nodes) | RESERVED
-        out: dict[str, set[str]] = {n: set() for n in [START, *self.nodes]}
-        for sources, target in self.edges:
-            for s in sources:
-                if s not in known:
-                    problems.append(f"edge {list(sources)} -> {target!r}: unknown node {s!r}")
-                elif s == END:
-                    problems.append(f"edge {list(sources)} -> {target!r}: END has no way out")
-                else:
-                    out[s].add(target)
-            if target not in known:
-                problems.append(f"edge {list(sources)} -> {target!r}: unknown node {target!r}")
-            elif target == START:
-                problems.append(f"edge {list(sources)} -> START: nothing goes into START")
-        for r in self.routers:
-            if r.source not in known or r.source == END:
-                problems.append(f"router {r.fn.__name__!r}: unknown source node {r.source!r}")
-                continue
-            for d in r.names:
-                if d not in known or d == START:
-                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} declares "
-                                    f"unknown destination {d!r}")
-                else:
-                    out[r.source].add(d)
-        if not out[START]:
-            problems.append("no edge from START. Fix: add_edge(START, '<first node>')")
-        for n in self.nodes:
-            if not out[n]:
-                problems.append(f"node {n!r} has no way out. Fix: add_edge({n!r}, END) or an "
-                                "edge to the next node")
-        seen = _reach(START, out)
-        for n in self.nodes:
-            if n not in seen:
-                problems.append(f"node {n!r} is unreachable from START")
-        if END not in seen and out[START]:
-            problems.append("END is unreachable: every path loops forever")
-        return problems
-
-
-def _reach(start: str, out: Mapping[str, set[str]]) -> set[str]:
-    seen = {start}
-    todo = [start]
-    while todo:
-        for t in out.get(todo.pop(), ()):
-            if t not in seen:
-                seen.add(t)
-                todo.append(t)
-    return seen
-
-
-def _caller_module() -> str:
-    frame = sys._getframe(2)
-    return str(frame.f_globals.get("__name__", "__main__"))
 
 
 # -- snapshots and structure -----------------------------------------------------------------
@@ -329,6 +91,22 @@ class StateSnapshot:
     run_id: str
     status: str
     interrupts: tuple[Any, ...] = ()
+
+
+class Writes(list):  # type: ignore[type-arg]
+    """The update of a subgraph node: the writes of its nodes, in the order applied."""
+
+    __slots__ = ()
+
+
+def _merged(update: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
+    """One dict for display (``stream(mode="updates")``): later writes win."""
+    if isinstance(update, list):
+        merged: dict[str, Any] = {}
+        for one in update:
+            merged.update(one)
+        return merged
+    return update
 
 
 # -- the compiled graph ------------------------------------------------------------------------
@@ -368,8 +146,12 @@ class CompiledGraph(Generic[S]):
             def run_subgraph(state: Any) -> Any:
                 values = schema.to_dict(state, f"the input of subgraph {name!r}")
                 shared = {k: v for k, v in values.items() if k in sub.schema.fields}
-                final = sub._execute(shared, top=False)
-                return {k: v for k, v in final.items() if k in schema.fields}
+                writes: list[dict[str, Any]] = []
+                sub._execute(shared, top=False, writes=writes)
+                # what the subgraph's nodes wrote, in order: the parent applies these
+                # through its own reducers (never the subgraph's whole final state again)
+                return Writes([{k: v for k, v in w.items() if k in schema.fields}
+                               for w in writes])
 
             run_subgraph.__qualname__ = run_subgraph.__name__ = f"{self.name}.{name}"
             run_subgraph.__module__ = self.graph.module
@@ -397,9 +179,9 @@ class CompiledGraph(Generic[S]):
                       joins: dict[str, list[str]]) -> dict[str, Any]:
             return app._run_superstep(index, frontier, state, joins)
 
-        superstep.__qualname__ = superstep.__name__ = f"{self.name}.superstep"
+        superstep.__qualname__ = superstep.__name__ = f"{self.name}::superstep"
         superstep.__module__ = self.graph.module
-        spec = Spec(superstep, kind="task", name=f"{self.name}.superstep", version="1",
+        spec = Spec(superstep, kind="task", name=f"{self.name}::superstep", version="1",
                     cache=False, ignore=("frontier", "state", "joins"))
         return Task(superstep, spec)
 
@@ -416,9 +198,9 @@ class CompiledGraph(Generic[S]):
             return app.schema.to_dict(fn(app.schema.build(state)),
                                       "the state returned by migrate")
 
-        migrate.__qualname__ = migrate.__name__ = f"{self.name}.migrate"
+        migrate.__qualname__ = migrate.__name__ = f"{self.name}::migrate"
         migrate.__module__ = self.graph.module
-        spec = Spec(migrate, kind="task", name=f"{self.name}.migrate", version="1",
+        spec = Spec(migrate, kind="task", name=f"{self.name}::migrate", version="1",
                     cache=False, ignore=("state",))
         return Task(migrate, spec)
 
@@ -434,8 +216,10 @@ class CompiledGraph(Generic[S]):
         return Entrypoint(run_graph, spec)
 
     # -- execution -------------------------------------------------------------------------
-    def _execute(self, values: dict[str, Any], *, top: bool) -> dict[str, Any]:
-        """The super-step loop (inside a run): returns the final state as a dict."""
+    def _execute(self, values: dict[str, Any], *, top: bool,
+                 writes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The super-step loop (inside a run): returns the final state as a dict; ``writes``
+        collects every node's update in the order they were applied (for a subgraph)."""
         ctx = current_run.get()
         # a run checkpointed under another graph, resumed with migrate=: the state is
         # migrated by a journaled step before the first super-step that had not finished
@@ -457,6 +241,19 @@ class CompiledGraph(Generic[S]):
                 state = self._migration(index, state)
             result = self._superstep(index, frontier, state, joins)
             state, frontier, joins = result["state"], result["next"], result["joins"]
+            if writes is not None:
+                for node in result["nodes"]:
+                    update = result["updates"][node]
+                    writes.extend(update if isinstance(update, list) else [update])
+            if top and ctx is not None and ctx.listener is not None:
+                from ._store import now
+
+                ctx.emit(Event("graph_step", ctx.run_id, now(), task=self.name,
+                               data={"step": index, "values": self.schema.build(state),
+                                     "updates": {n: _merged(u) for n, u in
+                                                 result["updates"].items()},
+                                     "next": list(frontier)},
+                               attempt=ctx.attempt))
             index += 1
         return state
 
@@ -482,8 +279,9 @@ class CompiledGraph(Generic[S]):
             raise GraphChangedError(
                 f"run {run_id!r} of graph {self.name!r} was checkpointed under another "
                 f"graph: {'; '.join(changes) or 'the structure changed'}. Fix: restore the "
-                "old graph to finish the run, start a new run, or pass migrate=<function("
-                "state) -> state> to carry the state over.", changes)
+                "old graph to finish it, start a new run (invoke(..., fresh=True)), or "
+                "continue it under the new graph with migrate=lambda state: state (or a "
+                "function that converts the state).", changes)
         return changes
 
     def _check_fingerprint(self, ctx: Any) -> int | None:
@@ -544,19 +342,21 @@ class CompiledGraph(Generic[S]):
 
     def _run_superstep(self, index: int, frontier: list[str], state: dict[str, Any],
                        joins: dict[str, list[str]]) -> dict[str, Any]:
-        view = self.schema.build(state)
         order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
+        # each node gets its own copy: mutating it in place cannot leak into a sibling, the
+        # checkpoint, or a replay (which would not repeat the mutation)
+        views = {n: self.schema.build(copy.deepcopy(state)) for n in order}
         results: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         if len(order) == 1:
             try:
-                results[order[0]] = self._tasks[order[0]](view)
+                results[order[0]] = self._tasks[order[0]](views[order[0]])
             except BaseException as exc:  # noqa: BLE001 - sorted out below
                 errors[order[0]] = exc
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(order)) as pool:
-                futures = {n: pool.submit(contextvars.copy_context().run, self._tasks[n], view)
-                           for n in order}
+                futures = {n: pool.submit(contextvars.copy_context().run, self._tasks[n],
+                                          views[n]) for n in order}
                 for n in order:
                     try:
                         results[n] = futures[n].result()
@@ -575,12 +375,23 @@ class CompiledGraph(Generic[S]):
                     f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed",
                     [e for e in others.values() if isinstance(e, Exception)])
             raise InterruptSignal([i for s in signals for i in s.interrupts])
-        updates = {n: self.schema.to_dict(results[n], f"the update returned by node {n!r}")
-                   for n in order}
+        updates: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
+            n: list(results[n]) if isinstance(results[n], Writes)
+            else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
+            for n in order}
         state = self._apply(state, updates)
-        frontier_next: list[str] = []
+        frontier_next, joins = self._advance(order, state, joins)
+        return {"state": state, "next": frontier_next, "joins": joins, "updates": updates,
+                "fingerprint": self.fingerprint_digest, "nodes": order}
+
+    def _advance(self, finished: list[str], state: dict[str, Any],
+                 joins: dict[str, list[str]], frontier: Sequence[str] = ()
+                 ) -> tuple[list[str], dict[str, list[str]]]:
+        """The next frontier once ``finished`` have run (starting from ``frontier``): their
+        edges and routers, and the joins they complete."""
+        frontier_next = list(frontier)
         joins = {k: list(v) for k, v in joins.items()}
-        for n in order:
+        for n in finished:
             for t in self._next_from(n, state):
                 if t not in frontier_next:
                     frontier_next.append(t)
@@ -594,39 +405,47 @@ class CompiledGraph(Generic[S]):
                         del joins[key]
                         if target != END and target not in frontier_next:
                             frontier_next.append(target)
-        ctx = current_run.get()
-        if ctx is not None and ctx.listener is not None:
-            from ._store import now
+        return frontier_next, joins
 
-            ctx.emit(Event("graph_step", ctx.run_id, now(), task=self.name,
-                           data={"step": index, "values": self.schema.build(state),
-                                 "updates": updates, "next": list(frontier_next)},
-                           attempt=ctx.attempt))
-        return {"state": state, "next": frontier_next, "joins": joins,
-                "fingerprint": self.fingerprint_digest, "nodes": order}
-
-    def _apply(self, state: dict[str, Any], updates: dict[str, dict[str, Any]]
-               ) -> dict[str, Any]:
-        writers: dict[str, str] = {}
+    def _apply(self, state: dict[str, Any],
+               updates: Mapping[str, dict[str, Any] | list[dict[str, Any]]]) -> dict[str, Any]:
+        """Apply the updates of one super-step in node order through the reducers. A
+        subgraph's update is the list of its nodes' writes, applied in turn."""
+        writers: dict[str, list[str]] = {}
         new = dict(state)
         for node, update in updates.items():
-            for key, value in update.items():
-                reducer = self.schema.reducers.get(key)
-                if reducer is None:
-                    if key in writers:
-                        raise InvalidUpdateError(
-                            f"nodes {writers[key]!r} and {node!r} both wrote state key {key!r} "
-                            f"in one super-step, and {key!r} has no reducer. Fix: annotate it "
-                            f"with a reducer (Annotated[list, operator.add]) or let one node "
-                            "write it.")
-                    writers[key] = node
-                    new[key] = value
-                else:
-                    new[key] = reducer(new[key], value) if key in new else value
+            for one in update if isinstance(update, list) else [update]:
+                for key, value in one.items():
+                    reducer = self.schema.reducers.get(key)
+                    if reducer is None:
+                        writers.setdefault(key, [])
+                        if node not in writers[key]:
+                            writers[key].append(node)
+                        new[key] = value
+                        continue
+                    try:
+                        new[key] = reducer(new[key], value) if key in new else value
+                    except Exception as exc:
+                        exc.add_note(f"durably: in the reducer of state key {key!r}, "
+                                     f"applying the update of node {node!r}")
+                        raise
+        clashes = {k: ns for k, ns in writers.items() if len(ns) > 1}
+        if clashes:
+            key, nodes = next(iter(clashes.items()))
+            raise InvalidUpdateError(
+                f"nodes {' and '.join(map(repr, nodes))} all wrote state key {key!r} in one "
+                f"super-step, and {key!r} has no reducer, so one write would be lost. Fix: "
+                "give the key a reducer in the state type (Annotated[<type>, reducer], for "
+                "example operator.add for lists) or let one node write it."
+                if len(nodes) > 2 else
+                f"nodes {nodes[0]!r} and {nodes[1]!r} both wrote state key {key!r} in one "
+                f"super-step, and {key!r} has no reducer, so one write would be lost. Fix: "
+                "give the key a reducer in the state type (Annotated[<type>, reducer], for "
+                "example operator.add for lists) or let one node write it.")
         return new
 
     # -- public API ------------------------------------------------------------------------
-    def invoke(self, state: Any = None, *, run_id: str | None = None,
+    def invoke(self, state: Any = None, *, run_id: str | None = None, fresh: bool = False,
                migrate: Callable[[Any], Any] | None = None) -> Any:
         """Run the graph to the end and return the final state.
 
@@ -636,6 +455,8 @@ class CompiledGraph(Generic[S]):
             run_id: Continue (or start) the run with this id. Default: derived from the
                 graph and the input, so invoking again with the same input continues the
                 same run.
+            fresh: Start a new run even if one with this input exists (after editing the
+                graph, to run it anew rather than continue the old run).
             migrate: ``state -> state`` applied once when the run was checkpointed under a
                 different graph (otherwise that raises :class:`GraphChangedError`): to the
                 state at the run's last checkpoint, before the first super-step that
@@ -658,7 +479,7 @@ class CompiledGraph(Generic[S]):
         args = self._input(state, run_id)
         token = self._migrate.set(migrate)
         try:
-            run = self._entry.run(args, run_id=run_id)
+            run = self._entry.run(args, run_id=run_id, fresh=fresh)
         finally:
             self._migrate.reset(token)
         if run.status == "interrupted":
@@ -679,14 +500,36 @@ class CompiledGraph(Generic[S]):
             self._migrate.reset(token)
 
     def _input(self, state: Any, run_id: str | None) -> dict[str, Any]:
-        if state is None and run_id is not None:
+        if state is None:
+            if run_id is None:
+                raise DefinitionError(
+                    f"graph {self.name!r}: invoke(None) continues an existing run, so it needs "
+                    "run_id=... Fix: pass the input state, or the id of the run to continue.")
             from . import _serde
 
-            rec = self._store().find_run(run_id)
-            if rec is not None and rec.args is not None:
-                args, _ = _serde.loads(rec.args)
-                return dict(args[0])
+            run = self._own_run(run_id)
+            if run._record.args is None:
+                raise RunStateError(f"the input of run {run_id!r} was not stored; pass it "
+                                    "again: invoke(state, run_id=...)")
+            args, _ = _serde.loads(run._record.args)
+            return dict(args[0])
         return self.schema.to_dict(state, "the input state")
+
+    def _own_run(self, run_id: str) -> Run[Any]:
+        """One of this graph's runs.
+
+        Raises:
+            NotFoundError: no such run.
+            RunStateError: the run belongs to another graph or entrypoint.
+        """
+        from ._run import get_run
+
+        run = get_run(run_id, store=self._store())
+        if run.entrypoint != self._entry.spec.identity:
+            raise RunStateError(
+                f"run {run_id!r} belongs to {run.entrypoint!r}, not to graph "
+                f"{self._entry.spec.identity!r}. Fix: use the graph that made it.")
+        return run
 
     def _store(self) -> Store:
         from ._config import default_store
@@ -715,8 +558,8 @@ class CompiledGraph(Generic[S]):
             self._migrate.reset(token)
         return self.schema.build(final)
 
-    def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None
-               ) -> Iterator[Any]:
+    def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None,
+               fresh: bool = False) -> Iterator[Any]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -725,18 +568,23 @@ class CompiledGraph(Generic[S]):
                 ``{node: update}`` per super-step; ``"events"``: every
                 :class:`~durably.Event` of the run (steps, nodes, custom events).
             run_id: As for :meth:`invoke`.
+            fresh: As for :meth:`run`.
 
+        Super-steps replayed from the journal are yielded too. When a node interrupts, the
+        last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
         Breaking out of the loop stops the run at its next step boundary (resumable).
         """
         if mode not in ("values", "updates", "events"):
             raise DefinitionError(f"stream(mode=...) is 'values', 'updates' or 'events', not "
                                   f"{mode!r}")
         args = self._input(state, run_id)
-        for event in self._entry.stream(args, run_id=run_id):
+        for event in self._entry.stream(args, run_id=run_id, fresh=fresh):
             if mode == "events":
                 yield event
             elif event.kind == "graph_step":
                 yield event.data["values"] if mode == "values" else event.data["updates"]
+            elif event.kind == "run_interrupted":
+                yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
 
     def get_state(self, run_id: str) -> StateSnapshot:
         """The state at the run's latest checkpoint.
@@ -754,9 +602,8 @@ class CompiledGraph(Generic[S]):
             NotFoundError: no such run.
         """
         from . import _serde
-        from ._run import get_run
 
-        run = get_run(run_id, store=self._store())
+        run = self._own_run(run_id)
         store = self._store()
         name = self._superstep.spec.name
         snapshots: list[StateSnapshot] = []
@@ -769,7 +616,8 @@ class CompiledGraph(Generic[S]):
                                        tuple(self._next_from(START, first)), -1, "", run.id,
                                        run.status))
         for s in store.list_steps(run.id):
-            if s.task != name or s.status not in ("ran", "cached") or s.step_id in seen:
+            if (s.task != name or s.parent_id is not None  # not a subgraph's super-steps
+                    or s.status not in ("ran", "cached") or s.step_id in seen):
                 continue
             seen.add(s.step_id)
             data = store.find_step(run.id, s.step_id)
@@ -803,27 +651,53 @@ class CompiledGraph(Generic[S]):
             NotFoundError: no such run, or it has no checkpoint yet.
             DefinitionError: ``as_node`` is not a node of the graph.
         """
+        from . import _serde
         from ._history import make_fork
 
         snapshot = self.get_state(run_id)
-        if not snapshot.checkpoint_id:
-            from .exceptions import NotFoundError
-
-            raise NotFoundError(f"run {run_id!r} has no finished super-step to update yet")
         if as_node is not None and as_node not in self.graph.nodes:
             raise DefinitionError(f"update_state(as_node={as_node!r}): not a node of graph "
                                   f"{self.name!r} ({list(self.graph.nodes)})")
-        state = self._apply(self.schema.to_dict(snapshot.values, "the state"),
-                            {as_node or "update_state": self.schema.to_dict(values, "values")})
-        nxt = self._next_from(as_node, state) if as_node else list(snapshot.next)
         store = self._store()
         rec = store.find_run(run_id)
         assert rec is not None
-        from . import _serde
+        old: dict[str, Any] = {"joins": {}, "nodes": [], "updates": {},
+                               "fingerprint": self.fingerprint_digest}
+        if snapshot.checkpoint_id:
+            old = _serde.loads(store.find_step(run_id, snapshot.checkpoint_id) or b"")
+        base = self.schema.to_dict(snapshot.values, "the state")
+        update = self.schema.to_dict(values, "values")
+        state = self._apply(base, {as_node or "update_state": update})
+        nxt, joins = list(snapshot.next), dict(old["joins"])
+        if as_node is not None:  # as if as_node had just run: it leaves the frontier
+            nxt, joins = self._advance([as_node], state, joins,
+                                       [n for n in nxt if n != as_node])
+        result = {**old, "state": state, "next": nxt, "joins": joins,
+                  "updates": {as_node or "update_state": update}}
+        if snapshot.checkpoint_id:
+            return make_fork(store, rec, snapshot.checkpoint_id, result)
+        return self._fork_from_input(store, rec, result)
 
-        old = _serde.loads(store.find_step(run_id, snapshot.checkpoint_id) or b"")
-        update = {**old, "state": state, "next": nxt}
-        return make_fork(store, rec, snapshot.checkpoint_id, update)
+    def _fork_from_input(self, store: Store, rec: Any, result: dict[str, Any]) -> str:
+        """A fork of a run that has no finished super-step: its first super-step is the
+        update itself."""
+        import uuid
+
+        from . import _serde
+        from ._runtime import step_identity
+        from ._store import EventRecord, RunRecord, StepRecord, now
+        from ._tracer import short_repr
+
+        fork_id = f"{rec.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
+        key = self._superstep.cache_key(0, [], {}, {})
+        t = now()
+        step = StepRecord(fork_id, step_identity(None, key, 0), None, self._superstep.spec.name,
+                          "ran", 0, 0, t, t, None, "", None, short_repr(result["state"]))
+        store.put_run(RunRecord(fork_id, rec.entrypoint, rec.name, "forked", t, t, 0,
+                                rec.input_digest, rec.args))
+        store.append_steps([(step, _serde.dumps(result, what="the updated state"))])
+        store.append_events([EventRecord(fork_id, "forked", t, 0, None, f"{rec.run_id}@input")])
+        return fork_id
 
     def fork(self, run_id: str, at: str | None = None, *, cache: bool = False) -> Run[Any]:
         """Replay a run up to a checkpoint (``StateSnapshot.checkpoint_id`` or any id from
@@ -863,9 +737,8 @@ class CompiledGraph(Generic[S]):
         visits: dict[str, int] = {}
         stopped: tuple[str, ...] = ()
         if run_id is not None:
-            from ._run import get_run
 
-            run = get_run(run_id, store=self._store())
+            run = self._own_run(run_id)
             prefix = f"{self.name}."
             counted: set[str] = set()
             for step in run.records():  # every attempt: a replayed super-step hides its nodes
