@@ -465,3 +465,21 @@ def test_runs_of_a_script_run_as_main_are_explained_not_imported(tmp_path: Path)
     why = ok(durably("explain", "job:double", "2", cwd=tmp_path, store=store))
     assert "no earlier entry of task 'job:double'" in why
     assert "entries of '__main__.job:double'" in why
+
+
+def test_resume_and_history_of_a_stategraph_run(tmp_path: Path) -> None:
+    project = tmp_path / "graphs"
+    project.mkdir()
+    shutil.copy(Path(__file__).resolve().parent.parent / "examples" / "graph_approval.py",
+                project / "approval.py")
+    store = project / "store"
+    started = subprocess.run([sys.executable, "-m", "approval", "start", "owls"], cwd=project,
+                             env=script_env(store), capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0, started.stderr
+    run = started.stdout.split("run=")[1].split()[0]
+    # the graph is named "approval" and bound to `app`: its identity is approval:approval
+    text = ok(durably("resume", "approval:approval", run, "--value", '"approve"',
+                      cwd=project, store=store))
+    assert f"run {run!r} finished" in text and "A POST ABOUT OWLS" in text
+    history = ok(durably("history", run, cwd=project, store=store))
+    assert "approval::superstep" in history and "→ next" in history

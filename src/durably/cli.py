@@ -308,6 +308,10 @@ def _load(target: str, kind: str) -> Any:
               "with `python job.py` belong to '__main__.job:...', so start them with "
               "`python -m job` or from an import to resume or fork them here.")
     mod = _import_module(module)
+    if kind == "entrypoint":  # a compiled StateGraph runs as an entrypoint named after it
+        found = _entrypoint_named(mod, f"{module}:{name}")
+        if found is not None:
+            return found
     obj: Any = mod
     for part in name.split("."):
         try:
@@ -325,6 +329,18 @@ def _load(target: str, kind: str) -> Any:
                 f"a {type(obj).__name__}")
         _fail(f"{target!r} is {what}, not a @durably.{kind}.")
     return obj
+
+
+def _entrypoint_named(mod: Any, identity: str) -> Any:
+    """The entrypoint with this identity among the module's entrypoints and compiled
+    StateGraphs (``approval:approval`` for ``app = builder.compile()`` of a graph named
+    approval), or None."""
+    for value in list(vars(mod).values()):
+        entry = getattr(value, "_entry", None) if not isinstance(value, durably.Entrypoint) \
+            else value
+        if isinstance(entry, durably.Entrypoint) and entry.spec.identity == identity:
+            return entry
+    return None
 
 
 def _signature(func: Any) -> str:

@@ -93,6 +93,16 @@ class StateSnapshot:
     interrupts: tuple[Any, ...] = ()
 
 
+class StepResult(dict):  # type: ignore[type-arg]
+    """What a super-step journals: state, next nodes, joins, updates, fingerprint. Shown
+    (history, ``durably show``) as the state and the next nodes."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{self.get('state')!r} → next {self.get('next')}"
+
+
 class Writes(list):  # type: ignore[type-arg]
     """The update of a subgraph node: the writes of its nodes, in the order applied."""
 
@@ -381,8 +391,8 @@ class CompiledGraph(Generic[S]):
             for n in order}
         state = self._apply(state, updates)
         frontier_next, joins = self._advance(order, state, joins)
-        return {"state": state, "next": frontier_next, "joins": joins, "updates": updates,
-                "fingerprint": self.fingerprint_digest, "nodes": order}
+        return StepResult(state=state, next=frontier_next, joins=joins, updates=updates,
+                          fingerprint=self.fingerprint_digest, nodes=order)
 
     def _advance(self, finished: list[str], state: dict[str, Any],
                  joins: dict[str, list[str]], frontier: Sequence[str] = ()
@@ -672,8 +682,8 @@ class CompiledGraph(Generic[S]):
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
             nxt, joins = self._advance([as_node], state, joins,
                                        [n for n in nxt if n != as_node])
-        result = {**old, "state": state, "next": nxt, "joins": joins,
-                  "updates": {as_node or "update_state": update}}
+        result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
+                             "updates": {as_node or "update_state": update}})
         if snapshot.checkpoint_id:
             return make_fork(store, rec, snapshot.checkpoint_id, result)
         return self._fork_from_input(store, rec, result)
