@@ -150,7 +150,7 @@ def test_several_pending_interrupts_are_answered_by_id_and_partially() -> None:
     a, b = run.interrupts
     with pytest.raises(durably.RunStateError, match="cannot say which"):
         pipeline.resume(run.id, "x")
-    with pytest.raises(durably.RunStateError, match="not pending"):
+    with pytest.raises(durably.RunStateError, match="not an interrupt of this run"):
         pipeline.resume(run.id, {"0123456789abcdef": 1})
     with pytest.raises(durably.RunInterrupted) as rest:
         pipeline.resume(run.id, {a.id: "A"})
@@ -418,3 +418,234 @@ def test_checkpoint_is_a_frozen_record() -> None:
     cp = blog.run("x").history()[0]
     with pytest.raises(dataclasses.FrozenInstanceError):
         cp.id = "other"  # type: ignore[misc]
+
+
+# -- found by a new user trying to break it --------------------------------------------------
+def test_a_resume_that_cannot_take_the_lease_answers_nothing() -> None:
+    from durably._lease import me
+
+    @entrypoint
+    def flow() -> Any:
+        return durably.interrupt("value?")
+
+    run = flow.run()
+    store = durably.get_run(run.id)._store
+    other = dataclasses.replace(me(), token="other-token")  # a live owner
+    assert store.acquire_run(run.id, other) is None  # another process is resuming it
+    with pytest.raises(durably.RunStateError, match="being executed"):
+        flow.resume(run.id, "A")
+    assert store.list_events(run.id, ("answer",)) == []  # A's answer was not recorded
+    store.release_run(run.id, other)
+    assert flow.resume(run.id, "B") == "B"
+
+
+def test_a_fork_of_a_fork_keeps_the_answers_it_inherited() -> None:
+    @task
+    def ask(q: str) -> Any:
+        return durably.interrupt(q)
+
+    @entrypoint
+    def flow() -> tuple[Any, Any]:
+        a = durably.interrupt("in body")
+        return a, ask("in task")
+
+    run = flow.run()
+    with pytest.raises(durably.RunInterrupted):
+        flow.resume(run.id, "A")
+    flow.resume(run.id, "B")
+    def in_task(run_id: str) -> durably.Checkpoint:
+        return next(c for c in durably.get_run(run_id).history()
+                    if c.kind == "interrupt" and c.task.endswith("ask"))
+
+    first = durably.fork(run.id, at=in_task(run.id).id)
+    assert [(c.kind, c.answer) for c in first.history()] == [("interrupt", None),
+                                                              ("interrupt", "'A'")]
+    assert flow.resume(first.id, "B2") == ("A", "B2")
+    at = in_task(first.id)
+    second = durably.fork(first.id, at=at.id, update="B3")
+    assert second.status == "finished" and second.result == ("A", "B3")
+
+
+def test_async_siblings_finish_before_the_run_is_released() -> None:
+    charges: list[str] = []
+
+    @task(cache=False)
+    async def charge(n: str) -> str:
+        await asyncio.sleep(0.2)
+        charges.append(n)
+        return n
+
+    @task
+    async def ask(n: str) -> Any:
+        await asyncio.sleep(0.01)
+        return durably.interrupt("ok?")
+
+    @entrypoint
+    async def flow() -> list[Any]:
+        return list(await asyncio.gather(ask("a"), charge("b")))
+
+    run = asyncio.run(flow.run())
+    assert run.status == "interrupted" and charges == ["b"]  # waited for, and journaled
+    assert asyncio.run(flow.resume(run.id, "yes")) == ["yes", "b"]
+    assert charges == ["b"]  # replayed, not charged twice
+
+
+def test_interrupts_inside_a_task_group_or_swallowed_still_pause_the_run() -> None:
+    @task
+    async def ask(q: str) -> Any:
+        return durably.interrupt(q)
+
+    @task
+    async def other() -> int:
+        return 1
+
+    @entrypoint
+    async def grouped() -> Any:
+        async with asyncio.TaskGroup() as g:
+            t1 = g.create_task(ask("group?"))
+            g.create_task(other())
+        return t1.result()
+
+    run = asyncio.run(grouped.run())
+    assert run.status == "interrupted" and [i.payload for i in run.interrupts] == ["group?"]
+    assert asyncio.run(grouped.resume(run.id, "yes")) == "yes"
+
+    @entrypoint
+    async def swallowed() -> Any:
+        return await asyncio.gather(ask("swallowed?"), other(), return_exceptions=True)
+
+    run = asyncio.run(swallowed.run())
+    assert run.status == "interrupted" and [i.payload for i in run.interrupts] == ["swallowed?"]
+
+
+def test_every_interrupt_of_parallel_threads_is_reported() -> None:
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    @task
+    def branch(n: str) -> Any:
+        return durably.interrupt(f"ok {n}?")
+
+    @entrypoint
+    def fan(names: list[str]) -> list[Any]:
+        with ThreadPoolExecutor(3) as ex:
+            futures = [ex.submit(contextvars.copy_context().run, branch, n) for n in names]
+            return [f.result() for f in futures]
+
+    with pytest.raises(durably.RunInterrupted) as paused:
+        fan(["a", "b", "c"])
+    assert sorted(i.payload for i in paused.value.interrupts) == ["ok a?", "ok b?", "ok c?"]
+    answers = {i.id: i.payload.upper() for i in paused.value.interrupts}
+    assert fan.resume(paused.value.run_id, answers) == ["OK A?", "OK B?", "OK C?"]
+
+
+def test_a_stale_interrupt_id_is_refused_even_with_one_pending() -> None:
+    @entrypoint
+    def two(tag: str) -> dict[str, Any]:
+        return {"budget": durably.interrupt("budget?"), "launch": durably.interrupt("launch?")}
+
+    run = two.run("x")
+    first = run.interrupts[0].id
+    with pytest.raises(durably.RunInterrupted):
+        two.resume(run.id, {first: "yes"})
+    with pytest.raises(durably.RunStateError, match="was already answered"):
+        two.resume(run.id, {first: "yes"})  # the same request, retried
+    with pytest.raises(durably.RunStateError, match="not an interrupt of this run"):
+        two.resume(run.id, {"deadbeefdeadbeef": "yes"})
+    second = durably.get_run(run.id).interrupts[0].id
+    assert two.resume(run.id, {second[:8]: "go"}) == {"budget": "yes", "launch": "go"}
+
+
+def test_an_answer_is_not_used_for_a_changed_question(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from tests.conftest import load_source
+
+    v1 = load_source(tmp_path, monkeypatch, "deploy_flow", """
+import durably
+@durably.entrypoint
+def deploy(env):
+    ok = durably.interrupt(f"deploy to {env}?")
+    return f"deployed={ok}"
+""")
+    run = v1.deploy.run("prod")
+    v2 = load_source(tmp_path, monkeypatch, "deploy_flow", """
+import durably
+@durably.entrypoint
+def deploy(env):
+    wipe = durably.interrupt(f"WIPE the {env} database first?")
+    ok = durably.interrupt(f"deploy to {env}?")
+    return f"wiped={wipe} deployed={ok}"
+""")
+    with pytest.raises(durably.RunInterrupted) as again:
+        v2.deploy.resume(run.id, "yes")  # answers "deploy to prod?", which moved
+    assert [i.payload for i in again.value.interrupts] == ["WIPE the prod database first?"]
+    assert "the question of interrupt" in caplog.text
+
+
+def test_an_edited_side_effect_does_not_happen_again_in_its_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import load_source
+
+    sent = tmp_path / "sent.txt"
+    source = """
+import durably
+@durably.task(cache=False)
+def send_email(to):
+    with open(SENT, "a") as f:
+        f.write("MESSAGE" + "\\n")
+@durably.entrypoint
+def onboarding(user):
+    send_email(user)
+    return durably.interrupt(f"activate {user}?")
+"""
+    v1 = load_source(tmp_path, monkeypatch, "mail_flow",
+                     f"SENT = {str(sent)!r}\n" + source)
+    run = v1.onboarding.run("ada")
+    v2 = load_source(tmp_path, monkeypatch, "mail_flow",
+                     f"SENT = {str(sent)!r}\n" + source.replace("MESSAGE", "Message"))
+    assert v2.onboarding.resume(run.id, True) is True
+    assert sent.read_text().splitlines() == ["MESSAGE"]  # sent once
+
+
+def test_an_async_resume_that_never_ran_answers_nothing() -> None:
+    @entrypoint
+    async def flow() -> Any:
+        return ("answer", durably.interrupt("ok?"))
+
+    run = asyncio.run(flow.run())
+    forgotten = flow.resume(run.id, "yes")
+    forgotten.close()  # never awaited (a cancelled request)
+    assert durably.get_run(run.id).interrupts[0].payload == "ok?"
+    assert asyncio.run(flow.resume(run.id, "no")) == ("answer", "no")
+
+
+def test_calling_again_after_a_fork_continues_the_source_run() -> None:
+    @task
+    def model(name: str) -> str:
+        return "model-A"
+
+    @entrypoint
+    def nightly(data: str) -> str:
+        return f"used {model(data)}"
+
+    run = nightly.run("data")
+    durably.fork(run.id, at=run.history()[-1].id, update="model-B")
+    again = nightly.run("data")
+    assert again.id == run.id and again.result == "used model-A"
+
+
+def test_pending_payloads_that_cannot_be_loaded_here_are_described() -> None:
+    from durably._interrupt import pending_interrupts
+    from durably._store import EventRecord
+
+    @entrypoint
+    def flow() -> Any:
+        return durably.interrupt("q")
+
+    run = flow.run()
+    store = durably.get_run(run.id)._store
+    store.append_events([EventRecord(run.id, "interrupt", 0.0, run.attempt, None,
+                                     "0123456789abcdef", b"\x80\x04garbage")])
+    found = pending_interrupts(store, run.id, run.attempt)
+    assert any(isinstance(i.payload, str) and "not loadable here" in i.payload for i in found)

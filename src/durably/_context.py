@@ -41,12 +41,15 @@ class RunContext:
         "_positions",
         "_renewed",
         "answers",
+        "asked",
         "attempt",
         "counts",
+        "inflight",
         "interrupts",
         "listener",
         "name",
         "owner",
+        "raised",
         "read_cache",
         "run_id",
         "stop",
@@ -67,6 +70,14 @@ class RunContext:
         self.answers: dict[str, bytes] = answers or {}
         #: interrupt() calls so far under each parent step, for stable interrupt ids
         self.interrupts: dict[str | None, int] = {}
+        #: digest of the payload each interrupt id was last asked with (an answer is used
+        #: only while the question is the same)
+        self.asked: dict[str, str] = {}
+        #: interrupts raised (not answered) in this attempt, in order: the run ends
+        #: interrupted even if user code caught the signal
+        self.raised: list[Any] = []
+        #: asyncio tasks running a step body now (an async run waits for them before it ends)
+        self.inflight: set[Any] = set()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
         #: steps whose result depends on an answer to interrupt() (theirs or a nested

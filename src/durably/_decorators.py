@@ -576,35 +576,48 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     # -- machinery -----------------------------------------------------------------------
     def _self_srun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                    run_id: str | None, fresh: bool, handle: bool,
-                   listener: Any = None, read_cache: bool = True, store: Store | None = None
-                   ) -> Any:
+                   listener: Any = None, read_cache: bool = True, store: Store | None = None,
+                   on_lease: Any = None) -> Any:
         started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                            fresh=fresh, listener=listener, read_cache=read_cache, store=store)
+                            fresh=fresh, listener=listener, read_cache=read_cache, store=store,
+                            on_lease=on_lease)
         try:
             result = wrapped(*args, **kwargs)
-        except InterruptSignal as signal:
-            end_run(started, exc=signal)
-            return _paused(started, signal, handle)
         except BaseException as exc:
+            signal = _as_interrupt(started.ctx, exc)
+            if signal is not None:
+                end_run(started, exc=signal)
+                return _paused(started, signal, handle)
             end_run(started, exc=exc)
             raise
+        signal = _as_interrupt(started.ctx, None)
+        if signal is not None:  # the user's code caught the signal: the run still waits
+            end_run(started, exc=signal)
+            return _paused(started, signal, handle)
         end_run(started, result=result)
         return _handle(started, result) if handle else result
 
     async def _self_arun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                          run_id: str | None, fresh: bool, handle: bool,
                          listener: Any = None, read_cache: bool = True,
-                         store: Store | None = None) -> Any:
+                         store: Store | None = None, on_lease: Any = None) -> Any:
         started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                            fresh=fresh, listener=listener, read_cache=read_cache, store=store)
+                            fresh=fresh, listener=listener, read_cache=read_cache, store=store,
+                            on_lease=on_lease)
         try:
             result = await wrapped(*args, **kwargs)
-        except InterruptSignal as signal:
-            end_run(started, exc=signal)
-            return _paused(started, signal, handle)
         except BaseException as exc:
+            await _settle(started.ctx)
+            signal = _as_interrupt(started.ctx, exc)
+            if signal is not None:
+                end_run(started, exc=signal)
+                return _paused(started, signal, handle)
             end_run(started, exc=exc)
             raise
+        signal = _as_interrupt(started.ctx, None)
+        if signal is not None:
+            end_run(started, exc=signal)
+            return _paused(started, signal, handle)
         end_run(started, result=result)
         return _handle(started, result) if handle else result
 
@@ -638,20 +651,19 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return store, rec, args, kwargs
 
     def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any) -> Any:
-        store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
-        if rec.status != "interrupted":
-            raise RunStateError(
-                f"run {run_id!r} is {rec.status}, not interrupted: resume() answers an "
-                "interrupt(), and this run is not waiting for one. "
-                + ("Fix: call the entrypoint again with the same arguments to continue it."
-                   if rec.status in ("failed", "stopped", "running") else
-                   "Fix: read its result with durably.get_run(run_id).result."
-                   if rec.status == "finished" else ""))
-        pending = pending_interrupts(store, run_id, rec.attempt)
-        if pending:
-            record_answers(store, run_id, rec.attempt, pending, value)
+        _, rec, args, kwargs = self._self_stored_call(run_id, "resume")
+        _require_interrupted(rec)
+
+        def answer(store: Store, current: RunRecord | None) -> None:
+            # under the run's lease: a second resumer waits for nothing and answers nothing
+            assert current is not None
+            _require_interrupted(current)
+            pending = pending_interrupts(store, run_id, current.attempt)
+            if pending:
+                record_answers(store, run_id, current.attempt, pending, value)
+
         runner = self._self_arun if self._self_spec.is_async else self._self_srun
-        return runner(wrapped, instance, args, kwargs, run_id, False, False)
+        return runner(wrapped, instance, args, kwargs, run_id, False, False, on_lease=answer)
 
     def _self_fork(self, wrapped: Any, instance: Any, run_id: str, at: str | None,
                    update: Any, cache: bool, store: Store | None = None) -> Any:
@@ -728,6 +740,59 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
             "this process and cannot be imported. Fix: import (or run) the code that defines "
             "it first, or call <entrypoint>.fork(run_id, ...) on it.")
     return ep._self_fork(ep.__wrapped__, None, run_id, at, update, cache, st)  # type: ignore[no-any-return]
+
+
+def _require_interrupted(rec: RunRecord) -> None:
+    if rec.status == "interrupted":
+        return
+    raise RunStateError(
+        f"run {rec.run_id!r} is {rec.status}, not interrupted: resume() answers an "
+        "interrupt(), and this run is not waiting for one"
+        + (" (another process may have resumed it just now). Fix: call the entrypoint again "
+           "with the same arguments to continue it." if rec.status in ("failed", "stopped",
+                                                                       "running") else
+           ". Fix: read its result with durably.get_run(run_id).result."
+           if rec.status == "finished" else "."))
+
+
+def _as_interrupt(ctx: Any, exc: BaseException | None) -> InterruptSignal | None:
+    """The interrupt an attempt ended with: the signal itself, a group of signals (an
+    asyncio.TaskGroup), or interrupts raised and then swallowed by the user's code
+    (``gather(return_exceptions=True)``, a bare ``except:``) — never a silent finish. All
+    interrupts raised in the attempt are reported, in the order they were raised."""
+    raised = list(ctx.raised)
+    if exc is not None and not isinstance(exc, InterruptSignal):
+        if not isinstance(exc, BaseExceptionGroup):
+            return None
+        signals, rest = exc.split(InterruptSignal)
+        if signals is None or (rest is not None and not all(
+                isinstance(e, asyncio.CancelledError) for e in _leaves(rest))):
+            return None
+    if not raised and isinstance(exc, InterruptSignal):
+        return exc
+    if not raised:
+        return None
+    first = list(exc.interrupts) if isinstance(exc, InterruptSignal) else []
+    seen = {i.id for i in first}
+    return InterruptSignal(first + [i for i in raised if i.id not in seen])
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for e in group.exceptions:
+        found.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return found
+
+
+async def _settle(ctx: Any) -> None:
+    """Before an async attempt ends: stop its other branches from starting new steps and
+    wait for the steps still running (an ``asyncio.gather`` does not cancel siblings), so
+    the run is not released while its steps still execute."""
+    ctx.stop = True
+    me = asyncio.current_task()
+    running = {t for t in ctx.inflight if t is not me and not t.done()}
+    if running:
+        await asyncio.wait(running)
 
 
 def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:

@@ -64,8 +64,7 @@ def checkpoints(store: Store, run: RunRecord) -> list[Checkpoint]:
                                                       s.output, step_id=s.step_id)))
     events = store.list_events(run.run_id, ("interrupt", "answer"))
     answers = {e.key: e.data for e in events if e.kind == "answer"}
-    tasks = {s.step_id: s.task for s in store.list_steps(run.run_id)
-             if s.status == "interrupted"}
+    tasks = {s.step_id: s.task for s in store.list_steps(run.run_id)}
     raised: set[str] = set()
     for order, e in enumerate(events):
         if e.kind != "interrupt" or e.key in raised:
@@ -137,12 +136,22 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> s
                if s.status in ("ran", "cached")}  # reversed: the first finished record wins
     copied: list[tuple[StepRecord, bytes | None]] = []
     answers: list[EventRecord] = []
-    source_answers = {e.key: e.data for e in store.list_events(source.run_id, ("answer",))}
+    source_events = store.list_events(source.run_id, ("interrupt", "answer"))
+    source_answers = {e.key: e.data for e in source_events if e.kind == "answer"}
+    asked = {}
+    for e in source_events:
+        if e.kind == "interrupt":
+            asked.setdefault(e.key, e)
     t = now()
     for position, cp in enumerate(keep):
         if cp.kind == "interrupt":
             data = source_answers.get(cp.id)
             if data is not None:
+                # the question too, so the fork's history (and a fork of the fork) has it
+                q = asked.get(cp.id)
+                if q is not None:
+                    answers.append(EventRecord(fork_id, "interrupt", q.time, 0, q.step_id,
+                                               cp.id, q.data))
                 answers.append(EventRecord(fork_id, "answer", t, 0, None, cp.id, data))
             continue
         rec = records[cp.id]

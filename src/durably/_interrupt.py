@@ -10,6 +10,8 @@ interrupts by their order within a task in the same way).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,10 @@ import xxhash
 
 if TYPE_CHECKING:
     from ._store import Store
+
+log = logging.getLogger("durably")
+
+_ID_PREFIX = re.compile(r"[0-9a-f]{6,16}")
 
 __all__ = [
     "Interrupt",
@@ -117,7 +123,9 @@ def interrupt(payload: Any = None) -> Any:
     """
     from . import _serde
     from ._context import current_step
+    from ._hashing import trace_digest
     from ._store import EventRecord, now
+    from ._tracer import short_repr
 
     ctx = _active("durably.interrupt()")
     step = current_step.get()
@@ -127,11 +135,19 @@ def interrupt(payload: Any = None) -> Any:
         ctx.uncacheable.add(step)  # its result depends on a person's answer: never cached
     answer = ctx.answers.get(interrupt_id)
     if answer is not None:
-        return _serde.loads(answer)
+        asked = ctx.asked.get(interrupt_id)
+        if not asked or asked == trace_digest(payload):
+            return _serde.loads(answer)
+        log.warning(
+            "durably: run %r: the question of interrupt %s changed since it was answered "
+            "(the code was edited?); the old answer is not used and the question is asked "
+            "again: %s", ctx.run_id, interrupt_id, short_repr(payload))
     data = _serde.dumps(payload, what="the payload of interrupt()")
     ctx.store.append_events([EventRecord(ctx.run_id, "interrupt", now(), ctx.attempt, step,
                                          interrupt_id, data)])
-    raise InterruptSignal([Interrupt(interrupt_id, payload, step, "" if step else ctx.name)])
+    pending = Interrupt(interrupt_id, payload, step, "" if step else ctx.name)
+    ctx.raised.append(pending)
+    raise InterruptSignal([pending])
 
 
 def idempotency_key() -> str:
@@ -231,7 +247,10 @@ def pending_interrupts(store: Store, run_id: str, attempt: int) -> list[Interrup
     found: dict[str, Interrupt] = {}
     for e in events:
         if e.kind == "interrupt" and e.attempt == attempt and e.key not in answered:
-            payload = _serde.loads(e.data) if e.data is not None else None
+            try:
+                payload = _serde.loads(e.data) if e.data is not None else None
+            except Exception as exc:  # noqa: BLE001 - a class defined in another script
+                payload = f"<payload not loadable here: {exc}>"
             task = tasks.get(e.step_id or "", "") if e.step_id else (run.name if run else "")
             found.setdefault(e.key, Interrupt(e.key, payload, e.step_id, task))
     return list(found.values())
@@ -251,16 +270,24 @@ def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interr
     from .exceptions import RunStateError
 
     ids = [i.id for i in pending]
-    if isinstance(value, Mapping) and value and all(k in ids for k in value):
-        answers = dict(value)
+    if isinstance(value, Mapping) and value and all(
+            isinstance(k, str) and _ID_PREFIX.fullmatch(k) for k in value):
+        # keys that look like interrupt ids (or unique prefixes of 6+ characters) are ids:
+        # a stale or unknown one is an error, never an answer
+        answers = {}
+        for key, answer in value.items():
+            matches = [i for i in ids if i.startswith(key)]
+            if len(matches) != 1:
+                answered = {e.key for e in store.list_events(run_id, ("answer",))}
+                why = ("was already answered" if any(a.startswith(key) for a in answered)
+                       else "names several pending interrupts" if matches
+                       else "is not an interrupt of this run")
+                raise RunStateError(
+                    f"run {run_id!r}: interrupt {key!r} {why}; pending: {ids}. Fix: answer "
+                    "with a mapping of pending interrupt ids to values.")
+            answers[matches[0]] = answer
     elif len(pending) == 1:
         answers = {ids[0]: value}
-    elif isinstance(value, Mapping) and any(isinstance(k, str) and len(k) == 16 for k in value):
-        unknown = [k for k in value if k not in ids]
-        raise RunStateError(
-            f"run {run_id!r}: {unknown} are not pending interrupts; pending: {ids}. Fix: "
-            "answer with a mapping of pending interrupt ids to values."
-        )
     else:
         raise RunStateError(
             f"run {run_id!r} waits for {len(pending)} answers ({ids}); a single value cannot "

@@ -16,6 +16,7 @@ Call path of a task (DESIGN.md, "the heart"):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -246,6 +247,18 @@ class Spec:
         """The cache key of a call with these arguments."""
         return self.cache_key(self.digest_inputs(self.arguments(instance, args, kwargs)))
 
+    def side_effect_key(self, input_digest: str) -> str:
+        """The key a ``cache=False`` step is journaled under: task identity and inputs, not
+        code, so editing a side effect's code (a log line, a typo) never makes a finished
+        side effect happen again when its run resumes."""
+        return xxhash.xxh3_128_hexdigest(
+            f"{self.identity}\x00side-effect\x00{input_digest}".encode())
+
+    def journal_key(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The key that, with parent and occurrence, makes a call's step identity."""
+        digest = self.digest_inputs(self.arguments(instance, args, kwargs))
+        return self.cache_key(digest) if self.cache else self.side_effect_key(digest)
+
     def code_parts(self) -> dict[str, str]:
         """Fingerprint of each user function or class the code depends on (empty with an
         explicit ``version``)."""
@@ -414,7 +427,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     ctx = current_run.get()
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
-    key = spec.cache_key(spec.digest_inputs(arguments))
+    input_digest = spec.digest_inputs(arguments)
+    key = spec.cache_key(input_digest)
     call = Call(spec, ctx, store, key)
     if ctx is None:
         if spec.cache:
@@ -428,7 +442,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     ctx.keep_lease()
     parent = current_step.get()
     call.parent = parent
-    call.step_id = step_identity(parent, key, ctx.occurrence(parent, key))
+    journal_key = key if spec.cache else spec.side_effect_key(input_digest)
+    call.step_id = step_identity(parent, journal_key, ctx.occurrence(parent, journal_key))
     call.position = ctx.position()
     call.started = now()
     listening = ctx.listener is not None
@@ -491,8 +506,21 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
     value, call = begin_step(spec, instance, args, kwargs)
     if value is not _MISS:
         return value
-    if spec.retry is not None or spec.timeout is not None:
-        return await _acall_with_policy(spec, call, wrapped, args, kwargs)
+    ctx = call.ctx
+    me_task = asyncio.current_task() if ctx is not None else None
+    if me_task is not None and ctx is not None:
+        ctx.inflight.add(me_task)
+    try:
+        if spec.retry is not None or spec.timeout is not None:
+            return await _acall_with_policy(spec, call, wrapped, args, kwargs)
+        return await _acall_body(call, wrapped, args, kwargs)
+    finally:
+        if me_task is not None and ctx is not None:
+            ctx.inflight.discard(me_task)
+
+
+async def _acall_body(call: Call, wrapped: Callable[..., Any], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> Any:
     call.enter()
     try:
         result = await wrapped(*args, **kwargs)
@@ -595,12 +623,14 @@ class Started:
 
 def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
               run_id: str | None, fresh: bool, listener: Callable[[Event], Any] | None = None,
-              read_cache: bool = True, store: Store | None = None) -> Started:
+              read_cache: bool = True, store: Store | None = None,
+              on_lease: Callable[[Store, RunRecord | None], None] | None = None) -> Started:
     """Find or create the run record and make the run active in this context.
 
     ``listener`` receives the run's live events; ``read_cache=False`` (a fork's first
     attempt) executes steps that are not in the run's journal instead of taking them from
-    the cross-run cache."""
+    the cross-run cache. ``on_lease`` runs once the lease is held, with the run's record
+    read again (resume journals its answers there, so two resumers cannot both answer)."""
     if not isinstance(fresh, bool):
         raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
     store = store or spec.store or default_store()
@@ -612,6 +642,12 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             f"{spec.identity}\x00{input_digest}".encode()
         )
         existing = None if fresh else store.find_latest_run(spec.identity, input_digest)
+        if existing is not None and "-fork-" in existing.run_id:
+            # a fork is a what-if: calling the entrypoint again continues the run it forked
+            # from, not the fork (forks are continued by their id)
+            existing = next((r for r in store.list_runs(spec.identity)
+                             if r.input_digest == input_digest and "-fork-" not in r.run_id),
+                            None)
         run_id = existing.run_id if existing else (
             f"{base}-{uuid.uuid4().hex[:8]}" if fresh else base
         )
@@ -655,6 +691,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     try:
         # read again under the lease: another process may have finished an attempt meanwhile
         existing = store.find_run(run_id)
+        if on_lease is not None:
+            on_lease(store, existing)
         t = now()
         record = RunRecord(
             run_id=run_id,
@@ -673,12 +711,15 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             _restore_cache(store, run_id, existing.attempt)
         answers: dict[str, bytes] = {}
         asked: set[str] = set()
+        questions: dict[str, bytes | None] = {}
         if existing is not None:
             for e in store.list_events(run_id, ("interrupt", "answer")):
                 if e.kind == "answer" and e.data is not None:
                     answers[e.key] = e.data
-                elif e.kind == "interrupt" and e.step_id is not None:
-                    asked.add(e.step_id)
+                elif e.kind == "interrupt":
+                    questions[e.key] = e.data
+                    if e.step_id is not None:
+                        asked.add(e.step_id)
         store.append_events([EventRecord(run_id, "run_started", t, record.attempt)])
     except BaseException:
         store.release_run(run_id, owner)  # never leave a lease behind
@@ -686,6 +727,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
                      answers=answers, read_cache=read_cache)
     ctx.uncacheable.update(asked)
+    for interrupt_id, payload in questions.items():
+        if interrupt_id in answers and payload is not None:
+            with contextlib.suppress(Exception):  # a payload class gone: keep the answer
+                ctx.asked[interrupt_id] = trace_digest(_serde.loads(payload))
     if listener is not None and hasattr(listener, "ctx"):
         listener.ctx = ctx  # so the consumer of a stream can stop the run
     if listener is not None:

@@ -458,7 +458,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    # ensure_ascii: a lone surrogate in a value (valid in Python, not in UTF-8) is escaped
+    # instead of failing the output
+    click.echo(json.dumps(value, indent=2, ensure_ascii=True, default=str))
 
 
 def _run_fields(run: durably.Run[Any]) -> dict[str, Any]:
@@ -741,14 +743,14 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
 @cli.command("resume")
 @click.argument("target", metavar="MODULE:ENTRYPOINT")
 @click.argument("run_id", metavar="RUN")
-@click.option("--value", default="null", show_default=True, metavar="JSON",
+@click.option("--value", default=None, metavar="JSON",
               help="The answer to the pending interrupt(), as JSON ('\"yes\"', 42, "
                    "'{\"ok\": true}'); several pending: '{\"<interrupt id>\": JSON, ...}'.")
 @_dir_option
 @click.pass_context
-def resume_command(ctx: click.Context, target: str, run_id: str, value: str) -> None:
+def resume_command(ctx: click.Context, target: str, run_id: str, value: str | None) -> None:
     """Answer an interrupted run and continue it (exit status 3 if it pauses again)."""
-    answer = _parse_json("--value", value)
+    answer = None if value is None else _parse_json("--value", value)
     store = _store(ctx)
     ep = _load(target, "entrypoint")
     durably.configure(store=store)  # again: importing the module may have configured another
@@ -766,6 +768,9 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str) -> 
         }.get(run.status, "Fix: call the entrypoint again with the same arguments to "
                           "continue it.")
         _fail(f"run {run.id!r} is {run.status}, not interrupted: it waits for no answer. {fix}")
+    if value is None:  # an approval must never be answered by accident
+        _fail(f"run {run.id!r} waits for an answer: give it with --value JSON (for example "
+              f"--value '\"yes\"'; see it with durably show {run.id}).")
     try:
         result = _await(ep.resume(run.id, answer))
     except durably.RunInterrupted:

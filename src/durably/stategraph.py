@@ -699,7 +699,7 @@ class CompiledGraph(Generic[S]):
         from ._tracer import short_repr
 
         fork_id = f"{rec.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
-        key = self._superstep.cache_key(0, [], {}, {})
+        key = self._superstep.spec.journal_key(None, (0, [], {}, {}), {})
         t = now()
         step = StepRecord(fork_id, step_identity(None, key, 0), None, self._superstep.spec.name,
                           "ran", 0, 0, t, t, None, "", None, short_repr(result["state"]))
