@@ -138,7 +138,7 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> s
     answers: list[EventRecord] = []
     source_events = store.list_events(source.run_id, ("interrupt", "answer"))
     source_answers = {e.key: e.data for e in source_events if e.kind == "answer"}
-    asked = {}
+    asked: dict[str, EventRecord] = {}
     for e in source_events:
         if e.kind == "interrupt":
             asked.setdefault(e.key, e)
