@@ -286,7 +286,7 @@ def test_exception_propagates_unchanged_is_journaled_never_cached_and_retried() 
 
 
 # -- 8. serialization --------------------------------------------------------------------------
-def test_unpicklable_result_fails_before_anything_is_written(store: Any) -> None:
+def test_unpicklable_result_is_a_failed_step_and_nothing_is_cached(store: Any) -> None:
     @task
     def make_lock() -> Any:
         return threading.Lock()
@@ -299,7 +299,8 @@ def test_unpicklable_result_fails_before_anything_is_written(store: Any) -> None
         pipeline()
     assert "lock" in str(info.value)
     run = durably.list_runs()[0]
-    assert [s.status for s in run.steps] == []
+    [step] = run.steps
+    assert step.status == "failed" and "SerializationError" in (step.error or "")
     assert store.cache_get(make_lock.cache_key()) is None
 
 
@@ -571,7 +572,7 @@ def test_a_run_in_progress_in_another_thread_is_busy() -> None:
     worker.start()
     try:
         assert started.wait(30)
-        with pytest.raises(durably.RunStateError, match="being executed by process"):
+        with pytest.raises(durably.RunStateError, match="being executed in this process"):
             slow(1)
     finally:
         release.set()

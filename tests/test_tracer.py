@@ -269,7 +269,7 @@ def test_graph_shows_failed_steps_and_the_retry() -> None:
 
     @entrypoint
     def pipeline() -> int:
-        return flaky(ok(1))
+        return flaky(ok(100))
 
     with pytest.raises(RuntimeError):
         pipeline()
@@ -306,12 +306,12 @@ def test_graph_of_a_rerun_shows_replayed_and_cached_steps() -> None:
 
 def test_large_fan_out_collapses_into_one_node_with_counts() -> None:
     @task
-    def parse(i: int) -> int:
-        return i
+    def parse(i: int) -> str:
+        return f"row {i}"
 
     @task
-    def merge(xs: list[int]) -> int:
-        return sum(xs)
+    def merge(xs: list[str]) -> int:
+        return len(xs)
 
     @entrypoint
     def pipeline(n: int) -> int:
@@ -405,3 +405,226 @@ def test_a_format_1_store_is_upgraded_in_place(tmp_path: Path) -> None:
     assert store.list_events("r") == []
     assert (root / "FORMAT").read_text().strip() == "durably-store 2"
     store.close()
+
+
+# -- found by a new user trying to break it --------------------------------------------------
+def test_edges_follow_the_most_recent_producer_and_count_equal_results() -> None:
+    @task
+    def load(name: str) -> dict[str, list[int]]:
+        return {"rows": [1, 2, 3]}
+
+    @task
+    def validate(d: dict[str, list[int]]) -> dict[str, list[int]]:
+        return d  # passes its input through
+
+    @task
+    def train(d: dict[str, list[int]]) -> str:
+        return "model"
+
+    @task
+    def index_file(name: str) -> dict[str, int]:
+        return {"lines": 0}
+
+    @task
+    def merge(stats: list[dict[str, int]]) -> int:
+        return len(stats)
+
+    @task
+    def count_errors(rows: list[str]) -> int:
+        return 0
+
+    @task
+    def fetch_page(page: int) -> str:
+        return f"page {page}"
+
+    @entrypoint
+    def ml() -> tuple[str, int, str]:
+        count_errors(["a", "b"])
+        page = fetch_page(0)  # 0 is too common a value to be a flow from count_errors
+        model = train(validate(load("x")))
+        return model, merge([index_file(n) for n in ("a.py", "b.py", "c.py")]), page
+
+    graph = ml.run().graph(collapse=None)
+    assert sorted(_edges(graph)) == sorted([
+        ("load", "validate"), ("validate", "train"),
+        ("index_file", "merge"), ("index_file", "merge"), ("index_file", "merge")])
+
+
+def test_nested_fan_outs_collapse_inside_collapsed_groups() -> None:
+    @task
+    def leaf(i: int) -> tuple[str, int]:
+        return ("leaf", i)
+
+    @task
+    def branch(i: int) -> list[tuple[str, int]]:
+        return [leaf(2 * i), leaf(2 * i + 1)]
+
+    @entrypoint
+    def tree(n: int) -> list[Any]:
+        return [branch(i) for i in range(n)]
+
+    graph = tree.run(30).graph()
+    assert [(_n(n.task), n.count) for n in graph.nodes] == [("branch", 30), ("leaf", 60)]
+    assert graph.nodes[1].parent == graph.nodes[0].id
+
+
+def test_graph_of_an_earlier_attempt_has_that_attempts_status() -> None:
+    fail = [True]
+
+    @task
+    def p(x: int) -> int:
+        if fail[0]:
+            raise ValueError("bad")
+        return x
+
+    @entrypoint
+    def at() -> int:
+        return p(100)
+
+    with pytest.raises(ValueError):
+        at.run(run_id="at-1")
+    fail[0] = False
+    run = at.run(run_id="at-1")
+    assert run.graph(attempt=1).status == "failed" and run.graph().status == "finished"
+    with pytest.raises(durably.NotFoundError, match="attempts 1 to 2"):
+        run.graph(attempt=7)
+
+
+def test_saved_run_events_carry_status_duration_output_and_error() -> None:
+    @task
+    def a(x: int) -> int:
+        return x + 100
+
+    @entrypoint
+    def ev(fail: bool) -> int:
+        if fail:
+            raise RuntimeError("nope")
+        return a(1)
+
+    live = list(ev.stream(False))
+    saved = durably.get_run(live[0].run_id).events()
+    assert [(e.kind, e.output) for e in saved if e.kind.startswith("run_")] == [
+        ("run_started", None), ("run_finished", "101")]
+    assert saved[0].status == live[0].status == "new"
+    assert saved[-1].duration is not None and saved[-1].duration >= 0
+    with pytest.raises(RuntimeError):
+        ev(True)
+    failed = durably.list_runs(ev)[0].events()[-1]
+    assert failed.kind == "run_failed" and "nope" in str(failed.data)
+
+
+def test_an_unstorable_result_is_a_failed_step_in_stream_and_graph() -> None:
+    import threading
+
+    @task
+    def make_lock() -> Any:
+        return threading.Lock()
+
+    @entrypoint
+    def lk() -> str:
+        return str(make_lock())
+
+    kinds: list[str] = []
+    with pytest.raises(durably.SerializationError):
+        for e in lk.stream():
+            kinds.append(e.kind)
+    assert kinds == ["run_started", "step_started", "step_failed", "run_failed"]
+    graph = durably.list_runs(lk)[0].graph()
+    assert [n.status for n in graph.nodes] == ["failed"]
+
+
+def test_an_async_stream_closed_early_leaves_no_unretrieved_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    @task
+    async def fetch(i: int) -> int:
+        await asyncio.sleep(0.02)
+        return i
+
+    @entrypoint
+    async def crawl(n: int) -> list[int]:
+        return [await fetch(i) for i in range(n)]
+
+    async def main() -> None:
+        async for ev in crawl.stream(5):
+            if ev.kind == "step_finished":
+                break
+        await asyncio.sleep(0.1)
+
+    import gc
+
+    asyncio.run(main())
+    gc.collect()
+    assert "never retrieved" not in caplog.text
+    assert durably.list_runs(crawl)[0].status == "stopped"
+
+
+def test_a_sync_stream_sees_the_callers_context_vars() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    @entrypoint
+    def cv(tag: str) -> str:
+        return var.get()
+
+    var.set("set by caller")
+    assert list(cv.stream("b"))[-1].data == "set by caller"
+
+
+def test_a_custom_event_that_cannot_be_pickled_never_fails_the_run(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    @entrypoint
+    def prog() -> str:
+        durably.get_writer()({"progress": 1, "lock": threading.Lock()})
+        return "done"
+
+    run = prog.run()
+    assert run.result == "done"
+    [custom] = [e for e in run.events() if e.kind == "custom"]
+    assert "progress" in custom.data and "lock" in caplog.text
+
+
+def test_a_crash_inside_a_step_keeps_it_and_its_children_in_the_graph(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "crashy.py", """
+        import os, signal, sys
+        import durably
+
+        @durably.task
+        def step(i):
+            return i + 100
+
+        @durably.task
+        def hang(x):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        @durably.task
+        def wrapper(x):
+            return hang(step(x))
+
+        @durably.entrypoint
+        def crashy(n):
+            return wrapper(sum(step(i) for i in range(n)))
+
+        if __name__ == "__main__":
+            if sys.argv[1:] == ["run"]:
+                crashy.run(2, run_id="crashy-1")
+            else:
+                g = durably.get_run("crashy-1").graph()
+                print([(n.task, n.status, g.node(n.parent).task if n.parent else None)
+                       for n in g.nodes])
+    """)
+    import subprocess
+    import sys
+
+    env = script_env(tmp_path / "store")
+    killed = subprocess.run([sys.executable, str(script), "run"], env=env, cwd=tmp_path,
+                            capture_output=True, timeout=120)
+    assert killed.returncode != 0
+    out = subprocess.run([sys.executable, str(script), "show"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([("step", "ran", None), ("step", "ran", None),
+                                      ("wrapper", "started", None),
+                                      ("step", "ran", "wrapper")])

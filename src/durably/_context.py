@@ -47,7 +47,9 @@ class RunContext:
         "inflight",
         "interrupts",
         "listener",
+        "marked",
         "name",
+        "open",
         "owner",
         "raised",
         "read_cache",
@@ -78,6 +80,11 @@ class RunContext:
         self.raised: list[Any] = []
         #: asyncio tasks running a step body now (an async run waits for them before it ends)
         self.inflight: set[Any] = set()
+        #: steps whose body runs now, by step id; and those journaled as "started" (a step
+        #: is marked started when its first nested step begins, so a crash inside it still
+        #: shows where the run was)
+        self.open: dict[str, Any] = {}
+        self.marked: set[str] = set()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
         #: steps whose result depends on an answer to interrupt() (theirs or a nested

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import importlib
 import pickle
 import queue
@@ -860,7 +861,9 @@ def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: An
             listener.closed = True
             events.put(_DONE)
 
-    worker = threading.Thread(target=work, name="durably-stream", daemon=True)
+    context = contextvars.copy_context()  # the caller's context vars, as .run() would see them
+    worker = threading.Thread(target=context.run, args=(work,), name="durably-stream",
+                              daemon=True)
     worker.start()
     try:
         while True:
@@ -898,7 +901,9 @@ async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, a
     finally:
         listener.stop()
         await asyncio.wait([job])
-    exc = job.exception()
+        if not job.cancelled():
+            job.exception()  # retrieved: a StopRun after a break is expected, not an error
+    exc = None if job.cancelled() else job.exception()
     if exc is not None and not isinstance(exc, StopRun):
         raise exc
 

@@ -505,10 +505,24 @@ def digest(obj: Any) -> str:
     return e.hexdigest()
 
 
+def _too_common(obj: Any) -> bool:
+    """Values equal by coincidence far too often to mean a data flow: None, booleans, small
+    numbers (-1 to 16), strings and bytes of 0 or 1 characters, empty containers."""
+    t = type(obj)
+    if obj is None or t is bool:
+        return True
+    if t is int or t is float:
+        return bool(-1 <= obj <= 16 and obj == int(obj))
+    if t is str or t is bytes or t is list or t is tuple or t is dict or t is set:
+        return len(obj) <= (1 if t is str or t is bytes else 0)
+    return False
+
+
 def trace_digest(obj: Any) -> str:
     """The digest of a value for the tracer's data-flow edges, or "" when the value cannot
-    be digested or is too common to mean a flow (None, True, False). Never warns or raises."""
-    if obj is None or obj is True or obj is False:
+    be digested or is too common to mean a flow (see ``_too_common``). Never warns or
+    raises."""
+    if _too_common(obj):
         return ""
     e = Encoder(quiet=True)
     e.buf += _HEADER

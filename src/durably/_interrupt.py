@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("durably")
 
 _ID_PREFIX = re.compile(r"[0-9a-f]{6,16}")
+_MAX_EVENT_BYTES = 1 << 20  # a custom event bigger than this is journaled as its short repr
 
 __all__ = [
     "Interrupt",
@@ -195,7 +196,8 @@ def idempotency_key() -> str:
 def get_writer() -> Callable[[Any], None]:
     """A function that writes custom events into the current run: they appear in
     ``Entrypoint.stream`` as ``Event(kind="custom", data=value)`` and are journaled with the
-    run (``Run.events()``).
+    run (``Run.events()``). A value that cannot be pickled, or whose pickle is over 1 MB, is
+    journaled as its short ``repr`` (the live event still carries the value).
 
     Returns:
         ``write(value)``; the value must be picklable.
@@ -219,14 +221,21 @@ def get_writer() -> Callable[[Any], None]:
     from . import _serde
     from ._context import current_step
     from ._store import EventRecord, now
-    from ._tracer import Event
+    from ._tracer import Event, short_repr
 
     ctx = _active("durably.get_writer()")
     step = current_step.get()
 
     def write(value: Any) -> None:
         t = now()
-        data = _serde.dumps(value, what="a custom event")
+        try:
+            data = _serde.dumps(value, what="a custom event")
+        except Exception as exc:  # noqa: BLE001 - a progress note must never fail a run
+            data = None
+            log.warning("durably: a custom event of run %r is kept as its repr: %s",
+                        ctx.run_id, exc)
+        if data is None or len(data) > _MAX_EVENT_BYTES:
+            data = _serde.dumps(short_repr(value, 2000), what="a custom event")
         ctx.store.append_events([EventRecord(ctx.run_id, "custom", t, ctx.attempt, step, "",
                                              data)])
         ctx.emit(Event("custom", ctx.run_id, t, step, data=value, attempt=ctx.attempt))

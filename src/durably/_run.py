@@ -108,8 +108,12 @@ class Run(Generic[R]):
 
     @property
     def steps(self) -> list[StepRecord]:
-        """The steps of the run's latest attempt, in call order (including failed ones)."""
-        return self._store.list_steps(self.id, attempt=self.attempt)
+        """The steps of the run's latest attempt, in call order (including failed ones, and
+        ``started`` ones: steps with nested steps that were executing when the attempt
+        ended — a crash — and have no later record)."""
+        records = self._store.list_steps(self.id, attempt=self.attempt)
+        closed = {r.step_id for r in records if r.status != "started"}
+        return [r for r in records if r.status != "started" or r.step_id not in closed]
 
     def records(self) -> list[StepRecord]:
         """Every step record of every attempt, in order (attempt, then position)."""
@@ -173,24 +177,35 @@ class Run(Generic[R]):
             (['load', 'total'], [('load', 'total')])
         """
         rec = self._record
+        latest = attempt is None or attempt == self.attempt
         attempt = self.attempt if attempt is None else attempt
-        graph = build_graph(rec.run_id, rec.name, rec.status, attempt,
+        if not isinstance(attempt, int) or not 1 <= attempt <= max(self.attempt, 1):
+            raise NotFoundError(f"run {self.id!r} has attempts 1 to {self.attempt}, not "
+                                f"{attempt!r}")
+        ends = [e for e in self._store.list_events(self.id)
+                if e.attempt == attempt and e.kind.startswith("run_")]
+        # an earlier attempt's status is how it ended; the latest one's is the run's status
+        status = rec.status if latest or len(ends) < 2 else ends[-1].kind[4:]
+        graph = build_graph(rec.run_id, rec.name, status, attempt,
                             self._store.list_steps(self.id), collapse)
-        times = [e.time for e in self._store.list_events(self.id) if e.attempt == attempt
-                 and e.kind.startswith("run_")]
-        if len(times) >= 2:
-            graph = dataclasses.replace(graph, wall_time=times[-1] - times[0])
+        if len(ends) >= 2:
+            graph = dataclasses.replace(graph, wall_time=ends[-1].time - ends[0].time)
         return graph
 
     def events(self) -> list[Event]:
         """The run's events rebuilt from its journal, in time order: attempts starting and
-        ending, steps (``step_started`` is not journaled: the ``step_finished``,
-        ``step_failed`` and ``step_interrupted`` events carry the duration), interrupts,
-        answers and custom events. ``data`` of custom events is the value written."""
+        ending (with their status, duration, output or error), steps (``step_started`` only
+        for steps with nested steps; every step has its ``step_finished``, ``step_failed``
+        or ``step_interrupted`` with its duration), interrupts and answers (``status`` is
+        the interrupt id), and custom events (``data`` is the value written)."""
         found: list[Event] = []
         for s in self._store.list_steps(self.id):
-            kind = {"failed": "step_failed", "interrupted": "step_interrupted"}.get(
-                s.status, "step_finished")
+            kind = {"failed": "step_failed", "interrupted": "step_interrupted",
+                    "started": "step_started"}.get(s.status, "step_finished")
+            if kind == "step_started":
+                found.append(Event(kind, s.run_id, s.started, s.step_id, s.parent_id, s.task,
+                                   inputs=s.inputs, attempt=s.attempt))
+                continue
             found.append(Event(kind, s.run_id, s.ended, s.step_id, s.parent_id, s.task,
                                s.status, s.duration, s.inputs, s.output, s.error, s.attempt))
         for e in self._store.list_events(self.id):
@@ -200,6 +215,13 @@ class Run(Generic[R]):
                     data = _serde.loads(e.data)
                 except Exception:  # noqa: BLE001 - a class gone from the code is still listed
                     data = None
+            if e.kind.startswith("run_") and isinstance(data, dict):
+                info = data
+                found.append(Event(
+                    e.kind, e.run_id, e.time, None, None, self.name, info.get("status", ""),
+                    info.get("duration"), None, info.get("output"),
+                    info.get("error") or info.get("interrupts"), e.attempt))
+                continue
             found.append(Event(e.kind, e.run_id, e.time, e.step_id, None,
                                self.name if e.kind.startswith("run_") else "",
                                e.kind[4:] if e.kind.startswith("run_") else e.key,

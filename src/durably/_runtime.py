@@ -351,11 +351,14 @@ class Call:
         """Make this step the parent of the tasks its body calls."""
         if self.ctx is not None:
             self.token = current_step.set(self.step_id)
+            self.ctx.open[self.step_id] = self
 
     def exit(self) -> None:
         if self.token is not None:
             current_step.reset(self.token)
             self.token = None
+            if self.ctx is not None:
+                self.ctx.open.pop(self.step_id, None)
 
     def failed(self, exc: BaseException, tries: str = "") -> None:
         """Journal a failed step (never cached); the exception then propagates unchanged.
@@ -392,7 +395,11 @@ class Call:
     def succeeded(self, result: Any) -> Any:
         """Store the result in the cache and the journal (committed), then return it."""
         spec = self.spec
-        data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
+        try:
+            data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
+        except SerializationError as exc:
+            self.failed(exc)  # journaled (and streamed) as the step's failure
+            raise
         ctx = self.ctx
         if ctx is None:
             if spec.cache:
@@ -420,6 +427,15 @@ class Call:
 _MISS = object()
 
 
+def _mark_started(ctx: RunContext, step_id: str) -> None:
+    """Journal that a step with nested steps is executing (one row per such step), so the
+    graph of a run that crashes inside it still shows it and nests its children."""
+    ctx.marked.add(step_id)
+    caller = ctx.open.get(step_id)
+    if caller is not None:
+        ctx.store.append_steps([(caller.record("started"), None)])
+
+
 def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                ) -> tuple[Any, Call]:
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
@@ -441,6 +457,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         raise StopRun()
     ctx.keep_lease()
     parent = current_step.get()
+    if parent is not None and parent not in ctx.marked:
+        _mark_started(ctx, parent)
     call.parent = parent
     journal_key = key if spec.cache else spec.side_effect_key(input_digest)
     call.step_id = step_identity(parent, journal_key, ctx.occurrence(parent, journal_key))
@@ -683,6 +701,12 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     owner = me()
     holder = store.acquire_run(run_id, owner)
     if holder is not None:
+        if holder.pid == owner.pid and holder.host == owner.host:
+            raise RunStateError(
+                f"run {run_id!r} is being executed in this process right now (by another "
+                "thread, or a stream() that is still open: close it with .close(), or "
+                "finish iterating it). Fix: wait for it, or start a separate run with "
+                "fresh=True or another run_id.")
         raise RunStateError(
             f"run {run_id!r} is being executed by {holder.describe()} right now; two "
             "processes must not execute one run. Fix: wait for it to finish (then rerun to get "
@@ -720,7 +744,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                     questions[e.key] = e.data
                     if e.step_id is not None:
                         asked.add(e.step_id)
-        store.append_events([EventRecord(run_id, "run_started", t, record.attempt)])
+        store.append_events([EventRecord(
+            run_id, "run_started", t, record.attempt,
+            data=_serde.dumps({"status": existing.status if existing else "new"},
+                              what="a run event"))])
     except BaseException:
         store.release_run(run_id, owner)  # never leave a lease behind
         raise
@@ -764,7 +791,7 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
         ctx.flush()
     finally:
         try:
-            _finish_record(ctx, record, result, exc)
+            _finish_record(ctx, record, result, exc, started.wall)
         finally:
             ctx.store.release_run(record.run_id, ctx.owner)
     if ctx.listener is not None:
@@ -800,8 +827,8 @@ def run_status(exc: BaseException | None) -> str:
     return "failed"
 
 
-def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None
-                   ) -> None:
+def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None,
+                   started: float) -> None:
     record.updated = now()
     record.status = run_status(exc)
     if exc is None:
@@ -818,5 +845,11 @@ def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExc
     elif record.status == "failed":
         record.error = repr(exc)[:2000]
     ctx.store.put_run(record)
+    info: dict[str, Any] = {"status": record.status, "duration": record.updated - started,
+                            "output": short_repr(result) if exc is None else None,
+                            "error": record.error if exc is not None else None}
+    if isinstance(exc, InterruptSignal):
+        info["interrupts"] = [i.id for i in exc.interrupts]
     ctx.store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
-                                         record.attempt)])
+                                         record.attempt,
+                                         data=_serde.dumps(info, what="a run event"))])

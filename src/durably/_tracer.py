@@ -64,11 +64,11 @@ def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = 
                  ) -> tuple[str, ...]:
     """Digests a result may match: each argument, and each element of list, tuple and dict
     arguments (up to 10,000 elements). ``each`` gives argument digests already computed."""
-    found: dict[str, None] = {}
+    found: list[str] = []  # with repeats: three equal results passed on draw three edges
     for name, value in arguments.items():
         d = each.get(name, "") if each is not None else trace_digest(value)
         if d:
-            found[d] = None
+            found.append(d)
         kind = type(value)
         if kind is list or kind is tuple:
             elements: Iterable[Any] = value
@@ -81,7 +81,7 @@ def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = 
         for element in elements:
             d = trace_digest(element)
             if d:
-                found[d] = None
+                found.append(d)
     return tuple(found)
 
 
@@ -134,8 +134,9 @@ class Node:
     Attributes:
         id: The step id (32 hex characters), or ``"group:<parent>:<task>"`` for a group.
         task: The task's name.
-        status: ``"ran"``, ``"cached"``, ``"replayed"``, ``"failed"`` or ``"interrupted"``
-            (for a group: the most severe status among its members, failed first).
+        status: ``"ran"``, ``"cached"``, ``"replayed"``, ``"failed"``, ``"interrupted"`` or
+            ``"started"`` (a step with nested steps that was still executing when the
+            attempt ended: a crash); for a group, the most severe status among its members.
         parent: Id of the node it is nested in (the calling step), or None (the entrypoint).
         started: Start time of the (first) call, seconds since the epoch.
         duration: Seconds (for a group: the sum over its members).
@@ -177,7 +178,7 @@ class Edge:
     count: int = 1
 
 
-_SEVERITY = {"failed": 0, "interrupted": 1, "ran": 2, "cached": 3, "replayed": 4}
+_SEVERITY = {"failed": 0, "interrupted": 1, "started": 2, "ran": 3, "cached": 4, "replayed": 5}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,23 +314,31 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
             error=s.error, statuses={s.status: 1}, steps=(s.step_id,),
         ))
     # data flow: earlier result digest -> later argument digest
-    producers: dict[str, str] = {}
+    # data flow: a later argument (or element) equal to an earlier result; of several equal
+    # results, the most recent ones (a pass-through step is the source, not the step before)
+    producers: dict[str, list[str]] = collections.defaultdict(list)
     edges: list[Edge] = []
     seen: set[tuple[str, str]] = set()
     for s in ordered:
         origin = first.get(s.step_id, s)
         digests = s.input_digests or origin.input_digests
-        for d in digests:
-            source = producers.get(d)
-            if source is not None and source != s.step_id and (source, s.step_id) not in seen:
-                seen.add((source, s.step_id))
-                edges.append(Edge(source, s.step_id))
+        for d, times in collections.Counter(digests).items():
+            for source in producers.get(d, ())[-times:]:
+                if source != s.step_id and (source, s.step_id) not in seen:
+                    seen.add((source, s.step_id))
+                    edges.append(Edge(source, s.step_id))
         out = s.result_digest or origin.result_digest
-        if out and s.status not in ("failed", "interrupted"):
-            producers.setdefault(out, s.step_id)
+        if out and s.status not in ("failed", "interrupted", "started"):
+            producers[out].append(s.step_id)
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
                      sum(saved.values()))
-    return _collapse(graph, collapse) if collapse else graph
+    if collapse:
+        while True:  # again: the children of a collapsed group may collapse in turn
+            smaller = _collapse(graph, collapse)
+            if smaller is graph:
+                break
+            graph = smaller
+    return graph
 
 
 def _collapse(graph: RunGraph, limit: int) -> RunGraph:
