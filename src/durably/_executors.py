@@ -1,0 +1,1326 @@
+"""Fan-out of a task over many inputs: ``Task.map`` and ``Task.submit`` on threads, worker
+processes or a Dask cluster, without giving up exact resume.
+
+How a fan-out keeps exact resume (DESIGN.md, "step identity"):
+
+1. In the caller's thread and in input order, each item goes through the call path up to
+   execution (:func:`~durably._runtime.begin_step`). Its step identity (parent step, cache
+   key, occurrence) is assigned there, before anything runs, so it never depends on
+   completion order; items the journal has are replayed, items the cache has are served,
+   right there.
+2. Only the bodies of the missing items go to the executor.
+3. Each result comes back to the caller's thread, which journals and caches it (or journals
+   the failure) as it arrives, so a run killed halfway keeps every item that finished.
+   (``submit`` has no caller loop to come back to: its future is settled, journal first, in
+   the thread that saw the body finish.)
+
+Where the bodies run:
+
+- ``Thread``: a thread pool in this process. The body runs in a copy of the caller's context
+  with the item's step as the current step, so tasks it calls are child steps of the run.
+- ``Process``: a pool of worker processes (start method ``forkserver``, else ``spawn``:
+  forking a process that has threads can deadlock). Functions, arguments and results travel
+  with cloudpickle; a task defined in ``__main__`` or a notebook travels by value, with its
+  identity and code fingerprint, so the key its calls use is the one the caller computed.
+  A script that maps on processes needs the usual ``if __name__ == "__main__":`` guard.
+- ``Dask``: a ``distributed.Client`` (the extra ``durably[dask]``); travels like ``Process``.
+
+A worker process has no run: a task called inside a body there is a plain cached call
+against the caller's store, so the work is still cached for every later run. The store is
+sent along: a :class:`~durably.DiskStore` by its directory (process-safe), another store by
+pickle if it pickles; a store that cannot travel (``MemoryStore``), or a directory the worker
+cannot see (a Dask worker on another machine without the shared filesystem), gives that worker
+an in-memory cache of its own, and a warning is logged on the ``durably`` logger. The items'
+own results always come back to the caller, which journals and caches them in its store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import contextvars
+import functools
+import io
+import logging
+import os
+import pickle
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _serde
+from ._config import configure
+from ._context import current_run, current_step
+from ._interrupt import InterruptSignal
+from ._lease import RENEW_SECONDS
+from ._retry import await_with_timeout, call_with_timeout, retrying
+from ._runtime import (
+    _MISS,
+    _NEVER_RETRIED,
+    Call,
+    Spec,
+    _acall_with_policy,
+    _call_with_policy,
+    begin_step,
+)
+from ._store import DiskStore, Store, now
+from .exceptions import DefinitionError, SerializationError
+
+if TYPE_CHECKING:
+    from ._decorators import Task
+
+__all__ = ["Dask", "Executor", "Process", "Target", "Thread", "map_async", "map_sync",
+           "submit_async", "submit_sync"]
+
+log = logging.getLogger("durably")
+
+_WAKE = min(5.0, RENEW_SECONDS / 2)  # seconds: the caller renews the run's lease this often
+_PROGRESS_DELAY = 0.5  # seconds: a fan-out shorter than this never shows a progress bar
+
+
+# -- what runs ------------------------------------------------------------------------------
+class Target:
+    """What a fan-out runs: the task's spec, its body for this process, the instance it is
+    bound to, and a reference to the body that travels to worker processes."""
+
+    __slots__ = ("_heads", "instance", "local", "ref", "spec")
+
+    def __init__(self, spec: Spec, local: Callable[..., Any], instance: Any,
+                 ref: tuple[Any, bool, Any, Any]) -> None:
+        self.spec = spec
+        self.local = local  # the body, called here (thread executor)
+        self.instance = instance  # passed to begin_step, as a plain call would
+        self.ref = ref  # (task, bound, instance, owner): the body in another process
+        self._heads: dict[int, bytes] = {}  # by store (alive as long as the fan-out)
+
+    def head(self, store: Store) -> bytes:
+        """The pickled body reference and store description sent with every job."""
+        head = self._heads.get(id(store))
+        if head is None:
+            where = _describe_store(store)
+            head = _pack((self.ref, where), what=f"task {self.spec.name!r}")
+            self._heads[id(store)] = head
+        return head
+
+
+class _Item:
+    """One missing item of a fan-out: its position in the input, its call, its arguments."""
+
+    __slots__ = ("args", "call", "handle", "index", "kwargs")
+
+    def __init__(self, index: int, call: Call, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.index = index
+        self.call = call
+        self.args = args
+        self.kwargs = kwargs
+        self.handle: Any = None
+
+
+class _Outcome(NamedTuple):
+    ok: bool
+    value: Any  # the result, or the exception
+    started: float | None  # when the body started (in the worker), if known
+    journaled: bool = False  # finished by the call path itself (a task with retry/timeout)
+
+
+class _Journaled:
+    """What a thread returns for a task with ``retry=`` / ``timeout=``: the runtime's own
+    policy loop ran the body and journaled every try and the result already."""
+
+    __slots__ = ("ok", "value")
+
+    def __init__(self, ok: bool, value: Any) -> None:
+        self.ok = ok
+        self.value = value
+
+
+class _Failed:
+    """The handle of an item that could not be dispatched at all."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+Done = Callable[[_Item, Any], None]
+
+
+# -- executors ------------------------------------------------------------------------------
+class Executor:
+    """Where the bodies of a fan-out's items run. Use :class:`Thread`, :class:`Process` or
+    :class:`Dask`; an executor is a context manager that shuts down what it started."""
+
+    kind = ""
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        self.max_workers = _check_workers(max_workers)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_workers={self.max_workers!r})"
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def submit(self, task: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """Start one call of ``task`` here and return a future of its result.
+
+        Like :meth:`Task.submit <durably.Task.submit>`, on this executor: the call's step
+        identity is assigned now, in submission order; a call the journal or cache has is
+        served at once (an already finished future).
+
+        Args:
+            task: A durably task (``@durably.task``), or a task bound to an instance.
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            A :class:`concurrent.futures.Future` of the result (an :class:`asyncio.Future`
+            for an ``async`` task, which must be submitted inside a running event loop).
+
+        Raises:
+            DefinitionError: ``task`` is not a durably task.
+            SerializationError: an argument cannot be digested.
+
+        Example:
+            >>> import durably, tempfile
+            >>> from durably.executors import Thread
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def cube(x):
+            ...     return x ** 3
+            >>> with Thread(max_workers=2) as pool:
+            ...     pool.submit(cube, 3).result()
+            27
+            >>> durably.configure()
+        """
+        target = _target_of(task)
+        if target.spec.is_async:
+            return submit_async(target, args, kwargs, self)
+        return submit_sync(target, args, kwargs, self)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the workers this executor started (not a Dask client: that is yours).
+
+        Args:
+            wait: Wait for running bodies to finish.
+        """
+
+    # -- the protocol the fan-out uses --------------------------------------------------
+    def _window(self) -> int | None:
+        """At most this many items in flight at once (None: no limit beyond the pool)."""
+        return self.max_workers
+
+    def _prepare(self) -> None:
+        """Check, before the first body is sent, that the executor can run (raises)."""
+
+    def _start(self, item: _Item, target: Target, done: Done) -> None:
+        raise NotImplementedError
+
+    def _outcomes(self, batch: Sequence[tuple[_Item, Any]]) -> list[_Outcome]:
+        return [_future_outcome(handle) for _, handle in batch]
+
+    def _cancel(self, items: Iterable[_Item]) -> None:
+        for item in items:
+            if isinstance(item.handle, cf.Future):
+                item.handle.cancel()
+
+
+class Thread(Executor):
+    """Run the bodies in a pool of threads of this process (the default).
+
+    For work that waits (network, LLM calls, files) or that releases the GIL. Tasks called
+    inside a body are child steps of the run, exactly as in a plain call.
+
+    Args:
+        max_workers: Threads in the pool. Default: ``min(32, os.cpu_count() + 4)``, as
+            :class:`concurrent.futures.ThreadPoolExecutor`.
+
+    Raises:
+        ValueError: ``max_workers`` is not a positive int.
+
+    Example:
+        >>> import durably, tempfile
+        >>> from durably.executors import Thread
+        >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+        >>> @durably.task
+        ... def shout(word):
+        ...     return word.upper()
+        >>> shout.map(["a", "b"], executor=Thread(max_workers=4))
+        ['A', 'B']
+        >>> durably.configure()
+    """
+
+    kind = "thread"
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        super().__init__(max_workers)
+        self._lock = threading.Lock()
+        self._pool: cf.ThreadPoolExecutor | None = None
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self.max_workers,
+                                                   thread_name_prefix="durably")
+            return self._pool
+
+    def _start(self, item: _Item, target: Target, done: Done) -> None:
+        context = contextvars.copy_context()
+        future = self._executor().submit(context.run, _run_here, item.call, target.local,
+                                         item.args, item.kwargs)
+        item.handle = future
+        future.add_done_callback(lambda f: done(item, f))
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class Process(Executor):
+    """Run the bodies in worker processes: for CPU-bound Python code.
+
+    Functions, arguments and results travel with cloudpickle, so tasks defined in
+    ``__main__`` or in a notebook work. Tasks called inside a body are cached in the caller's
+    store (a worker has no run: they are plain cached calls there). A script needs the
+    ``if __name__ == "__main__":`` guard, as with :mod:`multiprocessing`. The pool starts on
+    first use and is kept for the next fan-out until :meth:`shutdown`.
+
+    Args:
+        max_workers: Worker processes. Default: ``os.cpu_count()``.
+        start_method: ``"forkserver"`` (default where available), ``"spawn"`` (default
+            elsewhere) or ``"fork"`` (fast to start, but forking a process that runs threads
+            can deadlock).
+
+    Raises:
+        ValueError: ``max_workers`` is not a positive int, or the start method is unknown.
+
+    Example:
+        >>> import durably, tempfile
+        >>> from durably.executors import Process
+        >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+        >>> @durably.task
+        ... def square(x):
+        ...     return x * x
+        >>> with Process(max_workers=2) as pool:
+        ...     square.map(range(4), executor=pool)
+        [0, 1, 4, 9]
+        >>> durably.configure()
+    """
+
+    kind = "process"
+
+    def __init__(self, max_workers: int | None = None, *, start_method: str | None = None
+                 ) -> None:
+        import multiprocessing
+
+        super().__init__(max_workers)
+        methods = multiprocessing.get_all_start_methods()
+        if start_method is None:
+            start_method = "forkserver" if "forkserver" in methods else "spawn"
+        if start_method not in methods:
+            raise ValueError(
+                f"start_method must be one of {methods}, not {start_method!r}"
+            )
+        self.start_method = start_method
+        self._lock = threading.Lock()
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def __repr__(self) -> str:
+        return f"Process(max_workers={self.max_workers!r}, start_method={self.start_method!r})"
+
+    def _executor(self) -> cf.ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                import multiprocessing
+
+                self._pool = cf.ProcessPoolExecutor(
+                    self.max_workers, mp_context=multiprocessing.get_context(self.start_method)
+                )
+                # stop the workers at exit (or when this executor is dropped), while the
+                # interpreter can still run the pool's own cleanup
+                weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
+            return self._pool
+
+    def _start(self, item: _Item, target: Target, done: Done) -> None:
+        from concurrent.futures.process import BrokenProcessPool
+
+        head = target.head(item.call.store)
+        body = _pack((item.args, item.kwargs), what=f"the arguments of {target.spec.name!r}")
+        try:
+            future = self._executor().submit(_run_job, head, body)
+        except BrokenProcessPool:  # a worker died (killed, out of memory): a new pool
+            self.shutdown(wait=False)
+            future = self._executor().submit(_run_job, head, body)
+        item.handle = future
+        future.add_done_callback(lambda f: done(item, f))
+
+    def _outcomes(self, batch: Sequence[tuple[_Item, Any]]) -> list[_Outcome]:
+        out = []
+        for _, handle in batch:
+            outcome = _future_outcome(handle)
+            out.append(_unpack_outcome(outcome.value) if outcome.ok else outcome)
+        return out
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class Dask(Executor):
+    """Run the bodies on a Dask cluster through a ``distributed.Client`` you created.
+
+    Needs the extra: ``pip install 'durably[dask]'``. Functions, arguments and results
+    travel with cloudpickle, as on :class:`Process`; durably must be installed on the
+    workers. Tasks called inside a body are cached in the caller's store when the workers
+    can reach its directory (a shared filesystem); a worker that cannot gets an in-memory
+    cache of its own (a warning is logged). The items' own results always come back to the
+    caller and are journaled and cached there.
+
+    Args:
+        client: The client. Default: the current one (``distributed.get_client()``), looked
+            up at each fan-out.
+        max_workers: At most this many items in flight at once. Default: no limit (the
+            scheduler spreads them over the workers).
+
+    Raises:
+        ImportError: (at use) ``distributed`` is not installed.
+        DefinitionError: (at use) no client was given and none exists.
+
+    Example:
+        >>> from durably.executors import Dask
+        >>> Dask()  # looks up the current distributed.Client when a fan-out starts
+        Dask(client=None, max_workers=None)
+    """
+
+    kind = "dask"
+
+    def __init__(self, client: Any = None, *, max_workers: int | None = None) -> None:
+        super().__init__(max_workers)
+        self.client = client
+
+    def __repr__(self) -> str:
+        return f"Dask(client={self.client!r}, max_workers={self.max_workers!r})"
+
+    def _client(self) -> Any:
+        try:
+            import distributed
+        except ImportError:
+            raise ImportError(
+                "durably's Dask executor needs dask.distributed. Fix: pip install "
+                "'durably[dask]'"
+            ) from None
+        if self.client is not None:
+            return self.client
+        try:
+            return distributed.get_client()
+        except ValueError:
+            raise DefinitionError(
+                "executor='dask' found no distributed.Client. Fix: create one first "
+                "(client = distributed.Client(...)), or pass durably.executors.Dask(client)."
+            ) from None
+
+    def _prepare(self) -> None:
+        self._client()
+
+    def _start(self, item: _Item, target: Target, done: Done) -> None:
+        client = self._client()
+        head = target.head(item.call.store)
+        body = _pack((item.args, item.kwargs), what=f"the arguments of {target.spec.name!r}")
+        future = client.submit(_run_job, head, body, pure=False,
+                               key=f"{target.spec.name}-{uuid.uuid4().hex}")
+        item.handle = future
+        future.add_done_callback(lambda f: done(item, f))
+
+    def _outcomes(self, batch: Sequence[tuple[_Item, Any]]) -> list[_Outcome]:
+        finished = [handle for _, handle in batch if handle.status == "finished"]
+        data = iter(self._client().gather(finished) if finished else ())
+        out = []
+        for _, handle in batch:
+            if handle.status == "finished":
+                out.append(_unpack_outcome(next(data)))
+            else:  # the worker died (KilledWorker), or the future was cancelled
+                try:
+                    exc = handle.exception()
+                except BaseException as cancelled:  # noqa: BLE001 - that is the outcome
+                    exc = cancelled
+                out.append(_Outcome(False, exc, None))
+        return out
+
+    def _cancel(self, items: Iterable[_Item]) -> None:
+        handles = [item.handle for item in items if item.handle is not None]
+        if handles:
+            try:
+                self._client().cancel(handles)
+            except Exception as exc:  # noqa: BLE001 - cancelling is best effort
+                log.warning("durably: could not cancel Dask futures: %s", exc)
+
+
+def _check_workers(max_workers: Any) -> int | None:
+    if max_workers is not None and (
+        isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
+    ):
+        raise ValueError(f"max_workers must be a positive int or None, not {max_workers!r}")
+    return max_workers
+
+
+_defaults_lock = threading.Lock()
+_default_thread: Thread | None = None
+_default_process: dict[int | None, Process] = {}
+
+
+def _shared_thread() -> Thread:
+    global _default_thread
+    with _defaults_lock:
+        if _default_thread is None:
+            _default_thread = Thread()
+        return _default_thread
+
+
+def _resolve_executor(executor: Any, max_workers: int | None) -> tuple[Executor, bool]:
+    """The executor to use, and whether the fan-out owns it (and shuts it down after)."""
+    max_workers = _check_workers(max_workers)
+    if executor is None or executor == "thread":
+        return Thread(max_workers), True
+    if executor == "process":
+        with _defaults_lock:
+            found = _default_process.get(max_workers)
+            if found is None:
+                found = _default_process[max_workers] = Process(max_workers)
+        return found, False
+    if executor == "dask":
+        return Dask(max_workers=max_workers), False
+    if isinstance(executor, Executor):
+        return executor, False
+    raise DefinitionError(
+        f"executor must be 'thread', 'process', 'dask' or an executor from durably.executors "
+        f"(Thread, Process, Dask), not {executor!r}"
+    )
+
+
+def _target_of(task: Any) -> Target:
+    make = getattr(type(task), "_self_target", None)
+    if make is None:
+        raise DefinitionError(
+            f"submit() takes a durably task (@durably.task), not {type(task).__qualname__}"
+        )
+    target: Target = make(task)
+    return target
+
+
+# -- running a body ---------------------------------------------------------------------------
+def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+    """The body of one item in a thread, inside a copy of the caller's context: tasks it
+    calls are child steps of the item's step."""
+    if call.ctx is not None:
+        current_step.set(call.step_id)
+    call.started = now()
+    spec = call.spec
+    if spec.retry is not None or spec.timeout is not None:
+        try:
+            return _Journaled(True, _call_with_policy(spec, call, fn, args, kwargs))
+        except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
+            return _Journaled(False, exc)
+    return fn(*args, **kwargs)
+
+
+async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
+    if call.ctx is not None:
+        current_step.set(call.step_id)
+    call.started = now()
+    spec = call.spec
+    if spec.retry is not None or spec.timeout is not None:
+        try:
+            return _Journaled(True, await _acall_with_policy(spec, call, fn, args, kwargs))
+        except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
+            return _Journaled(False, exc)
+    return await fn(*args, **kwargs)
+
+
+def _future_outcome(future: Any) -> _Outcome:
+    if isinstance(future, _Failed):
+        return _Outcome(False, future.exc, None)
+    exc = future.exception() if isinstance(future, asyncio.Future) else future.exception(0)
+    if exc is not None:
+        return _Outcome(False, exc, None)
+    result = future.result()
+    if isinstance(result, _Journaled):
+        return _Outcome(result.ok, result.value, None, True)
+    return _Outcome(True, result, None)
+
+
+# -- what travels to a worker process -----------------------------------------------------
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker (as concurrent.futures shows it)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class _JobPickler(_serde._Pickler):
+    """cloudpickle (refusing open files), with tasks of ``__main__``, of a notebook or
+    defined inside a function pickled by value, keeping their identity and fingerprint."""
+
+    def __init__(self, file: io.BytesIO, what: str) -> None:
+        super().__init__(file, what)
+        self._by_value: set[int] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        # cloudpickle would take a task for the function it wraps (wrapt proxies
+        # __class__): tasks and entrypoints are always reduced here
+        if isinstance(obj, _by_reference_type()):
+            if type(obj) is _task_type() and id(obj) not in self._by_value:
+                reduced = _task_by_value(obj)
+                if reduced is not None:
+                    self._by_value.add(id(obj))  # a recursive task refers to itself by name
+                    return reduced
+            return obj.__reduce_ex__(5)
+        return super().reducer_override(obj)
+
+
+@functools.cache
+def _by_reference_type() -> type:
+    from ._decorators import _ByReference  # imported late: _decorators imports this module
+
+    return _ByReference
+
+
+@functools.cache
+def _task_type() -> type[Task[Any, Any]]:
+    from ._decorators import Task
+
+    return Task
+
+
+def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
+    """How to rebuild a task that another process cannot import by name, else None."""
+    from ._decorators import _resolve
+
+    spec: Spec = task._self_spec
+    module = getattr(spec.raw, "__module__", None)
+    if module not in (None, "__main__") and "<locals>" not in spec.raw.__qualname__:
+        try:
+            if _resolve(module, spec.raw.__qualname__) is task:
+                return None
+        except Exception:  # noqa: BLE001 - not importable by name: send it by value
+            pass
+    code = spec.code_version()
+    parts = spec.code_parts()
+    return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
+                            tuple(sorted(spec.ignore)), spec.identity, code, parts))
+
+
+def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
+                  ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str]
+                  ) -> Task[Any, Any]:
+    """A task sent by value, with the identity and fingerprint it had in the caller: the code
+    is the caller's code, so its calls here use the caller's cache keys."""
+    from ._revalidate import Fingerprint
+
+    spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore)
+    spec.identity = identity
+    if version is None:
+        spec._fingerprint = Fingerprint(code, [], [], dict(parts))
+    return _task_type()(func, spec)
+
+
+def _pack(obj: Any, *, what: str) -> bytes:
+    """Pickle for a worker (cloudpickle; tasks by reference or by value)."""
+    try:
+        with io.BytesIO() as file:
+            _JobPickler(file, what).dump(obj)
+            return file.getvalue()
+    except SerializationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - report it as ours
+        raise SerializationError(
+            f"cannot send {what} to a worker process: {type(exc).__name__}: {exc}. Fix: pass "
+            "plain data (a path instead of an open file, no locks or connections), or use "
+            "the thread executor."
+        ) from None
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles what travels between processes without rewriting a class this process
+    already has: cloudpickle sends a class of ``__main__`` by value and, when it comes back
+    (a result of that class), would set each attribute of the original class to a copy,
+    changing the code digest of its instances (and so the cache keys of later calls)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        if module.startswith("cloudpickle"):
+            if name in ("_make_skeleton_class", "_make_skeleton_enum"):
+                return functools.partial(_keep_existing, found, self)
+            if name == "_class_setstate":
+                return functools.partial(_set_new_class_state, found, self)
+        return found
+
+
+def _keep_existing(make: Callable[..., Any], unpickler: Any, *args: Any) -> Any:
+    tracked = getattr(sys.modules.get("cloudpickle.cloudpickle"),
+                      "_DYNAMIC_CLASS_TRACKER_BY_CLASS", {})
+    before = {id(k) for k in list(tracked)}
+    cls = make(*args)
+    if id(cls) in before:
+        existing = unpickler.__dict__.setdefault("existing", set())
+        existing.add(id(cls))
+    return cls
+
+
+def _set_new_class_state(setstate: Callable[..., Any], unpickler: Any, cls: Any,
+                         state: Any) -> Any:
+    if id(cls) in unpickler.__dict__.get("existing", ()):
+        return cls  # a class of this process: it is the original already
+    return setstate(cls, state)
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _describe_store(store: Store) -> tuple[Any, ...]:
+    """The caller's store as a worker can open it (see the module docstring)."""
+    here = (socket.gethostname(), os.getpid())
+    if isinstance(store, DiskStore):
+        return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous)
+    try:
+        return ("pickled", here, pickle.dumps(store))
+    except Exception:  # noqa: BLE001 - a store that cannot travel
+        return ("memory", here, f"{type(store).__qualname__} at {id(store):#x}")
+
+
+_worker_lock = threading.Lock()
+_worker_store: tuple[Any, ...] | None = None
+_worker_heads: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], Spec]] = {}
+
+
+def _use_store(where: tuple[Any, ...]) -> None:
+    """Make the caller's store the default store of this worker process."""
+    global _worker_store
+    with _worker_lock:
+        if where == _worker_store:
+            return
+        kind, (host, pid) = where[0], where[1]
+        if (host, pid) == (socket.gethostname(), os.getpid()):
+            _worker_store = where  # an in-process worker: leave this process's settings alone
+            return
+        store: Store
+        if kind == "disk" and (host == socket.gethostname() or os.path.isdir(where[2])):
+            store = DiskStore(where[2], size_limit=where[3], synchronous=where[4])
+        elif kind == "pickled":
+            store = pickle.loads(where[2])
+        else:
+            from .testing import MemoryStore
+
+            reason = (f"the store {where[2]} is not reachable from here" if kind == "disk"
+                      else f"the caller's store {where[2]} cannot be shared")
+            log.warning("durably: %s (worker process %d on %s); tasks called inside bodies "
+                        "here are cached in this worker's memory only", reason, os.getpid(),
+                        socket.gethostname())
+            store = MemoryStore()
+        configure(store=store)
+        _worker_store = where
+
+
+def _load_head(head: bytes) -> tuple[Callable[..., Any], Spec]:
+    """The body a job's head names and its task's spec (unpickled once per worker), with
+    the caller's store in use."""
+    found = _worker_heads.get(head)
+    if found is None:
+        (task, bound, instance, owner), where = _loads(head)
+        fn = task.__get__(instance, owner).__wrapped__ if bound else task.__wrapped__
+        if len(_worker_heads) >= 16:
+            _worker_heads.clear()
+        found = _worker_heads[head] = (fn, where, task._self_spec)
+    fn, where, spec = found
+    _use_store(where)
+    return fn, spec
+
+
+def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+    """One item's body in a worker process, under the task's ``retry=`` / ``timeout=`` (the
+    tries are not journaled one by one there: the item's outcome is, by the caller)."""
+    def once() -> Any:
+        if spec.is_async:
+            coro = fn(*args, **kwargs)
+            if spec.timeout is not None:
+                coro = await_with_timeout(spec.name, spec.timeout, coro)
+            return asyncio.run(coro)
+        if spec.timeout is not None:
+            return call_with_timeout(spec.name, spec.timeout, fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    if spec.retry is None:
+        return once()
+    result: Any = None
+    for attempt in retrying(spec.retry, _NEVER_RETRIED, is_async=False):
+        with attempt:
+            result = once()
+    return result
+
+
+def _run_job(head: bytes, body: bytes) -> bytes:
+    """Run one item's body in a worker; return its outcome, pickled (never raises)."""
+    started = time.time()
+    try:
+        fn, spec = _load_head(head)
+        args, kwargs = _loads(body)
+        started = time.time()
+        result = _call_remote(spec, fn, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the caller
+        return _pack_failure(started, exc)
+    try:
+        return _pack((True, result, started, None), what="the result")
+    except SerializationError as exc:
+        return _pack_failure(started, exc)
+
+
+def _pack_failure(started: float, exc: BaseException) -> bytes:
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        return _pack((False, exc, started, tb), what="the exception")
+    except Exception:  # noqa: BLE001 - an exception that cannot travel: send its text
+        stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception itself "
+                                "could not be sent back from the worker)")
+        return _pack((False, stand_in, started, tb), what="the exception")
+
+
+def _unpack_outcome(data: bytes) -> _Outcome:
+    ok, value, started, tb = _loads(data)
+    if not ok and tb and isinstance(value, BaseException) and value.__cause__ is None:
+        value.__cause__ = _RemoteTraceback(tb)
+    return _Outcome(ok, value, started)
+
+
+# -- progress -------------------------------------------------------------------------------
+def progress_enabled(progress: bool | None) -> bool:
+    """``progress`` if given; else ``$DURABLY_PROGRESS`` (0/1); else on in a terminal or a
+    notebook, off when output is not interactive."""
+    if progress is not None:
+        if not isinstance(progress, bool):
+            raise DefinitionError(f"progress must be True, False or None, not {progress!r}")
+        return progress
+    env = os.environ.get("DURABLY_PROGRESS", "").strip().lower()
+    if env in ("0", "false", "off", "no"):
+        return False
+    if env in ("1", "true", "on", "yes"):
+        return True
+    return _in_notebook() or _isatty(sys.stderr)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:  # noqa: BLE001 - a replaced stream without isatty
+        return False
+
+
+def _in_notebook() -> bool:
+    if "ipykernel" not in sys.modules:
+        return False
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
+
+
+class _Progress:
+    """A tqdm bar with counts of ran / cached (/ replayed / failed) items, or nothing."""
+
+    __slots__ = ("bar", "counts", "enabled", "name", "total")
+
+    def __init__(self, name: str, total: int, enabled: bool) -> None:
+        self.name = name
+        self.total = total
+        self.enabled = enabled
+        self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
+        self.bar: Any = None
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            if _in_notebook():
+                from tqdm.auto import tqdm  # type: ignore[import-untyped]
+            else:
+                from tqdm import tqdm  # type: ignore[import-untyped]
+        except ImportError:  # tqdm is a dependency; a broken install only loses the bar
+            return
+        self.bar = tqdm(total=self.total, initial=self.total - self.pending(),
+                        desc=self.name, unit="item", delay=_PROGRESS_DELAY, dynamic_ncols=True)
+        self._postfix()
+
+    def pending(self) -> int:
+        return self.total - sum(self.counts.values())
+
+    def count(self, status: str) -> None:
+        self.counts[status] += 1
+        if self.bar is not None:
+            self._postfix()
+            self.bar.update(1)
+
+    def _postfix(self) -> None:
+        c = self.counts
+        text = f"ran {c['ran']}, cached {c['cached']}"
+        if c["replayed"]:
+            text += f", replayed {c['replayed']}"
+        if c["failed"]:
+            text += f", failed {c['failed']}"
+        self.bar.set_postfix_str(text, refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+# -- the fan-out ----------------------------------------------------------------------------
+def _items(iterables: tuple[Iterable[Any], ...], name: str) -> list[tuple[Any, ...]]:
+    if not iterables:
+        raise TypeError(f"{name}.map() needs at least one iterable of inputs")
+    return [tuple(args) for args in zip(*iterables, strict=False)]
+
+
+
+
+def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_Item]:
+    """Step 1 of a fan-out, in the caller's thread and in input order: step identities,
+    replays and cache hits. Returns the items whose bodies must run."""
+    spec, instance = target.spec, target.instance
+    ctx = current_run.get()
+    counts = ctx.counts if ctx is not None else None
+    results, bar = fan.results, fan.bar
+    missing = []
+    for index, args in enumerate(items):
+        before = counts["replayed"] if counts is not None else 0
+        value, call = begin_step(spec, instance, args, {})
+        if value is _MISS:
+            missing.append(_Item(index, call, args, {}))
+            continue
+        results[index] = value
+        replayed = counts is not None and counts["replayed"] != before
+        bar.counts["replayed" if replayed else "cached"] += 1
+    return missing
+
+
+class _FanOut:
+    """The bookkeeping of one ``map``: results in input order, failures, progress."""
+
+    __slots__ = ("bar", "failures", "results", "spec", "total")
+
+    def __init__(self, spec: Spec, total: int, progress: bool) -> None:
+        self.spec = spec
+        self.total = total
+        self.results: list[Any] = [None] * total
+        self.failures: dict[int, BaseException] = {}
+        self.bar = _Progress(spec.name, total, progress)
+
+    def finish(self, item: _Item, outcome: _Outcome) -> None:
+        """Journal and cache one item's result (or journal its failure), as it arrives."""
+        call = item.call
+        if outcome.started is not None:
+            call.started = outcome.started
+        if outcome.journaled:
+            if outcome.ok:
+                self.results[item.index] = outcome.value
+            else:
+                self.failures[item.index] = outcome.value
+            self.bar.count("ran" if outcome.ok else "failed")
+            return
+        if outcome.ok:
+            try:
+                self.results[item.index] = call.succeeded(outcome.value)
+            except Exception as exc:  # noqa: BLE001 - the result cannot be stored: a failure
+                self.failures[item.index] = exc
+                self.bar.count("failed")
+                return
+            self.bar.count("ran")
+        else:
+            _journal_failure(call, outcome.value)
+            self.failures[item.index] = outcome.value
+            self.bar.count("failed")
+
+    def raise_failures(self) -> None:
+        """A stop (``StopRun``, ``KeyboardInterrupt``, ``SystemExit`` in an item) propagates
+        as it is. Else interrupts win: one :class:`InterruptSignal` with every item's
+        interrupts, in input order (other failures are journaled and named in a note). Else
+        the failures, in input order, as one exception group."""
+        if not self.failures:
+            return
+        ordered = [self.failures[i] for i in sorted(self.failures)]
+        stops = [e for e in ordered if not isinstance(e, (Exception, InterruptSignal))]
+        if stops:
+            raise stops[0]
+        signals = [e for e in ordered if isinstance(e, InterruptSignal)]
+        errors = [e for e in ordered if not isinstance(e, InterruptSignal)]
+        name, total = self.spec.name, self.total
+        if signals:
+            signal = signals[0] if len(signals) == 1 else InterruptSignal(
+                [i for s in signals for i in s.interrupts])
+            if errors:
+                shown = "; ".join(repr(e)[:200] for e in errors[:5])
+                signal.add_note(
+                    f"durably: besides the interrupts, {len(errors)} item(s) of {name!r} failed "
+                    f"(journaled; a rerun retries them): {shown}"
+                )
+            raise signal
+        kept = total - len(errors)
+        raise BaseExceptionGroup(
+            f"{len(errors)} of {total} items of {name!r} failed; the {kept} that finished "
+            "are kept, so a rerun executes only the failed and missing items",
+            errors,
+        )
+
+
+def _take(batch: list[tuple[_Item, Any]], ex: Executor | None, fan: _FanOut,
+          inflight: dict[int, _Item], outcomes: list[_Outcome] | None = None) -> None:
+    """Finish a batch of completed items (``outcomes`` already computed, or computed here)."""
+    failed = [(item, h) for item, h in batch if isinstance(h, _Failed)]
+    done = [(item, h) for item, h in batch if not isinstance(h, _Failed)]
+    if outcomes is None:
+        outcomes = _outcomes_of(ex, done)
+    for (item, _), outcome in zip(done, outcomes, strict=True):
+        inflight.pop(item.index, None)
+        fan.finish(item, outcome)
+    for item, handle in failed:
+        inflight.pop(item.index, None)
+        fan.finish(item, _Outcome(False, handle.exc, None))
+
+
+def _outcomes_of(ex: Executor | None, done: list[tuple[_Item, Any]]) -> list[_Outcome]:
+    if not done:
+        return []
+    if ex is None:  # asyncio tasks on this loop
+        return [_future_outcome(h) for _, h in done]
+    return ex._outcomes(done)
+
+
+def _drain(inbox: queue.SimpleQueue[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
+    batch = []
+    while True:
+        try:
+            batch.append(inbox.get_nowait())
+        except queue.Empty:
+            return batch
+
+
+def _not_cancelled(batch: list[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
+    return [(i, h) for i, h in batch if isinstance(h, _Failed) or not h.cancelled()]
+
+
+def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any,
+             max_workers: int | None, progress: bool | None) -> list[Any]:
+    """``Task.map`` for a sync task: see :meth:`durably.Task.map`."""
+    enabled = progress_enabled(progress)
+    ex, owned = _resolve_executor(executor, max_workers)
+    clean = False
+    try:
+        items = _items(iterables, target.spec.name)
+        fan = _FanOut(target.spec, len(items), enabled)
+        try:
+            missing = _scan(target, items, fan)
+            if missing:
+                ex._prepare()
+                fan.bar.start()
+                window = max_workers if max_workers is not None else ex._window()
+                _drive(ex, target, missing, fan, window)
+        finally:
+            fan.bar.close()
+        clean = True
+    finally:
+        if owned:
+            ex.shutdown(wait=clean)
+    fan.raise_failures()
+    return fan.results
+
+
+def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
+           window: int | None) -> None:
+    """Steps 2 and 3 of a fan-out: dispatch the missing bodies (at most ``window`` at once)
+    and finish each as it comes back, in this thread."""
+    inbox: queue.SimpleQueue[tuple[_Item, Any]] = queue.SimpleQueue()
+    todo = deque(missing)
+    inflight: dict[int, _Item] = {}
+    ctx = missing[0].call.ctx
+
+    def done(item: _Item, handle: Any) -> None:
+        inbox.put((item, handle))
+
+    def fill() -> None:
+        while todo and (window is None or len(inflight) < window):
+            item = todo.popleft()
+            inflight[item.index] = item
+            try:
+                ex._start(item, target, done)
+            except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
+                inbox.put((item, _Failed(exc)))
+
+    try:
+        fill()
+        while inflight:
+            try:
+                first = inbox.get(timeout=_WAKE)
+            except queue.Empty:
+                if ctx is not None:
+                    ctx.keep_lease()
+                continue
+            _take([first, *_drain(inbox)], ex, fan, inflight)
+            if ctx is not None:
+                ctx.keep_lease()
+            fill()
+    except BaseException:
+        # Ctrl-C, or the store failed: start nothing more, keep what has finished
+        todo.clear()
+        ex._cancel(list(inflight.values()))
+        try:
+            _take(_not_cancelled(_drain(inbox)), ex, fan, inflight)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning("durably: could not journal the finished items of %r: %s",
+                        target.spec.name, exc)
+        raise
+
+
+async def map_async(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any,
+                    max_workers: int | None, progress: bool | None) -> list[Any]:
+    """``Task.map`` for an async task: see :meth:`durably.Task.map`."""
+    enabled = progress_enabled(progress)
+    ex: Executor | None
+    if executor is None or executor == "thread" or isinstance(executor, Thread):
+        ex = None  # coroutines gathered on this event loop
+        window = _check_workers(max_workers)
+        if window is None and isinstance(executor, Thread):
+            window = executor.max_workers
+    else:
+        ex, _ = _resolve_executor(executor, max_workers)
+        window = max_workers if max_workers is not None else ex._window()
+    items = _items(iterables, target.spec.name)
+    fan = _FanOut(target.spec, len(items), enabled)
+    try:
+        missing = _scan(target, items, fan)
+        if missing:
+            if ex is not None:
+                ex._prepare()
+            fan.bar.start()
+            await _drive_async(ex, target, missing, fan, window)
+    finally:
+        fan.bar.close()
+    fan.raise_failures()
+    return fan.results
+
+
+async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item],
+                       fan: _FanOut, window: int | None) -> None:
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple[_Item, Any]] = asyncio.Queue()
+    todo = deque(missing)
+    inflight: dict[int, _Item] = {}
+    ctx = missing[0].call.ctx
+
+    def done(item: _Item, handle: Any) -> None:  # from a worker's thread
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+            loop.call_soon_threadsafe(inbox.put_nowait, (item, handle))
+
+    def start(item: _Item) -> None:
+        if ex is not None:
+            ex._start(item, target, done)
+            return
+        coro = _run_here_async(item.call, target.local, item.args, item.kwargs)
+        task = loop.create_task(coro, context=contextvars.copy_context())
+        item.handle = task
+        task.add_done_callback(lambda t: inbox.put_nowait((item, t)))
+
+    def fill() -> None:
+        while todo and (window is None or len(inflight) < window):
+            item = todo.popleft()
+            inflight[item.index] = item
+            try:
+                start(item)
+            except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
+                inbox.put_nowait((item, _Failed(exc)))
+
+    def drain() -> list[tuple[_Item, Any]]:
+        batch = []
+        while not inbox.empty():
+            batch.append(inbox.get_nowait())
+        return batch
+
+    async def take(batch: list[tuple[_Item, Any]]) -> None:
+        done_ = [(i, h) for i, h in batch if not isinstance(h, _Failed)]
+        if isinstance(ex, Dask):  # gathering results waits on the network: not on the loop
+            outcomes = await loop.run_in_executor(None, _outcomes_of, ex, done_)
+        else:
+            outcomes = _outcomes_of(ex, done_)
+        _take(batch, ex, fan, inflight, outcomes)
+
+    try:
+        fill()
+        while inflight:
+            try:
+                first = await asyncio.wait_for(inbox.get(), _WAKE)
+            except TimeoutError:
+                if ctx is not None:
+                    ctx.keep_lease()
+                continue
+            await take([first, *drain()])
+            if ctx is not None:
+                ctx.keep_lease()
+            fill()
+    except BaseException:
+        todo.clear()
+        if ex is None:
+            for item in inflight.values():
+                item.handle.cancel()
+        else:
+            ex._cancel(list(inflight.values()))
+        try:
+            batch = _not_cancelled(drain())
+            _take(batch, ex, fan, inflight)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning("durably: could not journal the finished items of %r: %s",
+                        target.spec.name, exc)
+        raise
+
+
+# -- submit ---------------------------------------------------------------------------------
+def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
+                executor: Executor | None) -> cf.Future[Any]:
+    """``Task.submit`` for a sync task: see :meth:`durably.Task.submit`."""
+    ex = executor if executor is not None else _shared_thread()
+    ex._prepare()
+    value, call = begin_step(target.spec, target.instance, args, kwargs)
+    future: cf.Future[Any] = cf.Future()
+    future.set_running_or_notify_cancel()  # journaled work cannot be taken back
+    if value is not _MISS:
+        future.set_result(value)
+        return future
+
+    def done(item: _Item, handle: Any) -> None:
+        try:
+            outcome = _outcomes_of(ex, [(item, handle)])[0]
+        except BaseException as exc:  # noqa: BLE001 - that is the outcome
+            outcome = _Outcome(False, exc, None)
+        _settle(item, outcome, future.set_result, future.set_exception)
+
+    item = _Item(0, call, args, kwargs)
+    try:
+        ex._start(item, target, done)
+    except Exception as exc:  # noqa: BLE001 - cannot be sent: the future's failure
+        _settle(item, _Outcome(False, exc, None), future.set_result, future.set_exception)
+    return future
+
+
+def _settle(item: _Item, outcome: _Outcome, ok: Callable[[Any], None],
+            fail: Callable[[BaseException], None]) -> None:
+    """Journal and cache a submitted call's outcome, then resolve its future."""
+    call = item.call
+    if outcome.started is not None:
+        call.started = outcome.started
+    if outcome.journaled:
+        (ok if outcome.ok else fail)(outcome.value)
+        return
+    if not outcome.ok:
+        _journal_failure(call, outcome.value)
+        fail(outcome.value)
+        return
+    try:
+        result = call.succeeded(outcome.value)
+    except BaseException as exc:  # noqa: BLE001 - the result cannot be stored
+        fail(exc)
+        return
+    ok(result)
+
+
+def submit_async(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 executor: Executor | None) -> asyncio.Future[Any]:
+    """``Task.submit`` for an async task: an :class:`asyncio.Future` on the running loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            f"{target.spec.name}.submit() of an async task needs a running event loop. Fix: "
+            "call it inside an async function (or await the task directly)."
+        ) from None
+    if executor is not None:
+        executor._prepare()
+    value, call = begin_step(target.spec, target.instance, args, kwargs)
+    if value is not _MISS:
+        hit = loop.create_future()
+        hit.set_result(value)
+        return hit
+    if executor is None or isinstance(executor, Thread):
+        coro = _submitted_async(call, target.local, args, kwargs)
+        return loop.create_task(coro, context=contextvars.copy_context())
+    ex = executor
+    future = loop.create_future()
+
+    def resolve(method: Callable[[Any], None]) -> Callable[[Any], None]:
+        def apply(value: Any) -> None:
+            if not future.cancelled():
+                method(value)
+        return apply
+
+    def settle(item: _Item, outcome: _Outcome) -> None:  # on the loop
+        _settle(item, outcome, resolve(future.set_result), resolve(future.set_exception))
+
+    def done(item: _Item, handle: Any) -> None:  # in a worker's thread
+        try:
+            outcome = _outcomes_of(ex, [(item, handle)])[0]
+        except BaseException as exc:  # noqa: BLE001 - that is the outcome
+            outcome = _Outcome(False, exc, None)
+        try:
+            loop.call_soon_threadsafe(settle, item, outcome)
+        except RuntimeError:  # the loop is closed: journal it from here
+            _settle(item, outcome, lambda _: None, lambda _: None)
+
+    item = _Item(0, call, args, kwargs)
+    try:
+        ex._start(item, target, done)
+    except Exception as exc:  # noqa: BLE001 - cannot be sent: the future's failure
+        settle(item, _Outcome(False, exc, None))
+    return future
+
+
+async def _submitted_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> Any:
+    if call.ctx is not None:
+        current_step.set(call.step_id)
+    call.started = now()
+    spec = call.spec
+    if spec.retry is not None or spec.timeout is not None:
+        return await _acall_with_policy(spec, call, fn, args, kwargs)
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        _journal_failure(call, exc)
+        raise
+    return call.succeeded(result)
+
+
+def _journal_failure(call: Call, exc: BaseException) -> None:
+    """Journal a body's failure as the plain call path does (an interrupt is not one)."""
+    if isinstance(exc, InterruptSignal):
+        call.interrupted(exc)
+    else:
+        call.failed(exc)

@@ -1,0 +1,670 @@
+"""Fan-out: Task.map and Task.submit on threads and worker processes, with exact resume."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import _executors
+from durably._interrupt import Interrupt, InterruptSignal
+from durably.executors import Dask, Process, Thread
+from durably.testing import MemoryStore
+
+from .conftest import run_script, script_env, write_script
+
+
+# -- tasks (module level: worker processes import them by name) ------------------------------
+def _mark(log: str, text: str) -> None:
+    with open(log, "a") as f:
+        f.write(text + "\n")
+
+
+def _lines(log: str | Path) -> list[str]:
+    path = Path(log)
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@durably.task(ignore=("log",))
+def square(x: int, log: str) -> int:
+    _mark(log, f"square {x}")
+    return x * x
+
+
+@durably.task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@durably.task(ignore=("log", "flags"))
+def fragile(x: int, log: str, flags: str) -> int:
+    """Fails while the file ``flags/x`` exists."""
+    _mark(log, f"fragile {x}")
+    if os.path.exists(os.path.join(flags, str(x))):
+        raise ValueError(f"item {x} failed")
+    return x + 100
+
+
+@durably.task(ignore=("log",))
+def inner(x: int, log: str) -> int:
+    _mark(log, f"inner {x}")
+    return x + 1
+
+
+@durably.task(ignore=("log",))
+def outer(x: int, log: str) -> int:
+    _mark(log, f"outer {x}")
+    return inner(x, log) * 2
+
+
+@durably.task
+def pid_of(x: int) -> tuple[int, int]:
+    return x, os.getpid()
+
+
+@durably.task
+def asks(x: int) -> int:
+    if x % 3 == 1:
+        raise InterruptSignal([Interrupt(id=f"q{x}", payload=f"question {x}")])
+    if x == 5:
+        raise ValueError("five")
+    return x
+
+
+@durably.task(ignore=("log",))
+async def asquare(x: int, log: str) -> int:
+    _mark(log, f"asquare {x}")
+    await asyncio.sleep(0)
+    return x * x
+
+
+class Scaler:
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    def __durably_digest__(self) -> object:
+        return self.factor
+
+    @durably.task
+    def scale(self, x: int) -> int:
+        return self.factor * x
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> str:
+    return str(tmp_path / "calls.log")
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[durably.DiskStore]:
+    store = durably.DiskStore(tmp_path / "shared-store")
+    durably.configure(store=store)
+    yield store
+    durably.configure()
+    store.close()
+
+
+# -- map on threads -------------------------------------------------------------------------
+def test_map_returns_results_in_input_order_whatever_finishes_first(store: Any) -> None:
+    gate = threading.Event()
+
+    @durably.task(version="1")  # closes over an Event: no fingerprint
+    def slow_first(x: int) -> int:
+        if x == 0:
+            gate.wait(30)  # item 0 finishes after item 3
+        elif x == 3:
+            gate.set()
+        return x * 10
+
+    assert slow_first.map(range(4), max_workers=4) == [0, 10, 20, 30]
+
+
+def test_map_zips_several_iterables_and_stops_at_the_shortest(store: Any) -> None:
+    assert add.map([1, 2, 3], [10, 20, 30, 40]) == [11, 22, 33]
+    assert add.map(iter([1, 2]), (5, 5)) == [6, 7]
+    assert add.map([], []) == []
+
+
+def test_map_outside_a_run_is_cached(store: Any, log: str) -> None:
+    assert square.map([1, 2, 3], [log] * 3) == [1, 4, 9]
+    assert square.map([3, 2, 1, 4], [log] * 4) == [9, 4, 1, 16]
+    assert sorted(_lines(log)) == ["square 1", "square 2", "square 3", "square 4"]
+    assert square(2, log) == 4 and len(_lines(log)) == 4
+
+
+def test_step_identity_does_not_depend_on_completion_order(store: Any) -> None:
+    n = 6
+    finished = [threading.Event() for _ in range(n)]
+    order: list[int] = []
+
+    @durably.task(ignore=("reverse",), version="1")
+    def item(x: int, reverse: bool) -> int:
+        if reverse and x + 1 < n:
+            finished[x + 1].wait(30)  # item x finishes after item x + 1
+        order.append(x)
+        finished[x].set()
+        return x
+
+    @durably.entrypoint
+    def job(count: int, reverse: bool) -> list[int]:
+        return item.map(range(count), [reverse] * count, max_workers=count)
+
+    first = job.run(n, True)
+    assert first.result == list(range(n)) and order == list(reversed(range(n)))
+    second = job.run(n, False, fresh=True)  # other completion order; served by the cache
+    assert second.counts()["cached"] == n and second.id != first.id
+    assert [s.step_id for s in sorted(first.steps, key=lambda s: s.position)] == [
+        s.step_id for s in sorted(second.steps, key=lambda s: s.position)]
+    again = job.run(n, True)
+    assert again.id == first.id and again.counts()["replayed"] == n and again.counts()["ran"] == 0
+
+
+def test_nested_tasks_in_thread_items_are_child_steps(store: Any, log: str) -> None:
+    @durably.entrypoint
+    def job(xs: list[int]) -> list[int]:
+        return outer.map(xs, [log] * len(xs))
+
+    run = job.run([1, 2, 3])
+    assert run.result == [4, 6, 8]
+    by_id = {s.step_id: s for s in run.steps}
+    outers = [s for s in run.steps if s.task.endswith("outer")]
+    inners = [s for s in run.steps if s.task.endswith("inner")]
+    assert len(outers) == 3 and len(inners) == 3
+    assert all(s.parent_id is None for s in outers)
+    assert {by_id[s.parent_id].task for s in inners if s.parent_id} == {outers[0].task}
+    assert all(s.parent_id in by_id for s in inners)
+
+
+def test_map_of_a_method(store: Any) -> None:
+    scaler = Scaler(3)
+    assert scaler.scale.map([1, 2, 3]) == [3, 6, 9]
+    assert Scaler(3).scale.map([4]) == [12]
+
+
+def test_max_workers_bounds_the_items_running_at_once(store: Any) -> None:
+    lock = threading.Lock()
+    state = {"now": 0, "most": 0}
+
+    @durably.task(version="1")
+    def tracked(x: int) -> int:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        threading.Event().wait(0.01)
+        with lock:
+            state["now"] -= 1
+        return x
+
+    assert tracked.map(range(12), max_workers=2) == list(range(12))
+    assert 1 <= state["most"] <= 2
+    state["most"] = 0
+    assert tracked.map(range(100, 106), executor=Thread(max_workers=1)) == list(range(100, 106))
+    assert state["most"] == 1
+
+
+# -- failures -------------------------------------------------------------------------------
+def test_failures_raise_one_group_and_a_rerun_executes_only_them(store: Any, log: str,
+                                                                 tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    for x in (1, 4):
+        (flags / str(x)).touch()
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return fragile.map(range(n), [log] * n, [str(flags)] * n)
+
+    with pytest.raises(ExceptionGroup) as info:
+        job(6)
+    group = info.value
+    assert [str(e) for e in group.exceptions] == ["item 1 failed", "item 4 failed"]
+    assert "2 of 6 items" in str(group)
+    (run,) = durably.list_runs(job)
+    statuses = sorted((s.status, s.task.rpartition(".")[2]) for s in run.steps)
+    assert statuses.count(("ran", "fragile")) == 4 and statuses.count(("failed", "fragile")) == 2
+    assert sorted(_lines(log)) == [f"fragile {x}" for x in range(6)]
+
+    for flag in flags.iterdir():
+        flag.unlink()
+    assert job(6) == [100, 101, 102, 103, 104, 105]
+    assert sorted(_lines(log)[6:]) == ["fragile 1", "fragile 4"]
+    # outside that run: the four that finished the first time were cached too
+    assert fragile.map(range(6), [log] * 6, [str(flags)] * 6) == [100, 101, 102, 103, 104, 105]
+    assert len(_lines(log)) == 8
+
+
+def test_failures_outside_a_run_keep_the_finished_items_cached(store: Any, log: str,
+                                                               tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "2").touch()
+    with pytest.raises(ExceptionGroup) as info:
+        fragile.map(range(4), [log] * 4, [str(flags)] * 4)
+    assert info.group_contains(ValueError, match="item 2 failed")
+    (flags / "2").unlink()
+    assert fragile.map(range(4), [log] * 4, [str(flags)] * 4) == [100, 101, 102, 103]
+    assert sorted(_lines(log)) == sorted([f"fragile {x}" for x in range(4)] + ["fragile 2"])
+
+
+def test_interrupts_of_several_items_are_merged_in_input_order(store: Any) -> None:
+    with pytest.raises(InterruptSignal) as info:
+        asks.map(range(8))
+    assert [i.id for i in info.value.interrupts] == ["q1", "q4", "q7"]
+    assert [i.payload for i in info.value.interrupts] == ["question 1", "question 4",
+                                                          "question 7"]
+    assert any("five" in note for note in getattr(info.value, "__notes__", []))
+    # the items that finished were kept
+    assert asks.explain(0).hit and asks.explain(6).hit and not asks.explain(5).hit
+
+
+def test_interrupts_inside_a_run_journal_the_other_items(store: Any) -> None:
+    @durably.entrypoint
+    def job(n: int) -> list[str]:
+        try:
+            asks.map(range(n), max_workers=3)
+        except InterruptSignal as signal:
+            return [i.id for i in signal.interrupts]
+        return []
+
+    run = job.run(8)
+    assert run.result == ["q1", "q4", "q7"]
+    statuses = [s.status for s in run.steps if s.task.endswith("asks")]
+    assert statuses.count("ran") == 4 and statuses.count("failed") == 1
+
+
+# -- submit ---------------------------------------------------------------------------------
+def test_submit_returns_futures_for_wait_and_as_completed(store: Any, log: str) -> None:
+    futures = [square.submit(x, log) for x in range(5)]
+    done, _ = concurrent.futures.wait(futures)
+    assert len(done) == 5
+    assert sorted(f.result() for f in concurrent.futures.as_completed(futures)) == [
+        0, 1, 4, 9, 16]
+    hit = square.submit(3, log)
+    assert hit.done() and hit.result() == 9
+    assert len(_lines(log)) == 5
+
+
+def test_submit_inside_a_run_is_journaled_in_submission_order(store: Any, tmp_path: Path,
+                                                              log: str) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "1").touch()
+
+    @durably.entrypoint
+    def job(n: int) -> list[Any]:
+        futures = [fragile.submit(x, log, str(flags)) for x in range(n)]
+        out: list[Any] = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except ValueError as exc:
+                out.append(str(exc))
+        return out
+
+    first = job.run(3)
+    assert first.result == [100, "item 1 failed", 102]
+    (flags / "1").unlink()
+    second = job.run(3)
+    assert second.result == [100, 101, 102]
+    assert second.counts()["replayed"] == 2 and second.counts()["ran"] == 1
+    assert sorted(_lines(log)) == ["fragile 0", "fragile 1", "fragile 1", "fragile 2"]
+
+
+def test_executor_submit_and_errors(store: Any) -> None:
+    with Thread(max_workers=2) as pool:
+        assert pool.submit(add, 2, b=3).result() == 5
+    with pytest.raises(durably.DefinitionError, match="durably task"):
+        Thread().submit(len, [1])
+    with pytest.raises(durably.DefinitionError, match="executor must be"):
+        add.map([1], [2], executor="gpu")
+    with pytest.raises(ValueError, match="max_workers"):
+        add.map([1], [2], max_workers=0)
+    with pytest.raises(TypeError, match="at least one iterable"):
+        add.map()
+    with pytest.raises(TypeError):
+        add.map([1, 2])  # one argument missing: raised before anything runs
+
+
+# -- async tasks ----------------------------------------------------------------------------
+def test_async_map_and_submit_gather_on_the_event_loop(store: Any, log: str) -> None:
+    async def main() -> tuple[list[int], list[int]]:
+        mapped = await asquare.map(range(4), [log] * 4, max_workers=2)
+        futures = [asquare.submit(x, log) for x in range(3, 6)]
+        return mapped, list(await asyncio.gather(*futures))
+
+    assert asyncio.run(main()) == ([0, 1, 4, 9], [9, 16, 25])
+    assert sorted(_lines(log)) == [f"asquare {x}" for x in range(6)]
+
+
+def test_async_map_inside_an_async_run_replays(store: Any, log: str) -> None:
+    @durably.entrypoint
+    async def job(n: int) -> int:
+        return sum(await asquare.map(range(n), [log] * n))
+
+    first = asyncio.run(job.run(5))
+    assert first.result == 30 and first.counts()["ran"] == 5
+    again = asyncio.run(job.run(5))
+    assert again.result == 30 and again.counts()["replayed"] == 5
+    assert len(_lines(log)) == 5
+
+
+def test_async_submit_needs_a_running_loop(store: Any, log: str) -> None:
+    with pytest.raises(RuntimeError, match="running event loop"):
+        asquare.submit(1, log)
+
+
+# -- progress -------------------------------------------------------------------------------
+def test_progress_bar_counts_ran_and_cached(store: Any, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(_executors, "_PROGRESS_DELAY", 0)
+    add.map([1, 2], [1, 1])
+    capsys.readouterr()
+    add.map([1, 2, 3, 4], [1, 1, 1, 1], progress=True)
+    err = capsys.readouterr().err
+    assert "ran 2, cached 2" in err and "4/4" in err
+    add.map([5, 6], [1, 1])  # not a terminal: off
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLY_PROGRESS", "0")
+    assert not _executors.progress_enabled(None)
+    assert _executors.progress_enabled(True)
+    monkeypatch.setenv("DURABLY_PROGRESS", "1")
+    assert _executors.progress_enabled(None) and not _executors.progress_enabled(False)
+    monkeypatch.delenv("DURABLY_PROGRESS")
+    assert not _executors.progress_enabled(None)  # pytest captures stderr: not a terminal
+    with pytest.raises(durably.DefinitionError):
+        _executors.progress_enabled("yes")  # type: ignore[arg-type]
+
+
+# -- worker processes -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_process_map_runs_in_other_processes_in_input_order(disk: Any) -> None:
+    out = pid_of.map(range(6), executor="process")
+    assert [x for x, _ in out] == list(range(6))
+    assert os.getpid() not in {pid for _, pid in out}
+    assert Scaler(2).scale.map([1, 2], executor="process") == [2, 4]
+
+
+@pytest.mark.slow
+def test_nested_tasks_in_a_worker_process_are_cached(disk: Any, log: str) -> None:
+    assert outer.map([1, 2, 3], [log] * 3, executor="process") == [4, 6, 8]
+    assert sorted(_lines(log)) == ["inner 1", "inner 2", "inner 3", "outer 1", "outer 2",
+                                   "outer 3"]
+    assert inner(2, log) == 3  # cached by the worker, in the caller's store
+    assert outer.map([1, 2, 3], [log] * 3, executor="process") == [4, 6, 8]
+    assert len(_lines(log)) == 6
+
+
+@pytest.mark.slow
+def test_process_failures_carry_the_remote_traceback(disk: Any, log: str,
+                                                     tmp_path: Path) -> None:
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "1").touch()
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return fragile.map(range(n), [log] * n, [str(flags)] * n, executor="process")
+
+    with pytest.raises(ExceptionGroup) as info:
+        job(3)
+    (exc,) = info.value.exceptions
+    assert isinstance(exc, ValueError) and "fragile" in str(exc.__cause__)
+    (flags / "1").unlink()
+    assert job(3) == [100, 101, 102]
+    assert sorted(_lines(log)) == ["fragile 0", "fragile 1", "fragile 1", "fragile 2"]
+
+
+@pytest.mark.slow
+def test_arguments_that_cannot_travel_fail_that_item(disk: Any) -> None:
+    @durably.task(ignore=("lock",))
+    def locked(x: int, lock: Any) -> int:
+        return x
+
+    with pytest.raises(ExceptionGroup) as info:
+        locked.map([1, 2], [threading.Lock(), None], executor="process")
+    (exc,) = info.value.exceptions
+    assert isinstance(exc, durably.SerializationError) and "worker process" in str(exc)
+
+
+@pytest.mark.slow
+def test_process_submit_and_interrupts(disk: Any, log: str) -> None:
+    with Process(max_workers=1) as pool:
+        assert pool.submit(square, 7, log).result() == 49
+        with pytest.raises(InterruptSignal) as info:
+            asks.map(range(5), executor=pool)
+    assert [i.id for i in info.value.interrupts] == ["q1", "q4"]
+    assert square(7, log) == 49 and _lines(log) == ["square 7"]
+
+
+def test_a_worker_without_the_store_directory_caches_in_memory(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    missing = str(tmp_path / "not-here")
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        _executors._use_store(("disk", ("elsewhere", 1), missing, None, "normal"))
+    try:
+        from durably._config import default_store
+
+        assert isinstance(default_store(), MemoryStore)
+        assert "not reachable" in caplog.text and missing in caplog.text
+    finally:
+        _executors._worker_store = None
+        durably.configure()
+
+
+def test_dask_executor_needs_a_client() -> None:
+    pytest.importorskip("distributed")
+    with pytest.raises(durably.DefinitionError, match=r"distributed\.Client"):
+        add.map([1], [2], executor=Dask())
+
+
+# -- scripts: __main__ tasks and crashes ----------------------------------------------------
+MAIN_TASKS = """
+import dataclasses, os, sys
+import durably
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: int
+
+def mark(text):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(text + "\\n")
+
+@durably.task
+def norm(x, y):
+    mark(f"norm {x}")
+    return x * x + y * y
+
+@durably.task
+def describe(x):
+    mark(f"describe {x}")
+    return Point(norm(x, x + 1), os.getpid())
+
+if __name__ == "__main__":
+    before = durably.digest(Point(2, 3))
+    out = describe.map(range(4), executor="process")
+    assert all(isinstance(p, Point) for p in out), out
+    print("values", [p.x for p in out])
+    print("elsewhere", os.getpid() not in {p.y for p in out})
+    print("nested", norm(2, 3))
+    # results of a class sent by value came back without rewriting the class here
+    print("same digest", durably.digest(Point(2, 3)) == before)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["file", "-c"])
+def test_tasks_defined_in_main_run_on_worker_processes(tmp_path: Path, how: str) -> None:
+    script = write_script(tmp_path / "main_tasks.py", MAIN_TASKS)
+    count = tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count))
+    expected = "values [1, 5, 13, 25]\nelsewhere True\nnested 13\nsame digest True\n"
+    for attempt in (1, 2):
+        if how == "file":
+            out = run_script(script, env).stdout
+        else:
+            proc = subprocess.run([sys.executable, "-c", script.read_text()], env=env,
+                                  capture_output=True, text=True, timeout=120, cwd=tmp_path)
+            assert proc.returncode == 0, proc.stderr
+            out = proc.stdout
+        assert out == expected
+        # the nested task ran in the workers and was cached for the caller; the second
+        # script run executes nothing
+        assert sorted(_lines(count)) == sorted(
+            [f"describe {x}" for x in range(4)] + [f"norm {x}" for x in range(4)]), attempt
+
+
+FANOUT = """
+import os, sys, time
+import durably
+
+def mark(text):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(text + "\\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+@durably.task
+def work(i):
+    mark(str(i))
+    block = int(os.environ.get("BLOCK_FROM", "-1"))
+    if 0 <= block <= i:
+        os.write(1, f"blocked {i}\\n".encode())  # one write: lines of two threads never mix
+        while not os.path.exists(os.environ["RELEASE_FILE"]):
+            time.sleep(0.02)
+    return i * 10
+
+@durably.entrypoint
+def pipeline(n, executor):
+    return sum(work.map(range(n), executor=executor, max_workers=2))
+
+if __name__ == "__main__":
+    print("result", pipeline(int(os.environ["ITEMS"]), os.environ["EXECUTOR"]), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_sigkill_halfway_through_a_map_resumes_exactly_the_unfinished_items(
+        tmp_path: Path, executor: str) -> None:
+    n, block = 12, 6
+    script = write_script(tmp_path / "fanout.py", FANOUT)
+    count, release = tmp_path / "count.txt", tmp_path / "release"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
+                     BLOCK_FROM=str(block), ITEMS=str(n), EXECUTOR=executor)
+    with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          start_new_session=True) as proc:
+        watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            blocked, seen = 0, ""
+            while blocked < 2:  # both workers hold a blocked item: nothing else can start
+                line = proc.stdout.readline()
+                seen += line
+                if not line:
+                    break
+                blocked += line.count("blocked")
+        finally:
+            watchdog.cancel()
+            os.killpg(proc.pid, signal.SIGKILL)  # the script and its worker processes
+            proc.wait(timeout=30)
+            release.touch()
+        assert blocked == 2, f"{seen}\n{proc.stderr.read()}"
+    assert proc.returncode == -signal.SIGKILL
+
+    store = durably.DiskStore(tmp_path / "store")
+    (run,) = store.list_runs()
+    finished = set()
+    for step in store.list_steps(run.run_id):
+        data = store.find_step(run.run_id, step.step_id)
+        if step.status == "ran" and data is not None:
+            finished.add(pickle.loads(data) // 10)
+    store.close()
+    # an item is dispatched only once an earlier one is journaled (2 at a time): every item
+    # before the blocked ones had finished, none after
+    assert finished == set(range(block))
+    assert set(range(block + 2)) <= {int(x) for x in _lines(count)}
+
+    count.unlink()
+    env["BLOCK_FROM"] = "-1"
+    out = run_script(script, env)
+    assert out.stdout == f"result {sum(i * 10 for i in range(n))}\n"
+    assert sorted(int(x) for x in _lines(count)) == list(range(block, n))
+
+
+# -- retry= and timeout= apply to every item ------------------------------------------------
+@durably.task(ignore=("log",), retry=durably.Retry(attempts=3, backoff=0))
+def flaky_twice(x: int, log: str) -> int:
+    _mark(log, f"try {x}")
+    if _lines(log).count(f"try {x}") < 3:
+        raise ConnectionError(f"item {x}: not yet")
+    return x
+
+
+@pytest.mark.parametrize("executor", ["thread", pytest.param("process", marks=pytest.mark.slow)])
+def test_retry_applies_to_each_item(disk: Any, log: str, executor: str) -> None:
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return flaky_twice.map(range(n), [log] * n, executor=executor)
+
+    run = job.run(3)
+    assert run.result == [0, 1, 2]
+    assert sorted(_lines(log)) == sorted(f"try {x}" for x in range(3) for _ in range(3))
+    if executor == "thread":  # each failed try is journaled by the call path
+        statuses = [s.status for s in run.records() if s.task.endswith("flaky_twice")]
+        assert statuses.count("failed") == 6 and statuses.count("ran") == 3
+
+
+def test_timeout_applies_to_each_item(store: Any) -> None:
+    release = threading.Event()
+
+    @durably.task(timeout=0.05, version="1")
+    def stuck(x: int) -> int:
+        if x == 1:
+            release.wait(30)
+        return x
+
+    try:
+        with pytest.raises(ExceptionGroup) as info:
+            stuck.map(range(3))
+        (exc,) = info.value.exceptions
+        assert isinstance(exc, durably.TaskTimeoutError)
+        assert stuck.explain(0).hit and stuck.explain(2).hit
+    finally:
+        release.set()
+
+
+@durably.task(cache=False)
+def die_if(x: int, die: bool) -> int:
+    if die:
+        os._exit(3)  # the worker process dies
+    return x
+
+
+@pytest.mark.slow
+def test_a_dead_worker_fails_its_items_and_the_pool_recovers(disk: Any) -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    with Process(max_workers=1) as pool:
+        with pytest.raises(ExceptionGroup) as info:
+            die_if.map([1], [True], executor=pool)
+        assert info.group_contains(BrokenProcessPool)
+        assert die_if.map([1, 2], [False, False], executor=pool) == [1, 2]
