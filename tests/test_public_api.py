@@ -7,11 +7,13 @@ import inspect
 import durably
 
 EXPECTED = [
-    "ENCODING_VERSION", "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Explanation",
-    "File",
-    "NotFoundError", "Run", "RunStateError", "SerializationError", "StepRecord", "Store",
-    "StoreError", "Task", "configure", "digest", "entrypoint", "file", "get_run", "list_runs",
-    "register_encoder", "task",
+    "ENCODING_VERSION", "END", "START", "Checkpoint", "CorruptJournalError", "DefinitionError",
+    "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File", "Interrupt",
+    "NoActiveRunError", "NotFoundError", "RenderError", "Retry", "Run", "RunGraph",
+    "RunInterrupted", "RunStateError", "SerializationError", "StateGraph", "StepRecord", "Store",
+    "StoreError", "Task", "TaskTimeoutError", "configure", "digest", "entrypoint", "file", "fork",
+    "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "register_encoder",
+    "task",
 ]
 
 
@@ -31,4 +33,17 @@ def test_implementation_modules_are_private() -> None:
     import pkgutil
 
     public = {m.name for m in pkgutil.iter_modules(durably.__path__) if not m.name.startswith("_")}
-    assert public == {"exceptions", "testing"}
+    assert public == {"cli", "exceptions", "executors", "render", "stategraph", "testing"}
+
+
+def test_heavy_parts_are_imported_on_first_use() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, durably; print(sorted(m for m in ('durably.stategraph', "
+            "'durably._executors', 'durably.cli', 'durably.render') if m in sys.modules)); "
+            "durably.StateGraph; durably.executors.Dask; print('durably.stategraph' in "
+            "sys.modules, 'durably._executors' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "True True"]

@@ -7,6 +7,8 @@ each call a run with a journal that resumes exactly where it stopped. See the RE
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._config import configure
 from ._decorators import Entrypoint, Task, entrypoint, fork, task
 from ._explain import Explanation
@@ -14,11 +16,12 @@ from ._files import File, file
 from ._hashing import ENCODING_VERSION, digest, register_encoder
 from ._history import Checkpoint
 from ._interrupt import Interrupt, get_writer, idempotency_key, interrupt
+from ._retry import Retry
 from ._run import Run, get_run, list_runs
 from ._store import DiskStore, StepRecord, Store
 from ._tracer import Event, RunGraph
-from .stategraph import END, START, StateGraph
 from .exceptions import (
+    CorruptJournalError,
     DefinitionError,
     DurablyError,
     NoActiveRunError,
@@ -28,15 +31,35 @@ from .exceptions import (
     RunStateError,
     SerializationError,
     StoreError,
+    TaskTimeoutError,
 )
 
+if TYPE_CHECKING:
+    from . import executors as executors
+    from .stategraph import END, START, StateGraph
+
 __version__ = "0.1.0"
+
+_LAZY = {"StateGraph": "stategraph", "START": "stategraph", "END": "stategraph"}
+
+
+def __getattr__(name: str) -> Any:
+    """StateGraph, START, END and the executors module are imported on first use, so
+    ``import durably`` stays fast for scripts that only decorate functions."""
+    import importlib
+
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"durably.{_LAZY[name]}"), name)
+    if name == "executors":
+        return importlib.import_module("durably.executors")
+    raise AttributeError(f"module 'durably' has no attribute {name!r}")
 
 __all__ = [
     "ENCODING_VERSION",
     "END",
     "START",
     "Checkpoint",
+    "CorruptJournalError",
     "DefinitionError",
     "DiskStore",
     "DurablyError",
@@ -48,6 +71,7 @@ __all__ = [
     "NoActiveRunError",
     "NotFoundError",
     "RenderError",
+    "Retry",
     "Run",
     "RunGraph",
     "RunInterrupted",
@@ -58,6 +82,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Task",
+    "TaskTimeoutError",
     "configure",
     "digest",
     "entrypoint",

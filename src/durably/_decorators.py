@@ -24,7 +24,6 @@ import wrapt
 from . import _serde
 from ._config import default_store
 from ._context import StopRun, current_run
-from ._executors import Executor, Target, map_async, map_sync, submit_async, submit_sync
 from ._explain import Explanation, explain
 from ._history import NO_UPDATE, make_fork
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
@@ -46,6 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterable
 
     from wrapt import FunctionWrapper as _Wrapper
+
+    from ._executors import Executor, Target
 else:
     # wrapt < 2.5 cannot subscript FunctionWrapper at run time: add the generic parameters here
     class _Wrapper(wrapt.FunctionWrapper, Generic[P, R]):
@@ -110,6 +111,8 @@ class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
             max_workers: int | None = None, progress: bool | None = None) -> Any:
         """See :meth:`Task.map`."""
         target = self._self_target()
+        from ._executors import map_async, map_sync  # imported on first use: import time
+
         run = map_async if target.spec.is_async else map_sync
         return run(target, iterables, executor, max_workers, progress)
 
@@ -117,12 +120,18 @@ class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         """See :meth:`Task.submit`."""
         target = self._self_target()
         if target.spec.is_async:
+            from ._executors import submit_async
+
             return submit_async(target, args, kwargs, None)
+        from ._executors import submit_sync
+
         return submit_sync(target, args, kwargs, None)
 
     def _self_target(self) -> Target:
         parent = self._self_parent
         ref = (parent, True, self._self_instance, self._self_owner)
+        from ._executors import Target
+
         return Target(parent._self_spec, self.__wrapped__, _instance_of(self), ref)
 
 
@@ -296,6 +305,8 @@ class Task(_ByReference, _Wrapper[P, R]):
             >>> durably.configure()
         """
         target = self._self_target()
+        from ._executors import map_async, map_sync  # imported on first use: import time
+
         run = map_async if target.spec.is_async else map_sync
         return run(target, iterables, executor, max_workers, progress)
 
@@ -347,10 +358,16 @@ class Task(_ByReference, _Wrapper[P, R]):
         """
         target = self._self_target()
         if target.spec.is_async:
+            from ._executors import submit_async
+
             return submit_async(target, args, kwargs, None)
+        from ._executors import submit_sync
+
         return submit_sync(target, args, kwargs, None)
 
     def _self_target(self) -> Target:
+        from ._executors import Target
+
         return Target(self._self_spec, self.__wrapped__, None, (self, False, None, None))
 
 
