@@ -90,28 +90,33 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
 ]
 
 
-def _snapshot(root: Path) -> dict[str, bytes]:
-    if not root.exists():
-        return {}
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.name.endswith(("-wal", "-shm"))}
+def _says_how_to_fix(message: str) -> bool:
+    """A "Fix: ..." sentence, or a message that states the valid form ("must be ...",
+    "use ...", "takes ...") or is Python's own error for wrong arguments."""
+    return any(phrase in message for phrase in (
+        "Fix:", "must be", " use ", "takes ", "only entrypoints have runs",
+        "missing a required argument", "too many positional arguments", "no such file",
+        "not among its arguments", "needs a durably store"))
 
 
 @pytest.mark.parametrize(("what", "call", "error", "message"), CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_a_clear_error_and_changes_nothing(
         tmp_path: Path, what: str, call: Callable[[], Any], error: type[BaseException],
         message: str) -> None:
+    from .test_bad_input import snapshot
+
     store = durably.DiskStore(tmp_path / "store")
     durably.configure(store=store)
     _t(1)  # the store exists and holds an entry
     _ep(1)
-    before = _snapshot(store.path)
+    before = snapshot(store.path)
     runs_before = [(r.id, r.status, r.attempt) for r in durably.list_runs()]
     with pytest.raises(error) as info:
         call()
-    assert message in str(info.value), str(info.value)
+    assert message in str(info.value), str(info.value)  # names the culprit
+    assert _says_how_to_fix(str(info.value)), str(info.value)
     assert [(r.id, r.status, r.attempt) for r in durably.list_runs()] == runs_before
-    assert _snapshot(store.path).keys() == before.keys()
+    assert snapshot(store.path) == before  # every file byte for byte, every table's rows
 
 
 def test_durably_dir_pointing_at_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

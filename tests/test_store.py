@@ -230,3 +230,40 @@ def test_lease_is_exclusive_while_the_owner_lives(store: Any) -> None:
     ghost = dc.replace(me(), pid=int(dead.stdout), started=None)
     assert store.acquire_run("g", ghost) is None
     assert store.acquire_run("g", a) is None
+
+
+# -- sealing with a key, temporary files -------------------------------------------------------
+def test_a_signed_seal_rejects_tampering_other_keys_and_other_slots() -> None:
+    from durably._seal import DAMAGED, FORGED, OTHER_KEY, UNSIGNED, SigningKey, open_seal
+
+    key, other = SigningKey(b"a" * 32, "a"), SigningKey(b"b" * 32, "b")
+    for payload in (b"payload", os.urandom(5000)):  # keyed BLAKE2b, then HMAC-SHA256
+        sealed = seal(payload, key, b"slot-1")
+        assert open_seal(sealed, key, b"slot-1") == (payload, "")
+        assert open_seal(sealed, key, b"slot-2") == (None, FORGED)  # moved to another slot
+        assert open_seal(sealed, other, b"slot-1") == (None, OTHER_KEY)
+        assert open_seal(sealed) == (payload, "")  # no key: the checksum alone
+        assert open_seal(seal(payload), key) == (None, UNSIGNED)
+        flipped = bytearray(sealed)
+        flipped[-1] ^= 1
+        assert open_seal(bytes(flipped), key, b"slot-1") == (None, DAMAGED)
+
+
+def test_temporary_files_of_dead_processes_are_removed_when_the_store_opens(
+        tmp_path: Path) -> None:
+    from durably._serde import host_tag
+
+    root = tmp_path / "s"
+    store = durably.DiskStore(root)
+    store.cache_put("k", b"v")
+    store.close()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout)
+    (root / "tmp").mkdir(exist_ok=True)
+    stale = root / "tmp" / f"spill-{dead}-{host_tag()}-abc.tmp"
+    mine = root / "tmp" / f"spill-{os.getpid()}-{host_tag()}-abc.tmp"
+    elsewhere = root / "tmp" / f"spill-{dead}-00000000-abc.tmp"  # another host's process
+    for f in (stale, mine, elsewhere):
+        f.write_bytes(b"partial")
+    assert durably.DiskStore(root).cache_get("k") == b"v"
+    assert not stale.exists() and mine.exists() and elsewhere.exists()

@@ -1,16 +1,18 @@
-"""Process-wide settings: the default store."""
+"""Process-wide settings: the default store and the signing key."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
-from ._store import DiskStore, Store
+from ._store import DiskStore, Store, set_default_key
 from .exceptions import DefinitionError
 
 __all__ = ["configure", "default_store"]
 
 _lock = threading.Lock()
 _default: Store | None = None
+_UNSET: Any = object()
 
 
 def default_store() -> Store:
@@ -26,27 +28,41 @@ def default_store() -> Store:
     return store
 
 
-def configure(*, store: Store | None = None) -> None:
-    """Set process-wide defaults.
+def configure(*, store: Store | None = _UNSET, key: bytes | str | None = _UNSET) -> None:
+    """Set process-wide defaults. Called without arguments, restore them all.
 
     Args:
         store: The store for every task and entrypoint that does not name its own
             (``@entrypoint(store=...)``). None restores the default ``DiskStore``
             (``$DURABLY_DIR``, else ``./.durably``), read again from the environment.
+        key: The signing key (bytes or str, at least 16 bytes) of every ``DiskStore`` not
+            given its own ``key=``: each value is then signed when written and verified
+            before it is unpickled, and a value not signed with it is never loaded. None
+            falls back to ``$DURABLY_KEY``, then the file named by ``$DURABLY_KEY_FILE``,
+            then no signing. Keep the key out of your code: read it from a file or a
+            secret manager.
 
     Raises:
-        DefinitionError: ``store`` does not implement the :class:`~durably.Store` protocol.
+        DefinitionError: ``store`` does not implement the :class:`~durably.Store` protocol,
+            or ``key`` is not bytes or str of at least 16 bytes.
 
     Example:
-        >>> import durably, tempfile
-        >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
-        >>> durably.configure()  # back to $DURABLY_DIR or ./.durably
+        >>> import durably, secrets, tempfile
+        >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()),
+        ...                   key=secrets.token_bytes(32))
+        >>> durably.configure()  # back to $DURABLY_DIR or ./.durably, and $DURABLY_KEY
     """
     global _default
-    if store is not None and not isinstance(store, Store):
+    if store is _UNSET and key is _UNSET:
+        store = key = None
+    if store is not _UNSET and store is not None and not isinstance(store, Store):
         raise DefinitionError(
             f"configure(store=...) needs a durably store (DiskStore, MemoryStore or an object "
-            f"implementing durably.Store), got {type(store).__qualname__}"
+            f"implementing durably.Store), got {type(store).__qualname__}. Fix: "
+            "configure(store=durably.DiskStore(\"path/to/store\"))."
         )
-    with _lock:
-        _default = store
+    if key is not _UNSET:
+        set_default_key(key)  # validates before anything changes
+    if store is not _UNSET:
+        with _lock:
+            _default = store

@@ -3,23 +3,174 @@
 The standard pickle (protocol 5) is tried first because it is several times faster on plain
 data; what it cannot pickle by reference (lambdas, local classes, functions of ``__main__`` in
 a notebook) falls back to cloudpickle, which pickles them by value. Either output is read back
-with :func:`pickle.loads`.
+with :func:`pickle.load`.
 
 Open files and streams are refused: cloudpickle would store a file opened for reading by its
 content and give back an ``io.StringIO``, a different object that only looks like a success.
+
+Large values are streamed: the pickler writes into a sink that keeps the output in memory up
+to :data:`SPILL_BYTES`, then moves it to a file and streams the rest there (large ``bytes``
+and buffers such as numpy arrays reach the sink as they are, never copied). :func:`dumps` then
+returns a :class:`Spilled` handle instead of the bytes, and a store moves that file into
+place; :func:`loads` reads it back with :func:`pickle.load`, which fills the value's buffers
+straight from the file. So a 2 GB result is never held twice in memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
+import os
 import pickle
-from typing import Any
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import IO, Any
 
 import cloudpickle
+import xxhash
 
-from .exceptions import SerializationError
+from .exceptions import SerializationError, StoreError
 
-__all__ = ["dumps", "loads"]
+__all__ = ["SPILL_BYTES", "Spilled", "Unreadable", "dumps", "host_tag", "loads", "set_spill_dir",
+           "spill_bytes"]
+
+#: A pickle larger than this many bytes is streamed to a file instead of kept in memory.
+SPILL_BYTES = 64 << 20
+#: Bytes reserved at the start of a spill file for the store's header (see ``_seal``).
+RESERVED = 64
+
+_spill_dir: str | None = None
+
+
+def set_spill_dir(path: str | os.PathLike[str] | None) -> None:
+    """Where large pickles are streamed to: the ``tmp`` directory of the store in use (so a
+    store adopts the file by renaming it), else the system's temporary directory."""
+    global _spill_dir
+    _spill_dir = None if path is None else os.fspath(path)
+
+
+_HOST_TAG = ""
+
+
+def host_tag() -> str:
+    """8 hex characters naming this host in temporary file names (whose process is gone
+    can only be told on the host that made them)."""
+    global _HOST_TAG
+    if not _HOST_TAG:
+        import socket
+
+        _HOST_TAG = xxhash.xxh3_64_hexdigest(socket.gethostname().encode())[:8]
+    return _HOST_TAG
+
+
+def _os_write(fd: int, data: Any) -> int:
+    return os.write(fd, data)  # an indirection the fault-injection tests replace
+
+
+def write_all(fd: int, data: Any) -> None:
+    """Write a whole buffer to a file descriptor (a write may be partial)."""
+    view = memoryview(data)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    while view.nbytes:
+        n = _os_write(fd, view[: 1 << 30])
+        view = view[n:]
+
+
+class Spilled(bytes):
+    """A pickled value kept in a file rather than in memory (larger than SPILL_BYTES).
+
+    Its bytes are a short description, never the pickle: stores that know the type (every
+    durably store) keep the file; :func:`loads` reads the value from it.
+
+    Attributes:
+        path: The file (absolute).
+        offset: Where the pickle starts in it (bytes).
+        size: Length of the pickle (bytes); ``len()`` gives it too.
+        digest: xxh3-128 of the pickle.
+        header_free: Whether the reserved header bytes before ``offset`` are still unused.
+        macs: Content MACs computed so far, by signing key id.
+    """
+
+    path: str
+    offset: int
+    size: int
+    digest: bytes
+    header_free: bool
+    macs: dict[bytes, bytes]
+    _file: IO[bytes] | None
+    _check: Callable[[IO[bytes]], None] | None
+    _owned: str | None
+
+    def __new__(cls, path: str, offset: int, size: int, digest: bytes, *, owned: bool = False,
+                header_free: bool = False, file: IO[bytes] | None = None,
+                check: Callable[[IO[bytes]], None] | None = None) -> Spilled:
+        self = super().__new__(cls, f"<durably: {size}-byte pickle in {path}>".encode())
+        self.path = path
+        self.offset = offset
+        self.size = size
+        self.digest = digest
+        self.header_free = header_free
+        self.macs = {}
+        self._file = file
+        self._check = check
+        self._owned = path if owned else None
+        return self
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a durably Spilled value lives in a local file and cannot be pickled")
+
+    def open(self) -> IO[bytes]:
+        """The file, positioned at the pickle; checked first when it came from a store."""
+        f, self._file = self._file, None
+        if f is None or f.closed:
+            f = open(self.path, "rb")  # noqa: SIM115 - the caller closes it
+            if self._check is not None:
+                try:
+                    self._check(f)
+                except BaseException:
+                    f.close()
+                    raise
+        f.seek(self.offset)
+        return f
+
+    def moved(self, path: str) -> None:
+        """The file was renamed to ``path`` (by a store adopting it)."""
+        if self._owned is not None:
+            self._owned = None
+        self.path = path
+
+    def discard(self) -> None:
+        """Close the file and delete it if nobody adopted it."""
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+        owned, self._owned = self._owned, None
+        if owned is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(owned)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.discard()
+
+
+class Unreadable(bytes):
+    """A stored blob that failed its check: loading it raises the error it carries, so a
+    damaged value is never unpickled and the failure names its run."""
+
+    error: Exception
+
+    def __new__(cls, error: Exception) -> Unreadable:
+        self = super().__new__(cls, b"")
+        self.error = error
+        return self
+
 
 # in-memory buffers are values (plain pickle stores them as they are), not OS handles
 _IN_MEMORY = (io.BytesIO, io.StringIO)
@@ -28,7 +179,7 @@ _IN_MEMORY = (io.BytesIO, io.StringIO)
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle, refusing open files and streams anywhere in the value."""
 
-    def __init__(self, file: io.BytesIO, what: str) -> None:
+    def __init__(self, file: Any, what: str) -> None:
         super().__init__(file, protocol=5)
         self.what = what
 
@@ -45,24 +196,165 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
         return super().reducer_override(obj)
 
 
+class _Sink:
+    """Where a pickler writes: memory up to the spill limit, then a file."""
+
+    __slots__ = ("chunks", "fd", "hasher", "limit", "path", "size", "what")
+
+    def __init__(self) -> None:
+        self.chunks: list[Any] = []
+        self.size = 0
+        self.fd = -1
+        self.path = ""
+        self.hasher: Any = None
+        self.limit = SPILL_BYTES
+        self.what = ""
+
+    def write(self, data: Any) -> int:
+        n = len(data) if type(data) is bytes else memoryview(data).nbytes
+        self.size += n
+        if self.fd < 0:
+            self.chunks.append(data)
+            if self.size > self.limit:
+                self._spill()
+            return n
+        self._stream(data)
+        return n
+
+    def _spill(self) -> None:
+        folder = _spill_dir or tempfile.gettempdir()
+        prefix = f"spill-{os.getpid()}-{host_tag()}-"
+        try:
+            try:
+                os.makedirs(folder, mode=0o700, exist_ok=True)
+            except FileNotFoundError:  # the store in use was removed: the system's tmp
+                folder = tempfile.gettempdir()
+            self.fd, self.path = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+        except OSError as exc:
+            raise self._error(exc, folder) from None
+        self.hasher = xxhash.xxh3_128()
+        chunks, self.chunks = self.chunks, []
+        self._stream(bytes(RESERVED), hash_it=False)
+        for chunk in chunks:
+            self._stream(chunk)
+
+    def _stream(self, data: Any, hash_it: bool = True) -> None:
+        if hash_it:
+            self.hasher.update(data)
+        try:
+            write_all(self.fd, data)
+        except OSError as exc:
+            raise self._error(exc, self.path) from None
+
+    def _error(self, exc: OSError, where: str) -> StoreError:
+        self.reset()
+        full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+        hint = ("the disk is full: free space (the value needs about "
+                f"{self.size:,} bytes or more), then rerun; finished steps are kept."
+                if full else "check the store's permissions, or set DURABLY_DIR.")
+        return StoreError(
+            f"cannot write {self.what} ({self.size:,} bytes so far) to {where}: "
+            f"{exc.strerror or exc}. Nothing was stored. Fix: {hint}"
+        )
+
+    def reset(self) -> None:
+        self.chunks = []
+        self.size = 0
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.fd = -1
+        self.path = ""
+        self.hasher = None
+
+    def finish(self) -> bytes:
+        if self.fd < 0:
+            chunks = self.chunks
+            self.chunks = []
+            self.size = 0
+            if len(chunks) == 1 and type(chunks[0]) is bytes:
+                return chunks[0]
+            return b"".join(chunks)
+        fd, path, size, digest = self.fd, self.path, self.size, self.hasher.digest()
+        self.fd, self.path, self.hasher, self.size = -1, "", None, 0
+        os.close(fd)
+        return Spilled(os.path.abspath(path), RESERVED, size, digest, owned=True,
+                       header_free=True)
+
+
+class _Local(threading.local):
+    sink: _Sink | None = None
+    pickler: Any = None
+    busy = False
+
+
+_local = _Local()
+
+
 def dumps(obj: Any, *, what: str) -> bytes:
     """Pickle ``obj``; ``what`` names it in the error ("the result of task 'x'").
+
+    A pickle larger than :data:`SPILL_BYTES` comes back as a :class:`Spilled` file handle.
 
     Raises:
         SerializationError: neither pickle nor cloudpickle can serialize the value, or it
             holds an open file or stream.
+        StoreError: a large value could not be written to its file (a full disk).
+
+    Example:
+        >>> from durably._serde import dumps, loads
+        >>> loads(dumps({"a": [1, 2]}, what="x"))
+        {'a': [1, 2]}
     """
+    local = _local
+    if local.busy:  # a __reduce__ that pickles through durably: use a fresh sink
+        return _dumps_fresh(obj, what)
+    sink = local.sink
+    if sink is None:
+        sink = local.sink = _Sink()
+        local.pickler = pickle.Pickler(sink, protocol=5)
+    sink.limit = SPILL_BYTES
+    sink.what = what
+    local.busy = True
     try:
-        return pickle.dumps(obj, protocol=5)
+        pickler = local.pickler
+        pickler.clear_memo()
+        pickler.dump(obj)
+        return sink.finish()
+    except StoreError:
+        local.sink = local.pickler = None
+        raise
     except Exception:  # noqa: BLE001 - fall back to the slower, more capable pickler
-        pass
+        sink.reset()
+        local.sink = local.pickler = None  # its state is unknown after a failure
+    finally:
+        if local.pickler is not None:
+            local.pickler.clear_memo()  # never keep the value alive through the memo
+        local.busy = False
+    return _dumps_fresh(obj, what, cloud=True)
+
+
+def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
+    sink = _Sink()
+    sink.what = what
+    if not cloud:
+        try:
+            pickle.Pickler(sink, protocol=5).dump(obj)
+            return sink.finish()
+        except StoreError:
+            raise
+        except Exception:  # noqa: BLE001 - fall back to cloudpickle
+            sink.reset()
     try:
-        with io.BytesIO() as file:
-            _Pickler(file, what).dump(obj)
-            return file.getvalue()
-    except SerializationError:
+        _Pickler(sink, what).dump(obj)
+        return sink.finish()
+    except (SerializationError, StoreError):
+        sink.reset()
         raise
     except Exception as exc:  # noqa: BLE001 - any failure: report it as ours
+        sink.reset()
         raise SerializationError(
             f"cannot store {what}: a value of type {type(obj).__module__}."
             f"{type(obj).__qualname__} cannot be pickled ({exc}). Fix: return plain data "
@@ -71,6 +363,29 @@ def dumps(obj: Any, *, what: str) -> bytes:
         ) from None
 
 
+def spill_bytes(data: bytes, what: str) -> Spilled:
+    """A pickle given as bytes, moved to a spill file (for stores that keep large values in
+    files)."""
+    sink = _Sink()
+    sink.what = what
+    sink.limit = -1
+    sink.write(data)
+    spilled = sink.finish()
+    assert isinstance(spilled, Spilled)
+    return spilled
+
+
 def loads(data: bytes) -> Any:
-    """Unpickle what :func:`dumps` wrote."""
+    """Unpickle what :func:`dumps` wrote (bytes, or a :class:`Spilled` file).
+
+    Raises:
+        CorruptJournalError: ``data`` is a stored blob that failed its check.
+    """
+    if type(data) is bytes:
+        return pickle.loads(data)
+    if isinstance(data, Spilled):
+        with data.open() as f:
+            return pickle.load(f)
+    if isinstance(data, Unreadable):
+        raise data.error
     return pickle.loads(data)

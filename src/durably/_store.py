@@ -13,30 +13,82 @@ transaction, committed before the task returns, and found again by ``(run_id, st
 through an index, so neither a run's length nor the number of runs slows a step down and a
 journal is never held whole in memory. A commit survives the process being killed at any
 moment; with ``synchronous="full"`` it also survives a power cut.
+
+Everything durably will unpickle is sealed (``_seal``): a checksum and, with a key, a
+signature, checked before a byte reaches :mod:`pickle`. A damaged or foreign cache entry is a
+miss: it is moved to ``damaged/`` with a warning naming it, and recomputed. A damaged journal
+value raises :class:`~durably.CorruptJournalError` for its run alone — except the result of a
+cacheable step, which is executed again (see :meth:`DiskStore.find_step`). Values larger than
+``_serde.SPILL_BYTES`` live in files (the cache's value files, ``blobs/`` for journals),
+streamed and never held twice in memory. Write failures (a full disk, a read-only store)
+become a :class:`~durably.StoreError` naming the path and the fix, and never leave a
+half-written value that could be read back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import logging
 import os
 import sqlite3
-import struct
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-import xxhash
-
+from . import _serde
+from ._blobs import (
+    BLOB_REF,
+    FileValue,
+    Garbage,
+    as_spilled,
+    blob_ref,
+    clean_tmp,
+    disk_class,
+    large_for_cache,
+    large_from_cache,
+    open_blob,
+    set_aside,
+    share_bits,
+    share_file,
+    subdir,
+)
 from ._lease import Owner
-from .exceptions import DefinitionError, StoreError
+from ._records import (
+    EVENT_COLS,
+    EVENT_TYPES,
+    FINISHED_STEP,
+    RUN_COLS,
+    RUN_TYPES,
+    SCHEMA,
+    SCHEMA_2,
+    SCHEMA_3,
+    STEP_COLS,
+    STEP_TYPES,
+    EventRecord,
+    KeyRecord,
+    RunRecord,
+    StepRecord,
+    Store,
+    garbage,
+    immediate,
+    key_row,
+    now,
+    run_row,
+    step_from_row,
+    step_row,
+)
+from ._repair import repair_run, seal_old_blobs
+from ._seal import SigningKey, check_private, env_key, key_from, open_seal, seal, unseal
+from ._serde import Spilled, Unreadable
+from .exceptions import CorruptJournalError, DefinitionError, StoreError
 
 __all__ = [
+    "FINISHED_STEP",
+    "JOURNAL_FORMAT",
     "STORE_FORMAT",
     "DiskStore",
     "EventRecord",
@@ -44,296 +96,67 @@ __all__ = [
     "RunRecord",
     "StepRecord",
     "Store",
+    "now",
+    "seal",
+    "set_default_key",
+    "unseal",
 ]
 
 log = logging.getLogger("durably")
 
-#: Version of the on-disk layout; a store written by a newer durably is refused. Format 1
-#: (no tracer columns, no events table) is upgraded in place when first opened.
+#: Version of the directory layout (the ``FORMAT`` file); a store written by a newer durably
+#: is refused.
 STORE_FORMAT = 2
+#: Version of the journal database (SQLite ``user_version``): 1 had no tracer columns and no
+#: events, 2 stored result blobs unsealed, 3 seals every blob. Older journals are upgraded in
+#: place when first opened; a newer one is refused.
+JOURNAL_FORMAT = 3
 
-FINISHED_STEP = ("ran", "cached")
+# -- the process-wide signing key (durably.configure(key=...)) --------------------------------
+_key_lock = threading.Lock()
+_process_key: SigningKey | None = None
+_key_generation = 0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One step of a run, as its journal records it.
+def set_default_key(key: Any) -> None:
+    """Sign with ``key`` in every :class:`DiskStore` not given its own (None: fall back to
+    ``$DURABLY_KEY`` / ``$DURABLY_KEY_FILE``).
 
-    Attributes:
-        run_id: The run the step belongs to.
-        step_id: Stable identity of the step in the run (32 hex characters): parent step,
-            cache key and occurrence; it never depends on timing.
-        parent_id: The step that called this one, or None for a call from the entrypoint.
-        task: The task's name.
-        status: ``"ran"`` (executed), ``"cached"`` (served from the cross-run cache),
-            ``"replayed"`` (served from this run's journal) or ``"failed"``.
-        attempt: Which execution of the run (1 for the first, 2 after one resume, ...).
-        position: Order of the call within its attempt (0-based).
-        started: Start time, seconds since the epoch.
-        ended: End time, seconds since the epoch.
-        error: ``repr`` of the exception for a failed step, else None.
-        cache_key: The cache key of the call (32 hex characters; empty for ``cache=False``).
-        inputs: Short ``repr`` of the arguments (at most a few hundred characters), for
-            steps that ran or were served from the cache; else None.
-        output: Short ``repr`` of the result, likewise.
-        result_digest: Digest of the result (32 hex characters), or "" when the result
-            cannot be digested or carries no information (None, True, False).
-        input_digests: Digests of the arguments and of the elements of list, tuple and
-            dict arguments: a later step whose argument digest equals an earlier step's
-            result digest received that result (a data-flow edge of the run graph).
+    Raises:
+        DefinitionError: the key is not bytes or str, or shorter than 16 bytes.
     """
-
-    run_id: str
-    step_id: str
-    parent_id: str | None
-    task: str
-    status: str
-    attempt: int
-    position: int
-    started: float
-    ended: float
-    error: str | None = None
-    cache_key: str = ""
-    inputs: str | None = None
-    output: str | None = None
-    result_digest: str = ""
-    input_digests: tuple[str, ...] = ()
-
-    @property
-    def duration(self) -> float:
-        """Seconds from start to end."""
-        return self.ended - self.started
+    global _process_key, _key_generation
+    new = None if key is None else key_from(key, "configure(key=...)")
+    with _key_lock:
+        _process_key = new
+        _key_generation += 1
 
 
-@dataclasses.dataclass(slots=True)
-class RunRecord:
-    """The row of one run: what the store knows about it besides its steps."""
-
-    run_id: str
-    entrypoint: str
-    name: str
-    status: str
-    created: float
-    updated: float
-    attempt: int
-    input_digest: str
-    args: bytes | None = None
-    result: bytes | None = None
-    error: str | None = None
+def _ctx(*parts: str) -> bytes:
+    """The context a signature binds a value to (which slot of which store it belongs in)."""
+    return "\x00".join(parts).encode()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class KeyRecord:
-    """What a cache key was made of, kept beside the entry so ``explain`` can say why a call
-    misses.
-
-    Attributes:
-        task: Task identity (``module:name``).
-        cache_key: The key (32 hex characters).
-        code: The code fingerprint, or ``"v:<version>"`` for a task with ``version=``.
-        inputs: Digest of each argument, by name.
-        parts: Fingerprint of each user function or class the code depends on, by
-            qualified name (empty with ``version=``).
-        created: When the entry was written, seconds since the epoch.
-    """
-
-    task: str
-    cache_key: str
-    code: str
-    inputs: dict[str, str]
-    parts: dict[str, str]
-    created: float
+def _is_corrupt(exc: BaseException | None) -> bool:
+    """Whether SQLite says the file is not a (sound) database."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    text = str(exc).lower()
+    return type(exc) is sqlite3.DatabaseError or "malformed" in text or "not a database" in text
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class EventRecord:
-    """A journaled event of a run besides its steps: an attempt starting or ending, an
-    ``interrupt()`` and its answer, a custom event written from inside a task.
-
-    Attributes:
-        run_id: The run.
-        kind: ``"run_started"``, ``"run_finished"``, ``"run_failed"``,
-            ``"run_interrupted"``, ``"interrupt"``, ``"answer"`` or ``"custom"``.
-        time: Seconds since the epoch.
-        attempt: The attempt of the run it happened in (0 for answers given between
-            attempts).
-        step_id: The step it happened in, or None (the entrypoint's own body, or the run).
-        key: The interrupt id for ``"interrupt"`` and ``"answer"``, else "".
-        data: Pickled payload (interrupt payload, answer value, custom data), or None.
-    """
-
-    run_id: str
-    kind: str
-    time: float
-    attempt: int
-    step_id: str | None = None
-    key: str = ""
-    data: bytes | None = None
-
-
-@runtime_checkable
-class Store(Protocol):
-    """What the runtime needs from a store. Every implementation passes one conformance
-    suite (``tests/test_store.py``)."""
-
-    def cache_get(self, key: str) -> bytes | None:
-        """The stored bytes for a cache key, or None (a miss, or an entry found damaged)."""
-
-    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
-        """Store bytes under a cache key, atomically, with what the key was made of."""
-
-    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
-        """Store several entries (each atomically; the batch may be cheaper than one by one)."""
-
-    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
-        """Key records of a task's cache entries, newest first."""
-
-    def find_run(self, run_id: str) -> RunRecord | None:
-        """The run's record, or None."""
-
-    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
-        """The most recently updated run of that entrypoint with those inputs, or None."""
-
-    def put_run(self, record: RunRecord) -> None:
-        """Insert or replace a run's record, durably."""
-
-    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
-        """Take the run's lease for ``owner`` unless a live owner holds it; return that
-        holder (and take nothing) when the run is busy, else None. Atomic across processes."""
-
-    def renew_run(self, run_id: str, owner: Owner) -> None:
-        """Refresh the heartbeat of a lease ``owner`` holds."""
-
-    def release_run(self, run_id: str, owner: Owner) -> None:
-        """Give the lease up (only if ``owner`` holds it)."""
-
-    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
-        """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""
-
-    def find_step(self, run_id: str, step_id: str) -> bytes | None:
-        """The result bytes of a finished (ran or cached) step of the run, or None."""
-
-    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
-        """Append step records (with result bytes for finished ones), in one transaction."""
-
-    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
-        """A run's step records in call order; ``attempt`` selects one execution."""
-
-    def append_events(self, events: Sequence[EventRecord]) -> None:
-        """Append events of runs, durably, in one transaction."""
-
-    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
-        """A run's events in the order they were appended; ``kinds`` filters by kind."""
-
-    def close(self) -> None:
-        """Release files and connections; the store reopens on next use."""
-
-
-def step_row(r: StepRecord) -> tuple[Any, ...]:
-    """A step record as a row (fast: dataclasses.astuple deep-copies)."""
-    return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
-            r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, r.result_digest,
-            " ".join(r.input_digests))
-
-
-def step_from_row(row: Sequence[Any]) -> StepRecord:
-    """The inverse of :func:`step_row`."""
-    return StepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                      row[9], row[10], row[11], row[12], row[13] or "",
-                      tuple(row[14].split()) if row[14] else ())
-
-
-def run_row(r: RunRecord) -> tuple[Any, ...]:
-    """A run record as a row."""
-    return (r.run_id, r.entrypoint, r.name, r.status, r.created, r.updated, r.attempt,
-            r.input_digest, r.args, r.result, r.error)
-
-
-def key_row(r: KeyRecord) -> tuple[Any, ...]:
-    """A key record as a row of the keys table."""
-    return (r.cache_key, r.task, r.code, json.dumps(r.inputs, sort_keys=True),
-            json.dumps(r.parts, sort_keys=True), r.created)
-
-
-# -- cache values carry a checksum, so a damaged file is a miss, never a wrong result --------
-_HEAD = struct.Struct("<4sQ")
-_MAGIC = b"DRB1"
-
-
-def seal(payload: bytes) -> bytes:
-    """Prefix a payload with a magic number and its xxh3-64 checksum."""
-    return _HEAD.pack(_MAGIC, xxhash.xxh3_64_intdigest(payload)) + payload
-
-
-def unseal(data: bytes) -> bytes | None:
-    """The payload of :func:`seal`, or None when the bytes are damaged."""
-    if len(data) < _HEAD.size:
-        return None
-    magic, check = _HEAD.unpack_from(data)
-    payload = data[_HEAD.size :]
-    if magic != _MAGIC or xxhash.xxh3_64_intdigest(payload) != check:
-        return None
-    return payload
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, entrypoint TEXT NOT NULL, name TEXT NOT NULL,
-    status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
-    attempt INTEGER NOT NULL, input_digest TEXT NOT NULL,
-    args BLOB, result BLOB, error TEXT);
-CREATE INDEX IF NOT EXISTS runs_by_inputs ON runs (entrypoint, input_digest, updated);
-CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated);
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, position INTEGER NOT NULL,
-    step_id TEXT NOT NULL, parent_id TEXT, task TEXT NOT NULL, status TEXT NOT NULL,
-    started REAL NOT NULL, ended REAL NOT NULL, error TEXT, cache_key TEXT NOT NULL,
-    result BLOB);
-CREATE INDEX IF NOT EXISTS steps_by_id ON steps (run_id, step_id, status);
-CREATE INDEX IF NOT EXISTS steps_by_order ON steps (run_id, attempt, position);
-CREATE TABLE IF NOT EXISTS leases (
-    run_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started INTEGER,
-    token TEXT NOT NULL, heartbeat REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS keys (
-    cache_key TEXT PRIMARY KEY, task TEXT NOT NULL, code TEXT NOT NULL,
-    inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created);
-"""
-
-# format 2: the tracer's columns on steps, and the events table
-_SCHEMA_2 = """
-ALTER TABLE steps ADD COLUMN inputs TEXT;
-ALTER TABLE steps ADD COLUMN output TEXT;
-ALTER TABLE steps ADD COLUMN result_digest TEXT;
-ALTER TABLE steps ADD COLUMN input_digests TEXT;
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL,
-    time REAL NOT NULL, attempt INTEGER NOT NULL, step_id TEXT, key TEXT NOT NULL,
-    data BLOB);
-CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind, seq);
-"""
-
-_RUN_COLS = (
-    "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
-    "error"
-)
-_STEP_COLS = (
-    "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
-    "cache_key, inputs, output, result_digest, input_digests"
-)
-_EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
-
-
-@contextlib.contextmanager
-def _immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield db
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` (or its nearest existing parent) is on a read-only filesystem or not
+    writable by this process (SQLite often says only "unable to open database file")."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                if os.statvfs(folder).f_flag & getattr(os, "ST_RDONLY", 1):
+                    return True
+            except (OSError, AttributeError):
+                pass
+            return not os.access(folder if folder.is_dir() else folder.parent, os.W_OK)
+    return False
 
 
 class _Translate:
@@ -348,15 +171,21 @@ class _Translate:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, StoreError):
             return
-        if isinstance(exc, (OSError, sqlite3.Error)):
+        if isinstance(exc, (OSError, sqlite3.Error)) or (
+                type(exc).__name__ == "Timeout" and type(exc).__module__.startswith("diskcache")):
             raise self.store.store_error(exc, self.where, self.action) from exc
+
+
+_TRUE = ("1", "true", "yes", "on")
 
 
 class DiskStore:
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
     Nothing touches the disk until the first read or write. The directory is created readable
-    by its owner only (mode 0o700).
+    by its owner only (mode 0o700), and a directory other users can write (or that belongs to
+    another user) is refused unless ``allow_shared``: whoever can write a store can make
+    durably load their pickles.
 
     Args:
         path: The store directory. Default: ``$DURABLY_DIR`` if set, else ``./.durably``
@@ -367,10 +196,20 @@ class DiskStore:
             :meth:`stats`. Journals are never evicted.
         synchronous: ``"normal"`` (default; a commit survives the process being killed) or
             ``"full"`` (a commit also survives a power cut; slower).
+        key: A signing key (bytes or str, at least 16 bytes) for this store. Default: the key
+            of ``durably.configure(key=...)``, else ``$DURABLY_KEY``, else the file named by
+            ``$DURABLY_KEY_FILE``, else none. With a key, every value is signed when written
+            and verified before it is unpickled; a value not signed with it is never loaded
+            (a cache entry is recomputed, a journal value raises
+            :class:`~durably.CorruptJournalError`).
+        allow_shared: Accept a directory other users can write (default: ``True`` when
+            ``$DURABLY_ALLOW_SHARED`` is ``1``, else False). Share a store only with people
+            you trust, and give them a key (see the README's Security section).
 
     Raises:
-        StoreError: (on first use) the path is a file, is not writable, or holds a store
-            written by a newer durably.
+        DefinitionError: an argument has the wrong type (at construction).
+        StoreError: (on first use) the path is a file, is not writable, is writable by other
+            users, or holds a store written by a newer durably.
 
     Example:
         >>> import durably, tempfile
@@ -385,23 +224,39 @@ class DiskStore:
         *,
         size_limit: int | None = None,
         synchronous: str = "normal",
+        key: bytes | str | None = None,
+        allow_shared: bool | None = None,
     ) -> None:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise DefinitionError(
-                f"DiskStore(path) takes a directory path (str or pathlib.Path), not {path!r}"
+                f"DiskStore(path) takes a directory path (str or pathlib.Path), not {path!r}. "
+                "Fix: DiskStore(\"/path/to/store\")."
             )
         if synchronous not in ("normal", "full"):
-            raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}")
-        if size_limit is not None and (not isinstance(size_limit, int) or size_limit <= 0):
-            raise ValueError(f"size_limit must be a positive number of bytes, not {size_limit!r}")
+            raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}. "
+                             "Fix: synchronous=\"full\" to survive power cuts, else leave it out.")
+        if size_limit is not None and (not isinstance(size_limit, int) or size_limit <= 0
+                                       or isinstance(size_limit, bool)):
+            raise ValueError(f"size_limit must be a positive number of bytes, not "
+                             f"{size_limit!r}. Fix: size_limit=10 * 2**30 for 10 GiB, or leave "
+                             "it out for no limit.")
+        if allow_shared is not None and not isinstance(allow_shared, bool):
+            raise DefinitionError(f"DiskStore(allow_shared=...) must be True or False, not "
+                                  f"{allow_shared!r}. Fix: allow_shared=True.")
         self._given = Path(path).expanduser() if path is not None else None
+        self._given_key = None if key is None else key_from(key, "DiskStore(key=...)")
         self.size_limit = size_limit
         self.synchronous = synchronous
+        self.allow_shared = allow_shared
         self._lock = threading.Lock()
         self._local = threading.local()
         self._cache: Any = None
         self._root: Path | None = None
         self._pid = 0
+        self._key: SigningKey | None = None
+        self._key_gen = -1
+        self._warned: set[str] = set()
+        self._unreleased: set[str] = set()  # leases of this process it could not release
         self.evicted = 0
         self._read_cache = _Translate(self, "cache", "read the cache")
         self._write_cache = _Translate(self, "cache", "write the cache")
@@ -420,6 +275,12 @@ class DiskStore:
             return self._given
         return Path(os.environ.get("DURABLY_DIR") or ".durably").expanduser()
 
+    @property
+    def signed(self) -> bool:
+        """Whether values are signed and verified: a key is configured (``key=``,
+        ``configure(key=...)``, ``$DURABLY_KEY`` or ``$DURABLY_KEY_FILE``)."""
+        return self._signing() is not None
+
     # -- opening ---------------------------------------------------------------------------
     def _open(self) -> Path:
         root = self._root
@@ -436,12 +297,54 @@ class DiskStore:
                         "DURABLY_DIR (or DiskStore(path)) at a directory, or remove the file."
                     )
                 root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._key_gen = -1
+                self._signing()  # a bad key file is reported when the store opens
+                self._check_private(root)
                 self._check_format(root)
+                clean_tmp(root / "tmp")
+                if share_bits(root):  # a shared store: its members spill into tmp/ too
+                    subdir(root, "tmp")
             self._root = root
             self._pid = os.getpid()
             self._cache = None
             self._local = threading.local()
+            _serde.set_spill_dir(root / "tmp")
             return root
+
+    def _signing(self) -> SigningKey | None:
+        """The key values are signed with, or None (resolved again after configure())."""
+        if self._key_gen != _key_generation:
+            with _key_lock:
+                gen, process = _key_generation, _process_key
+            self._key = self._given_key or process or env_key()
+            self._key_gen = gen
+        return self._key
+
+    def _shared(self) -> bool:
+        if self.allow_shared is not None:
+            return self.allow_shared
+        return os.environ.get("DURABLY_ALLOW_SHARED", "").strip().lower() in _TRUE
+
+    def _check_private(self, root: Path) -> None:
+        """Refuse a directory others can write: they could make durably load their pickles."""
+        problems = check_private(root)
+        if not problems:
+            return
+        if self._shared():
+            if self._signing() is None and "shared" not in self._warned:
+                self._warned.add("shared")
+                log.warning("durably: the store %s is shared (%s) and no signing key is "
+                            "configured: values written by the other users will be loaded. "
+                            "Set DURABLY_KEY_FILE to a key file the sharers hold.",
+                            root, problems)
+            return
+        raise StoreError(
+            f"refusing the store {root}: {problems}. A store holds pickles that durably "
+            "loads, so whoever can write it can run code in your processes. Fix: "
+            f"chmod 700 {root} (and make it yours), or, to share it on purpose with people "
+            "you trust, pass DiskStore(path, allow_shared=True) or set DURABLY_ALLOW_SHARED=1 "
+            "and give them a signing key (DURABLY_KEY_FILE)."
+        )
 
     def _check_format(self, root: Path) -> None:
         marker = root / "FORMAT"
@@ -476,13 +379,29 @@ class DiskStore:
         return _Translate(self, where, action)
 
     def store_error(self, exc: BaseException, where: str | Path, action: str) -> StoreError:
+        """The StoreError (or CorruptJournalError) for an OS or SQLite error, naming the
+        path and saying what to do."""
         path = where if isinstance(where, Path) else self.path / where
         text = str(exc).lower()
-        if "full" in text or getattr(exc, "errno", None) == errno.ENOSPC:
-            hint = "the disk is full: free space, then rerun; finished steps are kept."
+        code = getattr(exc, "errno", None)
+        if _is_corrupt(exc):
+            if path.name.startswith("journal"):
+                return CorruptJournalError(
+                    f"cannot {action} at {path}: {exc}: the journal file is damaged. Fix: "
+                    f"move {path} aside (its runs are lost; the cache keeps working), or "
+                    f"restore it from a backup; 'sqlite3 {path} .recover' may salvage rows."
+                )
+            hint = f"the cache index is damaged: move {path} aside; the cache starts empty."
+        elif "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            hint = ("the disk is full: free space, then rerun; finished steps are kept and "
+                    "nothing half-written is ever read back.")
         elif ("readonly" in text or "read-only" in text or "permission" in text
-              or getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS)):
-            hint = "the store is not writable: fix its permissions or set DURABLY_DIR."
+              or code in (errno.EACCES, errno.EPERM, errno.EROFS) or _read_only(path)):
+            hint = ("the store is not writable: fix its permissions (chmod u+rwx), mount it "
+                    "read-write, or set DURABLY_DIR to a writable directory.")
+        elif type(exc).__name__ == "Timeout" or "locked" in text:
+            hint = ("another process holds the store's lock for too long: retry, or look for "
+                    "a hung process using this store.")
         else:
             hint = "check the path and its permissions, or set DURABLY_DIR to another one."
         return StoreError(f"cannot {action} at {path}: {exc}. Fix: {hint}")
@@ -493,20 +412,40 @@ class DiskStore:
         root = self._open()
         c = self._cache
         if c is None:
-            import diskcache
-
-            with self._lock, self._translate(root / "cache", "open the cache"):
+            with self._lock:
                 if self._cache is None:
-                    limited = self.size_limit is not None
-                    self._cache = diskcache.Cache(
-                        str(root / "cache"),
+                    self._cache = self._open_cache(root)
+                c = self._cache
+        return c
+
+    def _open_cache(self, root: Path) -> Any:
+        import diskcache
+
+        folder = root / "cache"
+        limited = self.size_limit is not None
+        for retry in (False, True):
+            try:
+                with self._translate(folder, "open the cache"):
+                    if share_bits(root):
+                        subdir(root, "cache")
+                    cache = diskcache.Cache(
+                        str(folder),
+                        disk=disk_class(),
                         eviction_policy="least-recently-stored" if limited else "none",
                         size_limit=self.size_limit if limited else 2**62,
                         cull_limit=0,
                         statistics=False,
                     )
-                c = self._cache
-        return c
+                    for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+                        share_file(root, folder / name)  # SQLite creates them 0644
+                    return cache
+            except StoreError as exc:
+                if retry or not _is_corrupt(exc.__cause__):
+                    raise
+                dest = set_aside(root, "cache", path=str(folder))
+                log.warning("durably: the cache index %s is damaged (%s): the cache was moved "
+                            "to %s and starts empty", folder / "cache.db", exc.__cause__, dest)
+        raise AssertionError("unreachable")
 
     def _db(self) -> sqlite3.Connection:
         root = self._open()
@@ -518,33 +457,98 @@ class DiskStore:
             con = sqlite3.connect(
                 str(path), timeout=60.0, isolation_level=None, check_same_thread=False
             )
-            con.execute("PRAGMA journal_mode=WAL")
-            con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
-            version = con.execute("PRAGMA user_version").fetchone()[0]
-            if version > STORE_FORMAT:
+            try:
+                version = con.execute("PRAGMA user_version").fetchone()[0]
+                if version > JOURNAL_FORMAT:
+                    raise StoreError(
+                        f"the journal {path} was written by a newer durably (format {version}"
+                        f"; this version reads format {JOURNAL_FORMAT}). Fix: upgrade durably, "
+                        "or use another DURABLY_DIR."
+                    )
+                share_file(root, path)  # before its -wal and -shm, which copy its mode
+                con.execute("PRAGMA journal_mode=WAL")
+                con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+                if version < JOURNAL_FORMAT:
+                    self._upgrade(con)
+            except BaseException:
                 con.close()
-                raise StoreError(
-                    f"the journal {path} was written by a newer durably (format {version}). "
-                    "Fix: upgrade durably, or use another DURABLY_DIR."
-                )
-            if version < STORE_FORMAT:
-                _upgrade(con)
+                raise
         self._local.con = con
         return con
 
+    def _upgrade(self, con: sqlite3.Connection) -> None:
+        """Create the journal's tables, or upgrade them from an older format, in one
+        transaction (a racing process sees the new format and does nothing). Format 3 seals
+        the blobs of older journals (signing them with the key in use: trust on upgrade)."""
+        key = self._signing()
+        with immediate(con):
+            version = con.execute("PRAGMA user_version").fetchone()[0]
+            if version >= JOURNAL_FORMAT:
+                return
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            if version < 2:
+                columns = {row[1] for row in con.execute("PRAGMA table_info(steps)")}
+                for statement in SCHEMA_2.split(";"):
+                    statement = statement.strip()
+                    if not statement:
+                        continue
+                    column = statement.split()[5] if statement.startswith("ALTER") else None
+                    if column is None or column not in columns:
+                        con.execute(statement)
+            con.execute(SCHEMA_3)
+            if version >= 1:
+                seal_old_blobs(con, key)
+            con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
+
     # -- cache -----------------------------------------------------------------------------
     def cache_get(self, key: str) -> bytes | None:
+        """The value stored under ``key``, or None: a miss, or an entry found damaged or
+        (with a key) not signed with it — that entry is moved to ``damaged/`` with a warning
+        naming it, so the caller recomputes it. A large value comes back as a file handle
+        (:class:`~durably._serde.Spilled`) checked end to end."""
         cache = self.cache
         with self._read_cache:
-            data = cache.get(key)
-        if data is None:
+            found = cache.get(key)
+        if found is None:
             return None
-        payload = unseal(data)
-        if payload is None:
-            log.warning("durably: cache entry %s at %s is damaged; recomputing it", key, self.path)
-            with contextlib.suppress(Exception):
-                cache.delete(key)
-        return payload
+        signer = self._signing()
+        context = _ctx("cache", key) if signer is not None else b""
+        if type(found) is bytes:
+            payload, why = open_seal(found, signer, context)
+            if payload is None:
+                self._cache_damaged(key, why, data=found)
+            return payload
+        if isinstance(found, FileValue):
+            if found.file is None:
+                payload, why = open_seal(found.data, signer, context)
+                if payload is None:
+                    self._cache_damaged(key, why, path=found.path, data=found.data)
+                return payload
+            try:
+                value, why = large_from_cache(self._open(), found, signer, context)
+            except OSError as exc:
+                raise self.store_error(exc, Path(found.path), "read a cache value") from exc
+            if value is None:
+                self._cache_damaged(key, why, path=found.path)
+            return value
+        if isinstance(found, Garbage):
+            self._cache_damaged(key, found.why, data=found.as_bytes())
+        return None
+
+    def _cache_damaged(self, key: str, why: str, *, path: str | None = None,
+                       data: bytes | None = None) -> None:
+        """Keep a damaged entry aside, drop it from the cache, warn naming both."""
+        root = self._open()
+        try:
+            dest = set_aside(root, key, path=path, data=data)
+        except OSError as exc:
+            dest = Path(f"(not kept: {exc})")
+        with contextlib.suppress(Exception):
+            self.cache.delete(key)
+        log.warning("durably: cache entry %s at %s is damaged: %s. It was set aside as %s "
+                    "and will be recomputed.", key, self.path, why, dest)
 
     def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
         self.cache_put_many(((key, value, info),))
@@ -553,19 +557,44 @@ class DiskStore:
         if not items:
             return
         cache = self.cache
-        with self._write_cache:
-            if len(items) == 1:
-                cache.set(items[0][0], seal(items[0][1]))
-            else:
-                with cache.transact():
-                    for key, value, _ in items:
-                        cache.set(key, seal(value))
+        signer = self._signing()
+        prepared: list[tuple[str, Any]] = []
+        temps: list[str] = []
+        try:
+            for key, value, _ in items:
+                if isinstance(value, Unreadable):
+                    raise value.error
+                if isinstance(value, Spilled) or len(value) > _serde.SPILL_BYTES:
+                    context = _ctx("cache", key) if signer is not None else b""
+                    with self._write_cache:
+                        prepared.append((key, large_for_cache(self._open(), as_spilled(value),
+                                                              signer, context, temps)))
+                else:
+                    context = _ctx("cache", key) if signer is not None else b""
+                    prepared.append((key, seal(value, signer, context)))
+            with self._write_cache:
+                if len(prepared) == 1:
+                    cache.set(*prepared[0])
+                else:
+                    with cache.transact():
+                        for key, data in prepared:
+                            cache.set(key, data)
+        finally:
+            for temp in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
         infos = [key_row(info) for _, _, info in items if info is not None]
         if infos:
-            with self._write_journal, _immediate(self._db()) as db:
-                db.executemany(
-                    "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
-                    "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
+            try:
+                with self._write_journal, immediate(self._db()) as db:
+                    db.executemany(
+                        "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
+                        "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
+            except CorruptJournalError as exc:  # the cache keeps working without its records
+                if "keys" not in self._warned:
+                    self._warned.add("keys")
+                    log.warning("durably: %s (key records are not written; explain() cannot "
+                                "say why a call misses)", exc)
         with self._write_cache:
             if self.size_limit is not None and cache.volume() > self.size_limit:
                 removed = cache.cull()
@@ -597,35 +626,109 @@ class DiskStore:
             "runs": runs,
         }
 
+    # -- journal values --------------------------------------------------------------------
+    def _seal_blob(self, value: bytes | None, *context: str) -> bytes | None:
+        """A journal value as it is stored: sealed, large ones as a reference to blobs/."""
+        if value is None:
+            return None
+        if isinstance(value, Unreadable):
+            raise value.error
+        signer = self._signing()
+        ctx = _ctx(*context) if signer is not None else b""
+        if isinstance(value, Spilled) or len(value) > _serde.SPILL_BYTES:
+            root = self._open()
+            with self._translate(root / "blobs", "store a large value"):
+                value = blob_ref(root, as_spilled(value), signer)
+        return seal(value, signer, ctx)
+
+    def _open_journal_value(self, data: Any, context: tuple[str, ...], eager: bool,
+                            error: Any) -> tuple[bytes | None, str]:
+        """A journal value's payload (bytes, or a Spilled for a large one), or (None, why)."""
+        signer = self._signing()
+        payload, why = open_seal(data, signer, _ctx(*context) if signer is not None else b"")
+        if payload is None:
+            return None, why
+        if payload.startswith(BLOB_REF):
+            return open_blob(self._open(), payload, signer, eager, error)
+        return payload, ""
+
+    def _corrupt(self, run_id: str, what: str, why: str, fix: str = "") -> CorruptJournalError:
+        return CorruptJournalError(
+            f"the journal of run {run_id!r} at {self.path} is damaged: {what} cannot be "
+            f"trusted: {why}. " + (fix or (
+                f"Fix: call durably.DiskStore({str(self.path)!r}).repair_run({run_id!r}) to "
+                "set the damaged rows aside (the steps they recorded run again), or start a "
+                "new run with fresh=True."))
+        )
+
     # -- journals --------------------------------------------------------------------------
     def find_run(self, run_id: str) -> RunRecord | None:
-        row = self._query_one(f"SELECT {_RUN_COLS} FROM runs WHERE run_id=?", (run_id,))
-        return RunRecord(*row) if row else None
+        row = self._query_one(f"SELECT {RUN_COLS} FROM runs WHERE run_id=?", (run_id,))
+        return self._run_from_row(row, strict=True) if row else None
 
     def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
         row = self._query_one(
-            f"SELECT {_RUN_COLS} FROM runs WHERE entrypoint=? AND input_digest=? "
+            f"SELECT {RUN_COLS} FROM runs WHERE entrypoint=? AND input_digest=? "
             "ORDER BY updated DESC, rowid DESC LIMIT 1",
             (entrypoint, input_digest),
         )
-        return RunRecord(*row) if row else None
+        return self._run_from_row(row, strict=True) if row else None
+
+    def _run_from_row(self, row: Sequence[Any], strict: bool) -> RunRecord | None:
+        """A run's record; its arguments and result are opened when they are loaded. A
+        damaged result reads as "not stored" (a rerun stores it again); damaged arguments
+        raise CorruptJournalError when loaded."""
+        bad = garbage(row, RUN_TYPES)
+        if bad:
+            run_id = row[0] if isinstance(row[0], str) else repr(row[0])
+            error = self._corrupt(run_id, "its run row", f"the row is garbage ({bad})")
+            if strict:
+                raise error
+            log.warning("durably: %s", error)
+            return None
+        rec = RunRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
+        rec.error = row[10] if isinstance(row[10], str) else None
+        run_id = rec.run_id
+        if row[8] is not None:
+            args, why = self._open_journal_value(
+                row[8], ("args", run_id), False,
+                lambda why: self._corrupt(run_id, "its stored arguments", why))
+            rec.args = args if args is not None else Unreadable(self._corrupt(
+                run_id, "its stored arguments", why,
+                f"Fix: call the entrypoint with the same arguments (and run_id={run_id!r}) "
+                "to continue it, or repair_run() it."))
+        if row[9] is not None:
+            result, why = self._open_journal_value(
+                row[9], ("result", run_id), False,
+                lambda why: self._corrupt(run_id, "its stored result", why,
+                                          "Fix: rerun the entrypoint with the same arguments: "
+                                          "its steps replay and its result is stored again."))
+            if result is None:
+                rec.error = (f"its stored result is damaged ({why}). Fix: rerun the entrypoint "
+                             "with the same arguments: its steps replay from the journal and "
+                             "the result is stored again")
+            rec.result = result
+        return rec
 
     def put_run(self, record: RunRecord) -> None:
-        values = run_row(record)
+        args = self._seal_blob(record.args, "args", record.run_id)
+        result = self._seal_blob(record.result, "result", record.run_id)
+        values = (*run_row(record)[:8], args, result, record.error)
         with self._write_journal:
             self._db().execute(
-                f"INSERT OR REPLACE INTO runs ({_RUN_COLS}) VALUES "
+                f"INSERT OR REPLACE INTO runs ({RUN_COLS}) VALUES "
                 f"({', '.join('?' * len(values))})",
                 values,
             )
 
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
-        with self._write_journal, _immediate(self._db()) as db:
+        with self._write_journal, immediate(self._db()) as db:
             row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
                              "WHERE run_id=?", (run_id,)).fetchone()
             if row is not None:
                 holder = Owner(*row)
-                if holder.token != owner.token and holder.alive(time.time()):
+                if (holder.token != owner.token and holder.token not in self._unreleased
+                        and holder.alive(time.time())):
                     return holder
             db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
                        (run_id, owner.host, owner.pid, owner.started, owner.token, time.time()))
@@ -637,78 +740,198 @@ class DiskStore:
                                (time.time(), run_id, owner.token))
 
     def release_run(self, run_id: str, owner: Owner) -> None:
-        with self._write_journal:
-            self._db().execute("DELETE FROM leases WHERE run_id=? AND token=?",
-                               (run_id, owner.token))
+        try:
+            with self._write_journal:
+                self._db().execute("DELETE FROM leases WHERE run_id=? AND token=?",
+                                   (run_id, owner.token))
+        except StoreError:  # (a full disk): this process may take the lease over later
+            self._unreleased.add(owner.token)
+            raise
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        """Runs, most recently updated first (a run whose row is garbage is left out, with a
+        warning)."""
         with self._read_journal:
             if entrypoint is None:
                 rows = self._db().execute(
-                    f"SELECT {_RUN_COLS} FROM runs ORDER BY updated DESC, rowid DESC"
+                    f"SELECT {RUN_COLS} FROM runs ORDER BY updated DESC, rowid DESC"
                 ).fetchall()
             else:
                 rows = self._db().execute(
-                    f"SELECT {_RUN_COLS} FROM runs WHERE entrypoint=? OR name=? "
+                    f"SELECT {RUN_COLS} FROM runs WHERE entrypoint=? OR name=? "
                     "ORDER BY updated DESC, rowid DESC",
                     (entrypoint, entrypoint),
                 ).fetchall()
-        return [RunRecord(*row) for row in rows]
+        found = (self._run_from_row(row, strict=False) for row in rows)
+        return [rec for rec in found if rec is not None]
 
     def find_step(self, run_id: str, step_id: str) -> bytes | None:
-        row = self._query_one(
-            "SELECT result FROM steps WHERE run_id=? AND step_id=? AND status IN "
-            "('ran', 'cached') LIMIT 1",
-            (run_id, step_id),
-        )
-        return bytes(row[0]) if row else None
+        """The result of a finished step of the run, or None.
+
+        A recorded result that fails its checksum or signature is never loaded. For a
+        cacheable task (``cache=True``: declared safe to serve from any run or to compute
+        again) it reads as missing, with a warning: the step is served from the cache or
+        executed again. For a ``cache=False`` task, which may have side effects, it raises
+        :class:`~durably.CorruptJournalError`: executing it again is the user's decision
+        (:meth:`repair_run`).
+
+        Raises:
+            CorruptJournalError: the recorded result of a ``cache=False`` step is damaged.
+        """
+        with self._read_journal:
+            row = self._db().execute(
+                "SELECT result, cache_key, task FROM steps WHERE run_id=? AND step_id=? AND "
+                "status IN ('ran', 'cached') LIMIT 1", (run_id, step_id)).fetchone()
+        if row is None:
+            return None
+        value, why = self._step_value(run_id, step_id, row[0])
+        if value is not None:
+            return value
+        return self._find_step_slow(run_id, step_id, why, row)
+
+    def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
+        if data is None:
+            return None, "it has no recorded result"
+        if self._key is None and self._key_gen == _key_generation and type(data) is bytes:
+            payload, why = open_seal(data)  # the common case, kept short: unsigned, small
+            if payload is None or not payload.startswith(BLOB_REF):
+                return payload, why
+        return self._open_journal_value(
+            data, ("step", run_id, step_id), True,
+            lambda why: self._corrupt(run_id, f"the result of step {step_id}", why))
+
+    def _find_step_slow(self, run_id: str, step_id: str, why: str, first: Sequence[Any]
+                        ) -> bytes | None:
+        """A later sound record of the step (written when it ran again), else the verdict on
+        the damaged one."""
+        with self._read_journal:
+            rows = self._db().execute(
+                "SELECT result, cache_key, task FROM steps WHERE run_id=? AND step_id=? AND "
+                "status IN ('ran', 'cached') ORDER BY rowid", (run_id, step_id)).fetchall()
+        for data, _, _ in rows[1:]:
+            value, _why = self._step_value(run_id, step_id, data)
+            if value is not None:
+                return value
+        _, cache_key, task = first
+        what = f"the recorded result of step {step_id} (task {task!r})"
+        if isinstance(cache_key, str) and cache_key:
+            log.warning("durably: the journal of run %r at %s is damaged: %s cannot be "
+                        "trusted (%s); the task is cacheable, so it is taken from the cache or "
+                        "executed again", run_id, self.path, what, why)
+            return None
+        raise self._corrupt(run_id, what, why, (
+            f"durably will not execute {task!r} again by itself: it finished in this run, and "
+            "a cache=False task may have side effects. Fix: if running it again is safe, call "
+            f"durably.DiskStore({str(self.path)!r}).repair_run({run_id!r}) and rerun; else "
+            "start a new run with fresh=True."))
 
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         if not steps:
             return
-        rows = [(*step_row(rec), data) for rec, data in steps]
-        sql = f"INSERT INTO steps ({_STEP_COLS}, result) VALUES ({', '.join('?' * 16)})"
+        rows = [(*step_row(rec), self._seal_blob(data, "step", rec.run_id, rec.step_id))
+                for rec, data in steps]
+        sql = f"INSERT INTO steps ({STEP_COLS}, result) VALUES ({', '.join('?' * 16)})"
         with self._write_journal:
             db = self._db()
             if len(rows) == 1:
                 db.execute(sql, rows[0])
                 return
-            with _immediate(db):
+            with immediate(db):
                 db.executemany(sql, rows)
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        """A run's step records in call order.
+
+        Raises:
+            CorruptJournalError: a row of the run is garbage.
+        """
         with self._read_journal:
             if attempt is None:
                 rows = self._db().execute(
-                    f"SELECT {_STEP_COLS} FROM steps WHERE run_id=? ORDER BY attempt, position",
+                    f"SELECT {STEP_COLS} FROM steps WHERE run_id=? ORDER BY attempt, position",
                     (run_id,),
                 ).fetchall()
             else:
                 rows = self._db().execute(
-                    f"SELECT {_STEP_COLS} FROM steps WHERE run_id=? AND attempt=? "
+                    f"SELECT {STEP_COLS} FROM steps WHERE run_id=? AND attempt=? "
                     "ORDER BY position",
                     (run_id, attempt),
                 ).fetchall()
+        for row in rows:
+            bad = garbage(row, STEP_TYPES)
+            if bad:
+                raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
         return [step_from_row(row) for row in rows]
 
     def append_events(self, events: Sequence[EventRecord]) -> None:
         if not events:
             return
-        rows = [(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key, e.data) for e in events]
-        with self._write_journal, _immediate(self._db()) as db:
-            db.executemany(f"INSERT INTO events ({_EVENT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows = [(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key,
+                 self._seal_blob(e.data, "event", e.run_id, e.kind, e.key)) for e in events]
+        with self._write_journal, immediate(self._db()) as db:
+            db.executemany(f"INSERT INTO events ({EVENT_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
                            rows)
 
     def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
-        sql = f"SELECT {_EVENT_COLS} FROM events WHERE run_id=?"
+        """A run's events in order; a damaged payload raises CorruptJournalError when it is
+        loaded.
+
+        Raises:
+            CorruptJournalError: a row of the run is garbage.
+        """
+        sql = f"SELECT {EVENT_COLS} FROM events WHERE run_id=?"
         params: list[Any] = [run_id]
         if kinds is not None:
             sql += f" AND kind IN ({', '.join('?' * len(kinds))})"
             params.extend(kinds)
         with self._read_journal:
             rows = self._db().execute(sql + " ORDER BY seq", params).fetchall()
-        return [EventRecord(r, k, t, a, s, key, None if d is None else bytes(d))
-                for r, k, t, a, s, key, d in rows]
+        found = []
+        for row in rows:
+            bad = garbage(row, EVENT_TYPES)
+            if bad:
+                raise self._corrupt(run_id, "an event row", f"the row is garbage ({bad})")
+            r, k, t, a, s, key, d = row
+            data: bytes | None = None
+            if d is not None:
+                what = f"the data of its {k!r} event {key}".rstrip()
+                data, why = self._open_journal_value(
+                    d, ("event", r, k, key), False,
+                    lambda why, what=what: self._corrupt(run_id, what, why))
+                if data is None:
+                    data = Unreadable(self._corrupt(run_id, what, why))
+            found.append(EventRecord(r, k, t, a, s, key, data))
+        return found
+
+    def repair_run(self, run_id: str) -> list[str]:
+        """Set aside the damaged parts of a run's journal so that the run can continue.
+
+        A finished step whose recorded result is damaged is removed from the journal (and
+        kept in the ``set_aside`` table): it executes again when the run is resumed — for a
+        ``cache=False`` task, its side effect happens again, which is why durably never does
+        this by itself. Damaged arguments or results of the run are cleared (a rerun with
+        the same arguments stores them again); a damaged answer to an ``interrupt()`` is
+        removed (the question is asked again). Every value is checked, large ones end to end.
+
+        Args:
+            run_id: The run.
+
+        Returns:
+            What was set aside, one line each (empty when nothing was damaged).
+
+        Raises:
+            NotFoundError: the store has no run with that id.
+
+        Example:
+            >>> import durably, tempfile
+            >>> store = durably.DiskStore(tempfile.mkdtemp())
+            >>> @durably.entrypoint(store=store)
+            ... def job():
+            ...     return 1
+            >>> store.repair_run(job.run().id)
+            []
+        """
+        return repair_run(self, run_id)
 
     def _query_one(self, sql: str, params: tuple[Any, ...]) -> Any:
         with self._read_journal:
@@ -723,31 +946,6 @@ class DiskStore:
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None
+            if self._root is not None and _serde._spill_dir == str(self._root / "tmp"):
+                _serde.set_spill_dir(None)
             self._root = None
-
-
-def _upgrade(con: sqlite3.Connection) -> None:
-    """Create the journal's tables, or upgrade them from an older format, in one
-    transaction (a racing process sees the new format and does nothing)."""
-    with _immediate(con):
-        version = con.execute("PRAGMA user_version").fetchone()[0]
-        if version >= STORE_FORMAT:
-            return
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                con.execute(statement)
-        if version < 2:
-            columns = {row[1] for row in con.execute("PRAGMA table_info(steps)")}
-            for statement in _SCHEMA_2.split(";"):
-                statement = statement.strip()
-                if not statement:
-                    continue
-                column = statement.split()[5] if statement.startswith("ALTER") else None
-                if column is None or column not in columns:
-                    con.execute(statement)
-        con.execute(f"PRAGMA user_version={STORE_FORMAT}")
-
-
-def now() -> float:
-    """Wall-clock seconds since the epoch."""
-    return time.time()

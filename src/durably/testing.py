@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 from ._lease import Owner
+from ._serde import Spilled
 from ._store import FINISHED_STEP, EventRecord, KeyRecord, RunRecord, StepRecord
 
 __all__ = ["MemoryStore"]
@@ -54,7 +55,7 @@ class MemoryStore:
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         with self._lock:
             for key, value, info in items:
-                self._cache[key] = bytes(value)
+                self._cache[key] = _kept(value)
                 if info is not None:
                     self._keys[key] = info
 
@@ -115,7 +116,7 @@ class MemoryStore:
             for rec, data in steps:
                 self._steps.setdefault(rec.run_id, []).append((rec, data))
                 if rec.status in FINISHED_STEP and data is not None:
-                    self._finished.setdefault((rec.run_id, rec.step_id), bytes(data))
+                    self._finished.setdefault((rec.run_id, rec.step_id), _kept(data))
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         with self._lock:
@@ -136,3 +137,9 @@ class MemoryStore:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def _kept(value: bytes) -> bytes:
+    """What the store keeps of a value: a copy of its bytes, or the handle of a large value
+    kept in a file (its file lives as long as the handle)."""
+    return value if isinstance(value, Spilled) else bytes(value)

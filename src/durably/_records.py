@@ -1,0 +1,312 @@
+"""What a store records (steps, runs, key records, events), the :class:`Store` protocol every
+store implements, and the rows these records become in a SQLite journal."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from ._lease import Owner
+
+__all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES", "SCHEMA",
+           "SCHEMA_2", "SCHEMA_3", "STEP_COLS",
+           "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
+           "garbage", "immediate", "key_row", "now", "run_row", "step_from_row", "step_row"]
+
+FINISHED_STEP = ("ran", "cached")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a run, as its journal records it.
+
+    Attributes:
+        run_id: The run the step belongs to.
+        step_id: Stable identity of the step in the run (32 hex characters): parent step,
+            cache key and occurrence; it never depends on timing.
+        parent_id: The step that called this one, or None for a call from the entrypoint.
+        task: The task's name.
+        status: ``"ran"`` (executed), ``"cached"`` (served from the cross-run cache),
+            ``"replayed"`` (served from this run's journal) or ``"failed"``.
+        attempt: Which execution of the run (1 for the first, 2 after one resume, ...).
+        position: Order of the call within its attempt (0-based).
+        started: Start time, seconds since the epoch.
+        ended: End time, seconds since the epoch.
+        error: ``repr`` of the exception for a failed step, else None.
+        cache_key: The cache key of the call (32 hex characters; empty for ``cache=False``).
+        inputs: Short ``repr`` of the arguments (at most a few hundred characters), for
+            steps that ran or were served from the cache; else None.
+        output: Short ``repr`` of the result, likewise.
+        result_digest: Digest of the result (32 hex characters), or "" when the result
+            cannot be digested or carries no information (None, True, False).
+        input_digests: Digests of the arguments and of the elements of list, tuple and
+            dict arguments: a later step whose argument digest equals an earlier step's
+            result digest received that result (a data-flow edge of the run graph).
+    """
+
+    run_id: str
+    step_id: str
+    parent_id: str | None
+    task: str
+    status: str
+    attempt: int
+    position: int
+    started: float
+    ended: float
+    error: str | None = None
+    cache_key: str = ""
+    inputs: str | None = None
+    output: str | None = None
+    result_digest: str = ""
+    input_digests: tuple[str, ...] = ()
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end."""
+        return self.ended - self.started
+
+
+@dataclasses.dataclass(slots=True)
+class RunRecord:
+    """The row of one run: what the store knows about it besides its steps."""
+
+    run_id: str
+    entrypoint: str
+    name: str
+    status: str
+    created: float
+    updated: float
+    attempt: int
+    input_digest: str
+    args: bytes | None = None
+    result: bytes | None = None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """What a cache key was made of, kept beside the entry so ``explain`` can say why a call
+    misses.
+
+    Attributes:
+        task: Task identity (``module:name``).
+        cache_key: The key (32 hex characters).
+        code: The code fingerprint, or ``"v:<version>"`` for a task with ``version=``.
+        inputs: Digest of each argument, by name.
+        parts: Fingerprint of each user function or class the code depends on, by
+            qualified name (empty with ``version=``).
+        created: When the entry was written, seconds since the epoch.
+    """
+
+    task: str
+    cache_key: str
+    code: str
+    inputs: dict[str, str]
+    parts: dict[str, str]
+    created: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EventRecord:
+    """A journaled event of a run besides its steps: an attempt starting or ending, an
+    ``interrupt()`` and its answer, a custom event written from inside a task.
+
+    Attributes:
+        run_id: The run.
+        kind: ``"run_started"``, ``"run_finished"``, ``"run_failed"``,
+            ``"run_interrupted"``, ``"interrupt"``, ``"answer"`` or ``"custom"``.
+        time: Seconds since the epoch.
+        attempt: The attempt of the run it happened in (0 for answers given between
+            attempts).
+        step_id: The step it happened in, or None (the entrypoint's own body, or the run).
+        key: The interrupt id for ``"interrupt"`` and ``"answer"``, else "".
+        data: Pickled payload (interrupt payload, answer value, custom data), or None.
+    """
+
+    run_id: str
+    kind: str
+    time: float
+    attempt: int
+    step_id: str | None = None
+    key: str = ""
+    data: bytes | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the runtime needs from a store. Every implementation passes one conformance
+    suite (``tests/test_store.py``)."""
+
+    def cache_get(self, key: str) -> bytes | None:
+        """The stored bytes for a cache key, or None (a miss, or an entry found damaged)."""
+
+    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
+        """Store bytes under a cache key, atomically, with what the key was made of."""
+
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
+        """Store several entries (each atomically; the batch may be cheaper than one by one)."""
+
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        """Key records of a task's cache entries, newest first."""
+
+    def find_run(self, run_id: str) -> RunRecord | None:
+        """The run's record, or None."""
+
+    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
+        """The most recently updated run of that entrypoint with those inputs, or None."""
+
+    def put_run(self, record: RunRecord) -> None:
+        """Insert or replace a run's record, durably."""
+
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        """Take the run's lease for ``owner`` unless a live owner holds it; return that
+        holder (and take nothing) when the run is busy, else None. Atomic across processes."""
+
+    def renew_run(self, run_id: str, owner: Owner) -> None:
+        """Refresh the heartbeat of a lease ``owner`` holds."""
+
+    def release_run(self, run_id: str, owner: Owner) -> None:
+        """Give the lease up (only if ``owner`` holds it)."""
+
+    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""
+
+    def find_step(self, run_id: str, step_id: str) -> bytes | None:
+        """The result bytes of a finished (ran or cached) step of the run, or None."""
+
+    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        """Append step records (with result bytes for finished ones), in one transaction."""
+
+    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        """A run's step records in call order; ``attempt`` selects one execution."""
+
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        """Append events of runs, durably, in one transaction."""
+
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        """A run's events in the order they were appended; ``kinds`` filters by kind."""
+
+    def close(self) -> None:
+        """Release files and connections; the store reopens on next use."""
+
+
+def step_row(r: StepRecord) -> tuple[Any, ...]:
+    """A step record as a row (fast: dataclasses.astuple deep-copies)."""
+    return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
+            r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, r.result_digest,
+            " ".join(r.input_digests))
+
+
+def step_from_row(row: Sequence[Any]) -> StepRecord:
+    """The inverse of :func:`step_row`."""
+    return StepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
+                      row[9], row[10], row[11], row[12], row[13] or "",
+                      tuple(row[14].split()) if row[14] else ())
+
+
+def run_row(r: RunRecord) -> tuple[Any, ...]:
+    """A run record as a row."""
+    return (r.run_id, r.entrypoint, r.name, r.status, r.created, r.updated, r.attempt,
+            r.input_digest, r.args, r.result, r.error)
+
+
+def key_row(r: KeyRecord) -> tuple[Any, ...]:
+    """A key record as a row of the keys table."""
+    return (r.cache_key, r.task, r.code, json.dumps(r.inputs, sort_keys=True),
+            json.dumps(r.parts, sort_keys=True), r.created)
+
+
+# what each column of a row must hold (a row that does not is garbage: CorruptJournalError)
+_S, _SN, _I, _F = (str,), (str, type(None)), (int,), (int, float)
+STEP_TYPES = (_S, _S, _SN, _S, _S, _I, _I, _F, _F, _SN, _S, _SN, _SN, _SN, _SN)
+RUN_TYPES = (_S, _S, _S, _S, _F, _F, _I, _S)
+EVENT_TYPES = (_S, _S, _F, _I, _SN, _S)
+
+
+def garbage(row: Sequence[Any], types: Sequence[tuple[type, ...]]) -> str:
+    """"" when each column has its type, else which column does not."""
+    for i, (value, allowed) in enumerate(zip(row, types, strict=False)):
+        if not isinstance(value, allowed) or isinstance(value, bool):
+            return f"column {i} holds {value!r:.40}"
+    return ""
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, entrypoint TEXT NOT NULL, name TEXT NOT NULL,
+    status TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL,
+    attempt INTEGER NOT NULL, input_digest TEXT NOT NULL,
+    args BLOB, result BLOB, error TEXT);
+CREATE INDEX IF NOT EXISTS runs_by_inputs ON runs (entrypoint, input_digest, updated);
+CREATE INDEX IF NOT EXISTS runs_by_time ON runs (updated);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, position INTEGER NOT NULL,
+    step_id TEXT NOT NULL, parent_id TEXT, task TEXT NOT NULL, status TEXT NOT NULL,
+    started REAL NOT NULL, ended REAL NOT NULL, error TEXT, cache_key TEXT NOT NULL,
+    result BLOB);
+CREATE INDEX IF NOT EXISTS steps_by_id ON steps (run_id, step_id, status);
+CREATE INDEX IF NOT EXISTS steps_by_order ON steps (run_id, attempt, position);
+CREATE TABLE IF NOT EXISTS leases (
+    run_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, started INTEGER,
+    token TEXT NOT NULL, heartbeat REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS keys (
+    cache_key TEXT PRIMARY KEY, task TEXT NOT NULL, code TEXT NOT NULL,
+    inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created);
+"""
+
+# format 2: the tracer's columns on steps, and the events table
+SCHEMA_2 = """
+ALTER TABLE steps ADD COLUMN inputs TEXT;
+ALTER TABLE steps ADD COLUMN output TEXT;
+ALTER TABLE steps ADD COLUMN result_digest TEXT;
+ALTER TABLE steps ADD COLUMN input_digests TEXT;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL,
+    time REAL NOT NULL, attempt INTEGER NOT NULL, step_id TEXT, key TEXT NOT NULL,
+    data BLOB);
+CREATE INDEX IF NOT EXISTS events_by_run ON events (run_id, kind, seq);
+"""
+
+# format 3: every blob sealed; what repair_run takes out of a journal is kept here
+SCHEMA_3 = """
+CREATE TABLE IF NOT EXISTS set_aside (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, what TEXT NOT NULL,
+    reason TEXT NOT NULL, time REAL NOT NULL, row TEXT, data BLOB);
+"""
+
+RUN_COLS = (
+    "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
+    "error"
+)
+STEP_COLS = (
+    "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
+    "cache_key, inputs, output, result_digest, input_digests"
+)
+EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
+
+
+@contextlib.contextmanager
+def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error
+    (SQLite may have rolled it back already, after a full disk: the original error wins)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+        raise
+
+
+
+def now() -> float:
+    """Wall-clock seconds since the epoch."""
+    return time.time()

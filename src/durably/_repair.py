@@ -1,0 +1,130 @@
+"""Repairing a journal: setting damaged rows aside (:meth:`DiskStore.repair_run`), and
+sealing the blobs of a journal written before they were sealed (format 3)."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._records import (
+    EVENT_COLS,
+    EVENT_TYPES,
+    FINISHED_STEP,
+    RUN_COLS,
+    RUN_TYPES,
+    STEP_COLS,
+    STEP_TYPES,
+    garbage,
+    immediate,
+)
+from ._seal import SigningKey, seal
+from ._serde import Spilled
+from .exceptions import CorruptJournalError, NotFoundError
+
+if TYPE_CHECKING:
+    from ._store import DiskStore
+
+__all__ = ["repair_run", "seal_old_blobs"]
+
+log = logging.getLogger("durably")
+
+
+def _ctx(*parts: str) -> bytes:
+    return "\x00".join(parts).encode()
+
+
+def repair_run(store: DiskStore, run_id: str) -> list[str]:
+    """See :meth:`DiskStore.repair_run`."""
+    done: list[str] = []
+    t = time.time()
+    with store._write_journal, immediate(store._db()) as db:
+        run = db.execute(f"SELECT rowid, {RUN_COLS} FROM runs WHERE run_id=?",
+                         (run_id,)).fetchone()
+        steps = db.execute(f"SELECT rowid, {STEP_COLS}, result FROM steps WHERE run_id=?",
+                           (run_id,)).fetchall()
+        if run is None and not steps:
+            raise NotFoundError(
+                f"no run {run_id!r} in the store at {store.path}. Fix: check the id with "
+                "durably.list_runs().")
+
+        def aside(what: str, reason: str, row: Sequence[Any], data: Any) -> None:
+            db.execute("INSERT INTO set_aside (run_id, what, reason, time, row, data) "
+                       "VALUES (?, ?, ?, ?, ?, ?)",
+                       (run_id, what, reason, t, repr(tuple(row))[:4000],
+                        data if isinstance(data, bytes) else None))
+            done.append(f"{what}: {reason}")
+
+        def unsound(data: Any, context: tuple[str, ...]) -> str:
+            if data is None:
+                return ""
+            value, why = store._open_journal_value(data, context, True, CorruptJournalError)
+            if isinstance(value, Spilled):
+                value.discard()
+            return why
+
+        for rowid, *row in steps:
+            data = row[-1]
+            bad = garbage(row[:15], STEP_TYPES)
+            if not bad and row[4] in FINISHED_STEP:
+                bad = unsound(data, ("step", run_id, row[1])) if data is not None else \
+                    "it has no recorded result"
+            if bad:
+                aside(f"step {row[1]!r} (task {row[3]!r})", bad, row[:15], data)
+                db.execute("DELETE FROM steps WHERE rowid=?", (rowid,))
+        if run is not None:
+            rowid, *row = run
+            bad = garbage(row, RUN_TYPES)
+            if bad:
+                aside("the run row", bad, row, None)
+                db.execute("DELETE FROM runs WHERE rowid=?", (rowid,))
+            else:
+                if (why := unsound(row[8], ("args", run_id))):
+                    aside("the run's arguments", why, row[:8], row[8])
+                    db.execute("UPDATE runs SET args=NULL WHERE rowid=?", (rowid,))
+                if (why := unsound(row[9], ("result", run_id))):
+                    aside("the run's result", why, row[:8], row[9])
+                    db.execute("UPDATE runs SET result=NULL, error=? WHERE rowid=?",
+                               ("its stored result was damaged and set aside: rerun the "
+                                "entrypoint with the same arguments to store it again",
+                                rowid))
+        events = db.execute(f"SELECT seq, {EVENT_COLS} FROM events WHERE run_id=?",
+                            (run_id,)).fetchall()
+        for seq, *row in events:
+            bad = garbage(row, EVENT_TYPES)
+            if not bad:
+                bad = unsound(row[6], ("event", run_id, row[1], row[5]))
+            if not bad:
+                continue
+            aside(f"its {row[1]!r} event", bad, row[:6], row[6])
+            if row[1] == "answer" or garbage(row, EVENT_TYPES):
+                db.execute("DELETE FROM events WHERE seq=?", (seq,))
+            else:
+                db.execute("UPDATE events SET data=NULL WHERE seq=?", (seq,))
+    for line in done:
+        log.warning("durably: repair_run(%r) set aside %s", run_id, line)
+    return done
+
+
+def seal_old_blobs(con: sqlite3.Connection, key: SigningKey | None) -> None:
+    """Seal the blobs of a journal written before format 3 (in the upgrade's transaction)."""
+    def sealed(data: Any, *context: str) -> Any:
+        if not isinstance(data, bytes):
+            return data
+        return seal(data, key, _ctx(*context) if key is not None else b"")
+
+    for rowid, run_id, step_id, data in con.execute(
+            "SELECT rowid, run_id, step_id, result FROM steps WHERE result IS NOT NULL"
+    ).fetchall():
+        con.execute("UPDATE steps SET result=? WHERE rowid=?",
+                    (sealed(data, "step", run_id, step_id), rowid))
+    for rowid, run_id, args, result in con.execute(
+            "SELECT rowid, run_id, args, result FROM runs").fetchall():
+        con.execute("UPDATE runs SET args=?, result=? WHERE rowid=?",
+                    (sealed(args, "args", run_id), sealed(result, "result", run_id), rowid))
+    for seq, run_id, kind, key_, data in con.execute(
+            "SELECT seq, run_id, kind, key, data FROM events WHERE data IS NOT NULL").fetchall():
+        con.execute("UPDATE events SET data=? WHERE seq=?",
+                    (sealed(data, "event", run_id, kind, key_), seq))

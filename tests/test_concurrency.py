@@ -1,0 +1,209 @@
+"""Several processes on one store at once: no error, no damaged entry, the right result in each;
+identical concurrent calls may compute twice (there is no lock per cache key: documented);
+one run is executed by one process at a time (its lease)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import durably
+from durably._seal import open_seal
+
+from .conftest import script_env, write_script
+
+pytestmark = pytest.mark.slow
+
+PIPELINE = """
+import os, sys, time
+import durably
+from durably import _serde
+
+_serde.SPILL_BYTES = 150_000  # every 5th value is streamed to a file
+MARKS = os.environ["MARKS"]
+
+def mark(text):
+    fd = os.open(MARKS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.write(fd, (text + "\\n").encode())
+    os.close(fd)
+
+def wait_for(path, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {path}")
+        time.sleep(0.005)
+
+@durably.task(name="work")
+def work(i):
+    mark(f"work {i} {os.getpid()}")
+    time.sleep(0.01)
+    size = 200_000 if i % 5 == 4 else 50_000 if i % 5 == 2 else 10
+    return bytes([i]) * size
+
+@durably.task(cache=False, name="side")
+def side(i):
+    mark(f"side {i} {os.getpid()}")
+    if os.environ.get("PAUSE_AT") == str(i):
+        print("paused", flush=True)
+        time.sleep(120)
+    time.sleep(float(os.environ.get("SIDE_SLEEP", "0")))
+    return i
+
+@durably.entrypoint(name="pipeline")
+def pipeline(n):
+    return sum(len(work(i)) + side(i) for i in range(n))
+
+if __name__ == "__main__":
+    mode, n = sys.argv[1], int(sys.argv[2])
+    if os.environ.get("GO"):
+        wait_for(os.environ["GO"])
+    try:
+        if mode == "fresh":
+            print("result", pipeline.run(n, fresh=True).result, flush=True)
+        else:
+            print("result", pipeline(n), flush=True)
+    except durably.RunStateError as exc:
+        print("busy:", exc, flush=True)
+"""
+
+SAME_KEY = """
+import os, sys, time
+import durably
+
+@durably.task(name="slow_square")
+def slow_square(x):
+    fd = os.open(os.environ["MARKS"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.write(fd, f"started {os.getpid()}\\n".encode())
+    os.close(fd)
+    # wait until the other process has started the same call too (proves they overlap)
+    deadline = time.monotonic() + 60
+    while open(os.environ["MARKS"]).read().count("started") < 2:
+        if time.monotonic() > deadline:
+            raise SystemExit("the other process never started")
+        time.sleep(0.005)
+    return x * x
+
+print("result", slow_square(12), flush=True)
+"""
+
+
+def _expected(n: int) -> int:
+    return sum((200_000 if i % 5 == 4 else 50_000 if i % 5 == 2 else 10) + i for i in range(n))
+
+
+def _start(script: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(script), *args], env=env, cwd=script.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _assert_sound(root: Path) -> None:
+    """Every cache entry and every journaled value of the store checks out."""
+    store = durably.DiskStore(root)
+    try:
+        keys = [k for (k,) in store.cache._sql("SELECT key FROM Cache").fetchall()]
+        assert keys and all(store.cache_get(k) is not None for k in keys)
+        import sqlite3
+
+        con = sqlite3.connect(root / "journal.sqlite3")
+        blobs = [b for (b,) in con.execute("SELECT result FROM steps WHERE result IS NOT NULL")]
+        con.close()
+        assert blobs and all(open_seal(b)[0] is not None for b in blobs)
+        assert not (root / "damaged").exists()
+    finally:
+        store.close()
+
+
+def test_eight_processes_run_one_entrypoint_and_its_tasks_on_one_store(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "pipeline.py", PIPELINE)
+    marks, go = tmp_path / "marks.txt", tmp_path / "go"
+    env = script_env(tmp_path / "store", MARKS=str(marks), GO=str(go))
+    procs = [_start(script, env, "fresh", "20") for _ in range(8)]
+    time.sleep(0.5)  # let them all import durably, then start them at once on a new store
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and err == "", err
+        assert out.strip() == f"result {_expected(20)}"
+    lines = marks.read_text().splitlines()
+    work = Counter(line.split()[1] for line in lines if line.startswith("work"))
+    assert set(work) == {str(i) for i in range(20)}
+    assert all(1 <= n <= 8 for n in work.values())  # identical calls may compute twice
+    assert sum(1 for line in lines if line.startswith("side")) == 8 * 20  # one per run
+    store = durably.DiskStore(tmp_path / "store")
+    runs = store.list_runs()
+    assert len(runs) == 8 and {r.status for r in runs} == {"finished"}
+    store.close()
+    _assert_sound(tmp_path / "store")
+    # a ninth run executes no body: every entry the eight wrote is in the cache, sound
+    env.pop("GO")
+    before = len(lines)
+    ninth = subprocess.run([sys.executable, str(script), "fresh", "20"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert ninth.stdout.strip() == f"result {_expected(20)}", ninth.stderr
+    after = marks.read_text().splitlines()[before:]
+    assert not [line for line in after if line.startswith("work")]
+
+
+def test_identical_concurrent_calls_may_compute_twice(tmp_path: Path) -> None:
+    """There is no lock per cache key: two processes that miss the same key at once both
+    execute the body; both get the result, and the cache keeps one sound entry."""
+    script = write_script(tmp_path / "same.py", SAME_KEY)
+    marks = tmp_path / "marks.txt"
+    env = script_env(tmp_path / "store", MARKS=str(marks))
+    procs = [_start(script, env) for _ in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "result 144", err
+    assert marks.read_text().count("started") == 2  # computed twice, at the same time
+    _assert_cache_only_sound(tmp_path / "store")
+    third = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    assert third.stdout.strip() == "result 144" and marks.read_text().count("started") == 2
+
+
+def _assert_cache_only_sound(root: Path) -> None:
+    store = durably.DiskStore(root)
+    try:
+        keys = [k for (k,) in store.cache._sql("SELECT key FROM Cache").fetchall()]
+        assert len(keys) == 1 and store.cache_get(keys[0]) is not None
+    finally:
+        store.close()
+
+
+def test_processes_resuming_one_run_at_once_never_both_execute_it(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "pipeline.py", PIPELINE)
+    marks, go = tmp_path / "marks.txt", tmp_path / "go"
+    env = script_env(tmp_path / "store", MARKS=str(marks), PAUSE_AT="5")
+    first = _start(script, env, "same", "12")
+    assert first.stdout is not None and first.stdout.readline().strip() == "paused"
+    first.kill()  # crashed in the middle: the run must be resumed, once
+    first.communicate(timeout=30)
+    env.pop("PAUSE_AT")
+    env.update(GO=str(go), SIDE_SLEEP="0.05")
+    procs = [_start(script, env, "same", "12") for _ in range(8)]
+    time.sleep(0.5)
+    go.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    results = [out for out, _ in outs if out.startswith("result")]
+    busy = [out for out, _ in outs if out.startswith("busy:")]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and err == "", err
+    assert len(results) + len(busy) == 8 and results
+    assert all(r.strip() == f"result {_expected(12)}" for r in results)
+    for message in busy:  # the clear error: who holds the run, and what to do
+        assert "is being executed by process" in message and "Fix:" in message
+    lines = marks.read_text().splitlines()
+    sides = Counter(line.split()[1] for line in lines if line.startswith("side"))
+    # steps 0-4 ran before the crash; 5 ran, then the process died before journaling it;
+    # 5 again and 6-11 ran once, by whichever process held the run
+    assert sides == Counter({str(i): 2 if i == 5 else 1 for i in range(12)})
+    resumers = {line.split()[2] for line in lines if line.startswith("side")
+                and int(line.split()[1]) >= 6}
+    assert len(resumers) == 1
+    _assert_sound(tmp_path / "store")

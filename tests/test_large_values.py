@@ -1,0 +1,165 @@
+"""Large values: streamed to a file instead of held in memory (above ``_serde.SPILL_BYTES``),
+on every store; and a 2 GB return value stored and loaded back with its peak memory measured
+in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import _serde
+from durably._store import RunRecord, StepRecord
+
+from .conftest import script_env, write_script
+
+SMALL_SPILL = 100_000
+
+
+@pytest.fixture(autouse=True)
+def _small_spill(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_serde, "SPILL_BYTES", SMALL_SPILL)
+
+
+def _value(n: int, seed: int = 0) -> bytes:
+    return bytes((i * 7 + seed) % 251 for i in range(256)) * (n // 256)
+
+
+def test_a_large_pickle_is_streamed_to_a_file(tmp_path: Path) -> None:
+    data = _serde.dumps(_value(500_000), what="x")
+    assert isinstance(data, _serde.Spilled) and len(data) > SMALL_SPILL
+    assert os.path.getsize(data.path) == data.offset + data.size
+    assert _serde.loads(data) == _value(500_000)
+    path = data.path
+    del data
+    assert not os.path.exists(path)  # nobody adopted it: removed with its handle
+    assert not isinstance(_serde.dumps(_value(1_000), what="x"), _serde.Spilled)
+
+
+def test_store_conformance_for_large_values(store: Any) -> None:
+    big = _serde.dumps([_value(300_000), "tail"], what="x")
+    store.cache_put("big", big)
+    store.append_steps([(StepRecord("r", "s", None, "t", "ran", 1, 0, 1.0, 2.0, None, "big"),
+                         big)])
+    store.put_run(RunRecord("r", "m:ep", "ep", "finished", 1.0, 1.0, 1, "d" * 32, args=big,
+                            result=big))
+    del big
+    for data in (store.cache_get("big"), store.find_step("r", "s"), store.find_run("r").result,
+                 store.find_run("r").args, store.list_runs()[0].result):
+        assert _serde.loads(data) == [_value(300_000), "tail"]
+
+
+def test_large_results_in_runs_replay_fork_and_cache(store: Any) -> None:
+    calls: list[int] = []
+
+    @durably.task
+    def make(seed: int) -> bytes:
+        calls.append(seed)
+        return _value(400_000, seed)
+
+    @durably.entrypoint
+    def job(seed: int) -> bytes:
+        first = make(seed)
+        second = make(seed + 1)
+        return first[:10] + second  # a large run result too
+
+    expected = _value(400_000)[:10] + _value(400_000, 1)
+    run = job.run(0)
+    assert run.result == expected and calls == [0, 1]
+    assert job(0) == expected and calls == [0, 1]  # replayed from the journal
+    assert make(1) == _value(400_000, 1) and calls == [0, 1]  # from the cache
+    assert durably.get_run(run.id).result == expected
+    first = next(cp for cp in run.history() if cp.kind == "step")
+    forked = durably.fork(run.id, at=first.id)
+    assert forked.result == expected and calls == [0, 1]
+
+
+def test_a_large_value_is_checked_before_it_is_loaded(tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", _serde.dumps(_value(300_000), what="x"))
+    [file] = sorted((tmp_path / "s" / "cache").glob("*/*/*.val"))
+    with open(file, "r+b") as f:
+        f.seek(200_000)
+        f.write(b"\xff")
+    assert store.cache_get("k") is None
+    assert len(list((tmp_path / "s" / "damaged").iterdir())) == 1
+
+
+BIG = """
+import json, os, resource, sys, time
+import numpy as np
+import durably
+
+@durably.task
+def make(n):
+    a = np.empty(n // 8)
+    a.fill(3.5)
+    a[12345] = 42.0
+    return a
+
+@durably.task
+def blob(n):
+    return b"\\x07" * n
+
+@durably.entrypoint
+def job(n):
+    a = make(n)
+    return float(a[12345] + a[-1])
+
+mode, n = sys.argv[1], int(sys.argv[2])
+t = time.perf_counter()
+if mode == "run":
+    out = job(n)
+elif mode == "cached":
+    a = make(n)
+    out = float(a[12345] + a[-1])
+else:
+    b = blob(n)
+    out = float(len(b) + b[-1])
+seconds = time.perf_counter() - t
+print(json.dumps({"out": out, "seconds": seconds,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+@pytest.mark.slow
+def test_a_2_gb_value_is_stored_and_loaded_without_being_held_twice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each process holds the value once (about 2 GB) plus the interpreter; storing and
+    loading stream through files. The figures are printed."""
+    free = shutil.disk_usage(tmp_path).free
+    size = 2_000_000_000
+    if free < 3 * size:  # the value is written once (cache and journal share its file)
+        size = max(200_000_000, (free // 3) // 8 * 8)
+    script = write_script(tmp_path / "big.py", BIG)
+    env = script_env(tmp_path / "store")
+    figures = []
+    for mode, what in (("run", "compute + store (in a run)"), ("run", "replay from journal"),
+                       ("cached", "load from the cache"), ("bytes", "bytes: compute + store"),
+                       ("bytes", "bytes: load from the cache")):
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, str(script), mode, str(size)], env=env,
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        found["wall"] = time.perf_counter() - t
+        figures.append((what, found))
+        expected = 45.5 if mode != "bytes" else size + 7
+        assert found["out"] == expected
+        # never twice: the value once, plus the interpreter and numpy (well under 0.3x)
+        assert found["peak_rss"] < 1.3 * size, (what, found)
+    with capsys.disabled():
+        print(f"\nlarge value: {size / 1e9:.2f} GB (disk free {free / 1e9:.0f} GB)")
+        for what, f in figures:
+            print(f"  {what:<28} {f['seconds']:6.2f} s   peak RSS {f['peak_rss'] / 1e9:5.2f} GB "
+                  f"({f['peak_rss'] / size:.2f}x the value)")
+    files = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > size]
+    assert len({p.stat().st_ino for p in files}) == 2  # the array's file (cache + journal), bytes
