@@ -147,6 +147,17 @@ class RunContext:
         if full:
             self.flush()
 
+    def note_cached(self, record: StepRecord, data: bytes) -> None:
+        """Buffer the journal row of a step served from the cross-run cache: written in
+        batches like replay rows. A row lost in a crash costs nothing: on resume the cache
+        serves the step again."""
+        with self._lock:
+            self._pending.append((record, data))
+            self.counts["cached"] += 1
+            full = len(self._pending) >= _FLUSH_EVERY
+        if full:
+            self.flush()
+
     def cache_later(self, key: str, data: bytes, info: KeyRecord | None) -> None:
         """Queue a cache write. Inside a run the journal already holds the result durably, so
         cache writes (shared with other runs) are batched: a crash loses only cache entries

@@ -488,8 +488,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is not None:
             value = _load(data, spec, "cached")
             record = call.record("cached", None, short_repr(value), trace_digest(value))
-            store.append_steps([(record, data)])
-            ctx.count("cached")
+            ctx.note_cached(record, data)
             if listening:
                 ctx.emit(call.event("step_finished", record))
             return value, call
