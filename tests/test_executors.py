@@ -410,6 +410,20 @@ def test_nested_tasks_in_a_worker_process_are_cached(disk: Any, log: str) -> Non
 
 
 @pytest.mark.slow
+def test_a_signing_key_given_in_code_travels_to_worker_processes(tmp_path: Path,
+                                                                 log: str) -> None:
+    store = durably.DiskStore(tmp_path / "signed-store", key=b"k" * 32)
+    durably.configure(store=store)
+    try:
+        assert outer.map([1, 2], [log] * 2, executor="process") == [4, 6]
+        assert inner(2, log) == 3  # signed by the worker with the same key: a hit here
+        assert sorted(_lines(log)) == ["inner 1", "inner 2", "outer 1", "outer 2"]
+    finally:
+        durably.configure()
+        store.close()
+
+
+@pytest.mark.slow
 def test_process_failures_carry_the_remote_traceback(disk: Any, log: str,
                                                      tmp_path: Path) -> None:
     flags = tmp_path / "flags"

@@ -705,7 +705,11 @@ def _describe_store(store: Store) -> tuple[Any, ...]:
     """The caller's store as a worker can open it (see the module docstring)."""
     here = (socket.gethostname(), os.getpid())
     if isinstance(store, DiskStore):
-        return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous)
+        # the signing key given in code (DiskStore(key=...)) and allow_shared travel too, so
+        # a worker verifies and signs like the caller (keys from the environment are read
+        # by the worker itself)
+        return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous,
+                getattr(store, "_given_key", None), getattr(store, "allow_shared", None))
     try:
         return ("pickled", here, pickle.dumps(store))
     except Exception:  # noqa: BLE001 - a store that cannot travel
@@ -729,7 +733,10 @@ def _use_store(where: tuple[Any, ...]) -> None:
             return
         store: Store
         if kind == "disk" and (host == socket.gethostname() or os.path.isdir(where[2])):
-            store = DiskStore(where[2], size_limit=where[3], synchronous=where[4])
+            disk = DiskStore(where[2], size_limit=where[3], synchronous=where[4],
+                             allow_shared=where[6])
+            disk._given_key = where[5]
+            store = disk
         elif kind == "pickled":
             store = pickle.loads(where[2])
         else:

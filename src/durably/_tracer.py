@@ -36,7 +36,21 @@ __all__ = ["Edge", "Event", "Node", "RunGraph", "build_graph", "flow_digests", "
 
 _MAX_ELEMENTS = 10_000  # containers longer than this are not searched for data-flow edges
 
-_REPR = reprlib.Repr()
+class _ShortRepr(reprlib.Repr):
+    """reprlib, and bytes sliced before repr (a 500 MB result must not be copied to be
+    described)."""
+
+    def repr_bytes(self, x: bytes, level: int) -> str:
+        if len(x) <= self.maxstring:
+            return repr(x)
+        return repr(x[: self.maxstring]) + f"...({len(x):,} bytes)"
+
+    def repr_bytearray(self, x: bytearray, level: int) -> str:
+        return f"bytearray({self.repr_bytes(bytes(x[: self.maxstring + 1]), level)})" \
+            if len(x) > self.maxstring else repr(x)
+
+
+_REPR = _ShortRepr()
 _REPR.maxstring = 60
 _REPR.maxother = 60
 _REPR.maxlong = 40
