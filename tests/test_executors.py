@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably import _executors
+from durably import _executors, _progress, _worker
 from durably._interrupt import Interrupt, InterruptSignal
 from durably.executors import Dask, Process, Thread
 from durably.testing import MemoryStore
@@ -368,7 +368,7 @@ def test_async_submit_needs_a_running_loop(store: Any, log: str) -> None:
 # -- progress -------------------------------------------------------------------------------
 def test_progress_bar_counts_ran_and_cached(store: Any, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(_executors, "_PROGRESS_DELAY", 0)
+    monkeypatch.setattr(_progress, "_PROGRESS_DELAY", 0)
     add.map([1, 2], [1, 1])
     capsys.readouterr()
     add.map([1, 2, 3, 4], [1, 1, 1, 1], progress=True)
@@ -469,14 +469,14 @@ def test_a_worker_without_the_store_directory_caches_in_memory(
         caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     missing = str(tmp_path / "not-here")
     with caplog.at_level(logging.WARNING, logger="durably"):
-        _executors._use_store(("disk", ("elsewhere", 1), missing, None, "normal"))
+        _worker._use_store(("disk", ("elsewhere", 1), missing, None, "normal", None, None))
     try:
         from durably._config import default_store
 
         assert isinstance(default_store(), MemoryStore)
         assert "not reachable" in caplog.text and missing in caplog.text
     finally:
-        _executors._worker_store = None
+        _worker._worker_store = None
         durably.configure()
 
 

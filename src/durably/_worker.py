@@ -1,0 +1,299 @@
+"""What travels to a worker process (or a Dask worker) for a fan-out, and what comes back:
+the pickling of tasks and bodies, the store the worker uses, and the outcome of a body."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import logging
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from . import _serde
+from ._config import configure
+from ._retry import await_with_timeout, call_with_timeout, retrying
+from ._runtime import (
+    _NEVER_RETRIED,
+    Spec,
+)
+from ._store import DiskStore, Store
+from .exceptions import SerializationError
+
+if TYPE_CHECKING:
+    from ._decorators import Task
+
+log = logging.getLogger("durably")
+
+__all__ = ["_Outcome", "_describe_store", "_pack", "_run_job", "_unpack_outcome"]
+
+
+class _Outcome(NamedTuple):
+    ok: bool
+    value: Any  # the result, or the exception
+    started: float | None  # when the body started (in the worker), if known
+    journaled: bool = False  # finished by the call path itself (a task with retry/timeout)
+
+
+# -- what travels to a worker process -----------------------------------------------------
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker (as concurrent.futures shows it)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class _JobPickler(_serde._Pickler):
+    """cloudpickle (refusing open files), with tasks of ``__main__``, of a notebook or
+    defined inside a function pickled by value, keeping their identity and fingerprint."""
+
+    def __init__(self, file: io.BytesIO, what: str) -> None:
+        super().__init__(file, what)
+        self._by_value: set[int] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        # cloudpickle would take a task for the function it wraps (wrapt proxies
+        # __class__): tasks and entrypoints are always reduced here
+        if isinstance(obj, _by_reference_type()):
+            if type(obj) is _task_type() and id(obj) not in self._by_value:
+                reduced = _task_by_value(obj)
+                if reduced is not None:
+                    self._by_value.add(id(obj))  # a recursive task refers to itself by name
+                    return reduced
+            return obj.__reduce_ex__(5)
+        return super().reducer_override(obj)
+
+
+@functools.cache
+def _by_reference_type() -> type:
+    from ._decorators import _ByReference  # imported late: _decorators imports this module
+
+    return _ByReference
+
+
+@functools.cache
+def _task_type() -> type[Task[Any, Any]]:
+    from ._decorators import Task
+
+    return Task
+
+
+def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
+    """How to rebuild a task that another process cannot import by name, else None."""
+    from ._decorators import _resolve
+
+    spec: Spec = task._self_spec
+    module = getattr(spec.raw, "__module__", None)
+    if module not in (None, "__main__") and "<locals>" not in spec.raw.__qualname__:
+        try:
+            if _resolve(module, spec.raw.__qualname__) is task:
+                return None
+        except Exception:  # noqa: BLE001 - not importable by name: send it by value
+            pass
+    code = spec.code_version()
+    parts = spec.code_parts()
+    return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
+                            tuple(sorted(spec.ignore)), spec.identity, code, parts))
+
+
+def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
+                  ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str]
+                  ) -> Task[Any, Any]:
+    """A task sent by value, with the identity and fingerprint it had in the caller: the code
+    is the caller's code, so its calls here use the caller's cache keys."""
+    from ._revalidate import Fingerprint
+
+    spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore)
+    spec.identity = identity
+    if version is None:
+        spec._fingerprint = Fingerprint(code, [], [], dict(parts))
+    return _task_type()(func, spec)
+
+
+def _pack(obj: Any, *, what: str) -> bytes:
+    """Pickle for a worker (cloudpickle; tasks by reference or by value)."""
+    try:
+        with io.BytesIO() as file:
+            _JobPickler(file, what).dump(obj)
+            return file.getvalue()
+    except SerializationError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - report it as ours
+        raise SerializationError(
+            f"cannot send {what} to a worker process: {type(exc).__name__}: {exc}. Fix: pass "
+            "plain data (a path instead of an open file, no locks or connections), or use "
+            "the thread executor."
+        ) from None
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles what travels between processes without rewriting a class this process
+    already has: cloudpickle sends a class of ``__main__`` by value and, when it comes back
+    (a result of that class), would set each attribute of the original class to a copy,
+    changing the code digest of its instances (and so the cache keys of later calls)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = super().find_class(module, name)
+        if module.startswith("cloudpickle"):
+            if name in ("_make_skeleton_class", "_make_skeleton_enum"):
+                return functools.partial(_keep_existing, found, self)
+            if name == "_class_setstate":
+                return functools.partial(_set_new_class_state, found, self)
+        return found
+
+
+def _keep_existing(make: Callable[..., Any], unpickler: Any, *args: Any) -> Any:
+    tracked = getattr(sys.modules.get("cloudpickle.cloudpickle"),
+                      "_DYNAMIC_CLASS_TRACKER_BY_CLASS", {})
+    before = {id(k) for k in list(tracked)}
+    cls = make(*args)
+    if id(cls) in before:
+        existing = unpickler.__dict__.setdefault("existing", set())
+        existing.add(id(cls))
+    return cls
+
+
+def _set_new_class_state(setstate: Callable[..., Any], unpickler: Any, cls: Any,
+                         state: Any) -> Any:
+    if id(cls) in unpickler.__dict__.get("existing", ()):
+        return cls  # a class of this process: it is the original already
+    return setstate(cls, state)
+
+
+def _loads(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def _describe_store(store: Store) -> tuple[Any, ...]:
+    """The caller's store as a worker can open it (see the module docstring)."""
+    here = (socket.gethostname(), os.getpid())
+    if isinstance(store, DiskStore):
+        # the signing key given in code (DiskStore(key=...)) and allow_shared travel too, so
+        # a worker verifies and signs like the caller (keys from the environment are read
+        # by the worker itself)
+        return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous,
+                getattr(store, "_given_key", None), getattr(store, "allow_shared", None))
+    try:
+        return ("pickled", here, pickle.dumps(store))
+    except Exception:  # noqa: BLE001 - a store that cannot travel
+        return ("memory", here, f"{type(store).__qualname__} at {id(store):#x}")
+
+
+_worker_lock = threading.Lock()
+_worker_store: tuple[Any, ...] | None = None
+_worker_heads: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], Spec]] = {}
+
+
+def _use_store(where: tuple[Any, ...]) -> None:
+    """Make the caller's store the default store of this worker process."""
+    global _worker_store
+    with _worker_lock:
+        if where == _worker_store:
+            return
+        kind, (host, pid) = where[0], where[1]
+        if (host, pid) == (socket.gethostname(), os.getpid()):
+            _worker_store = where  # an in-process worker: leave this process's settings alone
+            return
+        store: Store
+        if kind == "disk" and (host == socket.gethostname() or os.path.isdir(where[2])):
+            disk = DiskStore(where[2], size_limit=where[3], synchronous=where[4],
+                             allow_shared=where[6])
+            disk._given_key = where[5]
+            store = disk
+        elif kind == "pickled":
+            store = pickle.loads(where[2])
+        else:
+            from .testing import MemoryStore
+
+            reason = (f"the store {where[2]} is not reachable from here" if kind == "disk"
+                      else f"the caller's store {where[2]} cannot be shared")
+            log.warning("durably: %s (worker process %d on %s); tasks called inside bodies "
+                        "here are cached in this worker's memory only", reason, os.getpid(),
+                        socket.gethostname())
+            store = MemoryStore()
+        configure(store=store)
+        _worker_store = where
+
+
+def _load_head(head: bytes) -> tuple[Callable[..., Any], Spec]:
+    """The body a job's head names and its task's spec (unpickled once per worker), with
+    the caller's store in use."""
+    found = _worker_heads.get(head)
+    if found is None:
+        (task, bound, instance, owner), where = _loads(head)
+        fn = task.__get__(instance, owner).__wrapped__ if bound else task.__wrapped__
+        if len(_worker_heads) >= 16:
+            _worker_heads.clear()
+        found = _worker_heads[head] = (fn, where, task._self_spec)
+    fn, where, spec = found
+    _use_store(where)
+    return fn, spec
+
+
+def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+    """One item's body in a worker process, under the task's ``retry=`` / ``timeout=`` (the
+    tries are not journaled one by one there: the item's outcome is, by the caller)."""
+    def once() -> Any:
+        if spec.is_async:
+            coro = fn(*args, **kwargs)
+            if spec.timeout is not None:
+                coro = await_with_timeout(spec.name, spec.timeout, coro)
+            return asyncio.run(coro)
+        if spec.timeout is not None:
+            return call_with_timeout(spec.name, spec.timeout, fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    if spec.retry is None:
+        return once()
+    result: Any = None
+    for attempt in retrying(spec.retry, _NEVER_RETRIED, is_async=False):
+        with attempt:
+            result = once()
+    return result
+
+
+def _run_job(head: bytes, body: bytes) -> bytes:
+    """Run one item's body in a worker; return its outcome, pickled (never raises)."""
+    started = time.time()
+    try:
+        fn, spec = _load_head(head)
+        args, kwargs = _loads(body)
+        started = time.time()
+        result = _call_remote(spec, fn, args, kwargs)
+    except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the caller
+        return _pack_failure(started, exc)
+    try:
+        return _pack((True, result, started, None), what="the result")
+    except SerializationError as exc:
+        return _pack_failure(started, exc)
+
+
+def _pack_failure(started: float, exc: BaseException) -> bytes:
+    tb = "".join(traceback.format_exception(exc))
+    try:
+        return _pack((False, exc, started, tb), what="the exception")
+    except Exception:  # noqa: BLE001 - an exception that cannot travel: send its text
+        stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception itself "
+                                "could not be sent back from the worker)")
+        return _pack((False, stand_in, started, tb), what="the exception")
+
+
+def _unpack_outcome(data: bytes) -> _Outcome:
+    ok, value, started, tb = _loads(data)
+    if not ok and tb and isinstance(value, BaseException) and value.__cause__ is None:
+        value.__cause__ = _RemoteTraceback(tb)
+    return _Outcome(ok, value, started)
+
+
