@@ -70,6 +70,13 @@ def subdir(root: Path, name: str) -> Path:
     try:
         folder.mkdir(mode=0o700)
     except FileExistsError:
+        if folder.is_symlink() or not folder.is_dir():
+            from .exceptions import StoreError
+
+            raise StoreError(
+                f"refusing to use {folder}: it is a symbolic link or not a folder, and "
+                "durably never reads or writes through links inside a store. Fix: remove it "
+                "(durably creates it again), or move the store aside.") from None
         return folder
     bits = share_bits(root)
     if bits:

@@ -333,6 +333,40 @@ def check_private(root: Path) -> str:
     return "; ".join(problems)
 
 
+#: what a store directory holds; none of it may be a symbolic link or writable by others
+STORE_PARTS = ("FORMAT", "cache", "cache/cache.db", "journal.sqlite3", "journal.sqlite3-wal",
+               "journal.sqlite3-shm", "blobs", "tmp", "damaged")
+
+
+def check_parts(root: Path, shared: bool) -> str:
+    """"" when the parts of the store are sound, else what is wrong: a part that is a
+    symbolic link (always refused: it would make durably read or write elsewhere, for
+    example put a damaged entry's bytes into a folder of someone else's choosing), or, for
+    a private store, a part that another user owns or can write."""
+    problems = []
+    me = os.getuid() if hasattr(os, "getuid") else None
+    for name in STORE_PARTS:
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            problems.append(f"{name} cannot be checked ({exc})")
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            problems.append(f"{name} is a symbolic link")
+            continue
+        if shared or me is None:
+            continue
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid != me:
+            problems.append(f"{name} belongs to user {_user(st.st_uid)}")
+        elif mode & stat.S_IWOTH or (mode & stat.S_IWGRP and not _private_group(st.st_gid)):
+            problems.append(f"{name} can be written by other users (mode {mode:#o})")
+    return "; ".join(problems)
+
+
 def _user(uid: int) -> str:
     try:
         import pwd

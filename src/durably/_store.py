@@ -82,7 +82,16 @@ from ._records import (
     step_row,
 )
 from ._repair import repair_run, seal_old_blobs
-from ._seal import SigningKey, check_private, env_key, key_from, open_seal, seal, unseal
+from ._seal import (
+    SigningKey,
+    check_parts,
+    check_private,
+    env_key,
+    key_from,
+    open_seal,
+    seal,
+    unseal,
+)
 from ._serde import Spilled, Unreadable
 from .exceptions import CorruptJournalError, DefinitionError, StoreError
 
@@ -326,7 +335,15 @@ class DiskStore:
         return os.environ.get("DURABLY_ALLOW_SHARED", "").strip().lower() in _TRUE
 
     def _check_private(self, root: Path) -> None:
-        """Refuse a directory others can write: they could make durably load their pickles."""
+        """Refuse a directory others can write: they could make durably load their pickles;
+        and refuse symbolic links and (for a private store) parts others own or can write."""
+        parts = check_parts(root, self._shared())
+        if parts:
+            raise StoreError(
+                f"refusing the store {root}: {parts}. durably never follows links inside a "
+                "store and, for a private store, accepts only parts that you alone can "
+                f"write. Fix: replace the links by real folders (or move the store aside), "
+                f"and chmod -R go-w {root} (chown it to yourself).")
         problems = check_private(root)
         if not problems:
             return

@@ -1,0 +1,54 @@
+"""A store never reads or writes through links, and a private store accepts only parts its
+owner alone can write (found by a reviewer planting a symlink and a writable cache)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import durably
+
+
+def _used_store(root: Path) -> durably.DiskStore:
+    store = durably.DiskStore(root)
+    store.cache_put("k", b"value")
+    store.close()
+    return store
+
+
+def test_a_symlinked_part_is_refused_even_for_a_shared_store(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _used_store(root)
+    elsewhere = tmp_path / "victim"
+    elsewhere.mkdir()
+    (root / "damaged").symlink_to(elsewhere)
+    for shared in (False, True):
+        store = durably.DiskStore(root, allow_shared=shared)
+        with pytest.raises(durably.StoreError, match="damaged is a symbolic link"):
+            store.cache_get("k")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_link_created_after_the_store_opened_is_not_followed(tmp_path: Path) -> None:
+    from durably._blobs import subdir
+
+    root = tmp_path / "store"
+    _used_store(root)
+    elsewhere = tmp_path / "victim"
+    elsewhere.mkdir()
+    (root / "damaged").symlink_to(elsewhere)
+    with pytest.raises(durably.StoreError, match="symbolic link"):
+        subdir(root, "damaged")
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_private_store_refuses_parts_others_can_write(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _used_store(root)
+    os.chmod(root / "cache", 0o777)
+    with pytest.raises(durably.StoreError, match="cache can be written by other users"):
+        durably.DiskStore(root).cache_get("k")
+    os.chmod(root / "cache", 0o700)
+    assert durably.DiskStore(root).cache_get("k") == b"value"
