@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ def flaky(x: int, log: str, flags: str) -> int:
     if os.path.exists(os.path.join(flags, str(x))):
         raise ValueError(f"item {x} failed")
     return -x
+
+
+@durably.task(ignore=("log",))
+def dies_at_two(x: int, log: str) -> int:
+    _mark(log, f"item {x}")
+    time.sleep(0.1)
+    if x == 2:
+        os._exit(1)  # the worker dies (again on each retry of the scheduler)
+    return x
 
 
 @durably.task
@@ -216,3 +226,22 @@ def test_sigkill_halfway_through_a_dask_map_resumes_exactly(tmp_path: Path) -> N
     out = run_script(script, env, timeout=180)
     assert out.stdout == f"result {sum(i * 10 for i in range(n))}\n"
     assert sorted(int(x) for x in _lines(count)) == list(range(block, n))
+
+
+@pytest.mark.slow
+def test_finished_items_never_run_again_when_a_worker_dies(disk: Any, log: str) -> None:
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       dashboard_address=":0")
+
+    @durably.entrypoint
+    def main(n: int) -> list[int]:
+        return dies_at_two.map(range(n), [log] * n, executor="dask")
+
+    with cluster, distributed.Client(cluster), pytest.raises(ExceptionGroup) as group:
+        main(5)
+    assert {type(e).__name__ for e in group.value.exceptions} == {"KilledWorker"}
+    finished = [int(s.inputs.partition("=")[2].partition(",")[0])
+                for s in durably.list_runs(main)[0].steps if s.status == "ran" and s.inputs]
+    assert finished, "some items finished"
+    # each finished item ran once: its result was released, never recomputed on a death
+    assert {x: _lines(log).count(f"item {x}") for x in finished} == {x: 1 for x in finished}

@@ -48,6 +48,21 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+class TwoArgError(Exception):
+    """Pickles in the worker, but cannot be rebuilt from its args in the caller."""
+
+    def __init__(self, a: str, b: str) -> None:
+        super().__init__(a)
+        self.b = b
+
+
+@durably.task
+def odd_failure(x: int) -> int:
+    if x == 1:
+        raise TwoArgError("a", "b")
+    return x
+
+
 @durably.task(ignore=("log", "flags"))
 def fragile(x: int, log: str, flags: str) -> int:
     """Fails while the file ``flags/x`` exists."""
@@ -682,3 +697,63 @@ def test_a_dead_worker_fails_its_items_and_the_pool_recovers(disk: Any) -> None:
             die_if.map([1], [True], executor=pool)
         assert info.group_contains(BrokenProcessPool)
         assert die_if.map([1, 2], [False, False], executor=pool) == [1, 2]
+
+
+@pytest.mark.slow
+def test_an_exception_that_cannot_be_rebuilt_fails_its_item_only(disk: Any) -> None:
+    @durably.entrypoint
+    def main(n: int) -> list[int]:
+        return odd_failure.map(range(n), executor="process", max_workers=2)
+
+    with pytest.raises(ExceptionGroup) as group:
+        main(5)
+    [failure] = group.value.exceptions
+    assert isinstance(failure, RuntimeError) and "TwoArgError" in str(failure)
+    run = durably.list_runs(main)[0]
+    assert sorted(s.status for s in run.steps) == ["failed", "ran", "ran", "ran", "ran"]
+
+
+@pytest.mark.slow
+def test_retry_and_timeout_travel_with_main_tasks(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "main_retry.py", """
+        import os, time, durably
+        TRIES = os.environ["TRIES"]
+
+        @durably.task(cache=False, retry=durably.Retry(attempts=3, backoff=0))
+        def flaky(x):
+            open(os.path.join(TRIES, str(time.time_ns())), "w").close()
+            if len(os.listdir(TRIES)) < 3:
+                raise ConnectionError("flaky")
+            return x
+
+        @durably.task(cache=False, timeout=0.2)
+        def slow(x):
+            time.sleep(2)
+            return x
+
+        if __name__ == "__main__":
+            print(flaky.map([7], executor="process"))
+            try:
+                slow.map([1], executor="process")
+            except ExceptionGroup as group:
+                print([type(e).__name__ for e in group.exceptions])
+    """)
+    tries = tmp_path / "tries"
+    tries.mkdir()
+    out = run_script(script, script_env(tmp_path / "store", TRIES=str(tries))).stdout
+    assert out.splitlines() == ["[7]", "['TaskTimeoutError']"]
+    assert len(list(tries.iterdir())) == 3
+
+
+def test_step_durations_are_the_bodies_not_the_wait_to_be_journaled(store: Any) -> None:
+    import time
+
+    @durably.entrypoint
+    def main(n: int) -> list[int]:
+        return add.map(range(n), [1] * n, max_workers=4)
+
+    started = time.time()
+    run = main.run(400)
+    wall = time.time() - started
+    durations = [s.duration for s in run.steps]
+    assert len(durations) == 400 and sum(durations) <= wall * 4 + 0.05

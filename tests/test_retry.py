@@ -149,3 +149,35 @@ def test_a_finished_run_logs_its_summary(caplog: pytest.LogCaptureFixture) -> No
     assert len(lines) == 2
     assert "finished: 3 steps — 3 ran, 0 replayed" in lines[0]
     assert "0 ran, 3 replayed" in lines[1] and "reran a finished run" in lines[1]
+
+
+def test_an_abandoned_try_cannot_repeat_a_side_effect() -> None:
+    sent: list[int] = []
+    tries: list[int] = []
+
+    @task(cache=False)
+    def send_email(x: int) -> str:
+        sent.append(x)
+        return "sent"
+
+    @task(cache=False, timeout=0.3, retry=durably.Retry(attempts=2, backoff=0))
+    def step(x: int) -> str:
+        tries.append(x)
+        if len(tries) == 1:
+            import time
+
+            time.sleep(0.6)  # the first try is abandoned at 0.3 s ...
+        return send_email(x)  # ... and must not send when it wakes up
+
+    @entrypoint
+    def main() -> str:
+        import time
+
+        result = step(1)
+        time.sleep(0.6)  # the abandoned try wakes up while the run still runs
+        return result
+
+    run = main.run()
+    assert run.result == "sent" and sent == [1] and len(tries) == 2
+    assert sorted(r.task.rpartition(".")[2] for r in run.records() if r.status == "ran") == [
+        "send_email", "step"]

@@ -15,7 +15,7 @@ from ._store import KeyRecord, StepRecord, Store
 if TYPE_CHECKING:
     from ._tracer import Event
 
-__all__ = ["RunContext", "StopRun", "current_run", "current_step"]
+__all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff"]
 
 
 class StopRun(BaseException):
@@ -193,5 +193,17 @@ class RunContext:
             self.flush_cache()
 
 
+class Cutoff:
+    """Set on the context of a body that timed out: it runs on (Python cannot stop a
+    thread), but the tasks it calls from then on raise StopRun instead of joining the run, so
+    an abandoned try cannot repeat a side effect the retry already did."""
+
+    __slots__ = ("cut",)
+
+    def __init__(self) -> None:
+        self.cut = False
+
+
+cutoff: ContextVar[Cutoff | None] = ContextVar("durably_cutoff", default=None)
 current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=None)
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)

@@ -435,7 +435,7 @@ class Dask(Executor):
         finished = [handle for _, handle in batch if handle.status == "finished"]
         data = iter(self._client().gather(finished) if finished else ())
         out = []
-        for _, handle in batch:
+        for item, handle in batch:
             if handle.status == "finished":
                 out.append(_unpack_outcome(next(data)))
             else:  # the worker died (KilledWorker), or the future was cancelled
@@ -444,6 +444,11 @@ class Dask(Executor):
                 except BaseException as cancelled:  # noqa: BLE001 - that is the outcome
                     exc = cancelled
                 out.append(_Outcome(False, exc, None))
+            # let the scheduler forget it: a future still held is recomputed when the worker
+            # that kept its result dies, which would run a finished item again
+            item.handle = None
+            with contextlib.suppress(Exception):
+                handle.release()
         return out
 
     def _cancel(self, items: Iterable[_Item]) -> None:
@@ -521,7 +526,10 @@ def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
             return _Journaled(True, _call_with_policy(spec, call, fn, args, kwargs))
         except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
             return _Journaled(False, exc)
-    return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        call.ended = now()  # the step's time is the body's, not its wait to be journaled
 
 
 async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -535,7 +543,10 @@ async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, .
             return _Journaled(True, await _acall_with_policy(spec, call, fn, args, kwargs))
         except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
             return _Journaled(False, exc)
-    return await fn(*args, **kwargs)
+    try:
+        return await fn(*args, **kwargs)
+    finally:
+        call.ended = now()
 
 
 def _future_outcome(future: Any) -> _Outcome:
@@ -596,6 +607,8 @@ class _FanOut:
         call = item.call
         if outcome.started is not None:
             call.started = outcome.started
+        if outcome.ended is not None:
+            call.ended = outcome.ended
         if outcome.journaled:
             if outcome.ok:
                 self.results[item.index] = outcome.value
@@ -891,6 +904,8 @@ def _settle(item: _Item, outcome: _Outcome, ok: Callable[[Any], None],
     call = item.call
     if outcome.started is not None:
         call.started = outcome.started
+    if outcome.ended is not None:
+        call.ended = outcome.ended
     if outcome.journaled:
         (ok if outcome.ok else fail)(outcome.value)
         return

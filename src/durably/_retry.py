@@ -115,7 +115,11 @@ def call_with_timeout(name: str, seconds: float, fn: Callable[..., Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Call a sync body in a worker thread (with the caller's context) and wait at most
     ``seconds``."""
+    from ._context import Cutoff, cutoff
+
     context = contextvars.copy_context()
+    flag = Cutoff()
+    context.run(cutoff.set, flag)
     box: dict[str, Any] = {}
     done = threading.Event()
 
@@ -129,11 +133,13 @@ def call_with_timeout(name: str, seconds: float, fn: Callable[..., Any],
 
     threading.Thread(target=target, name=f"durably-timeout-{name}", daemon=True).start()
     if not done.wait(seconds):
+        flag.cut = True  # the tasks it calls from now on do not join the run
         raise TaskTimeoutError(
             f"task {name!r} did not finish within its timeout of {seconds:g} s. Its body "
             "keeps running in a background thread (Python cannot stop a sync function); "
-            "its result will be discarded. Fix: raise timeout=, or make the task async "
-            "(an async task is cancelled at its timeout).")
+            "its result will be discarded and the tasks it calls from now on are refused. "
+            "Fix: raise timeout=, or make the task async (an async task is cancelled at "
+            "its timeout).")
     if "error" in box:
         raise box["error"]
     return box["value"]

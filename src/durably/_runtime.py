@@ -31,7 +31,7 @@ import xxhash
 from . import _serde
 from ._config import default_store
 from ._context import CACHE_BATCH as _CACHE_BATCH
-from ._context import RunContext, StopRun, current_run, current_step
+from ._context import RunContext, StopRun, current_run, current_step, cutoff
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
@@ -296,6 +296,7 @@ class Call:
     __slots__ = (
         "args_repr",
         "ctx",
+        "ended",
         "flow",
         "inputs",
         "key",
@@ -321,6 +322,7 @@ class Call:
         self.token: Any = None
         self.args_repr: str | None = None  # tracer: short repr of the arguments
         self.flow: tuple[str, ...] = ()  # tracer: digests a producing step's result may match
+        self.ended: float | None = None  # when the body ended, if it ran elsewhere (a fan-out)
 
     def record(self, status: str, error: str | None = None, output: str | None = None,
                result_digest: str = "") -> StepRecord:
@@ -328,7 +330,8 @@ class Call:
         assert ctx is not None
         return StepRecord(
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
-            self.position, self.started, now(), error, self.key if self.spec.cache else "",
+            self.position, self.started, self.ended if self.ended is not None else now(),
+            error, self.key if self.spec.cache else "",
             self.args_repr, output, result_digest, self.flow,
         )
 
@@ -441,6 +444,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
     replayed or cached result, or ``_MISS`` when the body must run."""
     ctx = current_run.get()
+    abandoned = cutoff.get()
+    if abandoned is not None and abandoned.cut:
+        raise StopRun()  # called by a body whose try timed out: it is not part of the run
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
     input_digest = spec.digest_inputs(arguments)

@@ -40,6 +40,7 @@ class _Outcome(NamedTuple):
     value: Any  # the result, or the exception
     started: float | None  # when the body started (in the worker), if known
     journaled: bool = False  # finished by the call path itself (a task with retry/timeout)
+    ended: float | None = None  # when the body ended (in the worker), if known
 
 
 # -- what travels to a worker process -----------------------------------------------------
@@ -104,17 +105,19 @@ def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
     code = spec.code_version()
     parts = spec.code_parts()
     return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
-                            tuple(sorted(spec.ignore)), spec.identity, code, parts))
+                            tuple(sorted(spec.ignore)), spec.identity, code, parts,
+                            spec.retry, spec.timeout))
 
 
 def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
-                  ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str]
-                  ) -> Task[Any, Any]:
+                  ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str],
+                  retry: Any = None, timeout: float | None = None) -> Task[Any, Any]:
     """A task sent by value, with the identity and fingerprint it had in the caller: the code
     is the caller's code, so its calls here use the caller's cache keys."""
     from ._revalidate import Fingerprint
 
-    spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore)
+    spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore,
+                retry=retry, timeout=timeout)
     spec.identity = identity
     if version is None:
         spec._fingerprint = Fingerprint(code, [], [], dict(parts))
@@ -274,26 +277,35 @@ def _run_job(head: bytes, body: bytes) -> bytes:
         result = _call_remote(spec, fn, args, kwargs)
     except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the caller
         return _pack_failure(started, exc)
+    ended = time.time()
     try:
-        return _pack((True, result, started, None), what="the result")
+        return _pack((True, result, started, None, ended), what="the result")
     except SerializationError as exc:
         return _pack_failure(started, exc)
 
 
 def _pack_failure(started: float, exc: BaseException) -> bytes:
     tb = "".join(traceback.format_exception(exc))
+    ended = time.time()
     try:
-        return _pack((False, exc, started, tb), what="the exception")
+        packed = _pack((False, exc, started, tb, ended), what="the exception")
+        _loads(packed)  # an exception that pickles but cannot be rebuilt fails here, not
+        return packed   # in the caller (where it would abandon the whole fan-out)
     except Exception:  # noqa: BLE001 - an exception that cannot travel: send its text
         stand_in = RuntimeError(f"{type(exc).__qualname__}: {exc} (the exception itself "
                                 "could not be sent back from the worker)")
-        return _pack((False, stand_in, started, tb), what="the exception")
+        return _pack((False, stand_in, started, tb, ended), what="the exception")
 
 
 def _unpack_outcome(data: bytes) -> _Outcome:
-    ok, value, started, tb = _loads(data)
+    try:
+        ok, value, started, tb, ended = _loads(data)
+    except Exception as exc:  # noqa: BLE001 - one item's outcome, never the whole fan-out
+        return _Outcome(False, RuntimeError(
+            f"the outcome of this item could not be read back from the worker: {exc!r}"),
+            None)
     if not ok and tb and isinstance(value, BaseException) and value.__cause__ is None:
         value.__cause__ = _RemoteTraceback(tb)
-    return _Outcome(ok, value, started)
+    return _Outcome(ok, value, started, False, ended)
 
 
