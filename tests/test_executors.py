@@ -57,6 +57,11 @@ class TwoArgError(Exception):
 
 
 @durably.task
+def asks_in_worker(x: int) -> Any:
+    return durably.interrupt(f"item {x}?")
+
+
+@durably.task
 def odd_failure(x: int) -> int:
     if x == 1:
         raise TwoArgError("a", "b")
@@ -757,3 +762,58 @@ def test_step_durations_are_the_bodies_not_the_wait_to_be_journaled(store: Any) 
     wall = time.time() - started
     durations = [s.duration for s in run.steps]
     assert len(durations) == 400 and sum(durations) <= wall * 4 + 0.05
+
+
+def test_a_run_waits_for_its_submitted_steps_and_collects_their_interrupts(store: Any) -> None:
+    import concurrent.futures as cf
+    import time
+
+    @durably.task
+    def ask(x: int) -> Any:
+        time.sleep(0.05 * x)
+        return durably.interrupt({"q": x})
+
+    @durably.entrypoint
+    def main() -> list[Any]:
+        futures = [ask.submit(x) for x in (1, 2, 3)]
+        return [f.result() for f in cf.as_completed(futures)]
+
+    with pytest.raises(durably.RunInterrupted) as paused:
+        main()
+    assert sorted(i.payload["q"] for i in paused.value.interrupts) == [1, 2, 3]
+
+    @durably.entrypoint
+    def forgets() -> str:
+        add.submit(1000, 1)  # never waited for
+        return "done"
+
+    run = forgets.run()
+    assert [s.status for s in durably.get_run(run.id).steps] == ["ran"]
+
+
+def test_a_worker_seeing_an_empty_folder_at_the_store_path_caches_in_memory(
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    empty = tmp_path / "same-path-elsewhere"
+    empty.mkdir()  # another machine's folder at the store's path: no FORMAT, not the store
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        _worker._use_store(("disk", ("elsewhere", 1), str(empty), None, "normal", None, None))
+    try:
+        from durably._config import default_store
+
+        assert isinstance(default_store(), MemoryStore)
+        assert list(empty.iterdir()) == []  # no orphan store created there
+    finally:
+        _worker._worker_store = None
+        durably.configure()
+
+
+@pytest.mark.slow
+def test_interrupt_in_a_process_item_says_to_use_threads(disk: Any) -> None:
+    @durably.entrypoint
+    def main() -> list[Any]:
+        return asks_in_worker.map(range(2), executor="process")
+
+    with pytest.raises(ExceptionGroup) as group:
+        main()
+    assert all("worker process" in str(e) and "executor='thread'" in str(e)
+               for e in group.value.exceptions)

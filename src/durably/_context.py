@@ -15,7 +15,8 @@ from ._store import KeyRecord, StepRecord, Store
 if TYPE_CHECKING:
     from ._tracer import Event
 
-__all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff"]
+__all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff",
+           "in_worker"]
 
 
 class StopRun(BaseException):
@@ -205,5 +206,7 @@ class Cutoff:
 
 
 cutoff: ContextVar[Cutoff | None] = ContextVar("durably_cutoff", default=None)
+#: set while a fan-out item's body runs in a worker process or on Dask (it has no run)
+in_worker: ContextVar[bool] = ContextVar("durably_in_worker", default=False)
 current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=None)
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)

@@ -602,12 +602,14 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
+            _settle_submitted(started.ctx)
             signal = _as_interrupt(started.ctx, exc)
             if signal is not None:
                 end_run(started, exc=signal)
                 return _paused(started, signal, handle)
             end_run(started, exc=exc)
             raise
+        _settle_submitted(started.ctx)
         signal = _as_interrupt(started.ctx, None)
         if signal is not None:  # the user's code caught the signal: the run still waits
             end_run(started, exc=signal)
@@ -800,6 +802,17 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     for e in group.exceptions:
         found.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
     return found
+
+
+def _settle_submitted(ctx: Any) -> None:
+    """Wait for the steps the attempt submitted (``task.submit``) and did not wait for: a
+    run ends when its steps have ended, and their interrupts are reported with it."""
+    import concurrent.futures
+
+    pending = [f for f in list(ctx.inflight)
+               if isinstance(f, concurrent.futures.Future) and not f.done()]
+    if pending:
+        concurrent.futures.wait(pending)
 
 
 async def _settle(ctx: Any) -> None:

@@ -891,6 +891,10 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
         _settle(item, outcome, future.set_result, future.set_exception)
 
     item = _Item(0, call, args, kwargs)
+    ctx = call.ctx
+    if ctx is not None:  # the run ends only when its submitted steps have ended
+        ctx.inflight.add(future)
+        future.add_done_callback(ctx.inflight.discard)
     try:
         ex._start(item, target, done)
     except Exception as exc:  # noqa: BLE001 - cannot be sent: the future's failure

@@ -69,9 +69,16 @@ class InterruptSignal(BaseException):
 
 # -- inside a run ----------------------------------------------------------------------------
 def _active(what: str) -> Any:
-    from ._context import current_run
+    from ._context import current_run, in_worker
 
     ctx = current_run.get()
+    if ctx is None and in_worker.get():
+        from .exceptions import NoActiveRunError
+
+        raise NoActiveRunError(
+            f"{what} was called in an item running on a worker process or a Dask worker, "
+            "which has no run (only the item's result comes back to it). Fix: fan out the "
+            "items that call it on threads (executor='thread', the default).")
     if ctx is None:
         from .exceptions import NoActiveRunError
 

@@ -320,6 +320,16 @@ class DiskStore:
             _serde.set_spill_dir(root / "tmp")
             return root
 
+    def path_checked(self) -> Path:
+        """Open the store now (checks, format, key) and return its directory.
+
+        Raises:
+            StoreError: the store cannot be opened or written here.
+        """
+        root = self._open()
+        self._db()
+        return root
+
     def _signing(self) -> SigningKey | None:
         """The key values are signed with, or None (resolved again after configure())."""
         if self._key_gen != _key_generation:

@@ -25,7 +25,7 @@ from ._runtime import (
     Spec,
 )
 from ._store import DiskStore, Store
-from .exceptions import SerializationError
+from .exceptions import SerializationError, StoreError
 
 if TYPE_CHECKING:
     from ._decorators import Task
@@ -208,19 +208,27 @@ def _use_store(where: tuple[Any, ...]) -> None:
         if (host, pid) == (socket.gethostname(), os.getpid()):
             _worker_store = where  # an in-process worker: leave this process's settings alone
             return
-        store: Store
-        if kind == "disk" and (host == socket.gethostname() or os.path.isdir(where[2])):
+        store: Store | None = None
+        problem = ""
+        if kind == "disk" and os.path.isfile(os.path.join(where[2], "FORMAT")):
+            # the caller's store exists, so its FORMAT file does: a directory without it
+            # here is another machine's empty folder at the same path, not the store
             disk = DiskStore(where[2], size_limit=where[3], synchronous=where[4],
                              allow_shared=where[6])
             disk._given_key = where[5]
-            store = disk
+            try:
+                disk.path_checked()
+                store = disk
+            except StoreError as exc:  # read-only here, or refused: cache in memory instead
+                problem = f"the store {where[2]} cannot be used here ({exc})"
         elif kind == "pickled":
             store = pickle.loads(where[2])
-        else:
+        if store is None:
             from .testing import MemoryStore
 
-            reason = (f"the store {where[2]} is not reachable from here" if kind == "disk"
-                      else f"the caller's store {where[2]} cannot be shared")
+            reason = problem or (f"the store {where[2]} is not reachable from here"
+                                 if kind == "disk"
+                                 else f"the caller's store {where[2]} cannot be shared")
             log.warning("durably: %s (worker process %d on %s); tasks called inside bodies "
                         "here are cached in this worker's memory only", reason, os.getpid(),
                         socket.gethostname())
@@ -258,13 +266,19 @@ def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
             return call_with_timeout(spec.name, spec.timeout, fn, args, kwargs)
         return fn(*args, **kwargs)
 
-    if spec.retry is None:
-        return once()
-    result: Any = None
-    for attempt in retrying(spec.retry, _NEVER_RETRIED, is_async=False):
-        with attempt:
-            result = once()
-    return result
+    from ._context import in_worker
+
+    token = in_worker.set(True)
+    try:
+        if spec.retry is None:
+            return once()
+        result: Any = None
+        for attempt in retrying(spec.retry, _NEVER_RETRIED, is_async=False):
+            with attempt:
+                result = once()
+        return result
+    finally:
+        in_worker.reset(token)
 
 
 def _run_job(head: bytes, body: bytes) -> bytes:
