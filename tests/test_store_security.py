@@ -52,3 +52,21 @@ def test_a_private_store_refuses_parts_others_can_write(tmp_path: Path) -> None:
         durably.DiskStore(root).cache_get("k")
     os.chmod(root / "cache", 0o700)
     assert durably.DiskStore(root).cache_get("k") == b"value"
+
+
+def test_a_lost_journal_is_noticed_not_silently_started_over(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+
+    @durably.entrypoint(store=durably.DiskStore(root))
+    def job() -> str:
+        return "done"
+
+    job()
+    job.spec.store.close()  # type: ignore[union-attr]
+    (root / "journal.sqlite3").write_bytes(b"")  # emptied (or its -wal deleted after a crash)
+    for extra in ("journal.sqlite3-wal", "journal.sqlite3-shm"):
+        (root / extra).unlink(missing_ok=True)
+    with pytest.raises(durably.StoreError, match="missing or empty, but this store had one"):
+        durably.DiskStore(root).list_runs()
+    (root / "JOURNAL").unlink()  # starting a new journal on purpose
+    assert durably.DiskStore(root).list_runs() == []

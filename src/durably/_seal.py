@@ -334,7 +334,8 @@ def check_private(root: Path) -> str:
 
 
 #: what a store directory holds; none of it may be a symbolic link or writable by others
-STORE_PARTS = ("FORMAT", "cache", "cache/cache.db", "journal.sqlite3", "journal.sqlite3-wal",
+STORE_PARTS = ("FORMAT", "JOURNAL", "cache", "cache/cache.db", "journal.sqlite3",
+               "journal.sqlite3-wal",
                "journal.sqlite3-shm", "blobs", "tmp", "damaged")
 
 

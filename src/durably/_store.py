@@ -486,6 +486,15 @@ class DiskStore:
             )
             try:
                 version = con.execute("PRAGMA user_version").fetchone()[0]
+                marker = root / "JOURNAL"
+                if version == 0 and marker.exists():
+                    raise StoreError(
+                        f"the journal {path} is missing or empty, but this store had one "
+                        f"({marker} says so): its runs would start over and their side effects "
+                        "happen again. Fix: restore journal.sqlite3 together with its "
+                        "journal.sqlite3-wal file (never delete the -wal file: after a crash it "
+                        f"holds the latest steps), or, to start a new journal on purpose, "
+                        f"delete {marker}.")
                 if version > JOURNAL_FORMAT:
                     raise StoreError(
                         f"the journal {path} was written by a newer durably (format {version}"
@@ -497,6 +506,11 @@ class DiskStore:
                 con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
+                if not marker.exists():  # from now on a lost journal is noticed
+                    tmp = root / f"JOURNAL.{os.getpid()}.tmp"
+                    tmp.write_text("this store has a journal: journal.sqlite3 (+ -wal)\n")
+                    os.replace(tmp, marker)
+                    share_file(root, marker)
             except BaseException:
                 con.close()
                 raise
