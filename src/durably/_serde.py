@@ -26,9 +26,8 @@ import pickle
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-import cloudpickle
 import xxhash
 
 from .exceptions import SerializationError, StoreError
@@ -176,24 +175,54 @@ class Unreadable(bytes):
 _IN_MEMORY = (io.BytesIO, io.StringIO)
 
 
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
-    """cloudpickle, refusing open files and streams anywhere in the value."""
+_PICKLER: Any = None
 
-    def __init__(self, file: Any, what: str) -> None:
-        super().__init__(file, protocol=5)
-        self.what = what
 
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, io.IOBase) and not isinstance(obj, _IN_MEMORY):
-            t = type(obj)
-            name = getattr(obj, "name", None)
-            shown = f" {name!r}" if isinstance(name, (str, bytes, int)) else ""
-            raise SerializationError(
-                f"cannot store {self.what}: it holds an open file or stream "
-                f"({t.__module__}.{t.__qualname__}{shown}), which cannot be stored. Fix: "
-                "use its path (or the data read from it) instead of the open file."
-            )
-        return super().reducer_override(obj)
+def pickler_class() -> Any:
+    """The cloudpickle-based pickler that refuses open files (cloudpickle is imported on
+    first use: most values are stored with plain pickle)."""
+    global _PICKLER
+    if _PICKLER is None:
+        import cloudpickle
+
+        class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+            """cloudpickle, refusing open files and streams anywhere in the value."""
+
+            def __init__(self, file: Any, what: str) -> None:
+                super().__init__(file, protocol=5)
+                self.what = what
+
+            def reducer_override(self, obj: Any) -> Any:
+                if isinstance(obj, io.IOBase) and not isinstance(obj, _IN_MEMORY):
+                    t = type(obj)
+                    name = getattr(obj, "name", None)
+                    shown = f" {name!r}" if isinstance(name, (str, bytes, int)) else ""
+                    raise SerializationError(
+                        f"cannot store {self.what}: it holds an open file or stream "
+                        f"({t.__module__}.{t.__qualname__}{shown}), which cannot be stored. "
+                        "Fix: use its path (or the data read from it) instead of the open "
+                        "file."
+                    )
+                return super().reducer_override(obj)
+
+        _PICKLER = _Pickler
+    return _PICKLER
+
+
+if TYPE_CHECKING:
+    class _Pickler(pickle.Pickler):
+        """(for type checkers: the class :func:`pickler_class` returns)"""
+
+        what: str
+
+        def __init__(self, file: Any, what: str) -> None: ...
+
+        def reducer_override(self, obj: Any) -> Any: ...
+else:
+    def __getattr__(name: str) -> Any:
+        if name == "_Pickler":
+            return pickler_class()
+        raise AttributeError(f"module 'durably._serde' has no attribute {name!r}")
 
 
 class _Sink:
@@ -348,7 +377,7 @@ def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
         except Exception:  # noqa: BLE001 - fall back to cloudpickle
             sink.reset()
     try:
-        _Pickler(sink, what).dump(obj)
+        pickler_class()(sink, what).dump(obj)
         return sink.finish()
     except (SerializationError, StoreError):
         sink.reset()
