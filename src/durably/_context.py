@@ -9,6 +9,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+import xxhash
+
 from ._lease import RENEW_SECONDS, Owner
 from ._store import KeyRecord, StepRecord, Store
 
@@ -54,6 +56,7 @@ class RunContext:
         "owner",
         "raised",
         "read_cache",
+        "replaying",
         "run_id",
         "stop",
         "store",
@@ -88,6 +91,9 @@ class RunContext:
         self.marked: set[str] = set()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
+        #: the run has a journal from an earlier attempt (else no step can be replayed, and
+        #: the journal is not searched)
+        self.replaying = True
         #: steps whose result depends on an answer to interrupt() (theirs or a nested
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()
@@ -95,7 +101,7 @@ class RunContext:
         self._renewed = time.monotonic()
         self.store = store
         self.attempt = attempt
-        self._occurrences: dict[tuple[str | None, str], int] = {}
+        self._occurrences: dict[int, int] = {}
         self._positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
         self._lock = threading.Lock()
@@ -113,10 +119,13 @@ class RunContext:
             self.store.renew_run(self.run_id, self.owner)
 
     def occurrence(self, parent: str | None, key: str) -> int:
-        """The n-th identical call (same cache key) under the same parent, from 0."""
+        """The n-th identical call (same cache key) under the same parent, from 0. (Kept by
+        an xxh3-64 of parent and key, the same in every process: a run of 100,000 steps
+        holds 100,000 ints, not 100,000 pairs of strings.)"""
+        slot = xxhash.xxh3_64_intdigest(f"{parent or ''}/{key}".encode())
         with self._lock:
-            n = self._occurrences.get((parent, key), 0)
-            self._occurrences[(parent, key)] = n + 1
+            n = self._occurrences.get(slot, 0)
+            self._occurrences[slot] = n + 1
         return n
 
     def position(self) -> int:

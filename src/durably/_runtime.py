@@ -474,7 +474,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if listening:
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
-    data = store.find_step(ctx.run_id, call.step_id)
+    data = store.find_step(ctx.run_id, call.step_id) if ctx.replaying else None
     if data is not None:
         value = _load(data, spec, "journaled")
         if parent is not None and call.step_id in ctx.uncacheable:
@@ -758,6 +758,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         raise
     ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
                      answers=answers, read_cache=read_cache)
+    ctx.replaying = existing is not None
     ctx.uncacheable.update(asked)
     for interrupt_id, payload in questions.items():
         if interrupt_id in answers and payload is not None:

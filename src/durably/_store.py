@@ -462,6 +462,10 @@ class DiskStore:
                         size_limit=self.size_limit if limited else 2**62,
                         cull_limit=0,
                         statistics=False,
+                        # a modest page cache and no memory map: a run of 100,000 steps
+                        # must not grow by diskcache's defaults (32 MB + a 64 MB mmap)
+                        sqlite_cache_size=2**11,
+                        sqlite_mmap_size=0,
                     )
                     for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
                         share_file(root, folder / name)  # SQLite creates them 0644
