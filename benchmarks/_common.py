@@ -1,17 +1,21 @@
-"""Shared helpers for the benchmarks: repeated timing, medians, a table and a JSON file."""
+"""Shared helpers for the benchmarks: repeated timing, medians, workers in fresh processes, a
+table with pass/miss and a JSON file."""
 
 from __future__ import annotations
 
 import json
 import platform
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
 
 
 def median_seconds(fn: Callable[[], Any], *, number: int = 1, repeat: int = 7) -> float:
@@ -26,19 +30,97 @@ def median_seconds(fn: Callable[[], Any], *, number: int = 1, repeat: int = 7) -
     return statistics.median(rounds)
 
 
-def report(name: str, rows: list[dict[str, Any]]) -> None:
-    """Print rows as a table and write them, with the machine, to results/<name>.json."""
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker(argv: list[str], *, timeout: float = 1800) -> dict[str, Any]:
+    """Run ``python argv...`` in a fresh process; its last stdout line is a JSON object."""
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {argv} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def emit(result: dict[str, Any]) -> None:
+    """What a worker process hands back: one JSON line on stdout."""
+    print(json.dumps(result), flush=True)
+
+
+def median_of(samples: list[dict[str, Any]], key: str) -> float | None:
+    """Median of ``key`` over worker results that have it (None when none do)."""
+    values = [s[key] for s in samples if s.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """``pass`` or ``miss`` for a row with a ``limit`` (checked with ``op`` on the field ``on``,
+    default ``ratio``), else an empty string."""
+    limit = row.get("limit")
+    if limit is None:
+        return ""
+    value = row.get(row.get("on", "ratio"))
+    if value is None:
+        return "n/a"
+    ok = value <= limit if row.get("op", "<=") == "<=" else value >= limit
+    return "pass" if ok else "miss"
+
+
+def _value(row: dict[str, Any], who: str) -> tuple[float | None, str]:
+    for unit in ("mb", "kb", "n"):
+        if f"{who}_{unit}" in row:
+            return row[f"{who}_{unit}"], unit.upper() if unit != "n" else ""
+    return row.get(f"{who}_s"), "s"
+
+
+def fmt(value: float | None, unit: str = "s") -> str:
+    """A time (seconds), a size (MB, KB) or a count ("") in a readable unit."""
+    if value is None:
+        return "-"
+    if unit in ("MB", "KB"):
+        return f"{value:.1f} {unit}"
+    if unit == "":
+        return f"{value:,.0f}"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} us"
+    if value < 1:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:.2f} s"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Rows as a text table: measure, durably, other, ratio, target, pass/miss."""
     width = max(len(r["measure"]) for r in rows)
-    print(f"{'measure':<{width}}  {'durably':>12}  {'other':>12}  {'ratio':>7}  target")
+    lines = [f"{'measure':<{width}}  {'durably':>10}  {'other':>10}  {'ratio':>7}  "
+             f"{'result':<6}  target"]
     for r in rows:
-        other = f"{r['other_s'] * 1e6:10.1f}us" if r.get("other_s") is not None else "-"
-        ratio = f"{r['ratio']:7.3f}" if r.get("ratio") is not None else "      -"
-        print(f"{r['measure']:<{width}}  {r['durably_s'] * 1e6:10.1f}us  {other:>12}  {ratio}  "
-              f"{r.get('target', '')}")
+        if len(r) == 1:  # a section title
+            lines.append(r["measure"])
+            continue
+        d, unit = _value(r, "durably")
+        o, _ = _value(r, "other")
+        ratio_text = f"{r['ratio']:7.3f}" if r.get("ratio") is not None else "      -"
+        lines.append(f"{r['measure']:<{width}}  {fmt(d, unit):>10}  {fmt(o, unit):>10}  "
+                     f"{ratio_text}  {verdict(r):<6}  {r.get('target', '')}")
+    return "\n".join(lines)
+
+
+def report(name: str, rows: list[dict[str, Any]], **extra: Any) -> None:
+    """Print rows as a table and write them, with the machine, to results/<name>.json."""
+    for r in rows:
+        if r.get("limit") is not None:
+            r["result"] = verdict(r)
+    print(table(rows))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({
         "benchmark": name, "python": sys.version, "machine": platform.platform(),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows, **extra,
     }, indent=2))
     print(f"(written to {out})")

@@ -1,0 +1,60 @@
+"""Import time: ``import durably`` against ``import langgraph.func``, each in fresh processes.
+
+Run: python benchmarks/bench_import.py [--repeat 9]
+
+Each sample is a new interpreter that times the import statement alone (interpreter start-up
+excluded); the two imports alternate, after one untimed import of each (byte-code compiled,
+files in the OS cache). Figures are medians of the CPU time (user + system) of the import:
+on a shared machine its wall time mostly measures the other users (printed beside it; on a
+quiet machine the two agree, as every file read is served from memory). Targets: ratio <= 0.5,
+durably under 150 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report
+
+PROBE = ("import time; t, c = time.perf_counter(), time.process_time(); import {module}; "
+         "print(time.process_time() - c, time.perf_counter() - t)")
+
+
+def import_seconds(module: str) -> tuple[float, float]:
+    """CPU and wall seconds ``import module`` takes in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module)],
+                         capture_output=True, text=True, check=True)
+    cpu, wall = out.stdout.strip().splitlines()[-1].split()
+    return float(cpu), float(wall)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--repeat", type=int, default=9)
+    opts = parser.parse_args()
+    modules = ("durably", "langgraph.func")
+    samples: dict[str, list[tuple[float, float]]] = {m: [] for m in modules}
+    for m in modules:
+        import_seconds(m)  # warm up
+    for _ in range(opts.repeat):
+        for m in modules:
+            samples[m].append(import_seconds(m))
+    cpu = [statistics.median(s[0] for s in samples[m]) for m in modules]
+    wall = [statistics.median(s[1] for s in samples[m]) for m in modules]
+    report("import", [
+        {"measure": "import durably vs import langgraph.func (CPU)", "durably_s": cpu[0],
+         "other_s": cpu[1], "ratio": cpu[0] / cpu[1], "target": "<= 0.5", "limit": 0.5},
+        {"measure": "import durably (CPU)", "durably_s": cpu[0], "other_s": None,
+         "ratio": None, "target": "< 150 ms", "limit": 0.150, "on": "durably_s"},
+        {"measure": "  ... wall time", "durably_s": wall[0], "other_s": wall[1],
+         "ratio": wall[0] / wall[1], "target": "(info)"},
+    ], samples=samples)
+
+
+if __name__ == "__main__":
+    main()

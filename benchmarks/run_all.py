@@ -1,0 +1,115 @@
+"""The whole benchmark suite in one invocation: every script back to back, then one table of
+medians, ratios, targets and pass/miss, and ``results/summary.json``.
+
+Run: python benchmarks/run_all.py [--quick] [--store-entries N] [--only NAME,...] [--demo]
+
+Each script runs in its own process and writes ``results/<name>.json`` (its full output goes
+to ``results/<name>.log``); this runner reads them back. ``--quick`` fills the large store to
+100,000 entries instead of 1,000,000 (about 80 s to fill at 1,000,000) and takes fewer rounds
+and processes in the call path and run-size benchmarks. ``--demo`` adds the demo's rerun
+benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import HERE, RESULTS, table, verdict
+
+SUITE = {  # name -> (script, title, extra arguments for --quick)
+    "import": ("bench_import.py", "import time", []),
+    "hashing": ("bench_hashing.py", "digests", []),
+    "call_path": ("bench_call_path.py", "call path (hit, executed, replayed)",
+                  ["--rounds", "2", "--repeat", "5"]),
+    "run_scale": ("bench_run_scale.py", "run size and memory", ["--quick"]),
+    "store_scale": ("bench_store_scale.py", "large store", ["--quick"]),
+    "demo_rerun": ("bench_demo_rerun.py", "demo rerun", []),
+}
+
+
+def provenance() -> dict[str, Any]:
+    """Which durably was measured: its path, the repository's commit, whether its src/ had
+    uncommitted edits, and PYTHONPATH (set when another checkout was measured)."""
+    probe = subprocess.run([sys.executable, "-c", "import durably; print(durably.__file__)"],
+                           capture_output=True, text=True, check=False)
+    git = ["git", "-C", str(HERE.parent)]
+    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "src"], capture_output=True,
+                           text=True, check=False).stdout.strip()
+    return {"durably": probe.stdout.strip() or probe.stderr.strip()[-300:], "commit": commit,
+            "src_modified": bool(dirty), "pythonpath": os.environ.get("PYTHONPATH")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="100,000-entry store, fewer rounds and processes")
+    parser.add_argument("--store-entries", type=int, help="entries of the large store")
+    parser.add_argument("--only", help="comma-separated: " + ", ".join(SUITE))
+    parser.add_argument("--demo", action="store_true", help="also run bench_demo_rerun.py")
+    opts = parser.parse_args()
+    names = opts.only.split(",") if opts.only else [n for n in SUITE if n != "demo_rerun"
+                                                      or opts.demo]
+    unknown = [n for n in names if n not in SUITE]
+    if unknown:
+        parser.error(f"unknown benchmark {unknown}; choose from {list(SUITE)}")
+
+    RESULTS.mkdir(exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    sections: dict[str, Any] = {}
+    started, load_before = time.perf_counter(), os.getloadavg()
+    for name in names:
+        script, title, quick = SUITE[name]
+        args = list(quick) if opts.quick else []
+        if name == "store_scale" and opts.store_entries:
+            args = ["--entries", str(opts.store_entries)]
+        print(f"== {title}: {script} {' '.join(args)}", file=sys.stderr, flush=True)
+        out = RESULTS / f"{name}.json"
+        out.unlink(missing_ok=True)
+        t = time.perf_counter()
+        with open(RESULTS / f"{name}.log", "w") as log:
+            code = subprocess.run([sys.executable, str(HERE / script), *args], stdout=log,
+                                  stderr=subprocess.STDOUT, check=False).returncode
+        seconds = time.perf_counter() - t
+        if code != 0 or not out.exists():
+            print(f"   failed ({code}); see {RESULTS / f'{name}.log'}", file=sys.stderr)
+            sections[name] = {"error": code, "seconds": seconds}
+            continue
+        data = json.loads(out.read_text())
+        sections[name] = {"seconds": seconds, "rows": data["rows"]}
+        rows.append({"measure": f"[{title}]"})
+        rows.extend(data["rows"])
+        print(f"   {seconds:.0f} s", file=sys.stderr, flush=True)
+
+    print(table(rows))
+    checked = [r for r in rows if r.get("limit") is not None]
+    missed = [r["measure"].strip() for r in checked if verdict(r) != "pass"]
+    print(f"\n{len(checked) - len(missed)} of {len(checked)} targets met"
+          + (f"; missed: {'; '.join(missed)}" if missed else "")
+          + f". Ratios are durably / other (lower is better) unless the target says >=. "
+          f"Suite: {time.perf_counter() - started:.0f} s; load average (1 min) "
+          f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+          f"{os.cpu_count()} CPUs.")
+    summary = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": sys.version,
+        "machine": platform.platform(), "cpus": os.cpu_count(),
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        **provenance(), "quick": opts.quick,
+        "targets": [{**r, "result": verdict(r)} for r in checked], "benchmarks": sections,
+    }
+    (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"(written to {RESULTS / 'summary.json'})")
+
+
+if __name__ == "__main__":
+    main()
