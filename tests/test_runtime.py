@@ -579,3 +579,28 @@ def test_a_run_in_progress_in_another_thread_is_busy() -> None:
         worker.join(30)
     assert slow(1) == 1  # the lease was released
     assert slow(2) == 2
+
+
+def test_replay_reads_ahead_in_journal_order_with_small_and_large_results(store: Any) -> None:
+    calls: list[int] = []
+
+    @task
+    def make(i: int) -> bytes:
+        calls.append(i)
+        return bytes([i % 256]) * (100_000 if i % 7 == 0 else 10)  # some over the read-ahead
+
+    @entrypoint
+    def pipeline(n: int) -> list[bytes]:
+        return [make(i) for i in range(n)]
+
+    first = pipeline.run(1_200).result
+    again = pipeline.run(1_200)
+    assert again.result == first and calls == list(range(1_200))
+    assert again.counts()["replayed"] == 1_200
+    # out of order (another branch first): still found
+    @entrypoint
+    def reversed_pipeline(n: int) -> list[bytes]:
+        return [make(i) for i in reversed(range(n))]
+
+    reversed_pipeline(50)
+    assert reversed_pipeline(50) == [make(i) for i in reversed(range(50))]

@@ -823,16 +823,45 @@ class DiskStore:
         Raises:
             CorruptJournalError: the recorded result of a ``cache=False`` step is damaged.
         """
-        with self._read_journal:
-            row = self._db().execute(
-                "SELECT result, cache_key, task FROM steps WHERE run_id=? AND step_id=? AND "
-                "status IN ('ran', 'cached') LIMIT 1", (run_id, step_id)).fetchone()
+        window = getattr(self._local, "window", None)
+        row = None
+        if window is not None and window[0] == run_id:
+            row = window[1].pop(step_id, None)
         if row is None:
-            return None
+            with self._read_journal:
+                found = self._db().execute(
+                    "SELECT result, cache_key, task, attempt, position FROM steps WHERE "
+                    "run_id=? AND step_id=? AND status IN ('ran', 'cached') LIMIT 1",
+                    (run_id, step_id)).fetchone()
+            if found is None:
+                return None
+            row = found[:3]
+            self._read_ahead(run_id, found[3], found[4])
         value, why = self._step_value(run_id, step_id, row[0])
         if value is not None:
             return value
         return self._find_step_slow(run_id, step_id, why, row)
+
+    def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
+        """Read the next finished steps of the run in journal order (a resumed run replays
+        them in that order): one query for the next 512 instead of one per step. Only small
+        results are kept (at most 8 MB in all); the journal is never held whole."""
+        with self._read_journal:
+            rows = self._db().execute(
+                "SELECT step_id, CASE WHEN length(result) <= 65536 THEN result END, cache_key, "
+                "task FROM steps WHERE run_id=? AND status IN ('ran', 'cached') AND "
+                "(attempt, position) > (?, ?) ORDER BY attempt, position LIMIT 512",
+                (run_id, attempt, position)).fetchall()
+        ahead: dict[str, tuple[Any, str, str]] = {}
+        size = 0
+        for step, result, cache_key, task in rows:
+            if result is None or step in ahead:
+                continue  # large (read when asked for) or a later record of the same step
+            size += len(result)
+            if size > 8 << 20:
+                break
+            ahead[step] = (result, cache_key, task)
+        self._local.window = (run_id, ahead)
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
         if data is None:
