@@ -89,6 +89,11 @@ def outer(x: int, log: str) -> int:
     return inner(x, log) * 2
 
 
+@durably.task(cache=False, ignore=("log",))
+def outer_side(x: int, log: str) -> int:
+    return inner(x, log) * 3
+
+
 @durably.task
 def pid_of(x: int) -> tuple[int, int]:
     return x, os.getpid()
@@ -817,3 +822,16 @@ def test_interrupt_in_a_process_item_says_to_use_threads(disk: Any) -> None:
         main()
     assert all("worker process" in str(e) and "executor='thread'" in str(e)
                for e in group.value.exceptions)
+
+
+@pytest.mark.slow
+def test_workers_use_a_store_the_caller_never_opened(tmp_path: Path, log: str) -> None:
+    store = durably.DiskStore(tmp_path / "never-opened")  # cache=False items never read it
+    durably.configure(store=store)
+    try:
+        assert outer_side.map([1, 2], [log] * 2, executor="process") == [6, 9]
+        assert inner(1, log) == 2  # cached by a worker in this very store
+        assert sorted(_lines(log)) == ["inner 1", "inner 2"]
+    finally:
+        durably.configure()
+        store.close()

@@ -4,6 +4,7 @@ the pickling of tasks and bodies, the store the worker uses, and the outcome of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import logging
@@ -182,6 +183,8 @@ def _describe_store(store: Store) -> tuple[Any, ...]:
     """The caller's store as a worker can open it (see the module docstring)."""
     here = (socket.gethostname(), os.getpid())
     if isinstance(store, DiskStore):
+        with contextlib.suppress(StoreError):
+            store.path_checked()  # the store exists before a worker looks for it
         # the signing key given in code (DiskStore(key=...)) and allow_shared travel too, so
         # a worker verifies and signs like the caller (keys from the environment are read
         # by the worker itself)
