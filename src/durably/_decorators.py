@@ -555,7 +555,10 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 characters). Default: the latest checkpoint.
             update: For a step checkpoint, a new result for that step; for an interrupt
                 checkpoint, the (new) answer to that interrupt. Default: none (an interrupt
-                checkpoint is then pending again, and the fork pauses there).
+                checkpoint is then pending again, and the fork pauses there). Steps are found
+                by task, inputs and (cached tasks) code: a step before the checkpoint whose
+                code or inputs changed since executes again in the fork, and so does the
+                checkpoint step itself, in which case the update is not used.
             cache: False (default): steps after the checkpoint execute even if the
                 cross-run cache has their result. True: they may be served from the cache.
 

@@ -13,9 +13,14 @@ where it stopped: finished super-steps replay from the journal, and in the super
 was running, nodes that had finished replay while the others execute. ``interrupt()`` in a
 node pauses the run; interrupts of parallel nodes are collected together.
 
-Routers are plain functions of the state and are re-evaluated only inside super-steps that
-execute, so they must be deterministic (a router is not a place for an LLM call: make that a
-node that writes its decision into the state, and route on the state).
+Routers are plain (sync) functions of the state and are re-evaluated only inside super-steps
+that execute, so they must be deterministic (a router is not a place for an LLM call: make
+that a node that writes its decision into the state, and route on the state).
+
+Worth knowing: a run ends when no node is ready (as in LangGraph), also when a router returned
+an empty list or a join never completed, without reaching END; a subgraph with another state
+type reads and writes only the keys both states have; invoke/stream are synchronous (call them
+from a thread in async code, e.g. ``asyncio.to_thread(app.invoke, state)``).
 """
 
 from __future__ import annotations
