@@ -56,7 +56,10 @@ def pipeline(sources: list[str]) -> str:
 if __name__ == "__main__":
     run = pipeline.run(["alpha", "beta"])
     print("result:", run.result)
-    graph = run.graph()  # built from the journal: works for any run, from any process
+    # built from the journal: works for any run, from any process. A rerun replays the two
+    # evaluate steps whole (their nested steps are not called again), so draw the attempt
+    # that executed the steps (attempt 1) to see everything
+    graph = run.graph(attempt=1)
     print(f"graph: {len(graph.nodes)} nodes, {len(graph.edges)} data-flow edges, "
           f"steps by status {graph.counts()}")
     print(graph.to_mermaid())

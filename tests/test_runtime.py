@@ -604,3 +604,9 @@ def test_replay_reads_ahead_in_journal_order_with_small_and_large_results(store:
 
     reversed_pipeline(50)
     assert reversed_pipeline(50) == [make(i) for i in reversed(range(50))]
+
+
+def test_entrypoint_parameters_cannot_shadow_the_run_options() -> None:
+    for name in ("fresh", "run_id"):
+        with pytest.raises(durably.DefinitionError, match=f"named '{name}'.*rename"):
+            entrypoint(eval(f"lambda {name}=None: {name}"))

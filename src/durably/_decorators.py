@@ -1097,6 +1097,14 @@ def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | N
         )
 
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:
-        return Entrypoint(f, Spec(f, kind="entrypoint", name=name, store=store))
+        spec = Spec(f, kind="entrypoint", name=name, store=store)
+        taken = [n for n in ("run_id", "fresh") if n in spec.signature.parameters]
+        if taken:
+            raise DefinitionError(
+                f"@entrypoint {spec.name!r} has a parameter named {taken[0]!r}, which "
+                f"{spec.name}.run(..., {taken[0]}=...) and .stream() take for themselves, so "
+                f"your argument would be taken as the run option. Fix: rename the parameter "
+                f"(for example {taken[0]}_ or my_{taken[0]}).")
+        return Entrypoint(f, spec)
 
     return decorate(func) if func is not None else decorate
