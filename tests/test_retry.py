@@ -113,6 +113,7 @@ def test_timeout_of_a_sync_task_raises_and_can_be_retried() -> None:
     assert run.result == "second try" and len(tries) == 2
     [failed, ran] = run.records()
     assert failed.status == "failed" and "TaskTimeoutError" in (failed.error or "")
+    assert ran.status == "ran"
     with pytest.raises(TimeoutError):
         raise durably.TaskTimeoutError("is a TimeoutError")
 
