@@ -129,7 +129,7 @@ def test_timeout_cancels_an_async_task() -> None:
             cancelled.append(True)
             raise
 
-    with pytest.raises(durably.TaskTimeoutError, match="hang.*0.1 s and was cancelled"):
+    with pytest.raises(durably.TaskTimeoutError, match=r"hang.*0\.1 s and was cancelled"):
         asyncio.run(hang())
     assert cancelled == [True]
 
