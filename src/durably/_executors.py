@@ -221,7 +221,32 @@ class Executor:
                 item.handle.cancel()
 
 
-class Thread(Executor):
+class _Pooled(Executor):
+    """An executor over a concurrent.futures pool, started on first use, replaced after
+    shutdown()."""
+
+    def __init__(self, max_workers: int | None) -> None:
+        super().__init__(max_workers)
+        self._lock = threading.Lock()
+        self._pool: Any = None
+
+    def _new_pool(self) -> Any:
+        raise NotImplementedError
+
+    def _executor(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                self._pool = self._new_pool()
+            return self._pool
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class Thread(_Pooled):
     """Run the bodies in a pool of threads of this process (the default).
 
     For work that waits (network, LLM calls, files) or that releases the GIL. Tasks called
@@ -250,15 +275,9 @@ class Thread(Executor):
 
     def __init__(self, max_workers: int | None = None) -> None:
         super().__init__(max_workers)
-        self._lock = threading.Lock()
-        self._pool: cf.ThreadPoolExecutor | None = None
 
-    def _executor(self) -> cf.ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(self.max_workers,
-                                                   thread_name_prefix="durably")
-            return self._pool
+    def _new_pool(self) -> cf.ThreadPoolExecutor:
+        return cf.ThreadPoolExecutor(self.max_workers, thread_name_prefix="durably")
 
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         context = contextvars.copy_context()
@@ -267,14 +286,8 @@ class Thread(Executor):
         item.handle = future
         future.add_done_callback(lambda f: done(item, f))
 
-    def shutdown(self, wait: bool = True) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=not wait)
 
-
-class Process(Executor):
+class Process(_Pooled):
     """Run the bodies in worker processes: for CPU-bound Python code.
 
     Functions, arguments and results travel with cloudpickle, so tasks defined in
@@ -320,24 +333,19 @@ class Process(Executor):
                 f"start_method must be one of {methods}, not {start_method!r}"
             )
         self.start_method = start_method
-        self._lock = threading.Lock()
-        self._pool: cf.ProcessPoolExecutor | None = None
 
     def __repr__(self) -> str:
         return f"Process(max_workers={self.max_workers!r}, start_method={self.start_method!r})"
 
-    def _executor(self) -> cf.ProcessPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                import multiprocessing
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        import multiprocessing
 
-                self._pool = cf.ProcessPoolExecutor(
-                    self.max_workers, mp_context=multiprocessing.get_context(self.start_method)
-                )
-                # stop the workers at exit (or when this executor is dropped), while the
-                # interpreter can still run the pool's own cleanup
-                weakref.finalize(self, self._pool.shutdown, wait=False, cancel_futures=True)
-            return self._pool
+        pool = cf.ProcessPoolExecutor(
+            self.max_workers, mp_context=multiprocessing.get_context(self.start_method))
+        # stop the workers at exit (or when this executor is dropped), while the interpreter
+        # can still run the pool's own cleanup
+        weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)
+        return pool
 
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         from concurrent.futures.process import BrokenProcessPool
@@ -358,12 +366,6 @@ class Process(Executor):
             outcome = _future_outcome(handle)
             out.append(_unpack_outcome(outcome.value) if outcome.ok else outcome)
         return out
-
-    def shutdown(self, wait: bool = True) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
 class Dask(Executor):
