@@ -96,7 +96,7 @@ def test_timeout_of_a_sync_task_raises_and_can_be_retried() -> None:
     release = threading.Event()
     tries: list[int] = []
 
-    @task(cache=False, timeout=0.2,
+    @task(cache=False, timeout=1.0,
           retry=durably.Retry(attempts=2, backoff=0, on=(TimeoutError,)))
     def slow() -> str:
         tries.append(1)
@@ -161,13 +161,13 @@ def test_an_abandoned_try_cannot_repeat_a_side_effect() -> None:
         sent.append(x)
         return "sent"
 
-    @task(cache=False, timeout=0.3, retry=durably.Retry(attempts=2, backoff=0))
+    @task(cache=False, timeout=1.0, retry=durably.Retry(attempts=2, backoff=0))
     def step(x: int) -> str:
         tries.append(x)
         if len(tries) == 1:
             import time
 
-            time.sleep(0.6)  # the first try is abandoned at 0.3 s ...
+            time.sleep(2.0)  # the first try is abandoned at 1 s ...
         return send_email(x)  # ... and must not send when it wakes up
 
     @entrypoint
@@ -175,7 +175,7 @@ def test_an_abandoned_try_cannot_repeat_a_side_effect() -> None:
         import time
 
         result = step(1)
-        time.sleep(0.6)  # the abandoned try wakes up while the run still runs
+        time.sleep(2.0)  # the abandoned try wakes up while the run still runs
         return result
 
     run = main.run()
