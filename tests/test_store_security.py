@@ -70,3 +70,25 @@ def test_a_lost_journal_is_noticed_not_silently_started_over(tmp_path: Path) -> 
         durably.DiskStore(root).list_runs()
     (root / "JOURNAL").unlink()  # starting a new journal on purpose
     assert durably.DiskStore(root).list_runs() == []
+
+
+def test_a_damaged_lease_row_is_taken_over_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import sqlite3
+
+    root = tmp_path / "store"
+    store = durably.DiskStore(root)
+
+    @durably.entrypoint(store=store)
+    def job() -> int:
+        return 1
+
+    job()
+    store.close()
+    con = sqlite3.connect(root / "journal.sqlite3")
+    con.execute("INSERT OR REPLACE INTO leases VALUES (?, 'otherhost', 1, NULL, 't', 'hb')",
+                (durably.list_runs(job, store=durably.DiskStore(root))[0].id,))
+    con.commit()
+    con.close()
+    assert job.run().result == 1
+    assert "is damaged" in caplog.text

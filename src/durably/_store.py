@@ -772,8 +772,14 @@ class DiskStore:
                              "WHERE run_id=?", (run_id,)).fetchone()
             if row is not None:
                 holder = Owner(*row)
+                try:
+                    alive = holder.alive(time.time())
+                except (TypeError, ValueError, OverflowError):  # a damaged lease row
+                    log.warning("durably: the lease of run %r at %s is damaged (%r); taking it "
+                                "over", run_id, self.path, row)
+                    alive = False
                 if (holder.token != owner.token and holder.token not in self._unreleased
-                        and holder.alive(time.time())):
+                        and alive):
                     return holder
             db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
                        (run_id, owner.host, owner.pid, owner.started, owner.token, time.time()))
