@@ -36,6 +36,7 @@ own results always come back to the caller, which journals and caches them in it
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures as cf
 import contextlib
@@ -139,7 +140,7 @@ Done = Callable[[_Item, Any], None]
 
 
 # -- executors ------------------------------------------------------------------------------
-class Executor:
+class Executor(abc.ABC):
     """Where the bodies of a fan-out's items run. Use :class:`Thread`, :class:`Process` or
     :class:`Dask`; an executor is a context manager that shuts down what it started."""
 
@@ -194,7 +195,7 @@ class Executor:
             return submit_async(target, args, kwargs, self)
         return submit_sync(target, args, kwargs, self)
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True) -> None:  # noqa: B027 - default: nothing started
         """Stop the workers this executor started (not a Dask client: that is yours).
 
         Args:
@@ -206,11 +207,12 @@ class Executor:
         """At most this many items in flight at once (None: no limit beyond the pool)."""
         return self.max_workers
 
-    def _prepare(self) -> None:
+    def _prepare(self) -> None:  # noqa: B027 - default: nothing to check
         """Check, before the first body is sent, that the executor can run (raises)."""
 
+    @abc.abstractmethod
     def _start(self, item: _Item, target: Target, done: Done) -> None:
-        raise NotImplementedError
+        """Send one item's body to run; call ``done(item, handle)`` when it has finished."""
 
     def _outcomes(self, batch: Sequence[tuple[_Item, Any]]) -> list[_Outcome]:
         return [_future_outcome(handle) for _, handle in batch]
@@ -230,8 +232,9 @@ class _Pooled(Executor):
         self._lock = threading.Lock()
         self._pool: Any = None
 
+    @abc.abstractmethod
     def _new_pool(self) -> Any:
-        raise NotImplementedError
+        """A new concurrent.futures pool for this executor."""
 
     def _executor(self) -> Any:
         with self._lock:
