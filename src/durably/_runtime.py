@@ -337,7 +337,8 @@ class Call:
 
     def trace_inputs(self, arguments: dict[str, Any]) -> None:
         """Take the tracer's view of the arguments (before the body may mutate them)."""
-        self.args_repr = inputs_repr(arguments)
+        if self.args_repr is None:  # a listener may have taken it already
+            self.args_repr = inputs_repr(arguments)
         self.flow = flow_digests(arguments, self.inputs or None)
 
     def event(self, kind: str, record: StepRecord | None = None, **fields: Any) -> Event:
