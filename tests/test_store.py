@@ -267,3 +267,43 @@ def test_temporary_files_of_dead_processes_are_removed_when_the_store_opens(
         f.write_bytes(b"partial")
     assert durably.DiskStore(root).cache_get("k") == b"v"
     assert not stale.exists() and mine.exists() and elsewhere.exists()
+
+
+# -- value-file folders shared by processes ----------------------------------------------------
+def _value_files(root: Path) -> list[Path]:
+    return [p for p in (root / "cache").rglob("*.val")]
+
+
+def test_overwriting_a_value_file_keeps_its_folders(tmp_path: Path) -> None:
+    """diskcache removed emptied folders (``os.removedirs``), racing with another process
+    creating the same folder for its own value file (ENOENT mid-write, seen with 8 writers)."""
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"a" * 100_000)
+    (first,) = _value_files(tmp_path / "s")
+    store.cache_put("k", b"b" * 100_000)  # replaces the entry; the old value file goes
+    assert not first.exists()
+    assert first.parent.is_dir() and first.parent.parent.is_dir()
+    assert store.cache_get("k") == b"b" * 100_000
+
+
+def test_a_folder_removed_between_makedirs_and_write_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from durably import _blobs
+
+    real = _blobs._write_new
+    removed: list[str] = []
+
+    def racing_write(path: str, data: bytes) -> None:
+        if not removed:  # another process empties and removes the folder just now
+            folder = os.path.dirname(path)
+            shutil.rmtree(os.path.dirname(folder))
+            removed.append(folder)
+        real(path, data)
+
+    monkeypatch.setattr(_blobs, "_write_new", racing_write)
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"c" * 100_000)
+    assert removed and os.path.isdir(removed[0])
+    assert store.cache_get("k") == b"c" * 100_000

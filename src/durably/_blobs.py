@@ -266,16 +266,26 @@ def disk_class() -> Any:
                     with contextlib.suppress(OSError):
                         os.chmod(made, 0o700 | bits | (os.stat(cache).st_mode & stat.S_ISGID))
 
+        def _in_folder(self, full_path: str, write: Callable[[], None]) -> None:
+            """Make the value file's folders, then ``write``; again if the folder vanished in
+            between (an older durably, or diskcache itself, removing empty folders)."""
+            for attempt in range(3):
+                try:
+                    self._folders(full_path)
+                    write()
+                    return
+                except FileNotFoundError:
+                    if attempt == 2 or os.path.isdir(os.path.dirname(full_path)):
+                        raise
+
         def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> Any:
             if isinstance(value, LinkIn):
                 filename, full_path = self.filename(key, value)
-                self._folders(full_path)
-                place(value.path, full_path)
+                self._in_folder(full_path, lambda: place(value.path, full_path))
                 return value.size, MODE_BINARY, filename, None
             if type(value) is bytes and len(value) >= self.min_file_size:
                 filename, full_path = self.filename(key, value)
-                self._folders(full_path)
-                _write_new(full_path, value)
+                self._in_folder(full_path, lambda: _write_new(full_path, value))
                 share_file(Path(self._directory), full_path)
                 return len(value), MODE_BINARY, filename, None
             if type(value) is not bytes:
@@ -301,8 +311,12 @@ def disk_class() -> Any:
                            f"file {filename!r})", value)
 
         def remove(self, file_path: Any) -> None:
+            """Remove a value file, never its folders: diskcache's ``removedirs`` raced with
+            another process's ``makedirs`` of the same folder (ENOENT mid-write). At most
+            65,536 empty folders can stay behind."""
             if isinstance(file_path, str) and _VALUE_FILE.fullmatch(file_path):
-                super().remove(file_path)
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(self._directory, file_path))
 
     _DISK = DurablyDisk
     return _DISK
