@@ -675,10 +675,10 @@ def test_retry_applies_to_each_item(disk: Any, log: str, executor: str) -> None:
 def test_timeout_applies_to_each_item(store: Any) -> None:
     release = threading.Event()
 
-    @durably.task(timeout=1.0, version="1")  # generous: a loaded CI machine is slow
+    @durably.task(timeout=3.0, version="1")  # generous: a loaded CI machine is slow
     def stuck(x: int) -> int:
         if x == 1:
-            release.wait(30)
+            release.wait(60)
         return x
 
     try:

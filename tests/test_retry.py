@@ -96,12 +96,13 @@ def test_timeout_of_a_sync_task_raises_and_can_be_retried() -> None:
     release = threading.Event()
     tries: list[int] = []
 
-    @task(cache=False, timeout=1.0,
+    # generous: the second try must finish within it on a loaded CI machine
+    @task(cache=False, timeout=3.0,
           retry=durably.Retry(attempts=2, backoff=0, on=(TimeoutError,)))
     def slow() -> str:
         tries.append(1)
         if len(tries) == 1:
-            release.wait(10)  # the first try hangs past its timeout
+            release.wait(60)  # the first try hangs past its timeout
         return "second try"
 
     @entrypoint
@@ -161,21 +162,25 @@ def test_an_abandoned_try_cannot_repeat_a_side_effect() -> None:
         sent.append(x)
         return "sent"
 
-    @task(cache=False, timeout=1.0, retry=durably.Retry(attempts=2, backoff=0))
+    release, woke = threading.Event(), threading.Event()
+
+    # generous: the second try must finish within it on a loaded CI machine
+    @task(cache=False, timeout=3.0, retry=durably.Retry(attempts=2, backoff=0))
     def step(x: int) -> str:
         tries.append(x)
         if len(tries) == 1:
-            import time
-
-            time.sleep(2.0)  # the first try is abandoned at 1 s ...
-        return send_email(x)  # ... and must not send when it wakes up
+            release.wait(60)  # the first try is abandoned at its timeout ...
+            try:
+                return send_email(x)  # ... and must not send when it wakes up
+            finally:
+                woke.set()
+        return send_email(x)
 
     @entrypoint
     def main() -> str:
-        import time
-
         result = step(1)
-        time.sleep(2.0)  # the abandoned try wakes up while the run still runs
+        release.set()  # the abandoned try wakes up while the run still runs
+        assert woke.wait(60)
         return result
 
     run = main.run()
