@@ -684,6 +684,7 @@ def test_timeout_applies_to_each_item(store: Any) -> None:
     try:
         with pytest.raises(ExceptionGroup) as info:
             stuck.map(range(3))
+        assert len(info.value.exceptions) == 1, info.value.exceptions
         (exc,) = info.value.exceptions
         assert isinstance(exc, durably.TaskTimeoutError)
         assert stuck.explain(0).hit and stuck.explain(2).hit

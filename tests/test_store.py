@@ -307,3 +307,111 @@ def test_a_folder_removed_between_makedirs_and_write_is_made_again(
     store.cache_put("k", b"c" * 100_000)
     assert removed and os.path.isdir(removed[0])
     assert store.cache_get("k") == b"c" * 100_000
+
+
+# -- cache values kept in memory once read -----------------------------------------------------
+def _count_disk_reads(store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    cache = store.cache
+    real = cache.get
+
+    def get(key: str, *args: Any, **kwargs: Any) -> Any:
+        reads.append(key)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(cache, "get", get)
+    return reads
+
+
+def test_a_repeated_hit_is_served_from_memory(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"small")
+    reads = _count_disk_reads(store, monkeypatch)
+    assert [store.cache_get("k") for _ in range(5)] == [b"small"] * 5
+    assert reads == ["k"]
+    store.cache_put("k", b"replaced")  # a write by this store drops what it kept
+    assert store.cache_get("k") == b"replaced" and reads == ["k", "k"]
+
+
+def test_memo_entries_zero_reads_every_hit_from_disk(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = durably.DiskStore(tmp_path / "s", memo_entries=0)
+    store.cache_put("k", b"v")
+    reads = _count_disk_reads(store, monkeypatch)
+    assert [store.cache_get("k") for _ in range(3)] == [b"v"] * 3 and reads == ["k"] * 3
+
+
+def test_memory_holds_small_values_only_and_a_bounded_number(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = durably.DiskStore(tmp_path / "s", memo_entries=3)
+    big = b"x" * (64 * 1024 + 1)
+    store.cache_put("big", big)
+    for i in range(5):
+        store.cache_put(f"k{i}", bytes([i]))
+    reads = _count_disk_reads(store, monkeypatch)
+    for key in ("big", "k0", "k1", "k2", "k3", "k4"):
+        store.cache_get(key)
+    reads.clear()
+    for key in ("k4", "k3", "k2", "big", "k0"):
+        assert store.cache_get(key) is not None
+    assert reads == ["big", "k0"]  # too large; the oldest fell out
+
+
+def test_another_connection_clearing_the_cache_is_seen(tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    assert store.cache_get("k") == b"v" and store.cache_get("k") == b"v"  # now in memory
+    other = durably.DiskStore(tmp_path / "s")  # its own connection, as another process has
+    other.cache.clear()
+    other.close()
+    time.sleep(0.2)  # another connection's writes are looked for every 0.05 s
+    assert store.cache_get("k") is None
+
+
+def test_a_cache_cleared_by_the_cli_in_another_process_is_recomputed(tmp_path: Path) -> None:
+    calls: list[int] = []
+    durably.configure(store=durably.DiskStore(tmp_path / "s"))
+
+    @durably.task
+    def square(x: int) -> int:
+        calls.append(x)
+        return x * x
+
+    assert [square(3), square(3), square(3)] == [9, 9, 9] and calls == [3]
+    subprocess.run([sys.executable, "-m", "durably", "cache", "clear"],
+                   env=script_env(tmp_path / "s"), check=True, capture_output=True,
+                   timeout=120)
+    assert square(3) == 9 and calls == [3, 3]
+
+
+def test_clear_and_prune_in_this_process_drop_what_memory_holds(tmp_path: Path) -> None:
+    from durably._maintenance import clear, prune
+
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("a", b"1")
+    store.cache_put("b", b"2")
+    assert store.cache_get("a") == b"1" and store.cache_get("b") == b"2"
+    assert store.cache_get("a") == b"1" and store.cache_get("b") == b"2"  # from memory
+    assert prune(store, older_than=0) == 2
+    assert store.cache_get("a") is None and store.cache_get("b") is None
+    store.cache_put("a", b"1")
+    assert store.cache_get("a") == b"1" and store.cache_get("a") == b"1"
+    assert clear(store) == 1 and store.cache_get("a") is None
+
+
+def test_a_new_signing_key_drops_what_memory_holds(tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"unsigned")
+    assert store.cache_get("k") == b"unsigned" and store.cache_get("k") == b"unsigned"
+    try:
+        durably.configure(key=b"k" * 32)
+        assert store.cache_get("k") is None  # not signed with the new key: never loaded
+    finally:
+        durably.configure(key=None)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "10"])
+def test_memo_entries_must_be_a_count(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="memo_entries"):
+        durably.DiskStore(tmp_path, memo_entries=bad)

@@ -181,6 +181,7 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
     def flush() -> int:
         with cache.transact(retry=True):
             done = sum(1 for key in batch if cache.delete(key, retry=True))
+        store.forget_memo(batch)  # after: a read between could bring a key back
         batch.clear()
         return done
 
@@ -283,7 +284,10 @@ def clear(store: DiskStore, task: str | None = None, *, dry_run: bool = False) -
             with store._translate("cache", "read the cache"):
                 return len(store.cache)
         with store._translate("cache", "clear the cache"):
-            return int(store.cache.clear(retry=True))
+            try:
+                return int(store.cache.clear(retry=True))
+            finally:
+                store.forget_memo()
     with store._translate("journal.sqlite3", "read the journal"):
         matched = set(match_tasks(store, task))
         if not matched:

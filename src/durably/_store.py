@@ -35,7 +35,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +186,9 @@ class _Translate:
 
 
 _TRUE = ("1", "true", "yes", "on")
+_MEMO_VALUE = 64 * 1024  # the largest cache value kept in memory once read
+_MEMO_BYTES = 16 * 2**20  # all of them together
+_MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
 
 
 class DiskStore:
@@ -214,6 +217,12 @@ class DiskStore:
         allow_shared: Accept a directory other users can write (default: ``True`` when
             ``$DURABLY_ALLOW_SHARED`` is ``1``, else False). Share a store only with people
             you trust, and give them a key (see the README's Security section).
+        memo_entries: How many small cache values (up to 64 KiB each, 16 MiB in all) this
+            object keeps in memory once read, so a repeated hit skips SQLite (default 4096;
+            0 turns it off). A hit is served from memory only while no other connection
+            has written the cache since (SQLite's ``PRAGMA data_version``, looked at every
+            0.05 s at most), so an entry cleared or replaced by another process or thread is
+            read again from disk from 0.05 s after that write on.
 
     Raises:
         DefinitionError: an argument has the wrong type (at construction).
@@ -235,6 +244,7 @@ class DiskStore:
         synchronous: str = "normal",
         key: bytes | str | None = None,
         allow_shared: bool | None = None,
+        memo_entries: int = 4096,
     ) -> None:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise DefinitionError(
@@ -249,6 +259,11 @@ class DiskStore:
             raise ValueError(f"size_limit must be a positive number of bytes, not "
                              f"{size_limit!r}. Fix: size_limit=10 * 2**30 for 10 GiB, or leave "
                              "it out for no limit.")
+        if isinstance(memo_entries, bool) or not isinstance(memo_entries, int) \
+                or memo_entries < 0:
+            raise ValueError(f"memo_entries must be a number of entries (0 or more), not "
+                             f"{memo_entries!r}. Fix: memo_entries=0 to read every hit from "
+                             "disk, or leave it out.")
         if allow_shared is not None and not isinstance(allow_shared, bool):
             raise DefinitionError(f"DiskStore(allow_shared=...) must be True or False, not "
                                   f"{allow_shared!r}. Fix: allow_shared=True.")
@@ -267,6 +282,10 @@ class DiskStore:
         self._warned: set[str] = set()
         self._unreleased: set[str] = set()  # leases of this process it could not release
         self.evicted = 0
+        self._memo: dict[str, bytes] = {}  # cache key -> payload, oldest first
+        self._memo_entries = memo_entries
+        self._memo_bytes = 0
+        self._memo_signer: bytes | None = None
         self._read_cache = _Translate(self, "cache", "read the cache")
         self._write_cache = _Translate(self, "cache", "write the cache")
         self._read_journal = _Translate(self, "journal.sqlite3", "read the journal")
@@ -553,17 +572,25 @@ class DiskStore:
         (with a key) not signed with it — that entry is moved to ``damaged/`` with a warning
         naming it, so the caller recomputes it. A large value comes back as a file handle
         (:class:`~durably._serde.Spilled`) checked end to end."""
+        if self._memo_entries:
+            payload = self._memo.get(key)
+            if payload is not None and self._memo_current():
+                return payload
         cache = self.cache
+        signer = self._signing()
         with self._read_cache:
+            if self._memo_entries:
+                self._memo_current()  # what is read next is remembered under today's look
             found = cache.get(key)
         if found is None:
             return None
-        signer = self._signing()
         context = _ctx("cache", key) if signer is not None else b""
         if type(found) is bytes:
             payload, why = open_seal(found, signer, context)
             if payload is None:
                 self._cache_damaged(key, why, data=found)
+            elif self._memo_entries and len(payload) <= _MEMO_VALUE:
+                self._remember(key, payload)
             return payload
         if isinstance(found, FileValue):
             if found.file is None:
@@ -582,6 +609,53 @@ class DiskStore:
             self._cache_damaged(key, found.why, data=found.as_bytes())
         return None
 
+    def _memo_current(self) -> bool:
+        """Whether the values kept in memory still stand: the signing key is the same, and no
+        other connection (another process, or another thread of this one) has written the
+        cache since this thread last looked (SQLite's ``PRAGMA data_version``, looked at most
+        every ``_MEMO_RECHECK`` seconds). Else they are dropped (and False)."""
+        signer = self._signing()
+        sid = signer.id if signer is not None else None
+        local = self._local
+        t = time.monotonic()
+        if sid == self._memo_signer and t < getattr(local, "memo_until", 0.0) \
+                and self._pid == os.getpid():
+            return True
+        con = self.cache._con  # diskcache's connection of this thread (and process)
+        with self._read_cache:
+            version = con.execute("PRAGMA data_version").fetchone()[0]
+        local.memo_until = t + _MEMO_RECHECK
+        if (getattr(local, "memo_con", None) is con and local.memo_version == version
+                and self._memo_signer == sid):
+            return True
+        local.memo_con, local.memo_version = con, version
+        self.forget_memo()
+        self._memo_signer = sid
+        return False
+
+    def _remember(self, key: str, payload: bytes) -> None:
+        with self._lock:
+            memo = self._memo
+            if key in memo:
+                return
+            memo[key] = payload
+            self._memo_bytes += len(payload)
+            while len(memo) > self._memo_entries or self._memo_bytes > _MEMO_BYTES:
+                self._memo_bytes -= len(memo.pop(next(iter(memo))))
+
+    def forget_memo(self, keys: Iterable[str] | None = None) -> None:
+        """Drop the cache values kept in memory (all, or those of ``keys``): called when this
+        process changes the cache behind a connection's back (prune, clear, eviction)."""
+        with self._lock:
+            if keys is None:
+                self._memo = {}
+                self._memo_bytes = 0
+                return
+            for key in keys:
+                payload = self._memo.pop(key, None)
+                if payload is not None:
+                    self._memo_bytes -= len(payload)
+
     def _cache_damaged(self, key: str, why: str, *, path: str | None = None,
                        data: bytes | None = None) -> None:
         """Keep a damaged entry aside, drop it from the cache, warn naming both."""
@@ -592,6 +666,7 @@ class DiskStore:
             dest = Path(f"(not kept: {exc})")
         with contextlib.suppress(Exception):
             self.cache.delete(key)
+        self.forget_memo((key,))
         log.warning("durably: cache entry %s at %s is damaged: %s. It was set aside as %s "
                     "and will be recomputed.", key, self.path, why, dest)
 
@@ -625,6 +700,8 @@ class DiskStore:
                         for key, data in prepared:
                             cache.set(key, data)
         finally:
+            if self._memo:  # the value a key had before is read again
+                self.forget_memo(key for key, _, _ in items)
             for temp in temps:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
@@ -644,6 +721,7 @@ class DiskStore:
             if self.size_limit is not None and cache.volume() > self.size_limit:
                 removed = cache.cull()
                 if removed:
+                    self.forget_memo()
                     self.evicted += removed
                     log.warning(
                         "durably: cache at %s is over its size limit (%d bytes): evicted %d "
@@ -1023,6 +1101,7 @@ class DiskStore:
             if con is not None:
                 con.close()
             self._local = threading.local()
+            self._memo, self._memo_bytes = {}, 0
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None
