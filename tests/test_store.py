@@ -415,3 +415,31 @@ def test_a_new_signing_key_drops_what_memory_holds(tmp_path: Path) -> None:
 def test_memo_entries_must_be_a_count(tmp_path: Path, bad: Any) -> None:
     with pytest.raises(ValueError, match="memo_entries"):
         durably.DiskStore(tmp_path, memo_entries=bad)
+
+
+def test_a_batch_of_new_existing_and_large_values_round_trips(tmp_path: Path) -> None:
+    """cache_put_many inserts new small values in one statement and leaves the rest to
+    diskcache's set; the cache must read as if every item had been set one by one."""
+    store = durably.DiskStore(tmp_path / "s")
+    big = b"L" * 200_000  # kept in a file
+    store.cache_put("old", b"before")
+    store.cache_put("old_big", big)
+    items = [(f"k{i}", bytes([i]) * 10, None) for i in range(50)]
+    items += [("old", b"after", None), ("old_big", b"small now", None), ("big", big, None),
+              ("k3", b"last value wins", None)]
+    store.cache_put_many(items)
+    assert store.cache_get("k0") == b"\x00" * 10 and store.cache_get("k49") == b"1" * 10
+    assert store.cache_get("k3") == b"last value wins"
+    assert store.cache_get("old") == b"after" and store.cache_get("old_big") == b"small now"
+    assert store.cache_get("big") == big
+    cache = store.cache
+    assert len(cache) == 53
+    import warnings
+
+    from diskcache.core import EmptyDirWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EmptyDirWarning)  # folders are kept on purpose
+        problems = cache.check()  # diskcache's own consistency check: counts, sizes, files
+    assert [w for w in problems if w.category is not EmptyDirWarning] == []
+    assert len(list((tmp_path / "s" / "cache").rglob("*.val"))) == 1  # old_big's file went

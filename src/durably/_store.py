@@ -191,6 +191,34 @@ _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
 
 
+def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Insert the small values of keys the cache does not hold yet in one ``executemany``
+    (what ``Cache.set`` would write for them, row for row: diskcache's own triggers keep its
+    count and size); returns the other items, for ``Cache.set`` (a value kept in a file, or a
+    key that is there already, whose old file ``set`` removes). Inside ``cache.transact()``."""
+    from diskcache.core import MODE_RAW
+
+    limit = cache._disk.min_file_size
+    last = dict(items)  # one row per key: the last value given for it
+    small = [k for k, d in last.items() if type(d) is bytes and len(d) < limit]
+    if len(small) < 2:
+        return list(last.items())
+    con = cache._con
+    there: set[str] = set()
+    for i in range(0, len(small), 500):
+        chunk = small[i:i + 500]
+        there.update(k for (k,) in con.execute(
+            f"SELECT key FROM Cache WHERE raw = 1 AND key IN ({', '.join('?' * len(chunk))})",
+            chunk))
+    t = time.time()
+    con.executemany(
+        "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, "
+        "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?)",
+        [(k, t, t, MODE_RAW, sqlite3.Binary(last[k])) for k in small if k not in there])
+    new = set(small) - there
+    return [(k, d) for k, d in last.items() if k not in new]
+
+
 class DiskStore:
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
@@ -697,7 +725,7 @@ class DiskStore:
                     cache.set(*prepared[0])
                 else:
                     with cache.transact():
-                        for key, data in prepared:
+                        for key, data in _insert_new_small(cache, prepared):
                             cache.set(key, data)
         finally:
             if self._memo:  # the value a key had before is read again
