@@ -215,10 +215,14 @@ def run_row(r: RunRecord) -> tuple[Any, ...]:
             r.input_digest, r.args, r.result, r.error)
 
 
+# json.dumps(..., sort_keys=True), without building an encoder per call (most of its cost)
+_sorted_json = json.JSONEncoder(sort_keys=True).encode
+
+
 def key_row(r: KeyRecord) -> tuple[Any, ...]:
     """A key record as a row of the keys table."""
-    return (r.cache_key, r.task, r.code, json.dumps(r.inputs, sort_keys=True),
-            json.dumps(r.parts, sort_keys=True), r.created)
+    return (r.cache_key, r.task, r.code, _sorted_json(r.inputs), _sorted_json(r.parts),
+            r.created)
 
 
 # what each column of a row must hold (a row that does not is garbage: CorruptJournalError)
