@@ -443,3 +443,36 @@ def test_a_batch_of_new_existing_and_large_values_round_trips(tmp_path: Path) ->
         problems = cache.check()  # diskcache's own consistency check: counts, sizes, files
     assert [w for w in problems if w.category is not EmptyDirWarning] == []
     assert len(list((tmp_path / "s" / "cache").rglob("*.val"))) == 1  # old_big's file went
+
+
+def test_threads_opening_a_new_journal_at_once_all_succeed(tmp_path: Path) -> None:
+    """Each thread has its own journal connection; the first ones write the JOURNAL marker
+    together (they shared one temporary file name: ENOENT for all but one)."""
+    import threading
+
+    for round_ in range(10):
+        store = durably.DiskStore(tmp_path / f"s{round_}")
+        store.path_checked()
+        (tmp_path / f"s{round_}" / "JOURNAL").unlink(missing_ok=True)
+        store.close()
+        store = durably.DiskStore(tmp_path / f"s{round_}")
+        store._open()
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def open_journal() -> None:
+            barrier.wait()
+            try:
+                store.list_runs()
+            except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_journal) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert (tmp_path / f"s{round_}" / "JOURNAL").exists()
+        assert not list((tmp_path / f"s{round_}").glob("*.tmp"))
+        store.close()

@@ -191,6 +191,19 @@ _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
 
 
+def _write_replacing(path: Path, text: str) -> None:
+    """Write a small file whole, atomically: a temporary file of this thread, renamed over
+    ``path`` (two threads, or two processes, writing the same marker at once both succeed)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """Insert the small values of keys the cache does not hold yet in one ``executemany``
     (what ``Cache.set`` would write for them, row for row: diskcache's own triggers keep its
@@ -444,9 +457,7 @@ class DiskStore:
 
     @staticmethod
     def _write_marker(root: Path, marker: Path) -> None:
-        tmp = root / f"FORMAT.{os.getpid()}.tmp"
-        tmp.write_text(f"durably-store {STORE_FORMAT}\n")
-        os.replace(tmp, marker)
+        _write_replacing(marker, f"durably-store {STORE_FORMAT}\n")
 
     def _translate(self, where: str | Path, action: str) -> _Translate:
         """A context that turns OS and SQLite errors into a StoreError naming the path."""
@@ -558,9 +569,8 @@ class DiskStore:
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
                 if not marker.exists():  # from now on a lost journal is noticed
-                    tmp = root / f"JOURNAL.{os.getpid()}.tmp"
-                    tmp.write_text("this store has a journal: journal.sqlite3 (+ -wal)\n")
-                    os.replace(tmp, marker)
+                    _write_replacing(marker,
+                                     "this store has a journal: journal.sqlite3 (+ -wal)\n")
                     share_file(root, marker)
             except BaseException:
                 con.close()
