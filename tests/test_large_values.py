@@ -163,3 +163,41 @@ def test_a_2_gb_value_is_stored_and_loaded_without_being_held_twice(
                   f"({f['peak_rss'] / size:.2f}x the value)")
     files = [p for p in (tmp_path / "store").rglob("*") if p.is_file() and p.stat().st_size > size]
     assert len({p.stat().st_ino for p in files}) == 2  # the array's file (cache + journal), bytes
+
+
+def test_a_cache_value_replaced_while_read_is_still_journaled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process overwrote the entry between this one opening its file and pinning it
+    (the cache's name is gone): the value read is kept by a private copy, so the run that
+    journals it (a hard link to it in blobs/) does not fail with ENOENT."""
+    from durably import _blobs
+
+    store = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=store)
+
+    @durably.task
+    def make() -> bytes:
+        return b"v" * (SMALL_SPILL * 3)
+
+    @durably.entrypoint
+    def pipeline() -> int:
+        return len(make())
+
+    make()  # the cache holds it, in a file
+    real_link = os.link
+    removed: list[str] = []
+
+    def link(src: Any, dst: Any) -> None:
+        if not removed and str(src).endswith(".val"):
+            os.unlink(src)  # the other process's overwrite removes the old file now
+            removed.append(str(src))
+        real_link(src, dst)
+
+    monkeypatch.setattr(_blobs.os, "link", link)
+    run = pipeline.run()
+    assert removed and run.result == SMALL_SPILL * 3 and run.counts()["cached"] == 1
+    monkeypatch.setattr(_blobs.os, "link", real_link)
+    (step,) = run.records()
+    assert store.find_step(run.id, step.step_id) is not None  # journaled, readable
+    assert pipeline.run(run_id=run.id).counts()["replayed"] == 1
+    assert not list((tmp_path / "s" / "tmp").glob("hold-*"))  # the private copy went

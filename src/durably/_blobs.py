@@ -358,10 +358,24 @@ def large_from_cache(root: Path, found: FileValue, signer: SigningKey | None, co
             os.link(found.path, pin)
             if os.stat(pin).st_ino == os.fstat(f.fileno()).st_ino:
                 path, owned = pin, True
-            else:  # replaced in between: check what was opened, keep its handle only
+            else:  # replaced in between: keep a copy of what was opened (below)
                 os.unlink(pin)
+        except FileNotFoundError:
+            pass  # removed in between: keep a copy of what was opened (below)
         except OSError:
-            pass  # no hard links here: the cache's name it is
+            pin = ""  # no hard links here: the cache's name it is
+        if pin and not owned:
+            # the cache's name is gone or names another file now, and the journal may need
+            # to keep this value: a private copy, from the handle opened before
+            f.seek(0)
+            try:
+                with open(pin, "xb") as w:
+                    shutil.copyfileobj(f, w, _CHUNK)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(pin)
+                raise
+            path, owned = pin, True
         f.seek(0)
         head = f.read(LARGE_HEADER)
         digest, mac, size = scan(f, LARGE_HEADER, signer)
