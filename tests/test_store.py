@@ -476,3 +476,84 @@ def test_threads_opening_a_new_journal_at_once_all_succeed(tmp_path: Path) -> No
         assert (tmp_path / f"s{round_}" / "JOURNAL").exists()
         assert not list((tmp_path / f"s{round_}").glob("*.tmp"))
         store.close()
+
+
+def test_writes_through_the_diskcache_object_are_seen_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """store.cache is diskcache itself: a clear through it, on the thread whose hits are in
+    memory, is seen like another process's (the store watches with a connection of its own)."""
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    assert store.cache_get("k") == b"v" and store.cache_get("k") == b"v"
+    store.cache.clear()
+    time.sleep(0.2)  # looked for every 0.05 s
+    assert store.cache_get("k") is None
+
+
+def test_a_value_read_before_a_clear_is_not_remembered_after_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread reads K, another clears the cache (and drops what memory holds), then the
+    first would remember K: it must not, or the clearing thread would be served K."""
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    cache = store.cache
+    real = cache.get
+
+    def get_then_cleared(key: str, *args: Any, **kwargs: Any) -> Any:
+        found = real(key, *args, **kwargs)
+        store.forget_memo()  # what the clear does once it committed
+        return found
+
+    monkeypatch.setattr(cache, "get", get_then_cleared)
+    assert store.cache_get("k") == b"v"  # read before the clear: returned, not remembered
+    monkeypatch.setattr(cache, "get", real)
+    reads = _count_disk_reads(store, monkeypatch)
+    store.cache_get("k")
+    assert reads == ["k"]
+
+
+def test_values_kept_in_a_file_up_to_64_kib_are_kept_in_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"m" * 40_000)  # diskcache keeps it in a file (over 32 KiB)
+    store.cache_get("k")
+    reads = _count_disk_reads(store, monkeypatch)
+    assert store.cache_get("k") == b"m" * 40_000 and reads == []
+
+
+def test_new_threads_do_not_empty_what_memory_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    store.cache_get("k")
+    reads = _count_disk_reads(store, monkeypatch)
+    got: list[bytes | None] = []
+    for _ in range(5):
+        t = threading.Thread(target=lambda: got.append(store.cache_get("k")))
+        t.start()
+        t.join()
+    assert got == [b"v"] * 5 and reads == []
+
+
+def test_process_workers_get_the_callers_memo_entries(tmp_path: Path) -> None:
+    from durably import _config, _worker
+
+    where = list(_worker._describe_store(durably.DiskStore(tmp_path / "s", memo_entries=0)))
+    where[1] = ("another-host", 1)  # as a worker process sees it
+    _worker._use_store(tuple(where))
+    try:
+        store = _config.default_store()
+        assert isinstance(store, durably.DiskStore) and store.memo_entries == 0
+    finally:
+        _worker._worker_store = None
+
+
+def test_an_index_row_with_text_that_is_not_utf8_is_a_miss(tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    store.cache._sql("UPDATE Cache SET value = CAST(X'FFFE00' AS TEXT), mode = 1 "
+                     "WHERE key = 'k'")
+    assert store.cache_get("k") is None
+    assert list((tmp_path / "s" / "damaged").iterdir())

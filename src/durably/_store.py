@@ -324,9 +324,14 @@ class DiskStore:
         self._unreleased: set[str] = set()  # leases of this process it could not release
         self.evicted = 0
         self._memo: dict[str, bytes] = {}  # cache key -> payload, oldest first
-        self._memo_entries = memo_entries
+        self.memo_entries = memo_entries
         self._memo_bytes = 0
         self._memo_signer: bytes | None = None
+        self._memo_gen = 0  # bumped by every forget: a value read before is not remembered
+        self._memo_until = 0.0  # no need to look for others' writes before then (monotonic)
+        self._watch: sqlite3.Connection | None = None  # sees every other connection's commit
+        self._watch_pid = 0
+        self._watch_version = -1
         self._read_cache = _Translate(self, "cache", "read the cache")
         self._write_cache = _Translate(self, "cache", "write the cache")
         self._read_journal = _Translate(self, "journal.sqlite3", "read the journal")
@@ -610,16 +615,24 @@ class DiskStore:
         (with a key) not signed with it — that entry is moved to ``damaged/`` with a warning
         naming it, so the caller recomputes it. A large value comes back as a file handle
         (:class:`~durably._serde.Spilled`) checked end to end."""
-        if self._memo_entries:
+        memo = self.memo_entries
+        if memo:
             payload = self._memo.get(key)
             if payload is not None and self._memo_current():
                 return payload
         cache = self.cache
         signer = self._signing()
         with self._read_cache:
-            if self._memo_entries:
-                self._memo_current()  # what is read next is remembered under today's look
-            found = cache.get(key)
+            gen = -1
+            if memo:
+                self._memo_current()  # drops what is stale before this read
+                gen = self._memo_gen
+            try:
+                found = cache.get(key)
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc):
+                    raise
+                found = Garbage(f"its index row holds text that is not UTF-8 ({exc})", b"")
         if found is None:
             return None
         context = _ctx("cache", key) if signer is not None else b""
@@ -627,14 +640,16 @@ class DiskStore:
             payload, why = open_seal(found, signer, context)
             if payload is None:
                 self._cache_damaged(key, why, data=found)
-            elif self._memo_entries and len(payload) <= _MEMO_VALUE:
-                self._remember(key, payload)
+            elif memo and len(payload) <= _MEMO_VALUE:
+                self._remember(key, payload, gen)
             return payload
         if isinstance(found, FileValue):
             if found.file is None:
                 payload, why = open_seal(found.data, signer, context)
                 if payload is None:
                     self._cache_damaged(key, why, path=found.path, data=found.data)
+                elif memo and len(payload) <= _MEMO_VALUE:
+                    self._remember(key, payload, gen)
                 return payload
             try:
                 value, why = large_from_cache(self._open(), found, signer, context)
@@ -649,42 +664,49 @@ class DiskStore:
 
     def _memo_current(self) -> bool:
         """Whether the values kept in memory still stand: the signing key is the same, and no
-        other connection (another process, or another thread of this one) has written the
-        cache since this thread last looked (SQLite's ``PRAGMA data_version``, looked at most
-        every ``_MEMO_RECHECK`` seconds). Else they are dropped (and False)."""
+        other connection has committed to the cache since the last look (SQLite's ``PRAGMA
+        data_version`` on a connection of the store's own that writes nothing, so it sees
+        every writer: other processes, other threads, diskcache used directly; looked at
+        every ``_MEMO_RECHECK`` seconds at most). Else they are dropped (and False)."""
         signer = self._signing()
         sid = signer.id if signer is not None else None
-        local = self._local
-        t = time.monotonic()
-        if sid == self._memo_signer and t < getattr(local, "memo_until", 0.0) \
-                and self._pid == os.getpid():
+        if sid == self._memo_signer and time.monotonic() < self._memo_until \
+                and self._watch_pid == os.getpid():
             return True
-        con = self.cache._con  # diskcache's connection of this thread (and process)
-        with self._read_cache:
-            version = con.execute("PRAGMA data_version").fetchone()[0]
-        local.memo_until = t + _MEMO_RECHECK
-        if (getattr(local, "memo_con", None) is con and local.memo_version == version
-                and self._memo_signer == sid):
-            return True
-        local.memo_con, local.memo_version = con, version
-        self.forget_memo()
-        self._memo_signer = sid
-        return False
+        root = self._open()
+        with self._lock:
+            pid = os.getpid()
+            if self._watch is None or self._watch_pid != pid:
+                self._watch = None  # a forked child: the parent's connection is not its own
+                self._watch_version = -1
+                self._watch = sqlite3.connect(str(root / "cache" / "cache.db"), timeout=60.0,
+                                              isolation_level=None, check_same_thread=False)
+                self._watch_pid = pid
+            with self._read_cache:
+                version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            current = version == self._watch_version and sid == self._memo_signer
+            if not current:
+                self._memo, self._memo_bytes = {}, 0
+                self._memo_gen += 1
+                self._watch_version, self._memo_signer = version, sid
+            self._memo_until = time.monotonic() + _MEMO_RECHECK
+            return current
 
-    def _remember(self, key: str, payload: bytes) -> None:
+    def _remember(self, key: str, payload: bytes, gen: int) -> None:
         with self._lock:
             memo = self._memo
-            if key in memo:
-                return
+            if gen != self._memo_gen or key in memo:
+                return  # forgotten since it was read: it may be what was cleared
             memo[key] = payload
             self._memo_bytes += len(payload)
-            while len(memo) > self._memo_entries or self._memo_bytes > _MEMO_BYTES:
+            while len(memo) > self.memo_entries or self._memo_bytes > _MEMO_BYTES:
                 self._memo_bytes -= len(memo.pop(next(iter(memo))))
 
     def forget_memo(self, keys: Iterable[str] | None = None) -> None:
         """Drop the cache values kept in memory (all, or those of ``keys``): called when this
         process changes the cache behind a connection's back (prune, clear, eviction)."""
         with self._lock:
+            self._memo_gen += 1
             if keys is None:
                 self._memo = {}
                 self._memo_bytes = 0
@@ -1140,6 +1162,10 @@ class DiskStore:
                 con.close()
             self._local = threading.local()
             self._memo, self._memo_bytes = {}, 0
+            self._memo_gen += 1
+            if self._watch is not None and self._watch_pid == os.getpid():
+                self._watch.close()
+            self._watch, self._watch_version = None, -1
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None

@@ -189,7 +189,8 @@ def _describe_store(store: Store) -> tuple[Any, ...]:
         # a worker verifies and signs like the caller (keys from the environment are read
         # by the worker itself)
         return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous,
-                getattr(store, "_given_key", None), getattr(store, "allow_shared", None))
+                getattr(store, "_given_key", None), getattr(store, "allow_shared", None),
+                store.memo_entries)
     try:
         return ("pickled", here, pickle.dumps(store))
     except Exception:  # noqa: BLE001 - a store that cannot travel
@@ -217,7 +218,7 @@ def _use_store(where: tuple[Any, ...]) -> None:
             # the caller's store exists, so its FORMAT file does: a directory without it
             # here is another machine's empty folder at the same path, not the store
             disk = DiskStore(where[2], size_limit=where[3], synchronous=where[4],
-                             allow_shared=where[6])
+                             allow_shared=where[6], memo_entries=where[7])
             disk._given_key = where[5]
             try:
                 disk.path_checked()
