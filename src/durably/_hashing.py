@@ -542,18 +542,37 @@ def _too_deep(e: Encoder) -> SerializationError:
     )
 
 
+_NAMES: dict[str, bytes] = {}  # an argument name -> its encoding (what raw(b"=", name) writes)
+
+
 def encode_arguments(arguments: Mapping[str, Any]) -> str:
     """Digest of bound arguments (name → value), independent of keyword order: one pass,
     one hash."""
     e = Encoder()
-    e.buf += _HEADER
-    for name in sorted(arguments):
-        e.path = name
-        e.raw(b"=", name.encode())
-        try:
-            e.encode(arguments[name])
-        except RecursionError:
-            raise _too_deep(e) from None
+    buf = e.buf
+    buf += _HEADER
+    dispatch = _DISPATCH_GET
+    try:
+        for name in sorted(arguments):
+            e.path = name
+            head = _NAMES.get(name)
+            if head is None:
+                raw = name.encode()
+                head = b"=" + len(raw).to_bytes(8, "little") + raw
+                if len(raw) >= _LARGE:  # never a real name; kept on the general path
+                    e.raw(b"=", raw)
+                    head = b""
+                elif len(_NAMES) < 4096:
+                    _NAMES[name] = head
+            buf += head
+            value = arguments[name]
+            f = dispatch(type(value))  # Encoder.encode, inlined
+            if f is not None:
+                f(e, value)
+            else:
+                e.other(value)
+    except RecursionError:
+        raise _too_deep(e) from None
     return e.hexdigest()
 
 
