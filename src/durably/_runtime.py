@@ -271,8 +271,10 @@ class Spec:
     def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
         """What the key was made of (``inputs``: digest of each argument, taken on a miss
         before the body ran: paid on misses only, never on a hit)."""
-        return KeyRecord(self.identity, key, self.code_version(), inputs, self.code_parts(),
-                         now())
+        code = self.code_version()  # revalidated once; the parts are of that fingerprint
+        fp = self._fingerprint
+        parts = dict(fp.changed_by) if self.version is None and fp is not None else {}
+        return KeyRecord(self.identity, key, code, inputs, parts, now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
