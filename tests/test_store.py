@@ -460,7 +460,8 @@ def test_threads_opening_a_new_journal_at_once_all_succeed(tmp_path: Path) -> No
         barrier = threading.Barrier(8)
         errors: list[BaseException] = []
 
-        def open_journal() -> None:
+        def open_journal(store: durably.DiskStore = store, barrier: threading.Barrier = barrier,
+                         errors: list[BaseException] = errors) -> None:
             barrier.wait()
             try:
                 store.list_runs()

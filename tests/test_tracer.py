@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import durably
 from durably import entrypoint, task
@@ -628,3 +630,17 @@ def test_a_crash_inside_a_step_keeps_it_and_its_children_in_the_graph(tmp_path: 
     assert out.stdout.strip() == str([("step", "ran", None), ("step", "ran", None),
                                       ("wrapper", "started", None),
                                       ("step", "ran", "wrapper")])
+
+
+@given(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
+                 st.text(max_size=80)),
+       st.integers(min_value=10, max_value=200))
+@settings(max_examples=500, deadline=None)
+def test_short_repr_of_plain_values_is_reprlibs(value: Any, limit: int) -> None:
+    """short_repr returns plain scalars' repr directly: the text must be reprlib's, cut
+    to the limit, as for every other value."""
+    from durably._tracer import _REPR, short_repr
+
+    text = _REPR.repr(value)
+    expected = text if len(text) <= limit else text[: limit - 3] + "..."
+    assert short_repr(value, limit) == expected

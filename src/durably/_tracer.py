@@ -61,6 +61,12 @@ _REPR.maxlevel = 3
 
 def short_repr(obj: Any, limit: int = 120) -> str:
     """A short ``repr`` (reprlib: long strings, lists and dicts abbreviated with ``...``)."""
+    kind = type(obj)
+    if kind is int or kind is float or kind is bool or obj is None or (
+            kind is str and len(obj) <= 60):
+        text = repr(obj)  # what reprlib writes for these when it is this short
+        if len(text) <= 40 and len(text) <= limit:
+            return text
     try:
         text = _REPR.repr(obj)
     except Exception:  # noqa: BLE001 - a broken __repr__ must not fail a step
