@@ -558,3 +558,27 @@ def test_an_index_row_with_text_that_is_not_utf8_is_a_miss(tmp_path: Path) -> No
                      "WHERE key = 'k'")
     assert store.cache_get("k") is None
     assert list((tmp_path / "s" / "damaged").iterdir())
+
+
+def test_a_process_creating_the_journal_meanwhile_is_not_a_lost_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes open a new store at once: the second read user_version 0, then saw the
+    JOURNAL marker the first wrote after creating the schema, and refused the journal as
+    lost (seen under load in test_identical_concurrent_calls_may_compute_twice)."""
+    first = durably.DiskStore(tmp_path / "s")
+    second = durably.DiskStore(tmp_path / "s")
+    first._open()
+    second._open()
+    real_exists = Path.exists
+    raced: list[bool] = []
+
+    def exists(self: Path, *args: Any, **kwargs: Any) -> bool:
+        if self.name == "JOURNAL" and not raced:
+            raced.append(True)
+            first.list_runs()  # the other process creates the journal (and marker) now
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    assert second.list_runs() == [] and raced
+    first.close()
+    second.close()

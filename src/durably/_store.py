@@ -552,9 +552,13 @@ class DiskStore:
                 str(path), timeout=60.0, isolation_level=None, check_same_thread=False
             )
             try:
-                version = con.execute("PRAGMA user_version").fetchone()[0]
+                # the marker is looked at before the version is read: a process creating the
+                # journal writes it only after its schema committed, so a marker seen first
+                # means a version 0 read after it is a lost journal, not a racing creator
                 marker = root / "JOURNAL"
-                if version == 0 and marker.exists():
+                had_marker = marker.exists()
+                version = con.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0 and had_marker:
                     raise StoreError(
                         f"the journal {path} is missing or empty, but this store had one "
                         f"({marker} says so): its runs would start over and their side effects "
