@@ -582,3 +582,27 @@ def test_a_process_creating_the_journal_meanwhile_is_not_a_lost_journal(
     assert second.list_runs() == [] and raced
     first.close()
     second.close()
+
+
+def test_switching_a_new_journal_to_wal_waits_while_it_is_locked() -> None:
+    """SQLite answers "database is locked" at once (no busy timeout) when several
+    connections open one new journal together; durably waits as diskcache does."""
+    from durably._store import _wal_mode
+
+    class Busy:
+        def __init__(self, times: int, text: str = "database is locked") -> None:
+            self.left, self.text, self.calls = times, text, 0
+
+        def execute(self, sql: str) -> None:
+            self.calls += 1
+            if self.left:
+                self.left -= 1
+                raise sqlite3.OperationalError(self.text)
+
+    con = Busy(3)
+    _wal_mode(con)  # type: ignore[arg-type]
+    assert con.calls == 4
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _wal_mode(Busy(10**6), seconds=0.05)  # type: ignore[arg-type]
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        _wal_mode(Busy(1, "disk I/O error"))  # type: ignore[arg-type]

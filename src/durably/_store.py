@@ -191,6 +191,23 @@ _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
 
 
+def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
+    """Switch a journal to WAL mode. SQLite answers "database is locked" at once, without
+    its busy timeout, while another connection opens the same new file: wait as diskcache
+    does (seen with a dozen processes opening a new store at one instant)."""
+    deadline = time.monotonic() + seconds
+    delay = 0.001
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
 def _write_replacing(path: Path, text: str) -> None:
     """Write a small file whole, atomically: a temporary file of this thread, renamed over
     ``path`` (two threads, or two processes, writing the same marker at once both succeed)."""
@@ -573,7 +590,7 @@ class DiskStore:
                         "or use another DURABLY_DIR."
                     )
                 share_file(root, path)  # before its -wal and -shm, which copy its mode
-                con.execute("PRAGMA journal_mode=WAL")
+                _wal_mode(con)
                 con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
