@@ -262,19 +262,19 @@ class Spec:
     def code_parts(self) -> dict[str, str]:
         """Fingerprint of each user function or class the code depends on (empty with an
         explicit ``version``)."""
-        if self.version is not None:
-            return {}
-        self.code_version()
-        assert self._fingerprint is not None
-        return dict(self._fingerprint.changed_by)
+        self.code_version()  # revalidated
+        return self._parts()
+
+    def _parts(self) -> dict[str, str]:
+        """The parts of the fingerprint :meth:`code_version` last returned."""
+        fp = self._fingerprint
+        return dict(fp.changed_by) if self.version is None and fp is not None else {}
 
     def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
         """What the key was made of (``inputs``: digest of each argument, taken on a miss
         before the body ran: paid on misses only, never on a hit)."""
         code = self.code_version()  # revalidated once; the parts are of that fingerprint
-        fp = self._fingerprint
-        parts = dict(fp.changed_by) if self.version is None and fp is not None else {}
-        return KeyRecord(self.identity, key, code, inputs, parts, now())
+        return KeyRecord(self.identity, key, code, inputs, self._parts(), now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:

@@ -697,8 +697,7 @@ class DiskStore:
         root = self._open()
         with self._lock:
             pid = os.getpid()
-            if self._watch is None or self._watch_pid != pid:
-                self._watch = None  # a forked child: the parent's connection is not its own
+            if self._watch is None or self._watch_pid != pid:  # or a forked child's first look
                 self._watch_version = -1
                 self._watch = sqlite3.connect(str(root / "cache" / "cache.db"), timeout=60.0,
                                               isolation_level=None, check_same_thread=False)
@@ -707,11 +706,15 @@ class DiskStore:
                 version = self._watch.execute("PRAGMA data_version").fetchone()[0]
             current = version == self._watch_version and sid == self._memo_signer
             if not current:
-                self._memo, self._memo_bytes = {}, 0
-                self._memo_gen += 1
+                self._drop_memo()
                 self._watch_version, self._memo_signer = version, sid
             self._memo_until = time.monotonic() + _MEMO_RECHECK
             return current
+
+    def _drop_memo(self) -> None:
+        """Empty what memory holds, and refuse values read before now (lock held)."""
+        self._memo, self._memo_bytes = {}, 0
+        self._memo_gen += 1
 
     def _remember(self, key: str, payload: bytes, gen: int) -> None:
         with self._lock:
@@ -727,11 +730,10 @@ class DiskStore:
         """Drop the cache values kept in memory (all, or those of ``keys``): called when this
         process changes the cache behind a connection's back (prune, clear, eviction)."""
         with self._lock:
-            self._memo_gen += 1
             if keys is None:
-                self._memo = {}
-                self._memo_bytes = 0
+                self._drop_memo()
                 return
+            self._memo_gen += 1
             for key in keys:
                 payload = self._memo.pop(key, None)
                 if payload is not None:
@@ -1182,8 +1184,7 @@ class DiskStore:
             if con is not None:
                 con.close()
             self._local = threading.local()
-            self._memo, self._memo_bytes = {}, 0
-            self._memo_gen += 1
+            self._drop_memo()
             if self._watch is not None and self._watch_pid == os.getpid():
                 self._watch.close()
             self._watch, self._watch_version = None, -1
