@@ -40,10 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, median_of, ratio, report, worker
+from _workload import FAIL, chain, inc
 
 import durably
 
-FAIL = {"on": False}  # the entrypoints raise after their steps while this is set
 _bases = itertools.count(1)
 Sample = Callable[[], float]  # one measurement: seconds per call or per step
 
@@ -105,22 +105,6 @@ def per_resumed_step(start: Callable[[int, int], Any], resume: Callable[[int, in
         check(steps, done)
         return elapsed / steps
     return sample
-
-
-# -- durably (module level, as tasks usually are) -------------------------------------------
-@durably.task
-def inc(x: int) -> int:
-    return x + 1
-
-
-@durably.entrypoint
-def chain(n: int, base: int) -> int:
-    total = 0
-    for i in range(n):
-        total += inc(base + i)
-    if FAIL["on"]:
-        raise RuntimeError("stopped after the steps, to be resumed")
-    return total
 
 
 def check_run(n: int, run: durably.Run[int], status: str = "replayed") -> None:

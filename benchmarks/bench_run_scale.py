@@ -35,27 +35,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, median_of, peak_rss_mb, ratio, report, worker
+from _workload import FAIL, chain
 
 import durably
 
-FAIL = {"on": False}
 REPEATS = {100: 7, 1_000: 5, 10_000: 3, 100_000: 2}  # processes per size (1 above)
 QUICK = {100: 5, 1_000: 3, 10_000: 2, 100_000: 1}
-
-
-@durably.task
-def inc(x: int) -> int:
-    return x + 1
-
-
-@durably.entrypoint
-def chain(n: int, base: int) -> int:
-    total = 0
-    for i in range(n):
-        total += inc(base + i)
-    if FAIL["on"]:
-        raise RuntimeError("stopped after the steps, to be resumed")
-    return total
 
 
 def attempt_pair(steps: int, base: int) -> dict[str, float]:
