@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ._lease import RENEW_SECONDS, Owner
+from ._records import Replay
 from ._store import KeyRecord, StepRecord, Store
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class RunContext:
         "_pending",
         "_positions",
         "_renewed",
+        "_replays",
         "answers",
         "asked",
         "attempt",
@@ -104,6 +106,7 @@ class RunContext:
         self._occurrences: dict[int, int] = {}
         self._positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
+        self._replays: list[Replay] = []
         self._lock = threading.Lock()
         #: steps of this attempt by status: ran, cached, replayed, failed
         self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
@@ -148,12 +151,13 @@ class RunContext:
         with self._lock:
             self.counts[status] += 1
 
-    def note_replayed(self, record: StepRecord) -> None:
-        """Buffer a replay record; it is informational, so it is written in batches."""
+    def note_replayed(self, replay: Replay) -> None:
+        """Buffer the record of a replayed step (``(position, started, ended, step_id,
+        parent_id, cache_key, task)``); it is informational, so it is written in batches."""
         with self._lock:
-            self._pending.append((record, None))
+            self._replays.append(replay)
             self.counts["replayed"] += 1
-            full = len(self._pending) >= _FLUSH_EVERY
+            full = len(self._replays) >= _FLUSH_EVERY
         if full:
             self.flush()
 
@@ -193,12 +197,35 @@ class RunContext:
             writes, self._cache_writes, self._cache_bytes = self._cache_writes, {}, 0
         self.store.cache_put_many([(k, d, i) for k, (d, i) in writes.items()])
 
-    def flush(self) -> None:
-        """Write buffered replay records and queued cache writes."""
+    def take_pending(self) -> tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]:
+        """The buffered step records and replays, handed over to :meth:`write` (the buffers
+        are emptied)."""
         with self._lock:
             pending, self._pending = self._pending, []
+            replays, self._replays = self._replays, []
+        return pending, replays
+
+    def write(self, taken: tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]
+              ) -> None:
+        """Journal what :meth:`take_pending` handed over: replays many to a row in a store
+        that keeps them so (``append_replays``), as step records in any other."""
+        pending, replays = taken
+        append = getattr(self.store, "append_replays", None)
+        if replays and append is None:
+            run_id, attempt = self.run_id, self.attempt
+            pending = pending + [
+                (StepRecord(run_id, step, parent, task, "replayed", attempt, position,
+                            started, ended, None, key), None)
+                for position, started, ended, step, parent, key, task in replays]
+        self.store.append_steps(pending)
+        if replays and append is not None:
+            append(self.run_id, self.attempt, replays)
+
+    def flush(self) -> None:
+        """Write buffered replay records and queued cache writes."""
+        taken = self.take_pending()
         try:
-            self.store.append_steps(pending)
+            self.write(taken)
         finally:
             self.flush_cache()
 

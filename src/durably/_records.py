@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import sqlite3
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -14,9 +16,10 @@ from typing import Any, Protocol, runtime_checkable
 from ._lease import Owner
 
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES", "SCHEMA",
-           "SCHEMA_2", "SCHEMA_3", "STEP_COLS",
+           "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "STEP_COLS",
            "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
-           "garbage", "immediate", "key_row", "now", "run_row", "step_from_row", "step_row"]
+           "Replay", "compact_replay", "garbage", "immediate", "key_row", "now", "pack_replays",
+           "run_row", "step_from_row", "step_row", "unpack_replays"]
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -284,6 +287,86 @@ CREATE TABLE IF NOT EXISTS set_aside (
     reason TEXT NOT NULL, time REAL NOT NULL, row TEXT, data BLOB);
 """
 
+# format 4: steps served from the journal on resume ("replayed") are recorded compactly, many
+# to a row (see pack_replays), instead of one steps row each
+SCHEMA_4 = """
+CREATE TABLE IF NOT EXISTS replays (
+    run_id TEXT NOT NULL, attempt INTEGER NOT NULL, steps BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS replays_by_run ON replays (run_id, attempt)
+"""
+
+#: a replayed step as the runtime buffers it: (position, started, ended, step_id, parent_id,
+#: cache_key, task); with the run and attempt, it is a StepRecord of status "replayed"
+Replay = tuple[int, float, float, str, "str | None", str, str]
+
+_REPLAY = struct.Struct("<qdd16s16s16sBH")  # position, started, ended, ids, flags, task
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_REPLAYS_MAGIC = b"durably-replays-1\n"
+
+
+def compact_replay(r: StepRecord) -> Replay | None:
+    """The compact form of a step record, or None if it has more than a replay record
+    holds (its inputs, output, an error, ids that are not 32 hex digits)."""
+    if (r.status != "replayed" or r.error is not None or r.inputs is not None
+            or r.output is not None or r.result_digest or r.input_digests
+            or not 0 <= r.position < 2**63 or not _HEX32.fullmatch(r.step_id)
+            or not (r.parent_id is None or _HEX32.fullmatch(r.parent_id))
+            or not (r.cache_key == "" or _HEX32.fullmatch(r.cache_key))):
+        return None
+    return (r.position, r.started, r.ended, r.step_id, r.parent_id, r.cache_key, r.task)
+
+
+def pack_replays(replays: Sequence[Replay]) -> bytes:
+    """Replayed steps as one blob: 75 bytes a step, the task names once.
+
+    Every id must be 32 hex digits (the parent may be None, the cache key ""), as
+    :func:`compact_replay` checks.
+
+    Example:
+        >>> r = (3, 1.5, 1.5, "ab" * 16, None, "cd" * 16, "inc")
+        >>> unpack_replays(pack_replays([r])) == [r]
+        True
+    """
+    names: dict[str, int] = {}
+    parts = []
+    pack = _REPLAY.pack
+    zero = bytes(16)
+    for position, started, ended, step_id, parent, key, task in replays:
+        index = names.setdefault(task, len(names))
+        parts.append(pack(position, started, ended, bytes.fromhex(step_id),
+                          bytes.fromhex(parent) if parent is not None else zero,
+                          bytes.fromhex(key) if key else zero,
+                          (parent is not None) | (bool(key) << 1), index))
+    header = json.dumps(list(names)).encode()
+    return b"".join((_REPLAYS_MAGIC, struct.pack("<II", len(header), len(replays)), header,
+                     *parts))
+
+
+def unpack_replays(blob: bytes) -> list[Replay]:
+    """The inverse of :func:`pack_replays`.
+
+    Raises:
+        ValueError: the blob is not one :func:`pack_replays` wrote (damaged).
+    """
+    if not blob.startswith(_REPLAYS_MAGIC):
+        raise ValueError("not a record of replayed steps")
+    try:
+        at = len(_REPLAYS_MAGIC)
+        size, count = struct.unpack_from("<II", blob, at)
+        at += 8
+        names = json.loads(blob[at:at + size])
+        at += size
+        if (not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+                or len(blob) != at + count * _REPLAY.size):
+            raise ValueError("a record of replayed steps has the wrong length")
+        return [(position, started, ended, step.hex(), parent.hex() if flags & 1 else None,
+                 key.hex() if flags & 2 else "", names[index])
+                for position, started, ended, step, parent, key, flags, index
+                in _REPLAY.iter_unpack(blob[at:])]
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise ValueError(f"a record of replayed steps is damaged ({exc})") from None
+
+
 RUN_COLS = (
     "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
     "error"
@@ -298,7 +381,12 @@ EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
 @contextlib.contextmanager
 def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error
-    (SQLite may have rolled it back already, after a full disk: the original error wins)."""
+    (SQLite may have rolled it back already, after a full disk: the original error wins).
+    Inside a transaction already open on ``db`` (:meth:`DiskStore.batch`) it is part of
+    that one: it commits or rolls back with it."""
+    if db.in_transaction:
+        yield db
+        return
     db.execute("BEGIN IMMEDIATE")
     try:
         yield db

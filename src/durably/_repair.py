@@ -19,6 +19,7 @@ from ._records import (
     STEP_TYPES,
     garbage,
     immediate,
+    unpack_replays,
 )
 from ._seal import SigningKey, seal
 from ._serde import Spilled
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["repair_run", "seal_old_blobs"]
 
 log = logging.getLogger("durably")
+_INT = (int,)
 
 
 def _ctx(*parts: str) -> bytes:
@@ -45,7 +47,8 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
                          (run_id,)).fetchone()
         steps = db.execute(f"SELECT rowid, {STEP_COLS}, result FROM steps WHERE run_id=?",
                            (run_id,)).fetchall()
-        if run is None and not steps:
+        if run is None and not steps and not db.execute(
+                "SELECT 1 FROM replays WHERE run_id=? LIMIT 1", (run_id,)).fetchone():
             raise NotFoundError(
                 f"no run {run_id!r} in the store at {store.path}. Fix: check the id with "
                 "durably.list_runs().")
@@ -74,6 +77,22 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
             if bad:
                 aside(f"step {row[1]!r} (task {row[3]!r})", bad, row[:15], data)
                 db.execute("DELETE FROM steps WHERE rowid=?", (rowid,))
+        replays = db.execute("SELECT rowid, attempt, steps FROM replays WHERE run_id=?",
+                             (run_id,)).fetchall()
+        for rowid, attempt, data in replays:
+            bad = garbage((attempt,), (_INT,))
+            if not bad:
+                value, bad = store._open_journal_value(
+                    data, ("replays", run_id, str(attempt)), True, CorruptJournalError)
+                if value is not None:
+                    try:
+                        unpack_replays(bytes(value))
+                    except ValueError as exc:
+                        bad = str(exc)
+            if bad:
+                aside(f"the record of steps replayed in attempt {attempt!r}", bad,
+                      (run_id, attempt), data)
+                db.execute("DELETE FROM replays WHERE rowid=?", (rowid,))
         if run is not None:
             rowid, *row = run
             bad = garbage(row, RUN_TYPES)

@@ -482,11 +482,11 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         value = _load(data, spec, "journaled")
         if parent is not None and call.step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
-        record = call.record("replayed")
-        ctx.note_replayed(record)
+        ctx.note_replayed((call.position, call.started, now(), call.step_id, parent,
+                           key if spec.cache else "", spec.name))
         if listening:
-            ctx.emit(call.event("step_finished", dataclasses.replace(
-                record, output=short_repr(value))))
+            ctx.emit(call.event("step_finished", call.record(
+                "replayed", output=short_repr(value))))
         return value, call
     if spec.cache:
         data = ctx.pending_cache(key) if ctx.read_cache else None
@@ -707,58 +707,65 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     except SerializationError:
         stored_args = None
     owner = me()
-    holder = store.acquire_run(run_id, owner)
-    if holder is not None:
-        if holder.pid == owner.pid and holder.host == owner.host:
+    # the lease, the run's record and its start event commit together: one commit, and no
+    # other process sees the lease without the record (a store without batch(): one each)
+    with _one_transaction(store):
+        holder = store.acquire_run(run_id, owner)
+        if holder is not None:
+            if holder.pid == owner.pid and holder.host == owner.host:
+                raise RunStateError(
+                    f"run {run_id!r} is being executed in this process right now (by another "
+                    "thread, or a stream() that is still open: close it with .close(), or "
+                    "finish iterating it). Fix: wait for it, or start a separate run with "
+                    "fresh=True or another run_id.")
             raise RunStateError(
-                f"run {run_id!r} is being executed in this process right now (by another "
-                "thread, or a stream() that is still open: close it with .close(), or "
-                "finish iterating it). Fix: wait for it, or start a separate run with "
-                "fresh=True or another run_id.")
-        raise RunStateError(
-            f"run {run_id!r} is being executed by {holder.describe()} right now; two "
-            "processes must not execute one run. Fix: wait for it to finish (then rerun to get "
-            "its result), or start a separate run with fresh=True or another run_id."
-        )
-    try:
-        # read again under the lease: another process may have finished an attempt meanwhile
-        existing = store.find_run(run_id)
-        if on_lease is not None:
-            on_lease(store, existing)
-        t = now()
-        record = RunRecord(
-            run_id=run_id,
-            entrypoint=spec.identity,
-            name=spec.name,
-            status="running",
-            created=existing.created if existing else t,
-            updated=t,
-            attempt=(existing.attempt + 1) if existing else 1,
-            input_digest=input_digest,
-            args=stored_args,
-        )
-        store.put_run(record)
-        resumed_from = existing.status if existing else None
-        if existing is not None and existing.status == "running":
+                f"run {run_id!r} is being executed by {holder.describe()} right now; two "
+                "processes must not execute one run. Fix: wait for it to finish (then rerun to "
+                "get its result), or start a separate run with fresh=True or another run_id."
+            )
+        try:
+            # read again under the lease: another process may have finished an attempt
+            existing = store.find_run(run_id)
+            if on_lease is not None:
+                on_lease(store, existing)
+            t = now()
+            record = RunRecord(
+                run_id=run_id,
+                entrypoint=spec.identity,
+                name=spec.name,
+                status="running",
+                created=existing.created if existing else t,
+                updated=t,
+                attempt=(existing.attempt + 1) if existing else 1,
+                input_digest=input_digest,
+                args=stored_args,
+            )
+            store.put_run(record)
+            resumed_from = existing.status if existing else None
+            answers: dict[str, bytes] = {}
+            asked: set[str] = set()
+            questions: dict[str, bytes | None] = {}
+            if existing is not None:
+                for e in store.list_events(run_id, ("interrupt", "answer")):
+                    if e.kind == "answer" and e.data is not None:
+                        answers[e.key] = e.data
+                    elif e.kind == "interrupt":
+                        questions[e.key] = e.data
+                        if e.step_id is not None:
+                            asked.add(e.step_id)
+            store.append_events([EventRecord(
+                run_id, "run_started", t, record.attempt,
+                data=_serde.dumps({"status": existing.status if existing else "new"},
+                                  what="a run event"))])
+        except BaseException:
+            store.release_run(run_id, owner)  # never leave a lease behind
+            raise
+    if existing is not None and existing.status == "running":
+        try:  # after a crash (the cache is another database: outside the transaction)
             _restore_cache(store, run_id, existing.attempt)
-        answers: dict[str, bytes] = {}
-        asked: set[str] = set()
-        questions: dict[str, bytes | None] = {}
-        if existing is not None:
-            for e in store.list_events(run_id, ("interrupt", "answer")):
-                if e.kind == "answer" and e.data is not None:
-                    answers[e.key] = e.data
-                elif e.kind == "interrupt":
-                    questions[e.key] = e.data
-                    if e.step_id is not None:
-                        asked.add(e.step_id)
-        store.append_events([EventRecord(
-            run_id, "run_started", t, record.attempt,
-            data=_serde.dumps({"status": existing.status if existing else "new"},
-                              what="a run event"))])
-    except BaseException:
-        store.release_run(run_id, owner)  # never leave a lease behind
-        raise
+        except BaseException:
+            store.release_run(run_id, owner)
+            raise
     ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
                      answers=answers, read_cache=read_cache)
     ctx.replaying = existing is not None
@@ -773,6 +780,13 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx.emit(Event("run_started", run_id, t, task=spec.name, status=resumed_from or "new",
                        attempt=record.attempt))
     return Started(record, ctx, resumed_from)
+
+
+def _one_transaction(store: Store) -> contextlib.AbstractContextManager[Any]:
+    """The store's :meth:`~durably.DiskStore.batch` (its journal writes inside commit as
+    one), or nothing for a store without one."""
+    batch = getattr(store, "batch", None)
+    return batch() if batch is not None else contextlib.nullcontext()
 
 
 def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
@@ -796,13 +810,24 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
     current_step.reset(step_token)
     current_run.reset(run_token)
     ctx, record = started.ctx, started.record
+    store = ctx.store
+    taken = ctx.take_pending()
     try:
-        ctx.flush()
-    finally:
-        try:
+        ctx.flush_cache()  # the cache is another database: outside the transaction below
+        # the buffered records, the final status and the lease's release: one commit
+        with _one_transaction(store):
+            ctx.write(taken)
             _finish_record(ctx, record, result, exc, started.wall)
+            store.release_run(record.run_id, ctx.owner)
+    except BaseException:  # (a full disk): each write on its own, the lease released anyway
+        try:
+            ctx.write(taken)
         finally:
-            ctx.store.release_run(record.run_id, ctx.owner)
+            try:
+                _finish_record(ctx, record, result, exc, started.wall)
+            finally:
+                store.release_run(record.run_id, ctx.owner)
+        raise
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,

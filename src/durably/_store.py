@@ -35,7 +35,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +66,25 @@ from ._records import (
     SCHEMA,
     SCHEMA_2,
     SCHEMA_3,
+    SCHEMA_4,
     STEP_COLS,
     STEP_TYPES,
     EventRecord,
     KeyRecord,
+    Replay,
     RunRecord,
     StepRecord,
     Store,
+    compact_replay,
     garbage,
     immediate,
     key_row,
     now,
+    pack_replays,
     run_row,
     step_from_row,
     step_row,
+    unpack_replays,
 )
 from ._repair import repair_run, seal_old_blobs
 from ._seal import (
@@ -117,9 +122,10 @@ log = logging.getLogger("durably")
 #: is refused.
 STORE_FORMAT = 2
 #: Version of the journal database (SQLite ``user_version``): 1 had no tracer columns and no
-#: events, 2 stored result blobs unsealed, 3 seals every blob. Older journals are upgraded in
-#: place when first opened; a newer one is refused.
-JOURNAL_FORMAT = 3
+#: events, 2 stored result blobs unsealed, 3 seals every blob, 4 records replayed steps many
+#: to a row (the replays table). Older journals are upgraded in place when first opened; a
+#: newer one is refused.
+JOURNAL_FORMAT = 4
 
 # -- the process-wide signing key (durably.configure(key=...)) --------------------------------
 _key_lock = threading.Lock()
@@ -186,6 +192,11 @@ class _Translate:
 
 
 _TRUE = ("1", "true", "yes", "on")
+
+
+def _in_call_order(record: StepRecord) -> tuple[int, int]:
+    return record.attempt, record.position
+
 _MEMO_VALUE = 64 * 1024  # the largest cache value kept in memory once read
 _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
@@ -626,7 +637,10 @@ class DiskStore:
                     if column is None or column not in columns:
                         con.execute(statement)
             con.execute(SCHEMA_3)
-            if version >= 1:
+            for statement in SCHEMA_4.split(";"):
+                if statement.strip():
+                    con.execute(statement)
+            if 1 <= version < 3:
                 seal_old_blobs(con, key)
             con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
 
@@ -916,6 +930,32 @@ class DiskStore:
             rec.result = result
         return rec
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Make the journal writes this thread does inside one transaction: they all commit
+        when the block ends, or none of them when it raises. durably starts and ends each run
+        this way (its lease, record and events: one commit instead of four), and a lease
+        taken this way is seen by other processes only with the run's record.
+
+        Cache writes are not part of it (the cache is another database). Other threads and
+        processes writing the journal wait for the block to end, so keep it short.
+
+        Raises:
+            StoreError: the journal cannot be written (the block's writes are rolled back).
+
+        Example:
+            >>> import tempfile
+            >>> store = DiskStore(tempfile.mkdtemp())
+            >>> rec = RunRecord("r1", "m:f", "f", "running", 1.0, 1.0, 1, "d")
+            >>> with store.batch():
+            ...     store.put_run(rec)
+            ...     store.append_events([EventRecord("r1", "custom", 1.0, 1)])
+            >>> (store.find_run("r1").status, len(store.list_events("r1")))
+            ('running', 1)
+        """
+        with self._write_journal, immediate(self._db()):
+            yield
+
     def put_run(self, record: RunRecord) -> None:
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
@@ -1067,18 +1107,85 @@ class DiskStore:
             "start a new run with fresh=True."))
 
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        """Journal step records (with the results of finished steps). Records of replayed
+        steps are kept compactly, many to a row (:meth:`append_replays`)."""
         if not steps:
             return
-        rows = [(*step_row(rec), self._seal_blob(data, "step", rec.run_id, rec.step_id))
-                for rec, data in steps]
+        rows = []
+        replays: dict[tuple[str, int], list[Replay]] = {}
+        for rec, data in steps:
+            compact = compact_replay(rec) if rec.status == "replayed" and data is None else None
+            if compact is not None:
+                replays.setdefault((rec.run_id, rec.attempt), []).append(compact)
+            else:
+                rows.append((*step_row(rec),
+                             self._seal_blob(data, "step", rec.run_id, rec.step_id)))
         sql = f"INSERT INTO steps ({STEP_COLS}, result) VALUES ({', '.join('?' * 16)})"
         with self._write_journal:
             db = self._db()
-            if len(rows) == 1:
+            if len(rows) == 1 and not replays:
                 db.execute(sql, rows[0])
                 return
             with immediate(db):
                 db.executemany(sql, rows)
+                for (run_id, attempt), found in replays.items():
+                    self.append_replays(run_id, attempt, found)
+
+    def append_replays(self, run_id: str, attempt: int, replays: Sequence[Replay]) -> None:
+        """Journal steps of ``attempt`` served from the run's journal, as one row (75 bytes a
+        step): what a replayed step's :class:`StepRecord` holds, without building one.
+        :meth:`list_steps` returns them as records of status ``"replayed"``.
+
+        Args:
+            run_id: The run.
+            attempt: The attempt that replayed them.
+            replays: ``(position, started, ended, step_id, parent_id, cache_key, task)`` of
+                each step; ids are 32 hex digits (``parent_id`` may be None, ``cache_key``
+                "" for a ``cache=False`` task).
+
+        Raises:
+            StoreError: the journal cannot be written.
+        """
+        if not replays:
+            return
+        blob = self._seal_blob(pack_replays(replays), "replays", run_id, str(attempt))
+        with self._write_journal:
+            self._db().execute("INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
+                               (run_id, attempt, blob))
+
+    def _replayed(self, run_id: str, attempt: int | None) -> list[StepRecord]:
+        """The records of the run's replayed steps kept by :meth:`append_replays`.
+
+        Raises:
+            CorruptJournalError: a row of them is damaged.
+        """
+        sql = "SELECT attempt, steps FROM replays WHERE run_id=?"
+        params: tuple[Any, ...] = (run_id,)
+        if attempt is not None:
+            sql, params = sql + " AND attempt=?", (run_id, attempt)
+        with self._read_journal:
+            rows = self._db().execute(sql + " ORDER BY rowid", params).fetchall()
+        found: list[StepRecord] = []
+        for at, data in rows:
+            why = "the row is garbage" if not isinstance(at, int) or isinstance(at, bool) \
+                else ""
+            payload = None
+            if not why:
+                payload, why = self._open_journal_value(
+                    data, ("replays", run_id, str(at)), True,
+                    lambda why: self._corrupt(run_id, "a record of replayed steps", why))
+            if payload is not None:
+                try:
+                    found.extend(StepRecord(run_id, step, parent, task, "replayed", at,
+                                            position, started, ended, None, key)
+                                 for position, started, ended, step, parent, key, task
+                                 in unpack_replays(bytes(payload)))
+                except ValueError as exc:
+                    why = str(exc)
+            if why:
+                raise self._corrupt(run_id, f"a record of steps replayed in attempt {at!r}",
+                                    why)
+        return found
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         """A run's step records in call order.
@@ -1102,7 +1209,12 @@ class DiskStore:
             bad = garbage(row, STEP_TYPES)
             if bad:
                 raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
-        return [step_from_row(row) for row in rows]
+        records = [step_from_row(row) for row in rows]
+        replayed = self._replayed(run_id, attempt)
+        if replayed:
+            records.extend(replayed)
+            records.sort(key=_in_call_order)
+        return records
 
     def append_events(self, events: Sequence[EventRecord]) -> None:
         if not events:
@@ -1152,7 +1264,9 @@ class DiskStore:
         ``cache=False`` task, its side effect happens again, which is why durably never does
         this by itself. Damaged arguments or results of the run are cleared (a rerun with
         the same arguments stores them again); a damaged answer to an ``interrupt()`` is
-        removed (the question is asked again). Every value is checked, large ones end to end.
+        removed (the question is asked again). A damaged record of replayed steps is removed
+        (they only said which steps an attempt replayed). Every value is checked, large ones
+        end to end.
 
         Args:
             run_id: The run.

@@ -1,0 +1,264 @@
+"""Journal format 4: replayed steps recorded many to a row, and a run's start and end each
+written in one transaction (DiskStore.batch)."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import durably
+from durably import _serde
+from durably._records import StepRecord, compact_replay, pack_replays, unpack_replays
+from durably._store import JOURNAL_FORMAT
+from durably.exceptions import CorruptJournalError, StoreError
+
+_hex32 = st.binary(min_size=16, max_size=16).map(bytes.hex)
+_replay = st.tuples(
+    st.integers(0, 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.floats(allow_nan=False),
+    _hex32,
+    st.none() | _hex32,
+    st.just("") | _hex32,
+    st.text(max_size=40),
+)
+
+
+@given(st.lists(_replay, max_size=30))
+def test_replays_round_trip_through_their_row(replays: list[Any]) -> None:
+    assert unpack_replays(pack_replays(replays)) == replays
+
+
+@given(st.lists(_replay, min_size=1, max_size=5), st.data())
+def test_a_damaged_row_of_replays_is_refused_never_misread(replays: list[Any],
+                                                          data: st.DataObject) -> None:
+    blob = pack_replays(replays)
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    with pytest.raises(ValueError):
+        unpack_replays(blob[:cut])
+
+
+def test_only_records_without_more_to_keep_are_made_compact() -> None:
+    base = StepRecord("r", "ab" * 16, None, "inc", "replayed", 2, 5, 1.0, 1.5, None, "cd" * 16)
+    assert compact_replay(base) == (5, 1.0, 1.5, "ab" * 16, None, "cd" * 16, "inc")
+    for other in ({"status": "ran"}, {"inputs": "(1)"}, {"output": "2"}, {"error": "E"},
+                  {"result_digest": "ee" * 16}, {"input_digests": ("x",)},
+                  {"step_id": "not-hex"}, {"parent_id": "graph-node"}, {"cache_key": "k"}):
+        assert compact_replay(StepRecord(**{**_fields(base), **other})) is None
+
+
+def _fields(record: StepRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in StepRecord.__dataclass_fields__}
+
+
+def test_disk_store_returns_every_record_as_it_was_given(tmp_path: Path) -> None:
+    """Compact replays, replays with more to keep and ordinary rows come back equal, in call
+    order, for the whole run and for one attempt."""
+    store = durably.DiskStore(tmp_path / "s")
+    ran = StepRecord("r", "01" * 16, None, "inc", "ran", 1, 0, 1.0, 2.0, None, "aa" * 16,
+                     "(1,)", "2", "bb" * 16, ("cc" * 16,))
+    compact = StepRecord("r", "01" * 16, None, "inc", "replayed", 2, 1, 3.0, 3.0, None,
+                         "aa" * 16)
+    listened = StepRecord("r", "02" * 16, "01" * 16, "dec", "replayed", 2, 0, 2.5, 2.6, None,
+                          "", "(2,)")
+    graph = StepRecord("r", "node:a", None, "a", "replayed", 2, 2, 4.0, 4.0)
+    executed = StepRecord("r", "03" * 16, None, "inc", "ran", 2, 3, 5.0, 6.0, None, "dd" * 16)
+    store.append_steps([(ran, b"x")])
+    store.append_steps([(compact, None), (listened, None), (graph, None), (executed, b"y")])
+    assert store.list_steps("r") == [ran, listened, compact, graph, executed]
+    assert store.list_steps("r", attempt=2) == [listened, compact, graph, executed]
+    with _journal(tmp_path / "s") as con:
+        assert con.execute("SELECT count(*) FROM replays").fetchone()[0] == 1
+        assert con.execute("SELECT count(*) FROM steps WHERE status='replayed'"
+                           ).fetchone()[0] == 2  # the two that have more than a replay keeps
+
+
+@contextlib.contextmanager
+def _journal(root: Path) -> Iterator[sqlite3.Connection]:
+    con = sqlite3.connect(root / "journal.sqlite3", isolation_level=None)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+FAIL = {"on": False}
+
+
+@durably.task
+def inc(x: int) -> int:
+    return x + 1
+
+
+@durably.entrypoint
+def chain(n: int) -> int:
+    total = sum(inc(i) for i in range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    return total
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[durably.DiskStore]:
+    disk = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=disk)
+    FAIL["on"] = False
+    yield disk
+    FAIL["on"] = False
+
+
+def _failed_then_resumed(n: int) -> durably.Run[int]:
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        chain.run(n)
+    FAIL["on"] = False
+    return chain.run(n)
+
+
+def test_a_resumed_run_journals_its_replays_in_one_row(store: durably.DiskStore) -> None:
+    run = _failed_then_resumed(5)
+    assert run.counts()["replayed"] == 5
+    steps = run.steps
+    assert [s.status for s in steps] == ["replayed"] * 5
+    assert [s.position for s in steps] == list(range(5))
+    first = {s.step_id: s for s in run.records() if s.attempt == 1}
+    for s in steps:  # each names the step it replayed, as a record of its own did
+        origin = first[s.step_id]
+        assert (s.task, s.parent_id, s.cache_key, s.attempt) == (
+            origin.task, origin.parent_id, origin.cache_key, 2)
+        assert s.started <= s.ended
+    with _journal(store.path) as con:
+        assert con.execute("SELECT count(*) FROM replays").fetchone()[0] == 1
+        assert con.execute("SELECT count(*) FROM steps WHERE status='replayed'"
+                           ).fetchone()[0] == 0
+
+
+def test_a_format_3_journal_is_upgraded_and_keeps_its_replayed_rows(
+        store: durably.DiskStore) -> None:
+    """A journal written by the previous version: replayed steps as rows, no replays table.
+    It is upgraded in place; its blobs (sealed already) are not sealed twice."""
+    run = _failed_then_resumed(3)
+    store.close()
+    with _journal(store.path) as con:  # make it what format 3 wrote
+        rows = con.execute("SELECT run_id, attempt, steps FROM replays").fetchall()
+        for run_id, attempt, blob in rows:
+            payload = _serde_open(blob)
+            for position, started, ended, step, parent, key, task in unpack_replays(payload):
+                con.execute(
+                    "INSERT INTO steps (run_id, step_id, parent_id, task, status, attempt, "
+                    "position, started, ended, error, cache_key) VALUES "
+                    "(?, ?, ?, ?, 'replayed', ?, ?, ?, ?, NULL, ?)",
+                    (run_id, step, parent, task, attempt, position, started, ended, key))
+        con.execute("DROP TABLE replays")
+        con.execute("PRAGMA user_version=3")
+    before = run.records()
+    reopened = durably.DiskStore(store.path)
+    durably.configure(store=reopened)
+    assert reopened.list_steps(run.id) == before
+    with _journal(store.path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT == 4
+    # the step results were not sealed again: a new run of the same call still replays them
+    again = chain.run(3)
+    assert again.result == sum(i + 1 for i in range(3))
+    step = before[0]
+    assert _serde.loads(reopened.find_step(run.id, step.step_id)) == 1
+
+
+def _serde_open(blob: bytes) -> bytes:
+    from durably._seal import open_seal
+
+    payload, why = open_seal(blob)
+    assert payload is not None, why
+    return bytes(payload)
+
+
+def test_a_damaged_row_of_replays_names_the_run_and_repair_sets_it_aside(
+        store: durably.DiskStore) -> None:
+    run = _failed_then_resumed(3)
+    with _journal(store.path) as con:
+        con.execute("UPDATE replays SET steps = substr(steps, 1, 40)")
+    with pytest.raises(CorruptJournalError, match=f"run {run.id!r}.*replayed in attempt 2"):
+        run.records()
+    done = store.repair_run(run.id)
+    assert len(done) == 1 and "replayed in attempt 2" in done[0]
+    assert [s.status for s in run.records()] == ["ran"] * 3  # what the attempt ran is kept
+    assert chain.run(3).result == 6
+
+
+def test_a_run_start_that_fails_leaves_the_run_as_it_was(store: durably.DiskStore,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The lease, the new attempt's record and its start event commit together: when the
+    start event cannot be written, the run is not left 'running' in an attempt that never
+    began, and its lease is free."""
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        chain.run(2)
+    FAIL["on"] = False
+    (failed,) = store.list_runs()
+    real = store.append_events
+
+    def full_disk(events: Any) -> None:
+        if any(e.kind == "run_started" for e in events):
+            raise StoreError("injected: the disk is full")
+        real(events)
+
+    monkeypatch.setattr(store, "append_events", full_disk)
+    with pytest.raises(StoreError, match="injected"):
+        chain.run(2)
+    monkeypatch.setattr(store, "append_events", real)
+    after = store.find_run(failed.run_id)
+    assert after is not None
+    assert (after.status, after.attempt) == ("failed", 1)
+    run = chain.run(2)  # the lease is free
+    assert (run.status, run.attempt, run.counts()["replayed"]) == ("finished", 2, 2)
+
+
+def test_a_run_end_that_fails_in_its_transaction_is_written_step_by_step(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of an attempt (its replays, final status and lease) is one transaction; when it
+    fails, each is written on its own: nothing is lost, the lease is released, and the error
+    is not hidden."""
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        chain.run(4)
+    FAIL["on"] = False
+    real = store.append_replays
+    calls = []
+
+    def fails_once(*args: Any) -> None:
+        calls.append(args)
+        if len(calls) == 1:
+            raise StoreError("injected: the journal is busy")
+        real(*args)
+
+    monkeypatch.setattr(store, "append_replays", fails_once)
+    with pytest.raises(StoreError, match="injected"):
+        chain.run(4)
+    (rec,) = store.list_runs()
+    assert (rec.status, rec.attempt) == ("finished", 2)
+    assert _serde.loads(rec.result) == 10
+    assert [s.status for s in store.list_steps(rec.run_id, attempt=2)] == ["replayed"] * 4
+    assert chain(4) == 10  # the lease was released: the finished run answers again
+
+
+def test_batch_rolls_back_every_write_when_the_block_raises(tmp_path: Path) -> None:
+    from durably._records import EventRecord, RunRecord
+
+    store = durably.DiskStore(tmp_path / "s")
+    with pytest.raises(KeyError), store.batch():
+        store.put_run(RunRecord("r1", "m:f", "f", "running", 1.0, 1.0, 1, "d"))
+        store.append_events([EventRecord("r1", "custom", 1.0, 1)])
+        with store.batch():  # nested: part of the outer one
+            store.append_steps([(StepRecord("r1", "s", None, "t", "ran", 1, 0, 1.0, 2.0),
+                                 b"v")])
+        raise KeyError("the block fails")
+    assert store.find_run("r1") is None
+    assert store.list_events("r1") == [] and store.list_steps("r1") == []
