@@ -200,6 +200,12 @@ def _in_call_order(record: StepRecord) -> tuple[int, int]:
 _MEMO_VALUE = 64 * 1024  # the largest cache value kept in memory once read
 _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
+#: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
+#: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
+#: step writes about six pages, so SQLite's default of 1,000 cost a checkpoint every ~170
+#: steps, about half of what an executed step took; pages written again between two
+#: checkpoints are copied once. The log is deleted when the last connection closes.
+_WAL_PAGES = 8192
 
 
 def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
@@ -557,6 +563,7 @@ class DiskStore:
                         # must not grow by diskcache's defaults (32 MB + a 64 MB mmap)
                         sqlite_cache_size=2**11,
                         sqlite_mmap_size=0,
+                        sqlite_wal_autocheckpoint=_WAL_PAGES,
                     )
                     for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
                         share_file(root, folder / name)  # SQLite creates them 0644
@@ -603,6 +610,7 @@ class DiskStore:
                 share_file(root, path)  # before its -wal and -shm, which copy its mode
                 _wal_mode(con)
                 con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
+                con.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
                 if not marker.exists():  # from now on a lost journal is noticed
@@ -1031,23 +1039,22 @@ class DiskStore:
             CorruptJournalError: the recorded result of a ``cache=False`` step is damaged.
         """
         window = getattr(self._local, "window", None)
-        row = None
+        data = None
         if window is not None and window[0] == run_id:
-            row = window[1].pop(step_id, None)
-        if row is None:
+            data = window[1].pop(step_id, None)
+        if data is None:
             with self._read_journal:
                 found = self._db().execute(
-                    "SELECT result, cache_key, task, attempt, position FROM steps WHERE "
-                    "run_id=? AND step_id=? AND status IN ('ran', 'cached') LIMIT 1",
-                    (run_id, step_id)).fetchone()
+                    "SELECT result, attempt, position FROM steps WHERE run_id=? AND step_id=? "
+                    "AND status IN ('ran', 'cached') LIMIT 1", (run_id, step_id)).fetchone()
             if found is None:
                 return None
-            row = found[:3]
-            self._read_ahead(run_id, found[3], found[4])
-        value, why = self._step_value(run_id, step_id, row[0])
+            data = found[0]
+            self._read_ahead(run_id, found[1], found[2])
+        value, why = self._step_value(run_id, step_id, data)
         if value is not None:
             return value
-        return self._find_step_slow(run_id, step_id, why, row)
+        return self._find_step_slow(run_id, step_id, why)
 
     def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
         """Read the next finished steps of the run in journal order (a resumed run replays
@@ -1055,19 +1062,18 @@ class DiskStore:
         results are kept (at most 8 MB in all); the journal is never held whole."""
         with self._read_journal:
             rows = self._db().execute(
-                "SELECT step_id, CASE WHEN length(result) <= 65536 THEN result END, cache_key, "
-                "task FROM steps WHERE run_id=? AND status IN ('ran', 'cached') AND "
-                "(attempt, position) > (?, ?) ORDER BY attempt, position LIMIT 512",
-                (run_id, attempt, position)).fetchall()
-        ahead: dict[str, tuple[Any, str, str]] = {}
+                "SELECT step_id, CASE WHEN length(result) <= 65536 THEN result END FROM steps "
+                "WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) > (?, ?) "
+                "ORDER BY attempt, position LIMIT 512", (run_id, attempt, position)).fetchall()
+        ahead: dict[str, Any] = {}
         size = 0
-        for step, result, cache_key, task in rows:
+        for step, result in rows:
             if result is None or step in ahead:
                 continue  # large (read when asked for) or a later record of the same step
             size += len(result)
             if size > 8 << 20:
                 break
-            ahead[step] = (result, cache_key, task)
+            ahead[step] = result
         self._local.window = (run_id, ahead)
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
@@ -1081,19 +1087,20 @@ class DiskStore:
             data, ("step", run_id, step_id), True,
             lambda why: self._corrupt(run_id, f"the result of step {step_id}", why))
 
-    def _find_step_slow(self, run_id: str, step_id: str, why: str, first: Sequence[Any]
-                        ) -> bytes | None:
-        """A later sound record of the step (written when it ran again), else the verdict on
+    def _find_step_slow(self, run_id: str, step_id: str, why: str) -> bytes | None:
+        """Another, sound record of the step (written when it ran again), else the verdict on
         the damaged one."""
         with self._read_journal:
             rows = self._db().execute(
                 "SELECT result, cache_key, task FROM steps WHERE run_id=? AND step_id=? AND "
                 "status IN ('ran', 'cached') ORDER BY rowid", (run_id, step_id)).fetchall()
-        for data, _, _ in rows[1:]:
+        for data, _, _ in rows:  # (the damaged one among them reads as damaged again)
             value, _why = self._step_value(run_id, step_id, data)
             if value is not None:
                 return value
-        _, cache_key, task = first
+        if not rows:  # set aside meanwhile (repair_run): not in the journal any more
+            return None
+        _, cache_key, task = rows[0]
         what = f"the recorded result of step {step_id} (task {task!r})"
         if isinstance(cache_key, str) and cache_key:
             log.warning("durably: the journal of run %r at %s is damaged: %s cannot be "
