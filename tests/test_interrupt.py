@@ -422,7 +422,7 @@ def test_checkpoint_is_a_frozen_record() -> None:
 
 # -- found by a new user trying to break it --------------------------------------------------
 def test_a_resume_that_cannot_take_the_lease_answers_nothing() -> None:
-    from durably._lease import me
+    from durably._lease import hold, let_go, me
 
     @entrypoint
     def flow() -> Any:
@@ -431,10 +431,14 @@ def test_a_resume_that_cannot_take_the_lease_answers_nothing() -> None:
     run = flow.run()
     store = durably.get_run(run.id)._store
     other = dataclasses.replace(me(), token="other-token")  # a live owner
-    assert store.acquire_run(run.id, other) is None  # another process is resuming it
-    with pytest.raises(durably.RunStateError, match="being executed"):
-        flow.resume(run.id, "A")
-    assert store.list_events(run.id, ("answer",)) == []  # A's answer was not recorded
+    hold(other)
+    try:
+        assert store.acquire_run(run.id, other) is None  # another thread is resuming it
+        with pytest.raises(durably.RunStateError, match="being executed"):
+            flow.resume(run.id, "A")
+        assert store.list_events(run.id, ("answer",)) == []  # A's answer was not recorded
+    finally:
+        let_go(other)
     store.release_run(run.id, other)
     assert flow.resume(run.id, "B") == "B"
 

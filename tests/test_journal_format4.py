@@ -17,7 +17,7 @@ import durably
 from durably import _serde
 from durably._records import StepRecord, compact_replay, pack_replays, unpack_replays
 from durably._store import JOURNAL_FORMAT
-from durably.exceptions import CorruptJournalError, StoreError
+from durably.exceptions import StoreError
 
 _hex32 = st.binary(min_size=16, max_size=16).map(bytes.hex)
 _replay = st.tuples(
@@ -179,17 +179,114 @@ def _serde_open(blob: bytes) -> bytes:
     return bytes(payload)
 
 
-def test_a_damaged_row_of_replays_names_the_run_and_repair_sets_it_aside(
-        store: durably.DiskStore) -> None:
+def test_a_damaged_row_of_replays_is_left_out_with_a_warning_and_repair_sets_it_aside(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """The row only said which steps an attempt replayed: damaged, it never stops the run
+    from being read, resumed or answered."""
     run = _failed_then_resumed(3)
     with _journal(store.path) as con:
         con.execute("UPDATE replays SET steps = substr(steps, 1, 40)")
-    with pytest.raises(CorruptJournalError, match=f"run {run.id!r}.*replayed in attempt 2"):
+    with caplog.at_level("WARNING", logger="durably"):
+        records = run.records()
         run.records()
+    assert [s.status for s in records] == ["ran"] * 3  # what attempt 1 ran is all there is
+    warnings = [m for m in (r.getMessage() for r in caplog.records) if "attempt 2" in m]
+    assert len(warnings) == 1 and run.id in warnings[0] and "repair_run" in warnings[0]
+    FAIL["on"] = True  # the run goes on: a third attempt replays again
+    with pytest.raises(RuntimeError):
+        chain.run(3)
+    FAIL["on"] = False
+    assert chain.run(3).counts()["replayed"] == 3
     done = store.repair_run(run.id)
     assert len(done) == 1 and "replayed in attempt 2" in done[0]
-    assert [s.status for s in run.records()] == ["ran"] * 3  # what the attempt ran is kept
-    assert chain.run(3).result == 6
+    assert [s.status for s in store.list_steps(run.id, attempt=4)] == ["replayed"] * 3
+
+
+def test_replays_are_listed_in_a_store_opened_with_another_key(
+        store: durably.DiskStore, tmp_path: Path) -> None:
+    """They are parsed, never unpickled: a checksum, no signature, so a store written
+    without a key and opened with one (to look inside it) still lists them."""
+    run = _failed_then_resumed(3)
+    other = durably.DiskStore(store.path, key="another key of 32 bytes, at least")
+    assert [s.status for s in other.list_steps(run.id, attempt=2)] == ["replayed"] * 3
+
+
+def test_a_transaction_left_open_by_an_interrupted_write_is_rolled_back(
+        store: durably.DiskStore) -> None:
+    """Ctrl-C between BEGIN and COMMIT leaves the thread's connection in a transaction that
+    was never committed; the next write must not join it (its writes would be lost with it,
+    and other processes would wait on its lock)."""
+    assert chain(1) == 1
+    store._db().execute("BEGIN IMMEDIATE")  # what an ill-timed KeyboardInterrupt leaves
+    assert chain(2) == 3
+    other = sqlite3.connect(store.path / "journal.sqlite3", timeout=1)
+    try:
+        statuses = other.execute("SELECT status FROM runs").fetchall()
+        assert statuses == [("finished",), ("finished",)]
+        other.execute("BEGIN IMMEDIATE")  # the write lock is free
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_a_lease_this_process_left_behind_is_taken_over(store: durably.DiskStore) -> None:
+    """An attempt interrupted (Ctrl-C) before it released its lease left a lease of this
+    process that no attempt holds: the next call continues the run instead of refusing it as
+    being executed in this process."""
+    from durably._lease import hold, let_go, me
+
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        chain.run(2)
+    FAIL["on"] = False
+    (rec,) = store.list_runs()
+    assert store.acquire_run(rec.run_id, me()) is None  # a lease nobody holds any more
+    run = chain.run(2)
+    assert (run.status, run.attempt) == ("finished", 2)
+    live = me()  # a lease an attempt of this process does hold is respected
+    hold(live)
+    try:
+        assert store.acquire_run(rec.run_id, live) is None
+        with pytest.raises(durably.RunStateError, match="in this process"):
+            chain.run(2)
+    finally:
+        let_go(live)
+        store.release_run(rec.run_id, live)
+
+
+def test_a_streamed_attempt_keeps_the_inputs_of_its_replayed_steps(
+        store: durably.DiskStore) -> None:
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        chain.run(2)
+    FAIL["on"] = False
+    events = list(chain.stream(2))
+    shown = [e.inputs for e in events if e.kind == "step_finished"]
+    (rec,) = store.list_runs()
+    kept = [s.inputs for s in store.list_steps(rec.run_id, attempt=2)]
+    assert shown == kept == ["x=0", "x=1"]
+
+
+def test_a_large_result_is_written_outside_the_transaction_that_ends_the_attempt(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other processes' journal writes wait for that transaction: a large result (pickled,
+    perhaps written to blobs/) is written on its own; a small one with the rest."""
+    from durably import _runtime
+
+    seen: list[tuple[str, bool]] = []
+    real = store.put_run
+
+    def put_run(record: Any) -> None:
+        seen.append((record.status, store._db().in_transaction))
+        real(record)
+
+    monkeypatch.setattr(store, "put_run", put_run)
+    assert chain(2) == 3
+    assert seen[-1] == ("finished", True)
+    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every pickled result is larger
+    assert chain(3) == 6
+    assert seen[-1] == ("finished", False)
+    assert store.find_run(chain.run(3).id) is not None
 
 
 def test_a_run_start_that_fails_leaves_the_run_as_it_was(store: durably.DiskStore,

@@ -210,11 +210,24 @@ def test_memory_store_is_independent() -> None:
 
 # -- leases ------------------------------------------------------------------------------------
 def test_lease_is_exclusive_while_the_owner_lives(store: Any) -> None:
+
+    from durably._lease import hold, let_go, me
+
+    a, b = me(), me()
+    hold(a)  # attempts of this process executing runs (a lease no attempt holds is taken over)
+    hold(b)
+    try:
+        _exclusive(store, a, b)
+    finally:
+        let_go(a)
+        let_go(b)
+
+
+def _exclusive(store: Any, a: Any, b: Any) -> None:
     import dataclasses as dc
 
     from durably._lease import me
 
-    a, b = me(), me()
     assert store.acquire_run("r", a) is None
     assert store.acquire_run("r", a) is None  # the owner may take it again
     holder = store.acquire_run("r", b)

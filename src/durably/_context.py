@@ -151,13 +151,17 @@ class RunContext:
         with self._lock:
             self.counts[status] += 1
 
-    def note_replayed(self, replay: Replay) -> None:
-        """Buffer the record of a replayed step (``(position, started, ended, step_id,
-        parent_id, cache_key, task)``); it is informational, so it is written in batches."""
+    def note_replayed(self, replay: Replay | StepRecord) -> None:
+        """Buffer the record of a replayed step: ``(position, started, ended, step_id,
+        parent_id, cache_key, task)``, or a whole record when it has more (the inputs a
+        listener asked for). It is informational, so it is written in batches."""
         with self._lock:
-            self._replays.append(replay)
+            if isinstance(replay, StepRecord):
+                self._pending.append((replay, None))
+            else:
+                self._replays.append(replay)
             self.counts["replayed"] += 1
-            full = len(self._replays) >= _FLUSH_EVERY
+            full = len(self._replays) + len(self._pending) >= _FLUSH_EVERY
         if full:
             self.flush()
 

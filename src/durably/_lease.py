@@ -13,7 +13,7 @@ import socket
 import time
 import uuid
 
-__all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "me"]
+__all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "hold", "let_go", "me"]
 
 #: a lease held from another host expires when not renewed for this many seconds
 LEASE_SECONDS = 120.0
@@ -46,7 +46,9 @@ class Owner:
         if self.host != socket.gethostname():
             return now - self.heartbeat < LEASE_SECONDS
         if self.pid == os.getpid():
-            return self.started == _ME.started  # this process: alive (another thread)
+            # this process: alive while another thread (or a stream) executes the run; a
+            # token no attempt holds was left by one interrupted before its release (Ctrl-C)
+            return self.started == _ME.started and self.token in _LIVE
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -61,6 +63,21 @@ class Owner:
 
 
 _ME = Owner(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), "")
+
+
+#: tokens of the attempts this process is executing now (see :func:`hold`)
+_LIVE: set[str] = set()
+
+
+def hold(owner: Owner) -> None:
+    """Mark ``owner`` as executing a run in this process (before its lease is taken): a
+    lease of this process whose owner is not held is a leftover, taken over."""
+    _LIVE.add(owner.token)
+
+
+def let_go(owner: Owner) -> None:
+    """The attempt of ``owner`` ended (its lease released, or left behind)."""
+    _LIVE.discard(owner.token)
 
 
 def me() -> Owner:

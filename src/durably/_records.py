@@ -18,8 +18,8 @@ from ._lease import Owner
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES", "SCHEMA",
            "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "STEP_COLS",
            "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
-           "Replay", "compact_replay", "garbage", "immediate", "key_row", "now", "pack_replays",
-           "run_row", "step_from_row", "step_row", "unpack_replays"]
+           "Replay", "compact_replay", "discard_leftover", "garbage", "immediate", "key_row",
+           "now", "pack_replays", "run_row", "step_from_row", "step_row", "unpack_replays"]
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -378,17 +378,27 @@ STEP_COLS = (
 EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
 
 
+#: ids of the connections inside a transaction :func:`immediate` opened (each thread has its
+#: own connection: only that thread adds and removes its id)
+_OPEN: set[int] = set()
+
+
 @contextlib.contextmanager
 def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error
     (SQLite may have rolled it back already, after a full disk: the original error wins).
-    Inside a transaction already open on ``db`` (:meth:`DiskStore.batch`) it is part of
-    that one: it commits or rolls back with it."""
-    if db.in_transaction:
+    Inside one it opened already on ``db`` (:meth:`DiskStore.batch`) it is part of that one:
+    it commits or rolls back with it. A transaction left open on ``db`` by an interrupted
+    write (Ctrl-C between its BEGIN and its end) is rolled back first: it was never
+    committed, and joining it would lose every later write."""
+    key = id(db)
+    if key in _OPEN:
         yield db
         return
-    db.execute("BEGIN IMMEDIATE")
+    discard_leftover(db)
     try:
+        db.execute("BEGIN IMMEDIATE")
+        _OPEN.add(key)
         yield db
         db.execute("COMMIT")
     except BaseException:
@@ -396,6 +406,16 @@ def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
         raise
+    finally:
+        _OPEN.discard(key)
+
+
+def discard_leftover(db: sqlite3.Connection) -> None:
+    """Roll back a transaction an interrupted write left open on ``db`` (never one that
+    :func:`immediate` has open now)."""
+    if db.in_transaction and id(db) not in _OPEN:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
 
 
 

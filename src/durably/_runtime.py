@@ -35,7 +35,7 @@ from ._context import RunContext, StopRun, current_run, current_step, cutoff
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
-from ._lease import me
+from ._lease import hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
@@ -46,6 +46,9 @@ __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_i
 log = logging.getLogger("durably")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
+#: a run result bigger than this is written outside the transaction that ends the attempt
+#: (other processes' journal writes wait for that transaction)
+_BATCHED_RESULT = 1 << 20
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
 
 
@@ -482,11 +485,14 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         value = _load(data, spec, "journaled")
         if parent is not None and call.step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
-        ctx.note_replayed((call.position, call.started, now(), call.step_id, parent,
-                           key if spec.cache else "", spec.name))
-        if listening:
-            ctx.emit(call.event("step_finished", call.record(
-                "replayed", output=short_repr(value))))
+        if listening:  # the whole record: it keeps the inputs the listener was shown
+            record = call.record("replayed")
+            ctx.note_replayed(record)
+            ctx.emit(call.event("step_finished", dataclasses.replace(
+                record, output=short_repr(value))))
+        else:
+            ctx.note_replayed((call.position, call.started, now(), call.step_id, parent,
+                               key if spec.cache else "", spec.name))
         return value, call
     if spec.cache:
         data = ctx.pending_cache(key) if ctx.read_cache else None
@@ -707,64 +713,74 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     except SerializationError:
         stored_args = None
     owner = me()
+    hold(owner)  # from now on, a lease of this process with its token is not a leftover
     # the lease, the run's record and its start event commit together: one commit, and no
     # other process sees the lease without the record (a store without batch(): one each)
-    with _one_transaction(store):
-        holder = store.acquire_run(run_id, owner)
-        if holder is not None:
-            if holder.pid == owner.pid and holder.host == owner.host:
+    try:
+        with _one_transaction(store):
+            holder = store.acquire_run(run_id, owner)
+            if holder is not None:
+                if holder.pid == owner.pid and holder.host == owner.host:
+                    raise RunStateError(
+                        f"run {run_id!r} is being executed in this process right now (by another "
+                        "thread, or a stream() that is still open: close it with .close(), or "
+                        "finish iterating it). Fix: wait for it, or start a separate run with "
+                        "fresh=True or another run_id.")
                 raise RunStateError(
-                    f"run {run_id!r} is being executed in this process right now (by another "
-                    "thread, or a stream() that is still open: close it with .close(), or "
-                    "finish iterating it). Fix: wait for it, or start a separate run with "
-                    "fresh=True or another run_id.")
-            raise RunStateError(
-                f"run {run_id!r} is being executed by {holder.describe()} right now; two "
-                "processes must not execute one run. Fix: wait for it to finish (then rerun to "
-                "get its result), or start a separate run with fresh=True or another run_id."
-            )
-        try:
-            # read again under the lease: another process may have finished an attempt
-            existing = store.find_run(run_id)
-            if on_lease is not None:
-                on_lease(store, existing)
-            t = now()
-            record = RunRecord(
-                run_id=run_id,
-                entrypoint=spec.identity,
-                name=spec.name,
-                status="running",
-                created=existing.created if existing else t,
-                updated=t,
-                attempt=(existing.attempt + 1) if existing else 1,
-                input_digest=input_digest,
-                args=stored_args,
-            )
-            store.put_run(record)
-            resumed_from = existing.status if existing else None
-            answers: dict[str, bytes] = {}
-            asked: set[str] = set()
-            questions: dict[str, bytes | None] = {}
-            if existing is not None:
-                for e in store.list_events(run_id, ("interrupt", "answer")):
-                    if e.kind == "answer" and e.data is not None:
-                        answers[e.key] = e.data
-                    elif e.kind == "interrupt":
-                        questions[e.key] = e.data
-                        if e.step_id is not None:
-                            asked.add(e.step_id)
-            store.append_events([EventRecord(
-                run_id, "run_started", t, record.attempt,
-                data=_serde.dumps({"status": existing.status if existing else "new"},
-                                  what="a run event"))])
-        except BaseException:
-            store.release_run(run_id, owner)  # never leave a lease behind
-            raise
+                    f"run {run_id!r} is being executed by {holder.describe()} right now; two "
+                    "processes must not execute one run. Fix: wait for it to finish (then rerun to "
+                    "get its result), or start a separate run with fresh=True or another run_id."
+                )
+            try:
+                # read again under the lease: another process may have finished an attempt
+                existing = store.find_run(run_id)
+                if on_lease is not None:
+                    on_lease(store, existing)
+                t = now()
+                record = RunRecord(
+                    run_id=run_id,
+                    entrypoint=spec.identity,
+                    name=spec.name,
+                    status="running",
+                    created=existing.created if existing else t,
+                    updated=t,
+                    attempt=(existing.attempt + 1) if existing else 1,
+                    input_digest=input_digest,
+                    args=stored_args,
+                )
+                store.put_run(record)
+                resumed_from = existing.status if existing else None
+                answers: dict[str, bytes] = {}
+                asked: set[str] = set()
+                questions: dict[str, bytes | None] = {}
+                if existing is not None:
+                    for e in store.list_events(run_id, ("interrupt", "answer")):
+                        if e.kind == "answer" and e.data is not None:
+                            answers[e.key] = e.data
+                        elif e.kind == "interrupt":
+                            questions[e.key] = e.data
+                            if e.step_id is not None:
+                                asked.add(e.step_id)
+                store.append_events([EventRecord(
+                    run_id, "run_started", t, record.attempt,
+                    data=_serde.dumps({"status": existing.status if existing else "new"},
+                                      what="a run event"))])
+            except BaseException:
+                store.release_run(run_id, owner)  # never leave a lease behind
+                raise
+    except BaseException:
+        let_go(owner)
+        raise
     if existing is not None and existing.status == "running":
         try:  # after a crash (the cache is another database: outside the transaction)
             _restore_cache(store, run_id, existing.attempt)
+        except Exception as exc:  # noqa: BLE001 - the journal has every result
+            log.warning("durably: run %r: the cache entries its crashed attempt had queued "
+                        "could not be put back (%s); its journal has their results", run_id,
+                        exc)
         except BaseException:
             store.release_run(run_id, owner)
+            let_go(owner)
             raise
     ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
                      answers=answers, read_cache=read_cache)
@@ -810,24 +826,10 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
     current_step.reset(step_token)
     current_run.reset(run_token)
     ctx, record = started.ctx, started.record
-    store = ctx.store
-    taken = ctx.take_pending()
     try:
-        ctx.flush_cache()  # the cache is another database: outside the transaction below
-        # the buffered records, the final status and the lease's release: one commit
-        with _one_transaction(store):
-            ctx.write(taken)
-            _finish_record(ctx, record, result, exc, started.wall)
-            store.release_run(record.run_id, ctx.owner)
-    except BaseException:  # (a full disk): each write on its own, the lease released anyway
-        try:
-            ctx.write(taken)
-        finally:
-            try:
-                _finish_record(ctx, record, result, exc, started.wall)
-            finally:
-                store.release_run(record.run_id, ctx.owner)
-        raise
+        _end_attempt(ctx, record, result, exc, started.wall)
+    finally:
+        let_go(ctx.owner)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
@@ -842,7 +844,11 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
 
         handle: Run[Any] = Run(record, ctx.store)
         handle.resumed_from, handle.wall_time = started.resumed_from, now() - started.wall
-        log.info("durably: %s", handle.summary())
+        try:
+            log.info("durably: %s", handle.summary())
+        except Exception as summary_exc:  # noqa: BLE001 - a log line never fails the run
+            log.warning("durably: run %r %s; its summary cannot be read: %s", record.run_id,
+                        record.status, summary_exc)
     if exc is not None and isinstance(exc, Exception):
         exc.add_note(
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
@@ -861,8 +867,47 @@ def run_status(exc: BaseException | None) -> str:
     return "failed"
 
 
-def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None,
-                   started: float) -> None:
+def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseException | None,
+                 wall: float) -> None:
+    """Journal the attempt's buffered records, its final status and event, and release its
+    lease: one transaction, unless the result is large or that fails."""
+    store = ctx.store
+    taken = ctx.take_pending()
+    info: bytes | None = None
+    failure: BaseException | None = None
+    written = False
+    try:
+        info = _final_record(record, result, exc, wall)  # pickled outside any transaction
+        ctx.flush_cache()  # the cache is another database: outside the transaction below
+        if record.result is None or len(record.result) <= _BATCHED_RESULT:
+            # the buffered records, the final status and the lease's release: one commit
+            with _one_transaction(store):
+                ctx.write(taken)
+                _write_final(store, record, info)
+                store.release_run(record.run_id, ctx.owner)
+            written = True
+    except BaseException as error:  # noqa: BLE001 - (a full disk, Ctrl-C): written below
+        failure = error
+    if not written:
+        # each write on its own: a large result does not keep other processes' journal writes
+        # waiting while it is written; after a failure, the lease is released anyway
+        try:
+            ctx.write(taken)
+        finally:
+            try:
+                if info is None:
+                    info = _final_record(record, result, exc, wall)
+                _write_final(store, record, info)
+            finally:
+                store.release_run(record.run_id, ctx.owner)
+    if failure is not None:
+        raise failure
+
+
+def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
+                  started: float) -> bytes:
+    """Set the run's final status, result (pickled) and error on its record; return the
+    pickled data of its final event."""
     record.updated = now()
     record.status = run_status(exc)
     if exc is None:
@@ -878,12 +923,16 @@ def _finish_record(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExc
             exc, StopRun) else repr(exc)[:2000]
     elif record.status == "failed":
         record.error = repr(exc)[:2000]
-    ctx.store.put_run(record)
     info: dict[str, Any] = {"status": record.status, "duration": record.updated - started,
                             "output": short_repr(result) if exc is None else None,
                             "error": record.error if exc is not None else None}
     if isinstance(exc, InterruptSignal):
         info["interrupts"] = [i.id for i in exc.interrupts]
-    ctx.store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
-                                         record.attempt,
-                                         data=_serde.dumps(info, what="a run event"))])
+    return _serde.dumps(info, what="a run event")
+
+
+def _write_final(store: Store, record: RunRecord, info: bytes) -> None:
+    """Journal the run's final record and its final event."""
+    store.put_run(record)
+    store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
+                                     record.attempt, data=info)])

@@ -76,6 +76,7 @@ from ._records import (
     StepRecord,
     Store,
     compact_replay,
+    discard_leftover,
     garbage,
     immediate,
     key_row,
@@ -580,6 +581,8 @@ class DiskStore:
         root = self._open()
         con: sqlite3.Connection | None = getattr(self._local, "con", None)
         if con is not None:
+            if con.in_transaction:  # left open by an interrupted write, unless ours is open
+                discard_leftover(con)
             return con
         path = root / "journal.sqlite3"
         with self._translate(path, "open the journal"):
@@ -1155,17 +1158,17 @@ class DiskStore:
         """
         if not replays:
             return
-        blob = self._seal_blob(pack_replays(replays), "replays", run_id, str(attempt))
+        # a checksum, never a signature: the row is parsed, never unpickled, so a store opened
+        # with another key (to look inside it) still lists its replays
+        blob = seal(pack_replays(replays))
         with self._write_journal:
             self._db().execute("INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
                                (run_id, attempt, blob))
 
     def _replayed(self, run_id: str, attempt: int | None) -> list[StepRecord]:
-        """The records of the run's replayed steps kept by :meth:`append_replays`.
-
-        Raises:
-            CorruptJournalError: a row of them is damaged.
-        """
+        """The records of the run's replayed steps kept by :meth:`append_replays`. They only
+        say which steps an attempt replayed: a damaged row is left out, with a warning
+        (:meth:`repair_run` sets it aside), and never stops a run from continuing."""
         sql = "SELECT attempt, steps FROM replays WHERE run_id=?"
         params: tuple[Any, ...] = (run_id,)
         if attempt is not None:
@@ -1174,24 +1177,25 @@ class DiskStore:
             rows = self._db().execute(sql + " ORDER BY rowid", params).fetchall()
         found: list[StepRecord] = []
         for at, data in rows:
-            why = "the row is garbage" if not isinstance(at, int) or isinstance(at, bool) \
-                else ""
-            payload = None
-            if not why:
-                payload, why = self._open_journal_value(
-                    data, ("replays", run_id, str(at)), True,
-                    lambda why: self._corrupt(run_id, "a record of replayed steps", why))
+            payload, why = (None, "the row is garbage") if type(at) is not int \
+                else open_seal(data)
             if payload is not None:
                 try:
                     found.extend(StepRecord(run_id, step, parent, task, "replayed", at,
                                             position, started, ended, None, key)
                                  for position, started, ended, step, parent, key, task
-                                 in unpack_replays(bytes(payload)))
+                                 in unpack_replays(payload))
+                    continue
                 except ValueError as exc:
                     why = str(exc)
-            if why:
-                raise self._corrupt(run_id, f"a record of steps replayed in attempt {at!r}",
-                                    why)
+            warned = f"replays {run_id} {at!r}"
+            if warned not in self._warned:
+                self._warned.add(warned)
+                log.warning("durably: the journal of run %r at %s is damaged: a record of steps "
+                            "replayed in attempt %r cannot be trusted (%s); they are left out "
+                            "of its records (they only said which steps were replayed). Fix: "
+                            "durably.DiskStore(%r).repair_run(%r) sets the row aside", run_id,
+                            self.path, at, why, str(self.path), run_id)
         return found
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
