@@ -374,3 +374,116 @@ def test_the_write_ahead_logs_are_checkpointed_less_often_than_sqlite_s_default(
     assert again.cache_get("ab" * 16) == b"v"
     assert again._db().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
     assert again.cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
+
+
+def test_a_batch_whose_end_never_ran_is_rolled_back_by_the_next_write(
+        store: durably.DiskStore) -> None:
+    """A KeyboardInterrupt landing as a block's ``__exit__`` is entered leaves its
+    transaction open: once the block's frame is gone, the next write rolls it back instead
+    of joining it (its writes would never be committed, and other processes would wait on
+    its lock)."""
+    from durably._records import EventRecord, RunRecord
+
+    kept = []  # (as the traceback of the interrupt would keep it)
+
+    def left_without_its_end() -> None:
+        batch = store.batch()
+        kept.append(batch)
+        batch.__enter__()  # ... and its __exit__ never runs
+        store.put_run(RunRecord("lost", "m:f", "f", "running", 1.0, 1.0, 1, "d"))
+
+    left_without_its_end()
+    assert store._db().in_transaction is False  # rolled back when next used
+    assert chain(2) == 3
+    store.append_events([EventRecord("r", "custom", 1.0, 1)])
+    other = sqlite3.connect(store.path / "journal.sqlite3", timeout=1)
+    try:
+        assert other.execute("SELECT run_id FROM runs WHERE run_id='lost'").fetchone() is None
+        assert other.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+        assert other.execute("SELECT count(*) FROM events WHERE kind='custom'"
+                             ).fetchone()[0] == 1
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_a_block_still_running_keeps_its_transaction(store: durably.DiskStore) -> None:
+    from durably._records import EventRecord
+
+    with store.batch():
+        store.append_events([EventRecord("r", "custom", 1.0, 1)])
+        assert store._db().in_transaction  # _db() did not take it for a leftover
+        store.append_events([EventRecord("r", "custom", 2.0, 1)])
+    assert len(store.list_events("r")) == 2
+
+
+def test_an_attempt_interrupted_while_it_settles_ends_and_frees_its_lease(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C after the body returned, while the attempt waits for work it submitted: the
+    attempt still ends (stopped), so the same process can continue the run at once."""
+    from durably import _decorators
+
+    real = _decorators._settle_submitted
+    calls = []
+
+    def interrupted(ctx: Any) -> None:
+        calls.append(ctx)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(ctx)
+
+    monkeypatch.setattr(_decorators, "_settle_submitted", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        chain.run(2)
+    (rec,) = store.list_runs()
+    assert rec.status == "stopped"
+    assert durably._context.current_run.get() is None
+    run = chain.run(2)
+    assert (run.status, run.attempt, run.counts()["replayed"]) == ("finished", 2, 2)
+
+
+def test_a_cache_transaction_left_open_is_rolled_back(tmp_path: Path) -> None:
+    """diskcache can be interrupted between its BEGIN and its block too: the cache's write
+    lock must not stay held, nor later cache writes be swallowed."""
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("aa" * 16, b"one", None)
+    store.cache._con.execute("BEGIN IMMEDIATE")  # what the interrupted write left
+    store.cache_put("bb" * 16, b"two", None)
+    other = durably.DiskStore(tmp_path / "s", memo_entries=0)
+    assert other.cache_get("bb" * 16) == b"two"  # committed
+    other.cache_put("cc" * 16, b"three", None)  # and the lock is free
+
+
+def test_replays_with_a_forged_header_are_refused() -> None:
+    """A row with a sound checksum but a header nested too deeply to parse is damaged (a
+    ValueError, so the row is left out), not a RecursionError out of every listing."""
+    import struct
+
+    from durably._records import _REPLAYS_MAGIC
+
+    forged = _REPLAYS_MAGIC + struct.pack("<II", 100_000, 0) + b"[" * 100_000
+    with pytest.raises(ValueError, match="damaged"):
+        unpack_replays(forged)
+
+
+def test_large_results_of_cached_steps_are_journaled_at_once(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never held in memory for a batch, nor written in the transaction that ends the
+    attempt."""
+    from durably import _context
+
+    assert chain(3) == 6  # fills the cache
+    FAIL["on"] = False
+    monkeypatch.setattr(_context, "LARGE_ROW", 0)
+    seen: list[tuple[str, bool]] = []
+    real = store.append_steps
+
+    def append_steps(steps: Any) -> None:
+        seen.extend((rec.status, store._db().in_transaction) for rec, _ in steps)
+        real(steps)
+
+    monkeypatch.setattr(store, "append_steps", append_steps)
+    run = chain.run(3, run_id="another")  # a new run: its steps come from the cache
+    assert run.counts()["cached"] == 3
+    assert [s for s in seen if s[0] == "cached"] == [("cached", False)] * 3

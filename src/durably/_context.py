@@ -27,6 +27,9 @@ class StopRun(BaseException):
     run is recorded as ``stopped`` and stays resumable."""
 
 _FLUSH_EVERY = 2048  # replay records buffered before a write
+#: a journal row holding more bytes than this is written on its own, outside a batch
+LARGE_ROW = 1 << 20
+_PENDING_BYTES = 8 << 20  # ... and buffered journal rows holding this many bytes are written
 CACHE_BATCH = 256  # cache writes queued before a batch write
 _CACHE_BYTES = 32 << 20  # ... or this many bytes of results
 _CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
@@ -42,6 +45,7 @@ class RunContext:
         "_lock",
         "_occurrences",
         "_pending",
+        "_pending_bytes",
         "_positions",
         "_renewed",
         "_replays",
@@ -107,6 +111,7 @@ class RunContext:
         self._positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
         self._replays: list[Replay] = []
+        self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
         #: steps of this attempt by status: ran, cached, replayed, failed
         self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
@@ -169,10 +174,18 @@ class RunContext:
         """Buffer the journal row of a step served from the cross-run cache: written in
         batches like replay rows. A row lost in a crash costs nothing: on resume the cache
         serves the step again."""
+        if type(data) is not bytes or len(data) > LARGE_ROW:
+            # a large value is journaled at once: never held in memory for a batch, nor
+            # written inside the transaction that ends the attempt
+            self.store.append_steps([(record, data)])
+            with self._lock:
+                self.counts["cached"] += 1
+            return
         with self._lock:
             self._pending.append((record, data))
+            self._pending_bytes += len(data)
             self.counts["cached"] += 1
-            full = len(self._pending) >= _FLUSH_EVERY
+            full = len(self._pending) >= _FLUSH_EVERY or self._pending_bytes >= _PENDING_BYTES
         if full:
             self.flush()
 
@@ -207,6 +220,7 @@ class RunContext:
         with self._lock:
             pending, self._pending = self._pending, []
             replays, self._replays = self._replays, []
+            self._pending_bytes = 0
         return pending, replays
 
     def write(self, taken: tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]

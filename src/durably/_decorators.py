@@ -603,22 +603,27 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                             fresh=fresh, listener=listener, read_cache=read_cache, store=store,
                             on_lease=on_lease)
         try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
+            try:
+                result = wrapped(*args, **kwargs)
+            except BaseException as exc:
+                _settle_submitted(started.ctx)
+                signal = _as_interrupt(started.ctx, exc)
+                if signal is not None:
+                    end_run(started, exc=signal)
+                    return _paused(started, signal, handle)
+                end_run(started, exc=exc)
+                raise
             _settle_submitted(started.ctx)
-            signal = _as_interrupt(started.ctx, exc)
-            if signal is not None:
+            signal = _as_interrupt(started.ctx, None)
+            if signal is not None:  # the user's code caught the signal: the run still waits
                 end_run(started, exc=signal)
                 return _paused(started, signal, handle)
-            end_run(started, exc=exc)
+            end_run(started, result=result)
+            return _handle(started, result) if handle else result
+        except BaseException as exc:
+            if not started.ended:  # interrupted before it ended (Ctrl-C while settling)
+                end_run(started, exc=exc)
             raise
-        _settle_submitted(started.ctx)
-        signal = _as_interrupt(started.ctx, None)
-        if signal is not None:  # the user's code caught the signal: the run still waits
-            end_run(started, exc=signal)
-            return _paused(started, signal, handle)
-        end_run(started, result=result)
-        return _handle(started, result) if handle else result
 
     async def _self_arun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                          run_id: str | None, fresh: bool, handle: bool,
@@ -628,21 +633,26 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                             fresh=fresh, listener=listener, read_cache=read_cache, store=store,
                             on_lease=on_lease)
         try:
-            result = await wrapped(*args, **kwargs)
-        except BaseException as exc:
-            await _settle(started.ctx)
-            signal = _as_interrupt(started.ctx, exc)
+            try:
+                result = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                await _settle(started.ctx)
+                signal = _as_interrupt(started.ctx, exc)
+                if signal is not None:
+                    end_run(started, exc=signal)
+                    return _paused(started, signal, handle)
+                end_run(started, exc=exc)
+                raise
+            signal = _as_interrupt(started.ctx, None)
             if signal is not None:
                 end_run(started, exc=signal)
                 return _paused(started, signal, handle)
-            end_run(started, exc=exc)
+            end_run(started, result=result)
+            return _handle(started, result) if handle else result
+        except BaseException as exc:
+            if not started.ended:  # interrupted before it ended (Ctrl-C while settling)
+                end_run(started, exc=exc)
             raise
-        signal = _as_interrupt(started.ctx, None)
-        if signal is not None:
-            end_run(started, exc=signal)
-            return _paused(started, signal, handle)
-        end_run(started, result=result)
-        return _handle(started, result) if handle else result
 
     def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                      run_id: str | None, fresh: bool) -> Any:

@@ -179,8 +179,13 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
     removed = 0
 
     def flush() -> int:
+        store.discard_cache_leftover()
         with cache.transact(retry=True):
-            done = sum(1 for key in batch if cache.delete(key, retry=True))
+            store._local.cache_tx = True
+            try:
+                done = sum(1 for key in batch if cache.delete(key, retry=True))
+            finally:
+                store._local.cache_tx = False
         store.forget_memo(batch)  # after: a read between could bring a key back
         batch.clear()
         return done

@@ -9,8 +9,9 @@ import json
 import re
 import sqlite3
 import struct
+import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._lease import Owner
@@ -363,7 +364,7 @@ def unpack_replays(blob: bytes) -> list[Replay]:
                  key.hex() if flags & 2 else "", names[index])
                 for position, started, ended, step, parent, key, flags, index
                 in _REPLAY.iter_unpack(blob[at:])]
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+    except (struct.error, IndexError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"a record of replayed steps is damaged ({exc})") from None
 
 
@@ -378,44 +379,94 @@ STEP_COLS = (
 EVENT_COLS = "run_id, kind, time, attempt, step_id, key, data"
 
 
-#: ids of the connections inside a transaction :func:`immediate` opened (each thread has its
-#: own connection: only that thread adds and removes its id)
-_OPEN: set[int] = set()
+#: the connections inside a transaction :func:`immediate` began, by id: the frame running the
+#: ``with`` statement that began it. The transaction is that block's while the frame is on
+#: the stack; once it is not, the block was left without ending it (a KeyboardInterrupt that
+#: landed as its ``__exit__`` was entered), and it is a leftover. (Each thread has its own
+#: connection: only that thread reads and writes its entry.)
+_OPEN: dict[int, Any] = {}
 
 
-@contextlib.contextmanager
-def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+def _running(frame: Any) -> bool:
+    """Whether ``frame`` is on the current thread's stack."""
+    f: Any = sys._getframe(2)
+    while f is not None:
+        if f is frame:
+            return True
+        f = f.f_back
+    return False
+
+
+class immediate:
     """One write transaction, taken at once (BEGIN IMMEDIATE), rolled back on any error
     (SQLite may have rolled it back already, after a full disk: the original error wins).
-    Inside one it opened already on ``db`` (:meth:`DiskStore.batch`) it is part of that one:
-    it commits or rolls back with it. A transaction left open on ``db`` by an interrupted
-    write (Ctrl-C between its BEGIN and its end) is rolled back first: it was never
-    committed, and joining it would lose every later write."""
-    key = id(db)
-    if key in _OPEN:
-        yield db
-        return
-    discard_leftover(db)
-    try:
-        db.execute("BEGIN IMMEDIATE")
-        _OPEN.add(key)
-        yield db
-        db.execute("COMMIT")
-    except BaseException:
+    Inside a ``with immediate(db)`` block still running on ``db`` (:meth:`DiskStore.batch`),
+    it is part of that one: it commits or rolls back with it. A transaction left open on
+    ``db`` (a KeyboardInterrupt between its BEGIN and its end) is rolled back first: it was
+    never committed, and joining it would lose every later write.
+
+    A class, not a generator: a suspended generator would keep its transaction open, and
+    look like a block still running, until the garbage collector closed it.
+    """
+
+    __slots__ = ("db", "depth", "joined")
+
+    def __init__(self, db: sqlite3.Connection, depth: int = 1) -> None:
+        self.db = db
+        self.depth = depth  # frames between __enter__ and the one running the `with`
+        self.joined = False
+
+    def __enter__(self) -> sqlite3.Connection:
+        db = self.db
         if db.in_transaction:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-        raise
-    finally:
-        _OPEN.discard(key)
+            frame = _OPEN.get(id(db))
+            if frame is not None and _running(frame):
+                self.joined = True
+                return db
+            _rollback(db)  # a leftover
+        key = id(db)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            _OPEN[key] = sys._getframe(self.depth)
+            return db
+        except BaseException:
+            _OPEN.pop(key, None)
+            _rollback(db)
+            raise
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.joined:
+            return
+        db = self.db
+        try:
+            if kind is None:
+                try:
+                    db.execute("COMMIT")
+                except BaseException:
+                    _rollback(db)
+                    raise
+            else:
+                _rollback(db)
+        finally:
+            _OPEN.pop(id(db), None)
 
 
-def discard_leftover(db: sqlite3.Connection) -> None:
-    """Roll back a transaction an interrupted write left open on ``db`` (never one that
-    :func:`immediate` has open now)."""
-    if db.in_transaction and id(db) not in _OPEN:
+def _rollback(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
         with contextlib.suppress(sqlite3.Error):
             db.execute("ROLLBACK")
+
+
+def discard_leftover(db: sqlite3.Connection, force: bool = False) -> None:
+    """Roll back a transaction left open on ``db``: one no running ``with immediate(db)``
+    block began (an interrupted write), or with ``force`` any (the caller knows its block
+    was left)."""
+    if not db.in_transaction:
+        return
+    frame = _OPEN.get(id(db))
+    if force or frame is None or not _running(frame):
+        _rollback(db)
+        _OPEN.pop(id(db), None)
 
 
 

@@ -31,7 +31,7 @@ import xxhash
 from . import _serde
 from ._config import default_store
 from ._context import CACHE_BATCH as _CACHE_BATCH
-from ._context import RunContext, StopRun, current_run, current_step, cutoff
+from ._context import LARGE_ROW, RunContext, StopRun, current_run, current_step, cutoff
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
@@ -48,7 +48,7 @@ _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
 #: a run result bigger than this is written outside the transaction that ends the attempt
 #: (other processes' journal writes wait for that transaction)
-_BATCHED_RESULT = 1 << 20
+_BATCHED_RESULT = LARGE_ROW
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
 
 
@@ -643,11 +643,12 @@ def _slug(name: str) -> str:
 class Started:
     """A run that :func:`begin_run` started: its record, context and context tokens."""
 
-    __slots__ = ("ctx", "record", "resumed_from", "tokens", "wall")
+    __slots__ = ("ctx", "ended", "record", "resumed_from", "tokens", "wall")
 
     def __init__(self, record: RunRecord, ctx: RunContext, resumed_from: str | None) -> None:
         self.record = record
         self.ctx = ctx
+        self.ended = False  # end_run was called
         self.tokens: tuple[Any, Any] = (current_run.set(ctx), current_step.set(None))
         self.resumed_from = resumed_from
         self.wall = now()
@@ -769,33 +770,44 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                 store.release_run(run_id, owner)  # never leave a lease behind
                 raise
     except BaseException:
+        _abandon(store)
         let_go(owner)
         raise
-    if existing is not None and existing.status == "running":
-        try:  # after a crash (the cache is another database: outside the transaction)
-            _restore_cache(store, run_id, existing.attempt)
-        except Exception as exc:  # noqa: BLE001 - the journal has every result
-            log.warning("durably: run %r: the cache entries its crashed attempt had queued "
-                        "could not be put back (%s); its journal has their results", run_id,
-                        exc)
-        except BaseException:
+    # from here until the caller's try (which ends the attempt), a KeyboardInterrupt must not
+    # leave the lease held or this context inside a run that nobody will end
+    outer = current_run.get(), current_step.get()
+    ctx: RunContext | None = None
+    try:
+        if existing is not None and existing.status == "running":
+            try:  # after a crash (the cache is another database: outside the transaction)
+                _restore_cache(store, run_id, existing.attempt)
+            except Exception as exc:  # noqa: BLE001 - the journal has every result
+                log.warning("durably: run %r: the cache entries its crashed attempt had "
+                            "queued could not be put back (%s); its journal has their results",
+                            run_id, exc)
+        ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name,
+                         listener=listener, answers=answers, read_cache=read_cache)
+        ctx.replaying = existing is not None
+        ctx.uncacheable.update(asked)
+        for interrupt_id, payload in questions.items():
+            if interrupt_id in answers and payload is not None:
+                with contextlib.suppress(Exception):  # a payload class gone: keep the answer
+                    ctx.asked[interrupt_id] = trace_digest(_serde.loads(payload))
+        if listener is not None and hasattr(listener, "ctx"):
+            listener.ctx = ctx  # so the consumer of a stream can stop the run
+        if listener is not None:
+            ctx.emit(Event("run_started", run_id, t, task=spec.name,
+                           status=resumed_from or "new", attempt=record.attempt))
+        return Started(record, ctx, resumed_from)
+    except BaseException:
+        if ctx is not None and current_run.get() is ctx:
+            current_run.set(outer[0])
+            current_step.set(outer[1])
+        try:
             store.release_run(run_id, owner)
+        finally:
             let_go(owner)
-            raise
-    ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name, listener=listener,
-                     answers=answers, read_cache=read_cache)
-    ctx.replaying = existing is not None
-    ctx.uncacheable.update(asked)
-    for interrupt_id, payload in questions.items():
-        if interrupt_id in answers and payload is not None:
-            with contextlib.suppress(Exception):  # a payload class gone: keep the answer
-                ctx.asked[interrupt_id] = trace_digest(_serde.loads(payload))
-    if listener is not None and hasattr(listener, "ctx"):
-        listener.ctx = ctx  # so the consumer of a stream can stop the run
-    if listener is not None:
-        ctx.emit(Event("run_started", run_id, t, task=spec.name, status=resumed_from or "new",
-                       attempt=record.attempt))
-    return Started(record, ctx, resumed_from)
+        raise
 
 
 def _one_transaction(store: Store) -> contextlib.AbstractContextManager[Any]:
@@ -803,6 +815,14 @@ def _one_transaction(store: Store) -> contextlib.AbstractContextManager[Any]:
     one), or nothing for a store without one."""
     batch = getattr(store, "batch", None)
     return batch() if batch is not None else contextlib.nullcontext()
+
+
+def _abandon(store: Store) -> None:
+    """After leaving a ``with _one_transaction(store)`` block by an exception: roll back what
+    it began if its end never ran (a KeyboardInterrupt landing as it was entered)."""
+    abandon = getattr(store, "_abandon", None)
+    if abandon is not None:
+        abandon()
 
 
 def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
@@ -822,14 +842,15 @@ def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
 def end_run(started: Started, result: Any = None, exc: BaseException | None = None) -> None:
     """Flush the attempt's buffered records, write the run's final status, release the
     run's lease."""
-    run_token, step_token = started.tokens
-    current_step.reset(step_token)
-    current_run.reset(run_token)
+    started.ended = True
     ctx, record = started.ctx, started.record
     try:
+        run_token, step_token = started.tokens
+        current_step.reset(step_token)
+        current_run.reset(run_token)
         _end_attempt(ctx, record, result, exc, started.wall)
     finally:
-        let_go(ctx.owner)
+        let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
@@ -879,6 +900,9 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
+        if sum(len(data) for _, data in taken[0] if data is not None) > _BATCHED_RESULT:
+            ctx.write(taken)  # many results of cached steps: before it, on their own
+            taken = [], []
         if record.result is None or len(record.result) <= _BATCHED_RESULT:
             # the buffered records, the final status and the lease's release: one commit
             with _one_transaction(store):
@@ -888,6 +912,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             written = True
     except BaseException as error:  # noqa: BLE001 - (a full disk, Ctrl-C): written below
         failure = error
+        _abandon(store)
     if not written:
         # each write on its own: a large result does not keep other processes' journal writes
         # waiting while it is written; after a failure, the lease is released anyway
@@ -901,7 +926,10 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             finally:
                 store.release_run(record.run_id, ctx.owner)
     if failure is not None:
-        raise failure
+        try:
+            raise failure
+        finally:
+            failure = None  # no reference cycle: what the error holds is freed with it
 
 
 def _final_record(record: RunRecord, result: Any, exc: BaseException | None,

@@ -35,7 +35,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,40 @@ class _Translate:
 
 
 _TRUE = ("1", "true", "yes", "on")
+
+
+class _Batch:
+    """:meth:`DiskStore.batch`: a class, so that a KeyboardInterrupt landing between its
+    BEGIN and its block rolls the transaction back (see :class:`immediate`)."""
+
+    __slots__ = ("store", "tx")
+
+    def __init__(self, store: DiskStore) -> None:
+        self.store = store
+        self.tx: immediate | None = None
+
+    def __enter__(self) -> None:
+        # no Python code may run between the BEGIN and the return (a `with` here would run
+        # its __exit__ there): a KeyboardInterrupt in that gap would leave it open
+        store = self.store
+        tx = None
+        try:
+            tx = immediate(store._db(), depth=2)  # the frame running `with store.batch()`
+            tx.__enter__()
+            self.tx = tx
+            return None
+        except BaseException as exc:  # (Ctrl-C after the BEGIN): never left open
+            if tx is not None:
+                tx.__exit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, (OSError, sqlite3.Error)):
+                raise store.store_error(exc, "journal.sqlite3", "write the journal") from exc
+            raise
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        tx, self.tx = self.tx, None
+        if tx is not None:
+            with self.store._write_journal:
+                tx.__exit__(kind, exc, tb)
 
 
 def _in_call_order(record: StepRecord) -> tuple[int, int]:
@@ -581,7 +615,7 @@ class DiskStore:
         root = self._open()
         con: sqlite3.Connection | None = getattr(self._local, "con", None)
         if con is not None:
-            if con.in_transaction:  # left open by an interrupted write, unless ours is open
+            if con.in_transaction:  # left open by an interrupted write, unless a block runs
                 discard_leftover(con)
             return con
         path = root / "journal.sqlite3"
@@ -669,6 +703,7 @@ class DiskStore:
         cache = self.cache
         signer = self._signing()
         with self._read_cache:
+            self.discard_cache_leftover()  # (it would hold the cache's lock for good)
             gen = -1
             if memo:
                 self._memo_current()  # drops what is stale before this read
@@ -778,6 +813,23 @@ class DiskStore:
         log.warning("durably: cache entry %s at %s is damaged: %s. It was set aside as %s "
                     "and will be recomputed.", key, self.path, why, dest)
 
+    def discard_cache_leftover(self) -> None:
+        """Roll back a transaction that an interrupted write (a KeyboardInterrupt inside
+        diskcache, between its BEGIN and its block) left open on this thread's cache
+        connection: it was never committed, holds the cache's write lock (other processes
+        wait on it) and would swallow this thread's later writes. Never one of durably's own,
+        open now; do not call durably's store methods inside your own
+        ``store.cache.transact()`` block."""
+        if getattr(self._local, "cache_tx", False):
+            return
+        cache = self.cache
+        con = cache._con
+        if con.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                con.execute("ROLLBACK")
+            if cache._txn_id == threading.get_ident():
+                cache._txn_id = None
+
     def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
         self.cache_put_many(((key, value, info),))
 
@@ -801,12 +853,17 @@ class DiskStore:
                     context = _ctx("cache", key) if signer is not None else b""
                     prepared.append((key, seal(value, signer, context)))
             with self._write_cache:
+                self.discard_cache_leftover()
                 if len(prepared) == 1:
                     cache.set(*prepared[0])
                 else:
                     with cache.transact():
-                        for key, data in _insert_new_small(cache, prepared):
-                            cache.set(key, data)
+                        self._local.cache_tx = True
+                        try:
+                            for key, data in _insert_new_small(cache, prepared):
+                                cache.set(key, data)
+                        finally:
+                            self._local.cache_tx = False
         finally:
             if self._memo:  # the value a key had before is read again
                 self.forget_memo(key for key, _, _ in items)
@@ -941,8 +998,7 @@ class DiskStore:
             rec.result = result
         return rec
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self) -> contextlib.AbstractContextManager[None]:
         """Make the journal writes this thread does inside one transaction: they all commit
         when the block ends, or none of them when it raises. durably starts and ends each run
         this way (its lease, record and events: one commit instead of four), and a lease
@@ -964,8 +1020,15 @@ class DiskStore:
             >>> (store.find_run("r1").status, len(store.list_events("r1")))
             ('running', 1)
         """
-        with self._write_journal, immediate(self._db()):
-            yield
+        return _Batch(self)
+
+    def _abandon(self) -> None:
+        """Roll back the journal transaction this thread's connection has open: the caller
+        left the ``with batch()`` block that began it without ending it (a KeyboardInterrupt
+        landed as its ``__exit__`` was entered)."""
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            discard_leftover(con, force=True)
 
     def put_run(self, record: RunRecord) -> None:
         args = self._seal_blob(record.args, "args", record.run_id)
