@@ -487,3 +487,25 @@ def test_large_results_of_cached_steps_are_journaled_at_once(
     run = chain.run(3, run_id="another")  # a new run: its steps come from the cache
     assert run.counts()["cached"] == 3
     assert [s for s in seen if s[0] == "cached"] == [("cached", False)] * 3
+
+
+@pytest.mark.parametrize("limited", [False, True])
+def test_the_cache_read_returns_what_diskcache_get_returns(tmp_path: Path,
+                                                           limited: bool) -> None:
+    """durably reads an entry the way Cache.get's own fast path does: same answer for a
+    miss, a small value, a value kept in a file, and with an eviction policy."""
+    from durably._store import _cache_fetch
+
+    store = durably.DiskStore(tmp_path / "s", size_limit=10**9 if limited else None,
+                              memo_entries=0)
+    store.cache_put("aa" * 16, b"small", None)
+    store.cache_put("bb" * 16, b"x" * 200_000, None)  # kept in a file by diskcache
+    cache = store.cache
+    for key in ("aa" * 16, "bb" * 16, "cc" * 16):
+        ours, theirs = _cache_fetch(cache, cache._con, key), cache.get(key)
+        assert type(ours) is type(theirs)
+        if isinstance(theirs, bytes) or theirs is None:
+            assert ours == theirs
+        else:
+            assert ours.path == theirs.path
+    assert store.cache_get("bb" * 16) is not None and store.cache_get("cc" * 16) is None
