@@ -509,3 +509,102 @@ def test_the_cache_read_returns_what_diskcache_get_returns(tmp_path: Path,
         else:
             assert ours.path == theirs.path
     assert store.cache_get("bb" * 16) is not None and store.cache_get("cc" * 16) is None
+
+
+def test_an_attempt_interrupted_as_it_ends_leaves_no_run_around_this_context(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C landing in end_run before the context was reset: the thread must not stay
+    inside the run (a later, different entrypoint would journal into it), and the run can be
+    called again."""
+    from durably import _runtime
+
+    real = _runtime._leave
+    calls = []
+
+    def interrupted(started: Any) -> None:
+        calls.append(started)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(started)
+
+    monkeypatch.setattr(_runtime, "_leave", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        chain.run(2)
+    monkeypatch.setattr(_runtime, "_leave", real)
+    assert durably._context.current_run.get() is None
+
+    @durably.entrypoint
+    def report(x: int) -> int:
+        return inc(x)
+
+    assert report.run(5).result == 6  # a run of its own
+    (rec,) = [r for r in store.list_runs() if r.name == "chain"]
+    assert [s.task for s in store.list_steps(rec.run_id)] == ["inc", "inc"]
+    assert chain.run(2).status == "finished"  # its lease was not left held
+
+
+def test_an_interrupted_cache_write_does_not_keep_the_cache_locked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C inside diskcache right after its BEGIN: the transaction is rolled back at once,
+    not at this thread's next cache access (which may never come)."""
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("aa" * 16, b"one", None)
+    cache = store.cache
+
+    def interrupted_set(*args: Any, **kwargs: Any) -> None:
+        cache._con.execute("BEGIN IMMEDIATE")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "set", interrupted_set)
+    with pytest.raises(KeyboardInterrupt):
+        store.cache_put("bb" * 16, b"two", None)
+    assert cache._con.in_transaction is False
+    other = sqlite3.connect(tmp_path / "s" / "cache" / "cache.db", timeout=1)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_ctrl_c_during_a_thread_map_waits_for_the_bodies_still_running(
+        store: durably.DiskStore) -> None:
+    """The attempt ends only once the bodies it started have ended: else calling the run
+    again would execute them a second time while they still run."""
+    import signal
+    import threading
+    import time
+
+    running: list[int] = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    @durably.task(cache=False)
+    def slow(i: int) -> int:
+        with lock:
+            running.append(i)
+        started.set()
+        time.sleep(0.4)
+        with lock:
+            running.remove(i)
+        return i
+
+    @durably.entrypoint
+    def fan(n: int) -> int:
+        return sum(slow.map(range(n), progress=False))
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        threading.Thread(target=lambda: (started.wait(10), signal.setitimer(
+            signal.ITIMER_REAL, 0.05))).start()
+        with pytest.raises(KeyboardInterrupt):
+            fan.run(2)
+        with lock:
+            assert running == []  # no body of the ended attempt still runs
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert fan.run(2).result == 1

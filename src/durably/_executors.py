@@ -195,11 +195,13 @@ class Executor(abc.ABC):
             return submit_async(target, args, kwargs, self)
         return submit_sync(target, args, kwargs, self)
 
-    def shutdown(self, wait: bool = True) -> None:  # noqa: B027 - default: nothing started
+    def shutdown(self, wait: bool = True,  # noqa: B027 - default: nothing started
+                 cancel_futures: bool | None = None) -> None:
         """Stop the workers this executor started (not a Dask client: that is yours).
 
         Args:
             wait: Wait for running bodies to finish.
+            cancel_futures: Drop the items not started yet (default: when not waiting).
         """
 
     # -- the protocol the fan-out uses --------------------------------------------------
@@ -242,11 +244,12 @@ class _Pooled(Executor):
                 self._pool = self._new_pool()
             return self._pool
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True, cancel_futures: bool | None = None) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=not wait)
+            pool.shutdown(wait=wait,
+                          cancel_futures=not wait if cancel_futures is None else cancel_futures)
 
 
 class Thread(_Pooled):
@@ -723,7 +726,10 @@ def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any
         clean = True
     finally:
         if owned:
-            ex.shutdown(wait=clean)
+            # after a failure or Ctrl-C too, the attempt ends only once the bodies still
+            # running have ended (the items not started are dropped): else the next call of
+            # the run would execute them again while they run (a second Ctrl-C stops waiting)
+            ex.shutdown(wait=True, cancel_futures=not clean)
     fan.raise_failures()
     return fan.results
 

@@ -180,12 +180,16 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
 
     def flush() -> int:
         store.discard_cache_leftover()
-        with cache.transact(retry=True):
-            store._local.cache_tx = True
-            try:
-                done = sum(1 for key in batch if cache.delete(key, retry=True))
-            finally:
-                store._local.cache_tx = False
+        try:
+            with cache.transact(retry=True):
+                store._local.cache_tx = True
+                try:
+                    done = sum(1 for key in batch if cache.delete(key, retry=True))
+                finally:
+                    store._local.cache_tx = False
+        except BaseException:
+            store.discard_cache_leftover()  # (Ctrl-C inside diskcache, after its BEGIN)
+            raise
         store.forget_memo(batch)  # after: a read between could bring a key back
         batch.clear()
         return done

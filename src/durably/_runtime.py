@@ -649,7 +649,7 @@ class Started:
         self.record = record
         self.ctx = ctx
         self.ended = False  # end_run was called
-        self.tokens: tuple[Any, Any] = (current_run.set(ctx), current_step.set(None))
+        self.tokens: tuple[Any, Any] | None = (current_run.set(ctx), current_step.set(None))
         self.resumed_from = resumed_from
         self.wall = now()
 
@@ -713,6 +713,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             stored_args = None
     except SerializationError:
         stored_args = None
+    outer = current_run.get(), current_step.get()  # (restored if interrupted below)
+    ctx: RunContext | None = None
     owner = me()
     hold(owner)  # from now on, a lease of this process with its token is not a leftover
     # the lease, the run's record and its start event commit together: one commit, and no
@@ -775,8 +777,6 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         raise
     # from here until the caller's try (which ends the attempt), a KeyboardInterrupt must not
     # leave the lease held or this context inside a run that nobody will end
-    outer = current_run.get(), current_step.get()
-    ctx: RunContext | None = None
     try:
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)
@@ -842,14 +842,13 @@ def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
 def end_run(started: Started, result: Any = None, exc: BaseException | None = None) -> None:
     """Flush the attempt's buffered records, write the run's final status, release the
     run's lease."""
-    started.ended = True
     ctx, record = started.ctx, started.record
     try:
-        run_token, step_token = started.tokens
-        current_step.reset(step_token)
-        current_run.reset(run_token)
+        started.ended = True
+        _leave(started)
         _end_attempt(ctx, record, result, exc, started.wall)
     finally:
+        _leave(started)  # (again, if a KeyboardInterrupt landed before it)
         let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
     if ctx.listener is not None:
         ctx.emit(Event(
@@ -875,6 +874,19 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
         )
+
+
+def _leave(started: Started) -> None:
+    """Take this context out of the run (once)."""
+    tokens = started.tokens
+    if tokens is None:
+        return
+    run_token, step_token = tokens
+    with contextlib.suppress(RuntimeError, ValueError):  # (reset once already)
+        current_step.reset(step_token)
+    with contextlib.suppress(RuntimeError, ValueError):
+        current_run.reset(run_token)
+    started.tokens = None
 
 
 def run_status(exc: BaseException | None) -> str:

@@ -877,16 +877,21 @@ class DiskStore:
                     prepared.append((key, seal(value, signer, context)))
             with self._write_cache:
                 self.discard_cache_leftover()
-                if len(prepared) == 1:
-                    cache.set(*prepared[0])
-                else:
-                    with cache.transact():
-                        self._local.cache_tx = True
-                        try:
-                            for key, data in _insert_new_small(cache, prepared):
-                                cache.set(key, data)
-                        finally:
-                            self._local.cache_tx = False
+                try:
+                    if len(prepared) == 1:
+                        cache.set(*prepared[0])
+                    else:
+                        with cache.transact():
+                            self._local.cache_tx = True
+                            try:
+                                for key, data in _insert_new_small(cache, prepared):
+                                    cache.set(key, data)
+                            finally:
+                                self._local.cache_tx = False
+                except BaseException:
+                    # (Ctrl-C inside diskcache, after its BEGIN): never left holding the lock
+                    self.discard_cache_leftover()
+                    raise
         finally:
             if self._memo:  # the value a key had before is read again
                 self.forget_memo(key for key, _, _ in items)
