@@ -242,9 +242,13 @@ class Spec:
             ) from None
 
     def cache_key(self, input_digest: str) -> str:
+        return self.key_and_code(input_digest)[0]
+
+    def key_and_code(self, input_digest: str) -> tuple[str, str]:
+        """The cache key of these inputs, and the code version it was made with."""
+        code = self.code_version()
         return xxhash.xxh3_128_hexdigest(
-            f"{self.identity}\x00{self.code_version()}\x00{input_digest}".encode()
-        )
+            f"{self.identity}\x00{code}\x00{input_digest}".encode()), code
 
     def key_for(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The cache key of a call with these arguments."""
@@ -273,11 +277,16 @@ class Spec:
         fp = self._fingerprint
         return dict(fp.changed_by) if self.version is None and fp is not None else {}
 
-    def key_record(self, key: str, inputs: dict[str, str]) -> KeyRecord:
+    def key_record(self, key: str, inputs: dict[str, str], code: str | None = None
+                   ) -> KeyRecord:
         """What the key was made of (``inputs``: digest of each argument, taken on a miss
-        before the body ran: paid on misses only, never on a hit)."""
-        code = self.code_version()  # revalidated once; the parts are of that fingerprint
-        return KeyRecord(self.identity, key, code, inputs, self._parts(), now())
+        before the body ran: paid on misses only, never on a hit). ``code``: the code version
+        the key was made with (:meth:`key_and_code`), else the current one."""
+        if code is None:
+            code = self.code_version()  # revalidated once; the parts are of that fingerprint
+        fp = self._fingerprint
+        parts = self._parts() if fp is not None and fp.digest == code else {}
+        return KeyRecord(self.identity, key, code, inputs, parts, now())
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
@@ -300,6 +309,7 @@ class Call:
 
     __slots__ = (
         "args_repr",
+        "code",
         "ctx",
         "ended",
         "flow",
@@ -319,6 +329,7 @@ class Call:
         self.ctx = ctx
         self.store = store
         self.key = key
+        self.code = ""  # the code version the key was made with
         self.inputs: dict[str, str] = {}  # digest of each argument, for the key record
         self.step_id = ""
         self.parent: str | None = None
@@ -412,7 +423,8 @@ class Call:
         ctx = self.ctx
         if ctx is None:
             if spec.cache:
-                self.store.cache_put(self.key, data, spec.key_record(self.key, self.inputs))
+                self.store.cache_put(self.key, data,
+                                     spec.key_record(self.key, self.inputs, self.code or None))
             return result
         record = self.record("ran", None, short_repr(result), trace_digest(result))
         cacheable = spec.cache
@@ -421,7 +433,7 @@ class Call:
             if self.parent is not None:
                 ctx.uncacheable.add(self.parent)
         if cacheable:
-            info = spec.key_record(self.key, self.inputs)
+            info = spec.key_record(self.key, self.inputs, self.code or None)
             if record.ended - record.started >= _WRITE_THROUGH:
                 self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
@@ -456,8 +468,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
     input_digest = spec.digest_inputs(arguments)
-    key = spec.cache_key(input_digest)
+    key, code = spec.key_and_code(input_digest)
     call = Call(spec, ctx, store, key)
+    call.code = code
     if ctx is None:
         if spec.cache:
             data = store.cache_get(key)
