@@ -179,7 +179,7 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
     removed = 0
 
     def flush() -> int:
-        store.discard_cache_leftover()
+        store._discard_cache_leftover()
         try:
             with cache.transact(retry=True):
                 store._local.cache_tx = True
@@ -188,7 +188,7 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
                 finally:
                     store._local.cache_tx = False
         except BaseException:
-            store.discard_cache_leftover()  # (Ctrl-C inside diskcache, after its BEGIN)
+            store._discard_cache_leftover()  # (Ctrl-C inside diskcache, after its BEGIN)
             raise
         store.forget_memo(batch)  # after: a read between could bring a key back
         batch.clear()

@@ -726,7 +726,7 @@ class DiskStore:
         with self._read_cache:
             con = cache._con
             if con.in_transaction:
-                self.discard_cache_leftover()  # (it would hold the cache's lock for good)
+                self._discard_cache_leftover()  # (it would hold the cache's lock for good)
             gen = -1
             if memo:
                 self._memo_current()  # drops what is stale before this read
@@ -836,7 +836,7 @@ class DiskStore:
         log.warning("durably: cache entry %s at %s is damaged: %s. It was set aside as %s "
                     "and will be recomputed.", key, self.path, why, dest)
 
-    def discard_cache_leftover(self) -> None:
+    def _discard_cache_leftover(self) -> None:
         """Roll back a transaction that an interrupted write (a KeyboardInterrupt inside
         diskcache, between its BEGIN and its block) left open on this thread's cache
         connection: it was never committed, holds the cache's write lock (other processes
@@ -876,7 +876,7 @@ class DiskStore:
                     context = _ctx("cache", key) if signer is not None else b""
                     prepared.append((key, seal(value, signer, context)))
             with self._write_cache:
-                self.discard_cache_leftover()
+                self._discard_cache_leftover()
                 try:
                     if len(prepared) == 1:
                         cache.set(*prepared[0])
@@ -890,7 +890,7 @@ class DiskStore:
                                 self._local.cache_tx = False
                 except BaseException:
                     # (Ctrl-C inside diskcache, after its BEGIN): never left holding the lock
-                    self.discard_cache_leftover()
+                    self._discard_cache_leftover()
                     raise
         finally:
             if self._memo:  # the value a key had before is read again
