@@ -82,11 +82,32 @@ def test_disk_store_returns_every_record_as_it_was_given(tmp_path: Path) -> None
 
 @contextlib.contextmanager
 def _journal(root: Path) -> Iterator[sqlite3.Connection]:
-    con = sqlite3.connect(root / "journal.sqlite3", isolation_level=None)
+    con = sqlite3.connect(root / "journal.sqlite3", isolation_level=None, timeout=1)
     try:
         yield con
     finally:
         con.close()
+
+
+def _assert_write_lock_free(con: sqlite3.Connection) -> None:
+    """Another connection can take the database's write lock (nothing holds it)."""
+    con.execute("BEGIN IMMEDIATE")
+    con.execute("ROLLBACK")
+
+
+def _interrupt_first_call(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> None:
+    """The first call of ``module.name`` raises KeyboardInterrupt (a Ctrl-C landing there);
+    later calls run it."""
+    real = getattr(module, name)
+    calls = []
+
+    def interrupted(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(module, name, interrupted)
 
 
 FAIL = {"on": False}
@@ -219,14 +240,10 @@ def test_a_transaction_left_open_by_an_interrupted_write_is_rolled_back(
     assert chain(1) == 1
     store._db().execute("BEGIN IMMEDIATE")  # what an ill-timed KeyboardInterrupt leaves
     assert chain(2) == 3
-    other = sqlite3.connect(store.path / "journal.sqlite3", timeout=1)
-    try:
+    with _journal(store.path) as other:
         statuses = other.execute("SELECT status FROM runs").fetchall()
         assert statuses == [("finished",), ("finished",)]
-        other.execute("BEGIN IMMEDIATE")  # the write lock is free
-        other.execute("ROLLBACK")
-    finally:
-        other.close()
+        _assert_write_lock_free(other)
 
 
 def test_a_lease_this_process_left_behind_is_taken_over(store: durably.DiskStore) -> None:
@@ -396,16 +413,12 @@ def test_a_batch_whose_end_never_ran_is_rolled_back_by_the_next_write(
     assert store._db().in_transaction is False  # rolled back when next used
     assert chain(2) == 3
     store.append_events([EventRecord("r", "custom", 1.0, 1)])
-    other = sqlite3.connect(store.path / "journal.sqlite3", timeout=1)
-    try:
+    with _journal(store.path) as other:
         assert other.execute("SELECT run_id FROM runs WHERE run_id='lost'").fetchone() is None
         assert other.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
         assert other.execute("SELECT count(*) FROM events WHERE kind='custom'"
                              ).fetchone()[0] == 1
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-    finally:
-        other.close()
+        _assert_write_lock_free(other)
 
 
 def test_a_block_still_running_keeps_its_transaction(store: durably.DiskStore) -> None:
@@ -424,16 +437,7 @@ def test_an_attempt_interrupted_while_it_settles_ends_and_frees_its_lease(
     attempt still ends (stopped), so the same process can continue the run at once."""
     from durably import _decorators
 
-    real = _decorators._settle_submitted
-    calls = []
-
-    def interrupted(ctx: Any) -> None:
-        calls.append(ctx)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        real(ctx)
-
-    monkeypatch.setattr(_decorators, "_settle_submitted", interrupted)
+    _interrupt_first_call(monkeypatch, _decorators, "_settle_submitted")
     with pytest.raises(KeyboardInterrupt):
         chain.run(2)
     (rec,) = store.list_runs()
@@ -519,15 +523,7 @@ def test_an_attempt_interrupted_as_it_ends_leaves_no_run_around_this_context(
     from durably import _runtime
 
     real = _runtime._leave
-    calls = []
-
-    def interrupted(started: Any) -> None:
-        calls.append(started)
-        if len(calls) == 1:
-            raise KeyboardInterrupt
-        real(started)
-
-    monkeypatch.setattr(_runtime, "_leave", interrupted)
+    _interrupt_first_call(monkeypatch, _runtime, "_leave")
     with pytest.raises(KeyboardInterrupt):
         chain.run(2)
     monkeypatch.setattr(_runtime, "_leave", real)
@@ -559,12 +555,9 @@ def test_an_interrupted_cache_write_does_not_keep_the_cache_locked(
     with pytest.raises(KeyboardInterrupt):
         store.cache_put("bb" * 16, b"two", None)
     assert cache._con.in_transaction is False
-    other = sqlite3.connect(tmp_path / "s" / "cache" / "cache.db", timeout=1)
-    try:
-        other.execute("BEGIN IMMEDIATE")
-        other.execute("ROLLBACK")
-    finally:
-        other.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "s" / "cache" / "cache.db",
+                                            isolation_level=None, timeout=1)) as other:
+        _assert_write_lock_free(other)
 
 
 def test_ctrl_c_during_a_thread_map_waits_for_the_bodies_still_running(
