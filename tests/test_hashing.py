@@ -824,3 +824,22 @@ def test_argument_digests_equal_the_general_encoding(arguments: dict[str, Any]) 
     expected = e.hexdigest()
     assert encode_arguments(arguments) == expected
     assert encode_arguments(arguments) == expected  # again, with the names' encodings kept
+
+
+_scalars = (st.integers() | st.sampled_from([2**63 - 1, -(2**63), 2**63, -(2**63) - 1])
+            | st.floats(allow_nan=True) | st.sampled_from([0.0, -0.0, float("inf")])
+            | st.text() | st.booleans() | st.none())
+
+
+@given(st.dictionaries(st.text(max_size=12), _scalars, max_size=6))
+@settings(max_examples=500, deadline=None)
+def test_scalar_arguments_take_the_short_path_and_get_the_same_digest(
+        arguments: dict[str, Any]) -> None:
+    """Arguments that are all small scalars are encoded without an Encoder (the common call
+    of a task): the digest is the general path's, ints past 64 bits and long strings
+    included (they leave the short path)."""
+    from durably._hashing import _general_arguments, encode_arguments
+
+    expected = _general_arguments(arguments)  # (also puts the names in the table)
+    assert encode_arguments(arguments) == expected
+    assert encode_arguments(dict(reversed(arguments.items()))) == expected

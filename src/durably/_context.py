@@ -46,7 +46,6 @@ class RunContext:
         "_occurrences",
         "_pending",
         "_pending_bytes",
-        "_positions",
         "_renewed",
         "_replays",
         "answers",
@@ -60,6 +59,7 @@ class RunContext:
         "name",
         "open",
         "owner",
+        "positions",
         "raised",
         "read_cache",
         "replaying",
@@ -107,14 +107,16 @@ class RunContext:
         self._renewed = time.monotonic()
         self.store = store
         self.attempt = attempt
-        self._occurrences: dict[int, int] = {}
-        self._positions = itertools.count()
+        self._occurrences: dict[int, itertools.count[int]] = {}
+        #: the position of the next step in this attempt (``next(ctx.positions)``)
+        self.positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
         self._replays: list[Replay] = []
         self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
-        #: steps of this attempt by status: ran, cached, replayed, failed
-        self.counts = {"ran": 0, "cached": 0, "replayed": 0, "failed": 0}
+        #: steps of this attempt by status: ran, cached, failed (replayed steps are counted
+        #: in the journal)
+        self.counts = {"ran": 0, "cached": 0, "failed": 0}
         self._cache_writes: dict[str, tuple[bytes, KeyRecord | None]] = {}
         self._cache_bytes = 0
         self._cache_since = 0.0
@@ -126,18 +128,21 @@ class RunContext:
             self._renewed = t
             self.store.renew_run(self.run_id, self.owner)
 
-    def occurrence(self, parent: str | None, key: str) -> int:
-        """The n-th identical call (same cache key) under the same parent, from 0. (Kept by
-        an xxh3-64 of parent and key, the same in every process: a run of 100,000 steps
-        holds 100,000 ints, not 100,000 pairs of strings.)"""
-        slot = xxhash.xxh3_64_intdigest(f"{parent or ''}/{key}".encode())
-        with self._lock:
-            n = self._occurrences.get(slot, 0)
-            self._occurrences[slot] = n + 1
-        return n
+    def step_id(self, parent: str | None, key: str) -> str:
+        """The identity of the next call with this cache key under this parent: an xxh3-128
+        of parent, key and occurrence (the n-th such call in the run, from 0), so it never
+        depends on timing.
 
-    def position(self) -> int:
-        return next(self._positions)
+        Occurrences are counted by an xxh3-64 of parent and key (the same in every
+        process: a collision would be the same in every attempt), without a lock: each
+        slot's counter is an ``itertools.count``, and ``dict.setdefault`` and ``next`` are
+        single steps under the GIL, so two threads never get one number."""
+        head = f"{parent or ''}/{key}".encode()
+        slot = xxhash.xxh3_64_intdigest(head)
+        counter = self._occurrences.get(slot)
+        if counter is None:
+            counter = self._occurrences.setdefault(slot, itertools.count())
+        return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, next(counter)))
 
     def next_interrupt(self, parent: str | None) -> int:
         """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""
@@ -156,17 +161,22 @@ class RunContext:
         with self._lock:
             self.counts[status] += 1
 
-    def note_replayed(self, replay: Replay | StepRecord) -> None:
+    def note_replayed(self, replay: Replay) -> None:
         """Buffer the record of a replayed step: ``(position, started, ended, step_id,
-        parent_id, cache_key, task)``, or a whole record when it has more (the inputs a
-        listener asked for). It is informational, so it is written in batches."""
+        parent_id, cache_key, task)``. It is informational, so it is written in batches.
+        (No lock: ``list.append`` is one step under the GIL, and :meth:`take_pending` takes
+        the records it copied, never the list.)"""
+        replays = self._replays
+        replays.append(replay)
+        if len(replays) >= _FLUSH_EVERY:
+            self.flush()
+
+    def note_replayed_record(self, record: StepRecord) -> None:
+        """Buffer the whole record of a replayed step, when it has more than
+        :meth:`note_replayed` keeps (the inputs a listener was shown)."""
         with self._lock:
-            if isinstance(replay, StepRecord):
-                self._pending.append((replay, None))
-            else:
-                self._replays.append(replay)
-            self.counts["replayed"] += 1
-            full = len(self._replays) + len(self._pending) >= _FLUSH_EVERY
+            self._pending.append((record, None))
+            full = len(self._pending) >= _FLUSH_EVERY
         if full:
             self.flush()
 
@@ -219,8 +229,11 @@ class RunContext:
         are emptied)."""
         with self._lock:
             pending, self._pending = self._pending, []
-            replays, self._replays = self._replays, []
             self._pending_bytes = 0
+            # copied, then deleted by count: a replay appended meanwhile (without the lock)
+            # stays for the next time
+            replays = self._replays[:]
+            del self._replays[:len(replays)]
         return pending, replays
 
     def write(self, taken: tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]

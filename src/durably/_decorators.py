@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import importlib
 import pickle
 import queue
@@ -179,14 +180,11 @@ class Task(_ByReference, _Wrapper[P, R]):
     __bound_function_wrapper__ = BoundTask
 
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
-        super().__init__(func, self._self_call)
+        # wrapt calls the partial with (wrapped, instance, args, kwargs): no method of ours
+        # in between (every call of a task pays for each Python frame on its way)
+        call: Any = functools.partial(call_async if spec.is_async else call_sync, spec)
+        super().__init__(func, call)
         self._self_spec = spec
-
-    def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        spec = self._self_spec
-        if spec.is_async:
-            return call_async(spec, wrapped, instance, args, kwargs)
-        return call_sync(spec, wrapped, instance, args, kwargs)
 
     @property
     def spec(self) -> Spec:

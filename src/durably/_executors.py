@@ -50,12 +50,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._context import current_run, current_step
+from ._context import current_step
 from ._interrupt import InterruptSignal
 from ._lease import RENEW_SECONDS
 from ._progress import _Progress, progress_enabled
 from ._runtime import (
     _MISS,
+    _SERVED,
     Call,
     Spec,
     _acall_with_policy,
@@ -582,18 +583,15 @@ def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_I
     """Step 1 of a fan-out, in the caller's thread and in input order: step identities,
     replays and cache hits. Returns the items whose bodies must run."""
     spec, instance = target.spec, target.instance
-    ctx = current_run.get()
-    counts = ctx.counts if ctx is not None else None
     results, bar = fan.results, fan.bar
     missing = []
     for index, args in enumerate(items):
-        before = counts["replayed"] if counts is not None else 0
         value, call = begin_step(spec, instance, args, {})
         if value is _MISS:
             missing.append(_Item(index, call, args, {}))
             continue
         results[index] = value
-        replayed = counts is not None and counts["replayed"] != before
+        replayed = call is _SERVED
         bar.counts["replayed" if replayed else "cached"] += 1
     return missing
 

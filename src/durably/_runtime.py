@@ -18,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import inspect
 import logging
+import pickle
 import re
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +79,7 @@ class Spec:
         "_keywords",
         "_names",
         "_nparams",
+        "_npositional",
         "_prepend_instance",
         "cache",
         "func",
@@ -174,6 +178,9 @@ class Spec:
             (p.name, p.default) for p in params if p.default is not inspect.Parameter.empty
         )
         self._nparams = len(params)
+        #: the number of parameters when all of them can be given by position, else -1
+        self._npositional = len(params) if self._names is not None and len(
+            self._names) == len(params) else -1
 
     def arguments(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Arguments bound by name, defaults applied, ignored ones dropped (joblib's rule:
@@ -182,7 +189,9 @@ class Spec:
             args = (instance, *args)
         names = self._names
         arguments: dict[str, Any] | None = None
-        if names is not None and len(args) <= len(names):
+        if names is not None and not kwargs and len(args) == self._npositional:
+            arguments = dict(zip(names, args))  # noqa: B905 - all given by position (and zip(strict=) costs a keyword parse per call)
+        elif names is not None and len(args) <= len(names):
             arguments = dict(zip(names, args, strict=False))
             for key, value in kwargs.items():
                 if key in arguments or key not in self._keywords:
@@ -225,28 +234,39 @@ class Spec:
         """
         try:
             return encode_arguments(arguments)
-        except SerializationError as exc:
-            text = str(exc)
-            if self.kind == "entrypoint":  # an entrypoint has no ignore=: its inputs name its run
-                text = text.partition(" Fix:")[0] + (
-                    " Fix: pass plain data (for a file, its path or durably.file(path)), or give "
-                    "the type a __durably_digest__ method: an entrypoint's arguments identify "
-                    "its run."
-                )
-            raise SerializationError(f"{self.kind} {self.name!r}: {text}") from None
-        except RecursionError:
-            raise SerializationError(
+        except (SerializationError, RecursionError) as exc:
+            raise self.digest_error(exc) from None
+
+    def digest_error(self, exc: SerializationError | RecursionError) -> SerializationError:
+        """The error to raise when digesting this task's arguments raised ``exc``: it names
+        the task, and the way out."""
+        if isinstance(exc, RecursionError):
+            return SerializationError(
                 f"{self.kind} {self.name!r}: an argument is nested too deeply to digest. Fix: "
                 "pass a flatter value" + (", or leave it out of the cache key with ignore=(...)."
                                           if self.kind == "task" else ".")
-            ) from None
+            )
+        text = str(exc)
+        if self.kind == "entrypoint":  # an entrypoint has no ignore=: its inputs name its run
+            text = text.partition(" Fix:")[0] + (
+                " Fix: pass plain data (for a file, its path or durably.file(path)), or give "
+                "the type a __durably_digest__ method: an entrypoint's arguments identify "
+                "its run."
+            )
+        return SerializationError(f"{self.kind} {self.name!r}: {text}")
 
     def cache_key(self, input_digest: str) -> str:
         return self.key_and_code(input_digest)[0]
 
     def key_and_code(self, input_digest: str) -> tuple[str, str]:
         """The cache key of these inputs, and the code version it was made with."""
-        code = self.code_version()
+        fp = self._fingerprint  # (code_version, inlined: this runs on every call)
+        if self.version is not None:
+            code = "v:" + self.version
+        elif fp is not None and fp.valid():
+            code = fp.digest
+        else:
+            code = self.code_version()
         return xxhash.xxh3_128_hexdigest(
             f"{self.identity}\x00{code}\x00{input_digest}".encode()), code
 
@@ -290,6 +310,9 @@ class Spec:
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
+    """The identity of the ``occurrence``-th call with cache key ``key`` under ``parent``
+    (what :meth:`RunContext.step_id <durably._context.RunContext.step_id>` gives inside a
+    run, counting the occurrences itself)."""
     return xxhash.xxh3_128_hexdigest(f"{parent or ''}/{key}/{occurrence}".encode())
 
 
@@ -324,17 +347,19 @@ class Call:
         "token",
     )
 
-    def __init__(self, spec: Spec, ctx: RunContext | None, store: Store, key: str) -> None:
+    def __init__(self, spec: Spec, ctx: RunContext | None, store: Store, key: str,
+                 code: str = "", parent: str | None = None, step_id: str = "",
+                 position: int = 0, started: float = 0.0) -> None:
         self.spec = spec
         self.ctx = ctx
         self.store = store
         self.key = key
-        self.code = ""  # the code version the key was made with
+        self.code = code  # the code version the key was made with
         self.inputs: dict[str, str] = {}  # digest of each argument, for the key record
-        self.step_id = ""
-        self.parent: str | None = None
-        self.position = 0
-        self.started = 0.0
+        self.step_id = step_id
+        self.parent = parent
+        self.position = position
+        self.started = started
         self.token: Any = None
         self.args_repr: str | None = None  # tracer: short repr of the arguments
         self.flow: tuple[str, ...] = ()  # tracer: digests a producing step's result may match
@@ -446,6 +471,10 @@ class Call:
 
 
 _MISS = object()
+_wall_clock = time.time  # (now(), without a call: it runs twice in every replayed step)
+#: what begin_step returns as the call of a step served from the journal (replayed): nothing
+#: is left to finish, so no Call is built for it unless a listener is shown the step
+_SERVED = Call.__new__(Call)
 
 
 def _mark_started(ctx: RunContext, step_id: str) -> None:
@@ -467,46 +496,54 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         raise StopRun()  # called by a body whose try timed out: it is not part of the run
     store = ctx.store if ctx is not None else (spec.store or default_store())
     arguments = spec.arguments(instance, args, kwargs)
-    input_digest = spec.digest_inputs(arguments)
+    try:
+        input_digest = encode_arguments(arguments)  # (digest_inputs, inlined)
+    except (SerializationError, RecursionError) as exc:
+        raise spec.digest_error(exc) from None
     key, code = spec.key_and_code(input_digest)
-    call = Call(spec, ctx, store, key)
-    call.code = code
     if ctx is None:
+        outside = Call(spec, ctx, store, key, code)
         if spec.cache:
             data = store.cache_get(key)
             if data is not None:
-                return _load(data, spec, "cached"), call
-            call.inputs = digest_each(arguments)  # before the body may mutate them
-        return _MISS, call
+                return _load(data, spec, "cached"), outside
+            outside.inputs = digest_each(arguments)  # before the body may mutate them
+        return _MISS, outside
     if ctx.stop:
         raise StopRun()
     ctx.keep_lease()
     parent = current_step.get()
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
-    call.parent = parent
     journal_key = key if spec.cache else spec.side_effect_key(input_digest)
-    call.step_id = step_identity(parent, journal_key, ctx.occurrence(parent, journal_key))
-    call.position = ctx.position()
-    call.started = now()
-    listening = ctx.listener is not None
-    if listening:
+    step_id = ctx.step_id(parent, journal_key)
+    position = next(ctx.positions)
+    started = _wall_clock()
+    call: Call | None = None  # built only when needed: a replayed step does without
+    if ctx.listener is not None:
+        call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
-    data = store.find_step(ctx.run_id, call.step_id) if ctx.replaying else None
+    data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
     if data is not None:
-        value = _load(data, spec, "journaled")
-        if parent is not None and call.step_id in ctx.uncacheable:
+        try:
+            value = pickle.loads(data)  # (_load, inlined for the common case)
+        except Exception:  # noqa: BLE001 - not a plain pickle, or it fails: said by _load
+            value = _load(data, spec, "journaled")
+        if parent is not None and step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
-        if listening:  # the whole record: it keeps the inputs the listener was shown
-            record = call.record("replayed")
-            ctx.note_replayed(record)
-            ctx.emit(call.event("step_finished", dataclasses.replace(
-                record, output=short_repr(value))))
-        else:
-            ctx.note_replayed((call.position, call.started, now(), call.step_id, parent,
+        if call is None:
+            ctx.note_replayed((position, started, _wall_clock(), step_id, parent,
                                key if spec.cache else "", spec.name))
-        return value, call
+            return value, _SERVED
+        # the whole record: it keeps the inputs the listener was shown
+        record = call.record("replayed")
+        ctx.note_replayed_record(record)
+        ctx.emit(call.event("step_finished", dataclasses.replace(
+            record, output=short_repr(value))))
+        return value, _SERVED
+    if call is None:
+        call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
     if spec.cache:
         data = ctx.pending_cache(key) if ctx.read_cache else None
         if data is None and ctx.read_cache:
@@ -517,7 +554,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             value = _load(data, spec, "cached")
             record = call.record("cached", None, short_repr(value), trace_digest(value))
             ctx.note_cached(record, data)
-            if listening:
+            if ctx.listener is not None:
                 ctx.emit(call.event("step_finished", record))
             return value, call
     else:
@@ -649,6 +686,7 @@ def validate_run_id(run_id: Any) -> str:
     return run_id
 
 
+@functools.lru_cache(maxsize=1024)
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-._")[:80] or "run"
 
@@ -682,44 +720,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     store = store or spec.store or default_store()
     arguments = spec.arguments(instance, args, kwargs)
     input_digest = spec.digest_inputs(arguments)
-    existing: RunRecord | None
-    if run_id is None:
-        base = f"{_slug(spec.name)}-" + xxhash.xxh3_64_hexdigest(
-            f"{spec.identity}\x00{input_digest}".encode()
-        )
-        existing = None if fresh else store.find_latest_run(spec.identity, input_digest)
-        if existing is not None and "-fork-" in existing.run_id:
-            # a fork is a what-if: calling the entrypoint again continues the run it forked
-            # from, not the fork (forks are continued by their id)
-            existing = next((r for r in store.list_runs(spec.identity)
-                             if r.input_digest == input_digest and "-fork-" not in r.run_id),
-                            None)
-        run_id = existing.run_id if existing else (
-            f"{base}-{uuid.uuid4().hex[:8]}" if fresh else base
-        )
-        if existing is None and not fresh:
-            existing = store.find_run(run_id)
-    else:
+    if run_id is not None:
         validate_run_id(run_id)
-        existing = store.find_run(run_id)
-        if existing is not None:
-            if fresh:
-                raise RunStateError(
-                    f"fresh=True asks for a new run, but run {run_id!r} already exists "
-                    f"({existing.status}). Fix: choose another run_id, or leave fresh out to "
-                    "continue it."
-                )
-            if existing.entrypoint != spec.identity:
-                raise RunStateError(
-                    f"run {run_id!r} belongs to entrypoint {existing.entrypoint!r}, not "
-                    f"{spec.identity!r}. Fix: choose another run_id."
-                )
-            if existing.input_digest != input_digest:
-                raise RunStateError(
-                    f"run {run_id!r} of {spec.name!r} was started with other arguments. "
-                    "Fix: call it with the same arguments to continue it, or choose another "
-                    "run_id for these."
-                )
     try:
         stored_args: bytes | None = _serde.dumps((args, kwargs), what="the run's arguments")
         if stored_args is not None and len(stored_args) > _MAX_ARGS_BYTES:
@@ -734,6 +736,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     # other process sees the lease without the record (a store without batch(): one each)
     try:
         with _one_transaction(store):
+            # read inside the transaction: no other process can start or end an attempt of
+            # the run between this read and the lease (a store without batch(): read again
+            # once the lease is held, below)
+            run_id, existing = _resolve_run(store, spec, run_id, fresh, input_digest)
             holder = store.acquire_run(run_id, owner)
             if holder is not None:
                 if holder.pid == owner.pid and holder.host == owner.host:
@@ -748,8 +754,9 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                     "get its result), or start a separate run with fresh=True or another run_id."
                 )
             try:
-                # read again under the lease: another process may have finished an attempt
-                existing = store.find_run(run_id)
+                if not hasattr(store, "batch"):
+                    # read again under the lease: another process may have finished an attempt
+                    existing = store.find_run(run_id)
                 if on_lease is not None:
                     on_lease(store, existing)
                 t = now()
@@ -821,6 +828,54 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         finally:
             let_go(owner)
         raise
+
+
+def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
+                 input_digest: str) -> tuple[str, RunRecord | None]:
+    """The id of the run this call starts or continues, and its record if it exists.
+
+    Raises:
+        RunStateError: ``run_id`` names a run of another entrypoint or other arguments, or
+            ``fresh=True`` names one that exists.
+    """
+    existing: RunRecord | None
+    if run_id is None:
+        base = f"{_slug(spec.name)}-" + xxhash.xxh3_64_hexdigest(
+            f"{spec.identity}\x00{input_digest}".encode()
+        )
+        existing = None if fresh else store.find_latest_run(spec.identity, input_digest)
+        if existing is not None and "-fork-" in existing.run_id:
+            # a fork is a what-if: calling the entrypoint again continues the run it forked
+            # from, not the fork (forks are continued by their id)
+            existing = next((r for r in store.list_runs(spec.identity)
+                             if r.input_digest == input_digest and "-fork-" not in r.run_id),
+                            None)
+        run_id = existing.run_id if existing else (
+            f"{base}-{uuid.uuid4().hex[:8]}" if fresh else base
+        )
+        if existing is None and not fresh:
+            existing = store.find_run(run_id)
+    else:
+        existing = store.find_run(run_id)
+        if existing is not None:
+            if fresh:
+                raise RunStateError(
+                    f"fresh=True asks for a new run, but run {run_id!r} already exists "
+                    f"({existing.status}). Fix: choose another run_id, or leave fresh out to "
+                    "continue it."
+                )
+            if existing.entrypoint != spec.identity:
+                raise RunStateError(
+                    f"run {run_id!r} belongs to entrypoint {existing.entrypoint!r}, not "
+                    f"{spec.identity!r}. Fix: choose another run_id."
+                )
+            if existing.input_digest != input_digest:
+                raise RunStateError(
+                    f"run {run_id!r} of {spec.name!r} was started with other arguments. "
+                    "Fix: call it with the same arguments to continue it, or choose another "
+                    "run_id for these."
+                )
+    return run_id, existing
 
 
 def _one_transaction(store: Store) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,128 @@
+"""The replay path's bookkeeping without locks: step identities, occurrence counts and the
+buffered replay records stay exact when threads of one run use them at once."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import durably
+from durably import _context
+from durably._context import RunContext
+from durably._lease import me
+from durably._runtime import step_identity
+from durably.testing import MemoryStore
+
+_ids = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
+
+
+def _new_context() -> RunContext:
+    return RunContext("run", MemoryStore(), 1, me())
+
+
+@pytest.fixture
+def switch_often() -> Iterator[None]:
+    """Threads switch every microsecond, so that unlocked read-modify-writes would collide."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+@given(st.lists(st.tuples(st.none() | st.sampled_from(["p" * 32, "q" * 32]),
+                          st.sampled_from(["a" * 32, "b" * 32, "c" * 32])), max_size=30))
+@settings(max_examples=200, deadline=None)
+def test_step_ids_count_occurrences_per_parent_and_key(calls: list[tuple[str | None, str]]
+                                                       ) -> None:
+    """A run's n-th call with the same parent and key gets step_identity(parent, key, n): the
+    identity a fork or another process computes for it."""
+    ctx = _new_context()
+    seen: dict[tuple[str | None, str], int] = {}
+    for parent, key in calls:
+        n = seen.get((parent, key), 0)
+        seen[(parent, key)] = n + 1
+        assert ctx.step_id(parent, key) == step_identity(parent, key, n)
+
+
+def test_threads_never_get_one_occurrence_twice(switch_often: None) -> None:
+    ctx = _new_context()
+    key = "ab" * 16
+    got: list[list[str]] = [[] for _ in range(8)]
+
+    def work(out: list[str]) -> None:
+        for _ in range(3000):
+            out.append(ctx.step_id(None, key))
+
+    threads = [threading.Thread(target=work, args=(out,)) for out in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [i for out in got for i in out]
+    assert len(set(everything)) == len(everything) == 24_000
+    assert set(everything) == {step_identity(None, key, n) for n in range(24_000)}
+
+
+def test_replay_records_buffered_by_threads_are_all_taken(
+        switch_often: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads buffer replay records while another thread takes them (as a flush does):
+    every record is taken exactly once."""
+    monkeypatch.setattr(_context, "_FLUSH_EVERY", 10**9)  # only the taker below takes them
+    ctx = _new_context()
+    taken: list[Any] = []
+    done = threading.Event()
+
+    def take() -> None:
+        while not done.is_set():
+            taken.extend(ctx.take_pending()[1])
+        taken.extend(ctx.take_pending()[1])
+
+    def note(n: int) -> None:
+        for i in range(5000):
+            ctx.note_replayed((n * 5000 + i, 1.0, 2.0, "a" * 32, None, "", "t"))
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    writers = [threading.Thread(target=note, args=(n,)) for n in range(4)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    taker.join()
+    assert sorted(r[0] for r in taken) == list(range(20_000))
+
+
+def test_a_thread_map_replays_every_item_once(store: Any) -> None:
+    """A fan-out on threads resumes with every finished item replayed, counted once each."""
+    calls: list[int] = []
+
+    @durably.task
+    def square(x: int) -> int:
+        calls.append(x)
+        return x * x
+
+    fail = {"on": True}
+
+    @durably.entrypoint
+    def sweep(n: int) -> int:
+        total = sum(square.map(range(n), executor="thread"))
+        if fail["on"]:
+            raise RuntimeError("stopped after the map, to be resumed")
+        return total
+
+    with pytest.raises(RuntimeError):
+        sweep(200)
+    fail["on"] = False
+    calls.clear()
+    run = sweep.run(200)
+    assert run.result == sum(x * x for x in range(200)) and calls == []
+    assert run.counts()["replayed"] == 200
