@@ -436,7 +436,7 @@ def test_a_failed_run_record_write_is_a_store_error_and_leaves_the_run_resumable
     real = disk._db()
     disk._local.con = _FailingConnection(
         real, sqlite3.OperationalError("database or disk is full"),
-        lambda sql: sql.startswith(("INSERT OR REPLACE INTO runs", "DELETE FROM leases")))
+        lambda sql: sql.startswith(("INSERT INTO runs", "DELETE FROM leases")))
     with pytest.raises(durably.StoreError, match="disk is full"):
         job(3)
     disk._local.con = real

@@ -85,4 +85,4 @@ def me() -> Owner:
     global _ME
     if _ME.pid != os.getpid():
         _ME = Owner(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), "")
-    return dataclasses.replace(_ME, token=uuid.uuid4().hex, heartbeat=time.time())
+    return Owner(_ME.host, _ME.pid, _ME.started, uuid.uuid4().hex, time.time())

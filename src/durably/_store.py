@@ -31,6 +31,7 @@ import contextlib
 import errno
 import json
 import logging
+import operator
 import os
 import sqlite3
 import threading
@@ -256,6 +257,18 @@ def _in_call_order(record: StepRecord) -> tuple[int, int]:
 _MEMO_VALUE = 64 * 1024  # the largest cache value kept in memory once read
 _MEMO_BYTES = 16 * 2**20  # all of them together
 _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's writes
+#: a run's record, written in place when it exists (an upsert, not INSERT OR REPLACE: a
+#: replaced row moves to a new rowid, which dirties two more pages of the table and its
+#: pk index at every start and end of an attempt)
+_PUT_RUN = (f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) ON CONFLICT(run_id) "
+            "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
+                                         for c in RUN_COLS.split(",")[1:]))
+_AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
+#: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
+#: store asks on every journal read and write whether it was inherited from a parent)
+_pid = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+_second = operator.itemgetter(1)
 #: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
 #: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
 #: step writes about six pages, so SQLite's default of 1,000 cost a checkpoint every ~170
@@ -448,7 +461,7 @@ class DiskStore:
     # -- opening ---------------------------------------------------------------------------
     def _open(self) -> Path:
         root = self._root
-        if root is not None and self._pid == os.getpid():
+        if root is not None and self._pid == _pid[0]:
             return root
         with self._lock:
             if self._root is not None and self._pid == os.getpid():
@@ -775,7 +788,7 @@ class DiskStore:
         signer = self._signing()
         sid = signer.id if signer is not None else None
         if sid == self._memo_signer and time.monotonic() < self._memo_until \
-                and self._watch_pid == os.getpid():
+                and self._watch_pid == _pid[0]:
             return True
         root = self._open()
         with self._lock:
@@ -1063,11 +1076,7 @@ class DiskStore:
         result = self._seal_blob(record.result, "result", record.run_id)
         values = (*run_row(record)[:8], args, result, record.error)
         with self._write_journal:
-            self._db().execute(
-                f"INSERT OR REPLACE INTO runs ({RUN_COLS}) VALUES "
-                f"({', '.join('?' * len(values))})",
-                values,
-            )
+            self._db().execute(_PUT_RUN, values)
 
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
         with self._write_journal, immediate(self._db()) as db:
@@ -1136,6 +1145,11 @@ class DiskStore:
         data = None
         if window is not None and window[0] == run_id:
             data = window[1].pop(step_id, None)
+            if (type(data) is bytes and self._key is None
+                    and self._key_gen == _key_generation):  # (_step_value's common case)
+                payload, _ = open_seal(data)
+                if payload is not None and not payload.startswith(BLOB_REF):
+                    return payload
         if data is None:
             with self._read_journal:
                 found = self._db().execute(
@@ -1159,15 +1173,21 @@ class DiskStore:
                 "SELECT step_id, CASE WHEN length(result) <= 65536 THEN result END FROM steps "
                 "WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) > (?, ?) "
                 "ORDER BY attempt, position LIMIT 512", (run_id, attempt, position)).fetchall()
-        ahead: dict[str, Any] = {}
-        size = 0
-        for step, result in rows:
-            if result is None or step in ahead:
-                continue  # large (read when asked for) or a later record of the same step
-            size += len(result)
-            if size > 8 << 20:
-                break
-            ahead[step] = result
+        ahead: dict[str, Any]
+        if sum(map(len, filter(None, map(_second, rows)))) <= _AHEAD_BYTES:
+            # all of them, in C: reversed, so the first record of a step wins; a large
+            # result reads as None here, and find_step reads it when asked for
+            ahead = dict(reversed(rows))
+        else:
+            ahead = {}
+            size = 0
+            for step, result in rows:
+                if result is None or step in ahead:
+                    continue  # large (read when asked for) or a later record of the same step
+                size += len(result)
+                if size > _AHEAD_BYTES:
+                    break
+                ahead[step] = result
         self._local.window = (run_id, ahead)
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
@@ -1401,7 +1421,7 @@ class DiskStore:
                 con.close()
             self._local = threading.local()
             self._drop_memo()
-            if self._watch is not None and self._watch_pid == os.getpid():
+            if self._watch is not None and self._watch_pid == _pid[0]:
                 self._watch.close()
             self._watch, self._watch_version = None, -1
             if self._cache is not None:
