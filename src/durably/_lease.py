@@ -11,7 +11,6 @@ import dataclasses
 import os
 import socket
 import time
-import uuid
 
 __all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "hold", "let_go", "me"]
 
@@ -85,4 +84,4 @@ def me() -> Owner:
     global _ME
     if _ME.pid != os.getpid():
         _ME = Owner(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), "")
-    return Owner(_ME.host, _ME.pid, _ME.started, uuid.uuid4().hex, time.time())
+    return Owner(_ME.host, _ME.pid, _ME.started, os.urandom(16).hex(), time.time())

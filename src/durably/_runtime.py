@@ -76,11 +76,13 @@ class Spec:
     __slots__ = (
         "_defaults",
         "_fingerprint",
+        "_key_head",
         "_keywords",
         "_names",
         "_nparams",
         "_npositional",
         "_prepend_instance",
+        "_version_code",
         "cache",
         "func",
         "identity",
@@ -178,6 +180,8 @@ class Spec:
             (p.name, p.default) for p in params if p.default is not inspect.Parameter.empty
         )
         self._nparams = len(params)
+        self._key_head: tuple[str, bytes] = ("", b"")
+        self._version_code = f"v:{version}"  # (one string: the key's head is kept by it)
         #: the number of parameters when all of them can be given by position, else -1
         self._npositional = len(params) if self._names is not None and len(
             self._names) == len(params) else -1
@@ -220,7 +224,7 @@ class Spec:
         """The explicit ``version``, else the code fingerprint (revalidated, recomputed when a
         name it depends on was rebound)."""
         if self.version is not None:
-            return "v:" + self.version
+            return self._version_code
         fp = self._fingerprint
         if fp is None or not fp.valid():
             fp = self._fingerprint = fingerprint_function(self.raw)
@@ -261,14 +265,14 @@ class Spec:
     def key_and_code(self, input_digest: str) -> tuple[str, str]:
         """The cache key of these inputs, and the code version it was made with."""
         fp = self._fingerprint  # (code_version, inlined: this runs on every call)
-        if self.version is not None:
-            code = "v:" + self.version
-        elif fp is not None and fp.valid():
+        if fp is not None and self.version is None and fp.valid():
             code = fp.digest
         else:
             code = self.code_version()
-        return xxhash.xxh3_128_hexdigest(
-            f"{self.identity}\x00{code}\x00{input_digest}".encode()), code
+        head = self._key_head  # the key's encoding up to the inputs, kept per code version
+        if head[0] is not code:
+            head = self._key_head = (code, f"{self.identity}\x00{code}\x00".encode())
+        return xxhash.xxh3_128_hexdigest(head[1] + input_digest.encode()), code
 
     def key_for(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The cache key of a call with these arguments."""

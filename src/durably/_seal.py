@@ -49,6 +49,7 @@ __all__ = [
     "check_private",
     "key_from_file",
     "large_header",
+    "open_plain",
     "open_seal",
     "read_large_header",
     "scan",
@@ -207,6 +208,17 @@ def seal(payload: bytes, key: SigningKey | None = None, context: bytes = b"") ->
         return _PLAIN.pack(MAGIC_PLAIN, check) + payload
     magic = MAGIC_BLAKE if len(payload) < _HMAC_FROM else MAGIC_HMAC
     return _SIGNED.pack(magic, check, key.id, key.mac(magic, context, payload)) + payload
+
+
+def open_plain(data: bytes) -> bytes | None:
+    """The payload of a sound value sealed without a key (the common case of a journaled
+    result, read on every replayed step), else None: then :func:`open_seal` says why, or
+    opens a signed one."""
+    if data[:4] == MAGIC_PLAIN and len(data) >= 12:
+        payload = data[12:]
+        if xxhash.xxh3_64_intdigest(payload) == _PLAIN.unpack_from(data)[1]:
+            return payload
+    return None
 
 
 def open_seal(data: Any, key: SigningKey | None = None, context: bytes = b""

@@ -95,6 +95,7 @@ from ._seal import (
     check_private,
     env_key,
     key_from,
+    open_plain,
     open_seal,
     seal,
     unseal,
@@ -1147,7 +1148,7 @@ class DiskStore:
             data = window[1].pop(step_id, None)
             if (type(data) is bytes and self._key is None
                     and self._key_gen == _key_generation):  # (_step_value's common case)
-                payload, _ = open_seal(data)
+                payload = open_plain(data)
                 if payload is not None and not payload.startswith(BLOB_REF):
                     return payload
         if data is None:
