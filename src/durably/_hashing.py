@@ -560,8 +560,9 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
     one hash."""
     # arguments that are all small scalars (the common call) are written here, without an
     # Encoder: the same bytes as the Encoder writes (_general_arguments; a test pins it)
+    names = sorted(arguments)
     buf = bytearray(_HEADER)
-    for name in sorted(arguments):
+    for name in names:
         head = _NAMES.get(name)
         if head is None:
             break
@@ -595,17 +596,24 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
             break
     else:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
-    return _general_arguments(arguments)
+    # the rest on the general path, after what is written (the first names are not redone)
+    return _encode_from(arguments, names, names.index(name), buf)
 
 
 def _general_arguments(arguments: Mapping[str, Any]) -> str:
-    """:func:`encode_arguments` for arguments of any type."""
+    """:func:`encode_arguments` for arguments of any type, all on the general path."""
+    return _encode_from(arguments, sorted(arguments), 0, bytearray(_HEADER))
+
+
+def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
+                 buf: bytearray) -> str:
+    """Encode the arguments ``names[start:]`` after ``buf`` (the header and the arguments
+    before them, as :func:`encode_arguments` writes them) and return the digest of it all."""
     e = Encoder()
-    buf = e.buf
-    buf += _HEADER
+    e.buf = buf
     dispatch = _DISPATCH_GET
     try:
-        for name in sorted(arguments):
+        for name in names[start:]:
             e.path = name
             head = _NAMES.get(name)
             if head is None:
