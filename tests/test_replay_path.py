@@ -126,3 +126,34 @@ def test_a_thread_map_replays_every_item_once(store: Any) -> None:
     run = sweep.run(200)
     assert run.result == sum(x * x for x in range(200)) and calls == []
     assert run.counts()["replayed"] == 200
+
+
+def _golden(a: Any, b: Any = 2, *, c: Any = "x") -> Any:
+    return a
+
+
+# cache keys and side-effect keys written by durably before the replay path was made
+# faster: a journal or cache written then must still be found (the same bytes are hashed)
+GOLDEN_KEYS = [
+    ((1,), {}, "608c47e9ba61a8352796dc5455d3d0ae", "0c08b6a255eb3180fb893ddcfe293e8f"),
+    ((1, 2), {}, "608c47e9ba61a8352796dc5455d3d0ae", "0c08b6a255eb3180fb893ddcfe293e8f"),
+    ((1,), {"c": "x"}, "608c47e9ba61a8352796dc5455d3d0ae", "0c08b6a255eb3180fb893ddcfe293e8f"),
+    ((-(2**63) - 1,), {}, "72cacfc86ca1303a0dca9c33b7d4d4a6", "ad073b5e9cf36f712611604d1bf37b9f"),
+    ((1.5,), {"b": (1, "two")}, "43bfab9e6b66722e10789af08ba07715",
+     "12654dfe8e62ca582d8a3688cd599ba6"),
+    (("héllo",), {"b": None, "c": True}, "5ad317d1bf579781de9d02af6750d2e5",
+     "e38c1a2fa2a9f9cf4c1ca2400805c299"),
+    ((b"raw",), {}, "6ea61f626a33b8f6ab30cd79bc64d47d", "c71ff69f340eda5ac05b372813d58f7d"),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "key", "side_effect_key"), GOLDEN_KEYS)
+def test_cache_keys_are_the_ones_earlier_versions_wrote(
+        args: tuple[Any, ...], kwargs: dict[str, Any], key: str, side_effect_key: str) -> None:
+    from durably._runtime import Spec
+
+    spec = Spec(_golden, kind="task", name="golden", version="1")
+    spec.identity = "golden:golden"
+    digest = spec.digest_inputs(spec.arguments(None, args, kwargs))
+    assert spec.key_and_code(digest) == (key, "v:1")
+    assert spec.side_effect_key(digest) == side_effect_key
