@@ -219,8 +219,19 @@ def run_row(r: RunRecord) -> tuple[Any, ...]:
             r.input_digest, r.args, r.result, r.error)
 
 
-# json.dumps(..., sort_keys=True), without building an encoder per call (most of its cost)
-_sorted_json = json.JSONEncoder(sort_keys=True).encode
+_json_sorted = json.JSONEncoder(sort_keys=True).encode
+_json_str = json.encoder.encode_basestring_ascii  # (C) a str as JSON, as json.dumps writes it
+
+
+def _sorted_json(d: dict[str, str]) -> str:
+    """``json.dumps(d, sort_keys=True)`` of a dict of strings, the same text written without
+    an encoder (JSONEncoder.encode builds one per call: most of its cost, paid twice per
+    executed step)."""
+    try:
+        return "{" + ", ".join([f"{_json_str(k)}: {_json_str(v)}"
+                                for k, v in sorted(d.items())]) + "}"
+    except TypeError:  # not all strings: the encoder says it
+        return _json_sorted(d)
 
 
 def key_row(r: KeyRecord) -> tuple[Any, ...]:
