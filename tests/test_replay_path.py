@@ -157,3 +157,39 @@ def test_cache_keys_are_the_ones_earlier_versions_wrote(
     digest = spec.digest_inputs(spec.arguments(None, args, kwargs))
     assert spec.key_and_code(digest) == (key, "v:1")
     assert spec.side_effect_key(digest) == side_effect_key
+
+
+def test_a_run_renews_its_lease_as_its_steps_go(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step checks whether the run's lease is due for renewal; when it is, the lease's
+    heartbeat moves (a long run is never taken for a dead one)."""
+    import sqlite3
+    import time
+
+    monkeypatch.setattr(_context, "RENEW_SECONDS", 0.05)
+    store = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=store)
+    seen: list[float] = []
+
+    def heartbeat() -> float:
+        con = sqlite3.connect(tmp_path / "s" / "journal.sqlite3")
+        try:
+            return float(con.execute("SELECT heartbeat FROM leases").fetchone()[0])
+        finally:
+            con.close()
+
+    @durably.task
+    def slow(i: int) -> int:
+        time.sleep(0.03)
+        return i
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += slow(i)
+            seen.append(heartbeat())
+        return total
+
+    assert job(8) == 28
+    assert seen[-1] > seen[0]  # renewed during the run, by the steps

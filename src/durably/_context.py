@@ -46,7 +46,6 @@ class RunContext:
         "_occurrences",
         "_pending",
         "_pending_bytes",
-        "_renewed",
         "_replays",
         "answers",
         "asked",
@@ -62,6 +61,7 @@ class RunContext:
         "positions",
         "raised",
         "read_cache",
+        "renew_at",
         "replaying",
         "run_id",
         "stop",
@@ -104,7 +104,8 @@ class RunContext:
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()
         self.owner = owner
-        self._renewed = time.monotonic()
+        #: when the lease is due for renewal (time.monotonic()): see keep_lease
+        self.renew_at = time.monotonic() + RENEW_SECONDS
         self.store = store
         self.attempt = attempt
         self._occurrences: dict[int, itertools.count[int]] = {}
@@ -124,8 +125,8 @@ class RunContext:
     def keep_lease(self) -> None:
         """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring)."""
         t = time.monotonic()
-        if t - self._renewed >= RENEW_SECONDS:
-            self._renewed = t
+        if t >= self.renew_at:
+            self.renew_at = t + RENEW_SECONDS
             self.store.renew_run(self.run_id, self.owner)
 
     def step_id(self, parent: str | None, key: str) -> str:

@@ -476,6 +476,7 @@ class Call:
 
 _MISS = object()
 _wall_clock = time.time  # (now(), without a call: it runs twice in every replayed step)
+_monotonic = time.monotonic
 #: what begin_step returns as the call of a step served from the journal (replayed): nothing
 #: is left to finish, so no Call is built for it unless a listener is shown the step
 _SERVED = Call.__new__(Call)
@@ -515,7 +516,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
-    ctx.keep_lease()
+    if _monotonic() >= ctx.renew_at:  # (keep_lease's test, without its call)
+        ctx.keep_lease()
     parent = current_step.get()
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
