@@ -181,7 +181,8 @@ class Spec:
         )
         self._nparams = len(params)
         self._key_head: tuple[str, bytes] = ("", b"")
-        self._version_code = f"v:{version}"  # (one string: the key's head is kept by it)
+        # an explicit version as one string (the key's head is kept per code version string)
+        self._version_code = "" if version is None else "v:" + version
         #: the number of parameters when all of them can be given by position, else -1
         self._npositional = len(params) if self._names is not None and len(
             self._names) == len(params) else -1
