@@ -825,6 +825,84 @@ def test_interrupt_in_a_process_item_says_to_use_threads(disk: Any) -> None:
                for e in group.value.exceptions)
 
 
+FORKED_INSIDE_A_RUN = """
+import multiprocessing, os, sys
+import durably
+from durably.executors import Process
+
+def mark(text):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(text + "\\n")
+
+@durably.task
+def square(x):
+    mark(f"square {x}")
+    return x * x
+
+def pool_item(x):  # a plain function: it calls the task in a forked pool worker
+    return square(x)
+
+@durably.task
+def item(x):
+    mark(f"item {x}")
+    return square(x + 10)
+
+@durably.task
+def asks(x):
+    return durably.interrupt(f"ok {x}?")
+
+@durably.entrypoint
+def sweep(n):
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        plain = pool.map(pool_item, range(n))
+    fanned = item.map(range(n), executor=Process(max_workers=2, start_method="fork"))
+    try:
+        asks.map(range(1), executor=Process(max_workers=1, start_method="fork"))
+    except ExceptionGroup as group:
+        print("interrupt:", group.exceptions[0])
+    if os.environ.get("FAIL"):
+        raise RuntimeError("stopped after the fan-outs")
+    return plain + fanned
+
+if __name__ == "__main__":
+    try:
+        print("result", sweep(3))
+    except RuntimeError as exc:
+        print("failed:", exc)
+    store = durably.DiskStore()
+    (run,) = store.list_runs()
+    steps = store.list_steps(run.run_id)
+    print("status", run.status, "attempt", run.attempt)
+    print("tasks", sorted({s.task.rsplit(":", 1)[-1] for s in steps}))
+    print("positions unique", len({(s.attempt, s.position) for s in steps}) == len(steps))
+"""
+
+
+@pytest.mark.slow
+def test_processes_forked_inside_a_run_are_not_part_of_it(tmp_path: Path) -> None:
+    """A fork-start pool created in an entrypoint (multiprocessing's or
+    ``Process(start_method="fork")``) inherits the run's context, but not the run: the tasks
+    its workers call are cached calls, as on spawn or forkserver workers. Before, they were
+    journaled into the parent's run at positions the parent also used, and their replay
+    records were lost with the worker."""
+    script = write_script(tmp_path / "forked.py", FORKED_INSIDE_A_RUN)
+    count = tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count))
+    first = run_script(script, {**env, "FAIL": "1"}).stdout
+    second = run_script(script, env).stdout
+    for out in (first, second):
+        assert "worker process" in out and "executor='thread'" in out, out  # interrupt()
+        # the run journals its own steps only: the fan-out's items, never the tasks the
+        # workers called, and no two steps of an attempt share a position
+        assert "tasks ['asks', 'item']" in out and "positions unique True" in out, out
+    assert "status failed attempt 1" in first, first
+    assert "status finished attempt 2" in second, second
+    assert "result [0, 1, 4, 100, 121, 144]" in second, second
+    # the resumed run replayed the items and the pool's calls came from the cache
+    assert sorted(_lines(count)) == sorted(
+        [f"square {x}" for x in (0, 1, 2, 10, 11, 12)] + [f"item {x}" for x in range(3)])
+
+
 @pytest.mark.slow
 def test_workers_use_a_store_the_caller_never_opened(tmp_path: Path, log: str) -> None:
     store = durably.DiskStore(tmp_path / "never-opened")  # cache=False items never read it

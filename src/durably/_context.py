@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -278,3 +279,20 @@ cutoff: ContextVar[Cutoff | None] = ContextVar("durably_cutoff", default=None)
 in_worker: ContextVar[bool] = ContextVar("durably_in_worker", default=False)
 current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=None)
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)
+
+
+def _leave_run_in_child() -> None:
+    """A process forked inside a run (a fork-start ``multiprocessing`` pool created in an
+    entrypoint, or ``Process(start_method="fork")``) is not part of the run: its journal
+    writes would interleave with the parent's under the parent's step positions, and its
+    replay records would be lost when it exits. Its task calls are cached calls outside a run,
+    as in a spawn or forkserver worker (on resume they are served from the cache), and
+    ``interrupt()`` there says it runs in a worker."""
+    if current_run.get() is not None:
+        current_run.set(None)
+        current_step.set(None)
+        cutoff.set(None)
+        in_worker.set(True)
+
+
+os.register_at_fork(after_in_child=_leave_run_in_child)

@@ -307,7 +307,8 @@ class Process(_Pooled):
         max_workers: Worker processes. Default: ``os.cpu_count()``.
         start_method: ``"forkserver"`` (default where available), ``"spawn"`` (default
             elsewhere) or ``"fork"`` (fast to start, but forking a process that runs threads
-            can deadlock).
+            can deadlock). A forked worker has no run either, though it inherits the run's
+            context.
 
     Raises:
         ValueError: ``max_workers`` is not a positive int, or the start method is unknown.
