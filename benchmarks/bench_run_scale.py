@@ -16,6 +16,9 @@ and CPU times of both calls and its peak RSS. Each size is repeated in several p
   system), which the other users of a shared machine barely touch though the sizes are
   measured minutes apart, and on wall time, which also counts waiting for the disk. Bytes
   written to disk per step and context switches (waits, preemptions) say which it was.
+- **the store's share** (info): a run of 100 steps, on a fresh store and again on the store
+  the largest run left (same process): a run's steps cost more on a large store (its cache
+  and journal indexes no longer fit in the CPU's caches) whatever the run's own length.
 - **resume of a 10,000-step run**: wall time of the resuming call, target < 1 s.
 - **peak RSS**: growth of the peak resident memory from 1,000 to 100,000 steps, target < 50 MB
   (the journal is not held in memory).
@@ -41,6 +44,7 @@ import durably
 
 REPEATS = {100: 7, 1_000: 5, 10_000: 3, 100_000: 2}  # processes per size (1 above)
 QUICK = {100: 5, 1_000: 3, 10_000: 2, 100_000: 1}
+SMALL = 100  # steps of the runs that measure the store's own share (small_runs)
 
 
 def attempt_pair(steps: int, base: int) -> dict[str, float]:
@@ -78,9 +82,14 @@ def run_worker(steps: int) -> dict[str, Any]:
         empty = [attempt_pair(0, -1 - i) for i in range(5)]
         fixed = {f"fixed_{k}": statistics.median(e[k] for e in empty)
                  for k in ("executed", "executed_cpu", "resumed", "resumed_cpu")}
+        # (in the workers of large runs only: the small runs' own figures stay those of a
+        # nearly empty store)
+        large = steps >= 10_000
+        small_before = small_runs(10**9, fixed["fixed_executed_cpu"]) if large else None
         rss_before = peak_rss_mb()
         out = attempt_pair(steps, 0)
         rss_peak = peak_rss_mb()  # before the check below, which reads the whole journal
+        small_after = small_runs(2 * 10**9, fixed["fixed_executed_cpu"]) if large else None
         run = out.pop("run")
         counts = run.counts()
         if counts["replayed"] != steps or run.attempt != 2:
@@ -88,7 +97,19 @@ def run_worker(steps: int) -> dict[str, Any]:
         net = {f"{k}_net": out[k] - fixed[f"fixed_{k}"]
                for k in ("executed", "executed_cpu", "resumed", "resumed_cpu")}
         return {"steps": steps, **out, **fixed, **net, "rss_before_mb": rss_before,
-                "rss_peak_mb": rss_peak}
+                "rss_peak_mb": rss_peak, "small_before_cpu": small_before,
+                "small_after_cpu": small_after}
+
+
+def small_runs(base: int, fixed_cpu: float) -> float:
+    """CPU seconds per executed step of a run of 100 steps on new inputs (median of 5; the
+    fixed cost of a run taken off): measured on a fresh store, and again on the store a large
+    run left, it tells how much of a large run's cost per step is the store's size (its
+    cache and journal indexes) and not the run's length."""
+    costs = []
+    for k in range(5):
+        costs.append(attempt_pair(SMALL, base + 1000 * k)["executed_cpu"])
+    return (statistics.median(costs) - fixed_cpu) / SMALL
 
 
 def main() -> None:
@@ -136,6 +157,13 @@ def main() -> None:
                      "durably_s": d,
                      "other_s": o, "ratio": ratio(d, o), "target": "<= 1.3 (flat)",
                      "limit": 1.3})
+    before = median_of(samples[large], "small_before_cpu")
+    after = median_of(samples[large], "small_after_cpu")
+    if before is not None and after is not None:
+        rows.append({"measure": f"executed step CPU, run of {SMALL}: on the store a run of "
+                                f"{large:,} left vs on a fresh one",
+                     "durably_s": after, "other_s": before, "ratio": ratio(after, before),
+                     "target": "(info: the store's share)"})
     for n in sizes:
         rows.append({"measure": f"disk writes per executed step, run of {n:,}",
                      "durably_kb": per_step_kb(n, "executed_written_bytes"), "other_kb": None,
