@@ -7,10 +7,12 @@ import concurrent.futures
 import logging
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -570,8 +572,10 @@ def test_tasks_defined_in_main_run_on_worker_processes(tmp_path: Path, how: str)
 
 
 FANOUT = """
-import os, sys, time
+import os, signal, sys, time
 import durably
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started in a background job
 
 def mark(text):
     with open(os.environ["COUNT_FILE"], "a") as f:
@@ -594,7 +598,11 @@ def pipeline(n, executor):
     return sum(work.map(range(n), executor=executor, max_workers=2))
 
 if __name__ == "__main__":
-    print("result", pipeline(int(os.environ["ITEMS"]), os.environ["EXECUTOR"]), flush=True)
+    try:
+        print("result", pipeline(int(os.environ["ITEMS"]), os.environ["EXECUTOR"]), flush=True)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+        raise
 """
 
 
@@ -647,6 +655,91 @@ def test_sigkill_halfway_through_a_map_resumes_exactly_the_unfinished_items(
     out = run_script(script, env)
     assert out.stdout == f"result {sum(i * 10 for i in range(n))}\n"
     assert sorted(int(x) for x in _lines(count)) == list(range(block, n))
+
+
+ASYNC_FANOUT = FANOUT.replace(
+    "def work(i):", "async def work(i):").replace(
+    "def pipeline(n, executor):\n    return sum(work.map(",
+    "async def pipeline(n, executor):\n    return sum(await work.map(").replace(
+    'print("result", pipeline(',
+    'import asyncio\n        print("result", asyncio.run(pipeline(').replace(
+    'os.environ["EXECUTOR"]), flush=True)', 'os.environ["EXECUTOR"])), flush=True)')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("executor,source", [("thread", FANOUT), ("process", FANOUT),
+                                             ("process", ASYNC_FANOUT)],
+                         ids=["thread", "process", "async-process"])
+def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
+        tmp_path: Path, executor: str, source: str) -> None:
+    """After Ctrl-C a map starts nothing more but waits for the bodies already running (a
+    thread cannot be stopped): each that ends meanwhile is journaled, so the rerun executes
+    only the items that never started (before, they ran twice: their side effects too)."""
+    n, block = 6, 2
+    script = write_script(tmp_path / "fanout.py", source)
+    count, release = tmp_path / "count.txt", tmp_path / "release"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
+                     BLOCK_FROM=str(block), ITEMS=str(n), EXECUTOR=executor)
+    with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          start_new_session=True) as proc:
+        watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            blocked, seen = 0, ""
+            while blocked < 2:  # items 2 and 3 hold both workers
+                line = proc.stdout.readline()
+                seen += line
+                if not line:
+                    break
+                blocked += line.count("blocked")
+            assert blocked == 2, f"{seen}\n{proc.stderr.read()}"
+            proc.send_signal(signal.SIGINT)  # the script only, as a terminal's Ctrl-C
+            time.sleep(0.5)  # the map is waiting for its running bodies
+            release.touch()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            watchdog.cancel()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert sorted(int(x) for x in _lines(count)) == list(range(block + 2))
+
+    count.unlink()
+    env["BLOCK_FROM"] = "-1"
+    out = run_script(script, env)
+    assert out.stdout == f"result {sum(i * 10 for i in range(n))}\n"
+    assert sorted(int(x) for x in _lines(count)) == list(range(block + 2, n))
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "fanout.py", FANOUT)
+    count, release = tmp_path / "count.txt", tmp_path / "release"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
+                     BLOCK_FROM="2", ITEMS="6", EXECUTOR="thread")
+    with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          start_new_session=True) as proc:
+        watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+            threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()],
+                             daemon=True).start()
+            blocked = 0
+            while blocked < 2:
+                blocked += lines.get(timeout=60).count("blocked")
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            # the call returns to its caller while the bodies still block
+            assert lines.get(timeout=30) == "stopped\n"
+        finally:
+            release.touch()  # the interpreter's exit still joins the worker threads
+            proc.communicate(timeout=60)
+            watchdog.cancel()
+    assert proc.returncode != 0
 
 
 # -- retry= and timeout= apply to every item ------------------------------------------------

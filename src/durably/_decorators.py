@@ -258,6 +258,11 @@ class Task(_ByReference, _Wrapper[P, R]):
         journaled and cached the moment it comes back. An ``async`` task returns a coroutine
         (``await task.map(...)``); its items are gathered on the running event loop.
 
+        On Ctrl-C (or any error of the map itself) nothing more starts, and the map waits for
+        the bodies already running on threads or workers, which cannot be stopped (an async
+        task's coroutines on the loop are cancelled), journaling each as it ends: a rerun
+        executes only the items that never finished. A second Ctrl-C stops waiting.
+
         A progress bar (tqdm) with counts of ran and cached items shows in a terminal or a
         notebook when the fan-out takes more than half a second; it is off when output is
         not interactive, with ``progress=False``, or with ``DURABLY_PROGRESS=0``.

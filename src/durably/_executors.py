@@ -600,9 +600,11 @@ def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_I
 class _FanOut:
     """The bookkeeping of one ``map``: results in input order, failures, progress."""
 
-    __slots__ = ("bar", "failures", "results", "spec", "total")
+    __slots__ = ("abandoned", "bar", "failures", "results", "spec", "total")
 
     def __init__(self, spec: Spec, total: int, progress: bool) -> None:
+        #: a second Ctrl-C stopped the wait for the bodies still running
+        self.abandoned = False
         self.spec = spec
         self.total = total
         self.results: list[Any] = [None] * total
@@ -704,12 +706,25 @@ def _not_cancelled(batch: list[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
     return [(i, h) for i, h in batch if isinstance(h, _Failed) or not h.cancelled()]
 
 
+def _forget_cancelled(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item]
+                      ) -> list[tuple[_Item, Any]]:
+    """The batch without its cancelled items (never started: nothing to journal), which are
+    no longer waited for."""
+    kept = _not_cancelled(batch)
+    if len(kept) < len(batch):
+        for item, handle in batch:
+            if not isinstance(handle, _Failed) and handle.cancelled():
+                inflight.pop(item.index, None)
+    return kept
+
+
 def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any,
              max_workers: int | None, progress: bool | None) -> list[Any]:
     """``Task.map`` for a sync task: see :meth:`durably.Task.map`."""
     enabled = progress_enabled(progress)
     ex, owned = _resolve_executor(executor, max_workers)
     clean = False
+    fan: _FanOut | None = None
     try:
         items = _items(iterables, target.spec.name)
         fan = _FanOut(target.spec, len(items), enabled)
@@ -727,8 +742,9 @@ def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any
         if owned:
             # after a failure or Ctrl-C too, the attempt ends only once the bodies still
             # running have ended (the items not started are dropped): else the next call of
-            # the run would execute them again while they run (a second Ctrl-C stops waiting)
-            ex.shutdown(wait=True, cancel_futures=not clean)
+            # the run would execute them again while they run. _drive waited for them already
+            # (journaling each), unless a second Ctrl-C stopped that wait: then not again
+            ex.shutdown(wait=fan is None or not fan.abandoned, cancel_futures=not clean)
     fan.raise_failures()
     return fan.results
 
@@ -754,8 +770,7 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
             except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
                 inbox.put((item, _Failed(exc)))
 
-    try:
-        fill()
+    def collect() -> None:
         while inflight:
             try:
                 first = inbox.get(timeout=_WAKE)
@@ -763,19 +778,29 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                 if ctx is not None:
                     ctx.keep_lease()
                 continue
-            _take([first, *_drain(inbox)], ex, fan, inflight)
+            _take(_forget_cancelled([first, *_drain(inbox)], inflight), ex, fan, inflight)
             if ctx is not None:
                 ctx.keep_lease()
             fill()
+
+    try:
+        fill()
+        collect()
     except BaseException:
-        # Ctrl-C, or the store failed: start nothing more, keep what has finished
+        # Ctrl-C, or the store failed: start nothing more. The bodies already running end
+        # before the attempt does (a thread cannot be stopped), and each one that finishes
+        # is journaled as it ends, so a rerun never executes it again; a second Ctrl-C stops
+        # waiting
         todo.clear()
         ex._cancel(list(inflight.values()))
         try:
-            _take(_not_cancelled(_drain(inbox)), ex, fan, inflight)
+            collect()
         except Exception as exc:  # noqa: BLE001 - the first error is the one to report
             log.warning("durably: could not journal the finished items of %r: %s",
                         target.spec.name, exc)
+        except BaseException:
+            fan.abandoned = True
+            raise
         raise
 
 
@@ -851,8 +876,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
             outcomes = _outcomes_of(ex, done_)
         _take(batch, ex, fan, inflight, outcomes)
 
-    try:
-        fill()
+    async def collect() -> None:
         while inflight:
             try:
                 first = await asyncio.wait_for(inbox.get(), _WAKE)
@@ -860,11 +884,18 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                 if ctx is not None:
                     ctx.keep_lease()
                 continue
-            await take([first, *drain()])
+            await take(_forget_cancelled([first, *drain()], inflight))
             if ctx is not None:
                 ctx.keep_lease()
             fill()
+
+    try:
+        fill()
+        await collect()
     except BaseException:
+        # as in _drive: nothing more starts, and the bodies still running on workers (a
+        # coroutine here is cancelled) are journaled as they end; cancelling again stops
+        # waiting
         todo.clear()
         if ex is None:
             for item in inflight.values():
@@ -872,8 +903,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         else:
             ex._cancel(list(inflight.values()))
         try:
-            batch = _not_cancelled(drain())
-            _take(batch, ex, fan, inflight)
+            await collect()
         except Exception as exc:  # noqa: BLE001 - the first error is the one to report
             log.warning("durably: could not journal the finished items of %r: %s",
                         target.spec.name, exc)
