@@ -3,11 +3,13 @@ checkpoints, resume after a crash, drawing — on every store."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import operator
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -539,6 +541,71 @@ def test_stream_ends_with_the_interrupt_and_replays_finished_super_steps() -> No
     assert [i.payload for i in chunks[1]["__interrupt__"]] == ["?"]
     again = list(app.stream({"log": [], "count": 0}, mode="updates"))
     assert again[0] == {"pre": {"log": ["pre"]}} and "__interrupt__" in again[1]
+
+
+def test_async_api_invokes_resumes_and_streams_while_the_loop_keeps_serving() -> None:
+    """ainvoke / aresume / astream: the run executes in a worker thread, so the event loop
+    that awaits it keeps running other tasks meanwhile."""
+    release = threading.Event()
+
+    def slow(s: Log) -> dict[str, Any]:
+        if not release.wait(10):  # set by a coroutine of the caller's loop
+            raise TimeoutError("the event loop was blocked")
+        return {"log": ["slow"]}
+
+    def ask(s: Log) -> dict[str, Any]:
+        return {"log": [f"ask={durably.interrupt('?')}"]}
+
+    g = StateGraph(Log, name="awaited")
+    g.add_node("slow", slow).add_node("ask", ask)
+    g.add_edge(START, "slow").add_edge("slow", "ask").add_edge("ask", END)
+    app = g.compile()
+
+    async def main() -> tuple[Any, ...]:
+        async def unblock() -> None:
+            await asyncio.sleep(0.05)
+            release.set()
+
+        helper = asyncio.create_task(unblock())
+        with pytest.raises(durably.RunInterrupted) as paused:
+            await app.ainvoke({"log": [], "count": 0})
+        await helper
+        final = await app.aresume(paused.value.run_id, "yes")
+        chunks = [c async for c in app.astream({"log": ["b"], "count": 0}, mode="updates")]
+        return paused.value.run_id, final, chunks
+
+    run_id, final, chunks = asyncio.run(main())
+    assert final["log"] == ["slow", "ask=yes"]
+    assert app.get_state(run_id).status == "finished"
+    assert chunks[0] == {"slow": {"log": ["slow"]}} and "__interrupt__" in chunks[1]
+
+
+def test_leaving_astream_early_stops_the_run_resumably() -> None:
+    calls: list[str] = []
+
+    def step(name: str) -> Any:
+        def node(s: Log) -> dict[str, Any]:
+            calls.append(name)
+            return {"log": [name]}
+        return node
+
+    g = StateGraph(Log, name="left_early")
+    g.add_node("a", step("a")).add_node("b", step("b")).add_node("c", step("c"))
+    g.add_edge(START, "a").add_edge("a", "b").add_edge("b", "c").add_edge("c", END)
+    app = g.compile()
+
+    async def first_only() -> Any:
+        stream = app.astream({"log": [], "count": 0})
+        async for values in stream:
+            await stream.aclose()  # the consumer went away after the first super-step
+            return values
+        return None
+
+    assert asyncio.run(first_only())["log"] == ["a"]
+    (run,) = durably.list_runs()
+    assert run.status == "stopped" and calls == ["a"]
+    assert app.invoke({"log": [], "count": 0})["log"] == ["a", "b", "c"]
+    assert calls == ["a", "b", "c"]  # the finished super-step replayed, not executed
 
 
 def test_fresh_runs_after_an_edit_instead_of_a_graph_changed_error() -> None:

@@ -19,8 +19,8 @@ that a node that writes its decision into the state, and route on the state).
 
 Worth knowing: a run ends when no node is ready (as in LangGraph), also when a router returned
 an empty list or a join never completed, without reaching END; a subgraph with another state
-type reads and writes only the keys both states have; invoke/stream are synchronous (call them
-from a thread in async code, e.g. ``asyncio.to_thread(app.invoke, state)``).
+type reads and writes only the keys both states have; from async code, ``ainvoke``,
+``aresume`` and ``astream`` run the graph in a worker thread (the run itself is synchronous).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import copy
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import xxhash
@@ -574,7 +574,7 @@ class CompiledGraph(Generic[S]):
         return self.schema.build(final)
 
     def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None,
-               fresh: bool = False) -> Iterator[Any]:
+               fresh: bool = False) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -600,6 +600,89 @@ class CompiledGraph(Generic[S]):
                 yield event.data["values"] if mode == "values" else event.data["updates"]
             elif event.kind == "run_interrupted":
                 yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
+
+    # -- from async code (LangGraph's names): the run executes in a worker thread ----------
+    async def ainvoke(self, state: Any = None, *, run_id: str | None = None,
+                      fresh: bool = False, migrate: Callable[[Any], Any] | None = None) -> Any:
+        """:meth:`invoke` from async code: the run executes in a worker thread (async nodes
+        run there on their own event loop), so the caller's event loop keeps serving.
+
+        Args:
+            state: As for :meth:`invoke`.
+            run_id: As for :meth:`invoke`.
+            fresh: As for :meth:`invoke`.
+            migrate: As for :meth:`invoke`.
+
+        Returns:
+            The final state, as :meth:`invoke` returns it.
+
+        Raises:
+            RunInterrupted: a node called ``interrupt()``; answer with :meth:`aresume`.
+            GraphChangedError: as for :meth:`invoke`, like every other error it raises.
+
+        Example:
+            >>> import asyncio, tempfile, durably
+            >>> from typing import TypedDict
+            >>> from durably import StateGraph, START, END
+            >>> class C(TypedDict):
+            ...     n: int
+            >>> b = StateGraph(C, name="ainvoke_doc")
+            >>> _ = b.add_node("double", lambda s: {"n": s["n"] * 2})
+            >>> _ = b.add_edge(START, "double")
+            >>> _ = b.add_edge("double", END)
+            >>> app = b.compile(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> asyncio.run(app.ainvoke({"n": 21}))
+            {'n': 42}
+        """
+        return await asyncio.to_thread(self.invoke, state, run_id=run_id, fresh=fresh,
+                                       migrate=migrate)
+
+    async def aresume(self, run_id: str, value: Any = None, *,
+                      migrate: Callable[[Any], Any] | None = None) -> Any:
+        """:meth:`resume` from async code (the run executes in a worker thread).
+
+        Args:
+            run_id: The interrupted run.
+            value: The answer (a mapping ``{interrupt_id: value}`` for several).
+            migrate: As for :meth:`invoke`.
+
+        Returns:
+            The final state.
+
+        Raises:
+            RunInterrupted: the run paused again.
+            RunStateError: the run is not interrupted.
+        """
+        return await asyncio.to_thread(self.resume, run_id, value, migrate=migrate)
+
+    async def astream(self, state: Any = None, *, mode: str = "values",
+                      run_id: str | None = None, fresh: bool = False) -> AsyncIterator[Any]:
+        """:meth:`stream` from async code (``async for``): the same items, each fetched in a
+        worker thread. Leaving the loop early stops the run at its next step boundary
+        (resumable), as with :meth:`stream`.
+
+        Args:
+            state: As for :meth:`stream`.
+            mode: As for :meth:`stream`.
+            run_id: As for :meth:`stream`.
+            fresh: As for :meth:`stream`.
+
+        Yields:
+            The items :meth:`stream` yields.
+
+        Raises:
+            DefinitionError: ``mode`` is not one of the three.
+        """
+        items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh)
+        done = object()
+        try:
+            while True:
+                item = await asyncio.to_thread(next, items, done)
+                if item is done:
+                    return
+                yield item
+        finally:
+            await asyncio.to_thread(items.close)
 
     def get_state(self, run_id: str) -> StateSnapshot:
         """The state at the run's latest checkpoint.
