@@ -996,6 +996,75 @@ def test_processes_forked_inside_a_run_are_not_part_of_it(tmp_path: Path) -> Non
         [f"square {x}" for x in (0, 1, 2, 10, 11, 12)] + [f"item {x}" for x in range(3)])
 
 
+FORK_EDGES = """
+import multiprocessing, os, sys
+import durably
+
+def mark(text):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(text + "\\n")
+
+@durably.task
+def expensive(x):
+    mark(f"expensive {x}")
+    return x * 3
+
+def use(x):
+    return expensive(x)
+
+@durably.task
+def item(x):
+    return expensive(x) + 1
+
+@durably.task
+def step(x):
+    mark(f"step {x}")
+    return x
+
+@durably.entrypoint
+def job(n):
+    first = [expensive(i) for i in range(n)]  # their cache writes are queued by the run
+    # forkserver workers (the default) read the store
+    assert item.map(range(n), executor="process") == [x + 1 for x in first]
+    second = [expensive(i) for i in range(n, 2 * n)]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        again = pool.map(use, range(n, 2 * n))
+    step(0)
+    pid = os.fork()
+    if pid == 0:  # a child leaving through sys.exit, not os._exit
+        step(1)
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    step(2)
+    return second == again
+
+if __name__ == "__main__":
+    print("result", job(3))
+    store = durably.DiskStore()
+    (run,) = store.list_runs()
+    print("run", run.status, run.attempt)
+    print("steps", sorted(s.status for s in store.list_steps(run.run_id)))
+    print("events", [e.kind for e in store.list_events(run.run_id)])
+"""
+
+
+@pytest.mark.slow
+def test_a_forked_process_finds_the_run_s_results_and_never_ends_the_run(
+        tmp_path: Path) -> None:
+    """Results the run computed just before forking (their cache writes queued) are written
+    first, so forked workers do not compute them again; and a child that leaves through
+    ``sys.exit`` unwinds through the entrypoint without ending its parent's run (before, it
+    wrote the run as failed and released its lease while the parent still ran it)."""
+    script = write_script(tmp_path / "edges.py", FORK_EDGES)
+    count = tmp_path / "count.txt"
+    out = run_script(script, script_env(tmp_path / "store", COUNT_FILE=str(count))).stdout
+    assert out.splitlines() == [
+        "result True", "run finished 1", "steps " + str(["ran"] * 11),
+        "events ['run_started', 'run_finished']"], out
+    assert sorted(_lines(count)) == sorted(
+        [f"expensive {x}" for x in range(6)] + [f"step {x}" for x in range(3)])
+
+
 @pytest.mark.slow
 def test_workers_use_a_store_the_caller_never_opened(tmp_path: Path, log: str) -> None:
     store = durably.DiskStore(tmp_path / "never-opened")  # cache=False items never read it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 import time
@@ -14,10 +15,12 @@ import xxhash
 
 from ._lease import RENEW_SECONDS, Owner
 from ._records import Replay
-from ._store import KeyRecord, StepRecord, Store
+from ._store import KeyRecord, StepRecord, Store, _pid
 
 if TYPE_CHECKING:
     from ._tracer import Event
+
+log = logging.getLogger("durably")
 
 __all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff",
            "in_worker"]
@@ -59,6 +62,7 @@ class RunContext:
         "name",
         "open",
         "owner",
+        "pid",
         "positions",
         "raised",
         "read_cache",
@@ -98,6 +102,9 @@ class RunContext:
         self.marked: set[str] = set()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
+        #: the process executing the attempt: a process forked inside the run (whose copy of
+        #: this context may still be on its stack) never writes the run's journal
+        self.pid = _pid[0]
         #: the run has a journal from an earlier attempt (else no step can be replayed, and
         #: the journal is not searched)
         self.replaying = True
@@ -281,13 +288,26 @@ current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=N
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)
 
 
+def _flush_before_fork() -> None:
+    """The run's queued cache writes are written before a process forks from inside it, so
+    a forked worker finds the results the run computed instead of executing them again."""
+    ctx = current_run.get()
+    if ctx is not None and ctx.pid == _pid[0]:
+        try:
+            ctx.flush_cache()
+        except Exception as exc:  # noqa: BLE001 - the fork goes on; the journal has them
+            log.warning("durably: could not write the run's queued cache entries before a "
+                        "fork: %s", exc)
+
+
 def _leave_run_in_child() -> None:
     """A process forked inside a run (a fork-start ``multiprocessing`` pool created in an
     entrypoint, or ``Process(start_method="fork")``) is not part of the run: its journal
     writes would interleave with the parent's under the parent's step positions, and its
     replay records would be lost when it exits. Its task calls are cached calls outside a run,
     as in a spawn or forkserver worker (on resume they are served from the cache), and
-    ``interrupt()`` there says it runs in a worker."""
+    ``interrupt()`` there says it runs in a worker. (A copy of the run's context still on the
+    child's stack writes nothing either: see ``RunContext.pid``.)"""
     if current_run.get() is not None:
         current_run.set(None)
         current_step.set(None)
@@ -295,4 +315,4 @@ def _leave_run_in_child() -> None:
         in_worker.set(True)
 
 
-os.register_at_fork(after_in_child=_leave_run_in_child)
+os.register_at_fork(before=_flush_before_fork, after_in_child=_leave_run_in_child)

@@ -757,6 +757,8 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
     todo = deque(missing)
     inflight: dict[int, _Item] = {}
     ctx = missing[0].call.ctx
+    if ctx is not None and not isinstance(ex, Thread):
+        ctx.flush_cache()  # workers read the store: the run's queued results first
 
     def done(item: _Item, handle: Any) -> None:
         inbox.put((item, handle))
@@ -839,6 +841,8 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
     todo = deque(missing)
     inflight: dict[int, _Item] = {}
     ctx = missing[0].call.ctx
+    if ctx is not None and ex is not None and not isinstance(ex, Thread):
+        ctx.flush_cache()  # workers read the store: the run's queued results first
 
     def done(item: _Item, handle: Any) -> None:  # from a worker's thread
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
@@ -932,6 +936,8 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     item = _Item(0, call, args, kwargs)
     ctx = call.ctx
+    if ctx is not None and not isinstance(ex, Thread):
+        ctx.flush_cache()  # a worker reads the store: the run's queued results first
     if ctx is not None:  # the run ends only when its submitted steps have ended
         ctx.inflight.add(future)
         future.add_done_callback(ctx.inflight.discard)

@@ -76,9 +76,10 @@ def _active(what: str) -> Any:
         from .exceptions import NoActiveRunError
 
         raise NoActiveRunError(
-            f"{what} was called in an item running on a worker process or a Dask worker, "
-            "which has no run (only the item's result comes back to it). Fix: fan out the "
-            "items that call it on threads (executor='thread', the default).")
+            f"{what} was called in a worker process (an item of a fan-out on processes, or "
+            "a process forked inside a run) or on a Dask worker, which has no run (only an "
+            "item's result comes back to it). Fix: fan out the items that call it on "
+            "threads (executor='thread', the default).")
     if ctx is None:
         from .exceptions import NoActiveRunError
 

@@ -40,7 +40,7 @@ from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
 from ._lease import hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
-from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, now
+from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
@@ -414,8 +414,8 @@ class Call:
         """Journal a failed step (never cached); the exception then propagates unchanged.
         ``tries`` ("try 1 of 3") prefixes the error of a task with ``retry=``."""
         ctx = self.ctx
-        if ctx is None or not isinstance(exc, Exception):
-            return
+        if ctx is None or not isinstance(exc, Exception) or ctx.pid != _pid[0]:
+            return  # (a process forked inside the run, unwinding: the run is its parent's)
         try:
             error = f"{tries}: {exc!r}" if tries else repr(exc)
             record = self.record("failed", error[:2000])
@@ -435,7 +435,7 @@ class Call:
             for i in signal.interrupts
         ]
         ctx = self.ctx
-        if ctx is None:
+        if ctx is None or ctx.pid != _pid[0]:
             return
         record = self.record("interrupted")
         self.store.append_steps([(record, None)])
@@ -451,7 +451,7 @@ class Call:
             self.failed(exc)  # journaled (and streamed) as the step's failure
             raise
         ctx = self.ctx
-        if ctx is None:
+        if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache:
                 self.store.cache_put(self.key, data,
                                      spec.key_record(self.key, self.inputs, self.code or None))
@@ -918,6 +918,12 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
     """Flush the attempt's buffered records, write the run's final status, release the
     run's lease."""
     ctx, record = started.ctx, started.record
+    if ctx.pid != _pid[0]:
+        # a process forked inside the run leaves the entrypoint (sys.exit, an exception):
+        # the run, its lease and its buffered records are its parent's
+        started.ended = True
+        _leave(started)
+        return
     try:
         started.ended = True
         _leave(started)
