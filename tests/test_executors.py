@@ -742,6 +742,93 @@ def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) ->
     assert proc.returncode != 0
 
 
+def _stopped_promptly(job: Any, *args: Any) -> BaseException | None:
+    """Call the entrypoint in a thread (a hang fails the test, not the suite): what it
+    raised."""
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            job(*args)
+        except BaseException as exc:  # noqa: BLE001 - the outcome under test
+            raised.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the map never returned after the stop"
+    return raised[0] if raised else None
+
+
+def test_a_stop_while_an_item_is_being_sent_does_not_wait_for_it_forever(
+        store: Any, log: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = Thread._start
+    calls = [0]
+
+    def start_then_ctrl_c(self: Any, item: Any, target: Any, done: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 3:  # as if Ctrl-C landed while the third item was being sent
+            raise KeyboardInterrupt
+        started(self, item, target, done)
+
+    monkeypatch.setattr(Thread, "_start", start_then_ctrl_c)
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return square.map(range(n), [log] * n, max_workers=2)
+
+    assert isinstance(_stopped_promptly(job, 6), KeyboardInterrupt)
+    assert sorted(_lines(log)) == ["square 0", "square 1"]
+    (run,) = durably.list_runs()
+    assert run.status == "stopped"
+    assert sorted(s.status for s in run.steps if s.task.endswith("square")) == ["ran", "ran"]
+
+
+def test_a_stop_while_a_batch_is_journaled_still_journals_the_rest_of_it(
+        store: Any, log: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    drain, finish = _executors._drain, _executors._FanOut.finish
+    interrupted: list[int] = []
+
+    def slow_drain(inbox: Any) -> Any:
+        time.sleep(0.3)  # both items end meanwhile: one batch of two
+        return drain(inbox)
+
+    def finish_then_ctrl_c(self: Any, item: Any, outcome: Any) -> None:
+        if not interrupted:
+            interrupted.append(item.index)
+            raise KeyboardInterrupt  # as if Ctrl-C landed while the first was journaled
+        finish(self, item, outcome)
+
+    monkeypatch.setattr(_executors, "_drain", slow_drain)
+    monkeypatch.setattr(_executors._FanOut, "finish", finish_then_ctrl_c)
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return square.map(range(n), [log] * n, max_workers=2)
+
+    assert isinstance(_stopped_promptly(job, 2), KeyboardInterrupt)
+    (run,) = durably.list_runs()
+    ran = [s for s in run.steps if s.task.endswith("square") and s.status == "ran"]
+    assert len(ran) == 1 and len(interrupted) == 1  # the other item of the batch
+
+
+def test_an_item_cancelled_by_its_own_body_is_not_a_none_result(store: Any) -> None:
+    @durably.task
+    async def gives_up(x: int) -> int:
+        if x == 1:
+            raise asyncio.CancelledError  # e.g. a future it awaited was cancelled
+        return x
+
+    @durably.entrypoint
+    async def job() -> list[int]:
+        return await gives_up.map(range(3))
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(job())
+    (run,) = durably.list_runs()
+    assert run.status != "finished"
+
+
 # -- retry= and timeout= apply to every item ------------------------------------------------
 @durably.task(ignore=("log",), retry=durably.Retry(attempts=3, backoff=0))
 def flaky_twice(x: int, log: str) -> int:

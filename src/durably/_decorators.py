@@ -259,9 +259,10 @@ class Task(_ByReference, _Wrapper[P, R]):
         (``await task.map(...)``); its items are gathered on the running event loop.
 
         On Ctrl-C (or any error of the map itself) nothing more starts, and the map waits for
-        the bodies already running on threads or workers, which cannot be stopped (an async
-        task's coroutines on the loop are cancelled), journaling each as it ends: a rerun
-        executes only the items that never finished. A second Ctrl-C stops waiting.
+        the bodies already running on threads or worker processes, which cannot be stopped,
+        journaling each as it ends: a rerun executes only the items that never finished. A
+        second Ctrl-C stops waiting. (An async task's coroutines on the loop, and Dask
+        tasks, are cancelled instead.)
 
         A progress bar (tqdm) with counts of ran and cached items shows in a terminal or a
         notebook when the fan-out takes more than half a second; it is off when output is

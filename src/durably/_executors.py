@@ -771,8 +771,11 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                 ex._start(item, target, done)
             except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
                 inbox.put((item, _Failed(exc)))
+            except BaseException:  # (Ctrl-C while it was sent: it may never call back)
+                inflight.pop(item.index, None)
+                raise
 
-    def collect() -> None:
+    def collect(stopping: bool = False) -> None:
         while inflight:
             try:
                 first = inbox.get(timeout=_WAKE)
@@ -780,7 +783,18 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                 if ctx is not None:
                     ctx.keep_lease()
                 continue
-            _take(_forget_cancelled([first, *_drain(inbox)], inflight), ex, fan, inflight)
+            batch = [first, *_drain(inbox)]
+            if stopping:  # cancelled by the stop: never started, nothing to journal
+                batch = _forget_cancelled(batch, inflight)
+            try:
+                _take(batch, ex, fan, inflight)
+            except BaseException:
+                # the items of the batch not taken yet are still waited for: their messages
+                # go back (else a Ctrl-C landing here would leave the wait for them endless)
+                for item, handle in batch:
+                    if item.index in inflight:
+                        inbox.put((item, handle))
+                raise
             if ctx is not None:
                 ctx.keep_lease()
             fill()
@@ -796,7 +810,7 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         todo.clear()
         ex._cancel(list(inflight.values()))
         try:
-            collect()
+            collect(stopping=True)
         except Exception as exc:  # noqa: BLE001 - the first error is the one to report
             log.warning("durably: could not journal the finished items of %r: %s",
                         target.spec.name, exc)
@@ -865,6 +879,9 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                 start(item)
             except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
                 inbox.put_nowait((item, _Failed(exc)))
+            except BaseException:  # (cancelled while it was sent: it may never call back)
+                inflight.pop(item.index, None)
+                raise
 
     def drain() -> list[tuple[_Item, Any]]:
         batch = []
@@ -880,7 +897,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
             outcomes = _outcomes_of(ex, done_)
         _take(batch, ex, fan, inflight, outcomes)
 
-    async def collect() -> None:
+    async def collect(stopping: bool = False) -> None:
         while inflight:
             try:
                 first = await asyncio.wait_for(inbox.get(), _WAKE)
@@ -888,7 +905,16 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                 if ctx is not None:
                     ctx.keep_lease()
                 continue
-            await take(_forget_cancelled([first, *drain()], inflight))
+            batch = [first, *drain()]
+            if stopping:  # cancelled by the stop: never started, nothing to journal
+                batch = _forget_cancelled(batch, inflight)
+            try:
+                await take(batch)
+            except BaseException:  # as in _drive: the rest of the batch is still waited for
+                for item, handle in batch:
+                    if item.index in inflight:
+                        inbox.put_nowait((item, handle))
+                raise
             if ctx is not None:
                 ctx.keep_lease()
             fill()
@@ -907,7 +933,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         else:
             ex._cancel(list(inflight.values()))
         try:
-            await collect()
+            await collect(stopping=True)
         except Exception as exc:  # noqa: BLE001 - the first error is the one to report
             log.warning("durably: could not journal the finished items of %r: %s",
                         target.spec.name, exc)
