@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -606,6 +607,44 @@ def test_leaving_astream_early_stops_the_run_resumably() -> None:
     assert run.status == "stopped" and calls == ["a"]
     assert app.invoke({"log": [], "count": 0})["log"] == ["a", "b", "c"]
     assert calls == ["a", "b", "c"]  # the finished super-step replayed, not executed
+
+
+@pytest.mark.parametrize("how", ["ainvoke", "astream"])
+def test_cancelling_an_async_call_stops_the_run_resumably(how: str) -> None:
+    """A timeout around ainvoke / astream while a node runs: the run stops at its next step
+    boundary (it does not run on to the end), the timeout propagates, and the run resumes
+    without executing its finished nodes again."""
+    calls: list[str] = []
+
+    def step(name: str, seconds: float) -> Any:
+        def node(s: Log) -> dict[str, Any]:
+            calls.append(name)
+            time.sleep(seconds)
+            return {"log": [name]}
+        return node
+
+    g = StateGraph(Log, name=f"cancelled_{how}")
+    g.add_node("a", step("a", 0.6)).add_node("b", step("b", 0)).add_node("c", step("c", 0))
+    g.add_edge(START, "a").add_edge("a", "b").add_edge("b", "c").add_edge("c", END)
+    app = g.compile()
+    state = {"log": [], "count": 0}
+
+    async def consume() -> None:
+        if how == "ainvoke":
+            await app.ainvoke(state)
+        else:
+            async for _ in app.astream(state):
+                pass
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(consume(), 0.2)  # while node "a" sleeps
+
+    asyncio.run(main())
+    (run,) = durably.list_runs()
+    assert run.status == "stopped" and calls == ["a"]  # "b" and "c" never started
+    assert app.invoke(state)["log"] == ["a", "b", "c"]
+    assert calls == ["a", "b", "c"]  # "a" finished before the stop: replayed
 
 
 def test_fresh_runs_after_an_edit_instead_of_a_graph_changed_error() -> None:

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import copy
 import dataclasses
 import inspect
 import json
+import threading
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -125,6 +127,29 @@ def _merged(update: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- the compiled graph ------------------------------------------------------------------------
+class _Cancel:
+    """Lets async code stop a run that executes in a worker thread: the run's context is
+    attached when the graph starts executing, and a stop (before or after that) makes the run
+    raise ``StopRun`` at its next step boundary (status ``stopped``: resumable)."""
+
+    __slots__ = ("ctx", "stopped")
+
+    def __init__(self) -> None:
+        self.ctx: Any = None
+        self.stopped = False
+
+    def attach(self, ctx: Any) -> None:
+        self.ctx = ctx
+        if self.stopped:
+            ctx.stop = True
+
+    def stop(self) -> None:
+        self.stopped = True
+        ctx = self.ctx
+        if ctx is not None:
+            ctx.stop = True
+
+
 class CompiledGraph(Generic[S]):
     """A validated graph, runnable as durable runs (made by :meth:`StateGraph.compile`).
 
@@ -143,6 +168,8 @@ class CompiledGraph(Generic[S]):
             json.dumps(self.fingerprint, sort_keys=True).encode())
         self._migrate: contextvars.ContextVar[Callable[[Any], Any] | None] = (
             contextvars.ContextVar(f"durably_migrate_{name}", default=None))
+        self._cancel: contextvars.ContextVar[_Cancel | None] = contextvars.ContextVar(
+            f"durably_cancel_{name}", default=None)
         self._tasks = {n: self._node_task(n, fn) for n, fn in graph.nodes.items()}
         self._superstep = self._superstep_task()
         self._migration = self._migration_task()
@@ -236,6 +263,9 @@ class CompiledGraph(Generic[S]):
         """The super-step loop (inside a run): returns the final state as a dict; ``writes``
         collects every node's update in the order they were applied (for a subgraph)."""
         ctx = current_run.get()
+        cancel = self._cancel.get() if top else None
+        if cancel is not None and ctx is not None:
+            cancel.attach(ctx)  # ainvoke / astream: cancelling stops the run
         # a run checkpointed under another graph, resumed with migrate=: the state is
         # migrated by a journaled step before the first super-step that had not finished
         migrate_at = self._check_fingerprint(ctx) if top and ctx is not None else None
@@ -601,11 +631,14 @@ class CompiledGraph(Generic[S]):
             elif event.kind == "run_interrupted":
                 yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
 
-    # -- from async code (LangGraph's names): the run executes in a worker thread ----------
+    # -- from async code (LangGraph's names): the run executes in a thread of its own -------
     async def ainvoke(self, state: Any = None, *, run_id: str | None = None,
                       fresh: bool = False, migrate: Callable[[Any], Any] | None = None) -> Any:
-        """:meth:`invoke` from async code: the run executes in a worker thread (async nodes
-        run there on their own event loop), so the caller's event loop keeps serving.
+        """:meth:`invoke` from async code: the run executes in a thread of its own, so the
+        caller's event loop keeps serving. Async nodes run in that thread on an event loop of
+        their own (objects bound to the caller's loop, such as its queues, cannot be awaited
+        there). Cancelling the call (a timeout, Ctrl-C under ``asyncio.run``) stops the run
+        at its next step boundary, resumable, before the cancellation propagates.
 
         Args:
             state: As for :meth:`invoke`.
@@ -634,12 +667,13 @@ class CompiledGraph(Generic[S]):
             >>> asyncio.run(app.ainvoke({"n": 21}))
             {'n': 42}
         """
-        return await asyncio.to_thread(self.invoke, state, run_id=run_id, fresh=fresh,
-                                       migrate=migrate)
+        return await self._in_thread(self.invoke, state, run_id=run_id, fresh=fresh,
+                                     migrate=migrate)
 
     async def aresume(self, run_id: str, value: Any = None, *,
                       migrate: Callable[[Any], Any] | None = None) -> Any:
-        """:meth:`resume` from async code (the run executes in a worker thread).
+        """:meth:`resume` from async code (as :meth:`ainvoke`: a thread of its own;
+        cancelling stops the run at its next step boundary).
 
         Args:
             run_id: The interrupted run.
@@ -653,13 +687,53 @@ class CompiledGraph(Generic[S]):
             RunInterrupted: the run paused again.
             RunStateError: the run is not interrupted.
         """
-        return await asyncio.to_thread(self.resume, run_id, value, migrate=migrate)
+        return await self._in_thread(self.resume, run_id, value, migrate=migrate)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        cancel = _Cancel()
+
+        def settle(result: Any, exc: BaseException | None) -> None:
+            if not done.done():
+                if exc is None:
+                    done.set_result(result)
+                else:
+                    done.set_exception(exc)
+
+        def work() -> None:
+            self._cancel.set(cancel)  # (this thread's own copy of the caller's context)
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=contextvars.copy_context().run, args=(work,),
+                         name="durably-graph", daemon=True).start()
+        try:
+            return await asyncio.shield(done)
+        except asyncio.CancelledError:
+            cancel.stop()
+            # the run ends (stopped) at its next step boundary: wait for it, so a retry
+            # finds it resumable (cancelling again stops waiting)
+            try:
+                await asyncio.shield(done)
+            except asyncio.CancelledError:
+                raise
+            except BaseException:  # noqa: BLE001 - the run's end (StopRun) is expected
+                pass
+            raise
 
     async def astream(self, state: Any = None, *, mode: str = "values",
                       run_id: str | None = None, fresh: bool = False) -> AsyncIterator[Any]:
-        """:meth:`stream` from async code (``async for``): the same items, each fetched in a
-        worker thread. Leaving the loop early stops the run at its next step boundary
-        (resumable), as with :meth:`stream`.
+        """:meth:`stream` from async code (``async for``): the same items, from a run that
+        executes in a thread of its own and waits while you handle each item. Leaving the
+        loop early (``break``, an exception, cancelling the task) stops the run at its next
+        step boundary, resumable, as with :meth:`stream`.
 
         Args:
             state: As for :meth:`stream`.
@@ -673,16 +747,64 @@ class CompiledGraph(Generic[S]):
         Raises:
             DefinitionError: ``mode`` is not one of the three.
         """
-        items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh)
-        done = object()
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        closed: asyncio.Future[None] = loop.create_future()
+        wanted = threading.Semaphore(0)
+        cancel = _Cancel()
+
+        def send(kind: str, value: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(arrived.put_nowait, (kind, value))
+
+        def end() -> None:
+            if not closed.done():
+                closed.set_result(None)
+
+        def pump() -> None:
+            """Fetch one item per request, in this one thread, which also closes the
+            stream (a generator is never closed while another thread runs it)."""
+            self._cancel.set(cancel)
+            items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh)
+            try:
+                while True:
+                    wanted.acquire()
+                    if cancel.stopped:
+                        break
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        break
+                    except BaseException as exc:  # noqa: BLE001 - raised in the consumer
+                        send("error", exc)
+                        break
+                    send("item", item)
+            finally:
+                try:
+                    items.close()  # a run still going stops at its next step boundary
+                finally:
+                    send("end", None)
+                    with contextlib.suppress(RuntimeError):
+                        loop.call_soon_threadsafe(end)
+
+        threading.Thread(target=contextvars.copy_context().run, args=(pump,),
+                         name="durably-graph-stream", daemon=True).start()
         try:
             while True:
-                item = await asyncio.to_thread(next, items, done)
-                if item is done:
-                    return
-                yield item
+                wanted.release()
+                kind, value = await arrived.get()
+                if kind == "end":
+                    break
+                if kind == "error":
+                    raise value
+                yield value
         finally:
-            await asyncio.to_thread(items.close)
+            if not closed.done():
+                cancel.stop()
+                wanted.release()
+                # the run ends (stopped) at its next step boundary: wait for it, so the run
+                # is resumable once the loop is left (cancelling again stops waiting)
+                await asyncio.shield(closed)
 
     def get_state(self, run_id: str) -> StateSnapshot:
         """The state at the run's latest checkpoint.
