@@ -1084,7 +1084,7 @@ def test_processes_forked_inside_a_run_are_not_part_of_it(tmp_path: Path) -> Non
 
 
 FORK_EDGES = """
-import multiprocessing, os, sys
+import contextvars, multiprocessing, os, sys
 import durably
 
 def mark(text):
@@ -1108,8 +1108,20 @@ def step(x):
     mark(f"step {x}")
     return x
 
+def forker():
+    return os.fork()
+
 @durably.entrypoint
 def job(n):
+    if contextvars.copy_context().run(forker) == 0:
+        # the child is back in the context that holds the parent's run
+        step(7)
+        try:
+            durably.get_writer()
+        except durably.NoActiveRunError:
+            mark("writer refused")
+        os._exit(0)
+    os.wait()
     first = [expensive(i) for i in range(n)]  # their cache writes are queued by the run
     # forkserver workers (the default) read the store
     assert item.map(range(n), executor="process") == [x + 1 for x in first]
@@ -1149,7 +1161,8 @@ def test_a_forked_process_finds_the_run_s_results_and_never_ends_the_run(
         "result True", "run finished 1", "steps " + str(["ran"] * 11),
         "events ['run_started', 'run_finished']"], out
     assert sorted(_lines(count)) == sorted(
-        [f"expensive {x}" for x in range(6)] + [f"step {x}" for x in range(3)])
+        [f"expensive {x}" for x in range(6)] + [f"step {x}" for x in (0, 1, 2, 7)]
+        + ["writer refused"])
 
 
 @pytest.mark.slow

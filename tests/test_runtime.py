@@ -15,6 +15,7 @@ import pytest
 
 import durably
 from durably import entrypoint, task
+from durably.testing import MemoryStore
 
 pytestmark = pytest.mark.usefixtures("store")
 
@@ -610,3 +611,22 @@ def test_entrypoint_parameters_cannot_shadow_the_run_options() -> None:
     for name in ("fresh", "run_id"):
         with pytest.raises(durably.DefinitionError, match=f"named '{name}'.*rename"):
             entrypoint(eval(f"lambda {name}=None: {name}"))
+
+
+def test_queued_cache_writes_survive_a_failed_flush(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that fails (a full disk) puts the run's queued cache writes back: the attempt's
+    end, or a later flush, writes them (before, they were gone for good)."""
+    from durably._context import RunContext
+    from durably._lease import me
+
+    store = MemoryStore()
+    ctx = RunContext("r", store, 1, me())
+    ctx.cache_later("k1", b"v1", None)
+    put = store.cache_put_many
+    monkeypatch.setattr(store, "cache_put_many", lambda items: (_ for _ in ()).throw(
+        OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        ctx.flush_cache()
+    monkeypatch.setattr(store, "cache_put_many", put)
+    ctx.flush_cache()
+    assert store.cache_get("k1") == b"v1"

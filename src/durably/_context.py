@@ -231,7 +231,15 @@ class RunContext:
     def flush_cache(self) -> None:
         with self._lock:
             writes, self._cache_writes, self._cache_bytes = self._cache_writes, {}, 0
-        self.store.cache_put_many([(k, d, i) for k, (d, i) in writes.items()])
+        try:
+            self.store.cache_put_many([(k, d, i) for k, (d, i) in writes.items()])
+        except BaseException:
+            with self._lock:  # queued again (a later write, or the attempt's end, retries)
+                for key, entry in writes.items():
+                    if key not in self._cache_writes:
+                        self._cache_writes[key] = entry
+                        self._cache_bytes += len(entry[0])
+            raise
 
     def take_pending(self) -> tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]:
         """The buffered step records and replays, handed over to :meth:`write` (the buffers

@@ -70,9 +70,13 @@ class InterruptSignal(BaseException):
 # -- inside a run ----------------------------------------------------------------------------
 def _active(what: str) -> Any:
     from ._context import current_run, in_worker
+    from ._store import _pid
 
     ctx = current_run.get()
-    if ctx is None and in_worker.get():
+    forked = ctx is not None and ctx.pid != _pid[0]  # a run of the process it forked from
+    if forked:
+        ctx = None
+    if ctx is None and (forked or in_worker.get()):
         from .exceptions import NoActiveRunError
 
         raise NoActiveRunError(
@@ -228,13 +232,15 @@ def get_writer() -> Callable[[Any], None]:
     """
     from . import _serde
     from ._context import current_step
-    from ._store import EventRecord, now
+    from ._store import EventRecord, _pid, now
     from ._tracer import Event, short_repr
 
     ctx = _active("durably.get_writer()")
     step = current_step.get()
 
     def write(value: Any) -> None:
+        if ctx.pid != _pid[0]:
+            return  # a process forked inside the run: the run is its parent's
         t = now()
         try:
             data = _serde.dumps(value, what="a custom event")

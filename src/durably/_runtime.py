@@ -452,7 +452,7 @@ class Call:
             raise
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
-            if spec.cache:
+            if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable):
                 self.store.cache_put(self.key, data,
                                      spec.key_record(self.key, self.inputs, self.code or None))
             return result
@@ -497,6 +497,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
     replayed or cached result, or ``_MISS`` when the body must run."""
     ctx = current_run.get()
+    if ctx is not None and ctx.pid != _pid[0]:
+        ctx = None  # a run of the process this one was forked from: not this process's
     abandoned = cutoff.get()
     if abandoned is not None and abandoned.cut:
         raise StopRun()  # called by a body whose try timed out: it is not part of the run
