@@ -784,6 +784,32 @@ def test_a_stop_while_an_item_is_being_sent_does_not_wait_for_it_forever(
     assert sorted(s.status for s in run.steps if s.task.endswith("square")) == ["ran", "ran"]
 
 
+def test_a_stop_right_after_an_item_was_sent_still_journals_it(
+        store: Any, log: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C between an item's submit and its callback: its body runs, and no message will
+    come; the stop's wait finds it done, journals it, and the rerun does not execute it."""
+    started = Thread._start
+
+    def sent_then_ctrl_c(self: Any, item: Any, target: Any, done: Any) -> None:
+        if item.index != 2:
+            started(self, item, target, done)
+            return
+        item.handle = self._executor().submit(_executors._run_here, item.call, target.local,
+                                              item.args, item.kwargs)
+        raise KeyboardInterrupt  # before the callback was attached
+
+    monkeypatch.setattr(Thread, "_start", sent_then_ctrl_c)
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return square.map(range(n), [log] * n, max_workers=3)
+
+    assert isinstance(_stopped_promptly(job, 6), KeyboardInterrupt)
+    monkeypatch.setattr(Thread, "_start", started)
+    assert job(6) == [x * x for x in range(6)]
+    assert sorted(_lines(log)) == [f"square {x}" for x in range(6)]  # each exactly once
+
+
 def test_a_stop_while_a_batch_is_journaled_still_journals_the_rest_of_it(
         store: Any, log: str, monkeypatch: pytest.MonkeyPatch) -> None:
     drain, finish = _executors._drain, _executors._FanOut.finish
@@ -1112,6 +1138,10 @@ def forker():
     return os.fork()
 
 @durably.entrypoint
+def other(x):
+    return step(x)
+
+@durably.entrypoint
 def job(n):
     if contextvars.copy_context().run(forker) == 0:
         # the child is back in the context that holds the parent's run
@@ -1120,6 +1150,7 @@ def job(n):
             durably.get_writer()
         except durably.NoActiveRunError:
             mark("writer refused")
+        other(8)  # an entrypoint called there is a run of its own, not inlined in the parent's
         os._exit(0)
     os.wait()
     first = [expensive(i) for i in range(n)]  # their cache writes are queued by the run
@@ -1140,7 +1171,8 @@ def job(n):
 if __name__ == "__main__":
     print("result", job(3))
     store = durably.DiskStore()
-    (run,) = store.list_runs()
+    (run,) = [r for r in store.list_runs() if r.entrypoint.endswith(":job")]
+    print("others", [r.status for r in store.list_runs() if r.entrypoint.endswith(":other")])
     print("run", run.status, run.attempt)
     print("steps", sorted(s.status for s in store.list_steps(run.run_id)))
     print("events", [e.kind for e in store.list_events(run.run_id)])
@@ -1158,10 +1190,10 @@ def test_a_forked_process_finds_the_run_s_results_and_never_ends_the_run(
     count = tmp_path / "count.txt"
     out = run_script(script, script_env(tmp_path / "store", COUNT_FILE=str(count))).stdout
     assert out.splitlines() == [
-        "result True", "run finished 1", "steps " + str(["ran"] * 11),
+        "result True", "others ['finished']", "run finished 1", "steps " + str(["ran"] * 11),
         "events ['run_started', 'run_finished']"], out
     assert sorted(_lines(count)) == sorted(
-        [f"expensive {x}" for x in range(6)] + [f"step {x}" for x in (0, 1, 2, 7)]
+        [f"expensive {x}" for x in range(6)] + [f"step {x}" for x in (0, 1, 2, 7, 8)]
         + ["writer refused"])
 
 

@@ -31,7 +31,7 @@ from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run
 from ._runtime import Spec, begin_run, call_async, call_sync, end_run, validate_run_id
-from ._store import RunRecord, Store, now
+from ._store import RunRecord, Store, _pid, now
 from ._tracer import Event, RunGraph
 from .exceptions import DefinitionError, NotFoundError, RunInterrupted, RunStateError
 
@@ -397,7 +397,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return spec
 
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        if current_run.get() is not None:
+        outer = current_run.get()
+        if outer is not None and outer.pid == _pid[0]:  # (a forked child's copy: no run)
             return wrapped(*args, **kwargs)
         if self._self_spec.is_async:
             return self._self_arun(wrapped, instance, args, kwargs, None, False, False)

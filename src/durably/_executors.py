@@ -76,6 +76,7 @@ __all__ = ["Dask", "Executor", "Process", "Target", "Thread", "map_async", "map_
 log = logging.getLogger("durably")
 
 _WAKE = min(5.0, RENEW_SECONDS / 2)  # seconds: the caller renews the run's lease this often
+_STOP_WAKE = 0.5  # seconds: after a stop, how often the wait looks for bodies ended unseen
 
 
 # -- what runs ------------------------------------------------------------------------------
@@ -771,28 +772,44 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                 ex._start(item, target, done)
             except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
                 inbox.put((item, _Failed(exc)))
-            except BaseException:  # (Ctrl-C while it was sent: it may never call back)
-                inflight.pop(item.index, None)
+            except BaseException:
+                # (Ctrl-C while it was sent) not sent: not waited for; sent, perhaps without
+                # its callback: the stop's wait finds it done (see collect)
+                if item.handle is None:
+                    inflight.pop(item.index, None)
                 raise
 
     def collect(stopping: bool = False) -> None:
         while inflight:
+            batch: list[tuple[_Item, Any]] = []
             try:
-                first = inbox.get(timeout=_WAKE)
-            except queue.Empty:
-                if ctx is not None:
-                    ctx.keep_lease()
-                continue
-            batch = [first, *_drain(inbox)]
-            if stopping:  # cancelled by the stop: never started, nothing to journal
-                batch = _forget_cancelled(batch, inflight)
-            try:
+                try:
+                    batch.append(inbox.get(timeout=_STOP_WAKE if stopping else _WAKE))
+                except queue.Empty:
+                    if ctx is not None:
+                        ctx.keep_lease()
+                    if not stopping:
+                        continue
+                    # a message lost to a Ctrl-C (or a callback never attached): an item
+                    # whose body ended without one is taken as it is
+                    batch = [(i, i.handle) for i in list(inflight.values())
+                             if i.handle is not None and i.handle.done()]
+                while True:
+                    try:
+                        batch.append(inbox.get_nowait())
+                    except queue.Empty:
+                        break
+                # an item taken already (its message came after it was found done) is not
+                # taken twice
+                batch = [(i, h) for i, h in batch if inflight.get(i.index) is i]
+                if stopping:  # cancelled by the stop: never started, nothing to journal
+                    batch = _forget_cancelled(batch, inflight)
                 _take(batch, ex, fan, inflight)
             except BaseException:
                 # the items of the batch not taken yet are still waited for: their messages
                 # go back (else a Ctrl-C landing here would leave the wait for them endless)
                 for item, handle in batch:
-                    if item.index in inflight:
+                    if inflight.get(item.index) is item:
                         inbox.put((item, handle))
                 raise
             if ctx is not None:
