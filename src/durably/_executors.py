@@ -896,8 +896,9 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                 start(item)
             except Exception as exc:  # noqa: BLE001 - cannot be sent: that item's failure
                 inbox.put_nowait((item, _Failed(exc)))
-            except BaseException:  # (cancelled while it was sent: it may never call back)
-                inflight.pop(item.index, None)
+            except BaseException:  # (cancelled while it was sent) as in _drive's fill
+                if item.handle is None:
+                    inflight.pop(item.index, None)
                 raise
 
     def drain() -> list[tuple[_Item, Any]]:
@@ -916,20 +917,27 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
 
     async def collect(stopping: bool = False) -> None:
         while inflight:
+            batch: list[tuple[_Item, Any]] = []
             try:
-                first = await asyncio.wait_for(inbox.get(), _WAKE)
-            except TimeoutError:
-                if ctx is not None:
-                    ctx.keep_lease()
-                continue
-            batch = [first, *drain()]
-            if stopping:  # cancelled by the stop: never started, nothing to journal
-                batch = _forget_cancelled(batch, inflight)
-            try:
+                try:
+                    batch.append(await asyncio.wait_for(inbox.get(),
+                                                        _STOP_WAKE if stopping else _WAKE))
+                except TimeoutError:
+                    if ctx is not None:
+                        ctx.keep_lease()
+                    if not stopping:
+                        continue
+                    # as in _drive: an item whose body ended without a message is taken
+                    batch = [(i, i.handle) for i in list(inflight.values())
+                             if i.handle is not None and i.handle.done()]
+                batch.extend(drain())
+                batch = [(i, h) for i, h in batch if inflight.get(i.index) is i]
+                if stopping:  # cancelled by the stop: never started, nothing to journal
+                    batch = _forget_cancelled(batch, inflight)
                 await take(batch)
             except BaseException:  # as in _drive: the rest of the batch is still waited for
                 for item, handle in batch:
-                    if item.index in inflight:
+                    if inflight.get(item.index) is item:
                         inbox.put_nowait((item, handle))
                 raise
             if ctx is not None:
