@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import pickle
@@ -680,27 +681,11 @@ def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
     count, release = tmp_path / "count.txt", tmp_path / "release"
     env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
                      BLOCK_FROM=str(block), ITEMS=str(n), EXECUTOR=executor)
-    with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                          start_new_session=True) as proc:
-        watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
-        watchdog.start()
-        try:
-            assert proc.stdout is not None and proc.stderr is not None
-            blocked, seen = 0, ""
-            while blocked < 2:  # items 2 and 3 hold both workers
-                line = proc.stdout.readline()
-                seen += line
-                if not line:
-                    break
-                blocked += line.count("blocked")
-            assert blocked == 2, f"{seen}\n{proc.stderr.read()}"
-            proc.send_signal(signal.SIGINT)  # the script only, as a terminal's Ctrl-C
-            time.sleep(0.5)  # the map is waiting for its running bodies
-            release.touch()
-            _, err = proc.communicate(timeout=60)
-        finally:
-            watchdog.cancel()
+    with _blocked_fanout(script, env, release) as (proc, _):  # items 2 and 3 hold both workers
+        proc.send_signal(signal.SIGINT)  # the script only, as a terminal's Ctrl-C
+        time.sleep(0.5)  # the map is waiting for its running bodies
+        release.touch()
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
     assert sorted(int(x) for x in _lines(count)) == list(range(block + 2))
 
@@ -714,32 +699,47 @@ def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) -> None:
     script = write_script(tmp_path / "fanout.py", FANOUT)
-    count, release = tmp_path / "count.txt", tmp_path / "release"
-    env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
-                     BLOCK_FROM="2", ITEMS="6", EXECUTOR="thread")
+    release = tmp_path / "release"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(tmp_path / "count.txt"),
+                     RELEASE_FILE=str(release), BLOCK_FROM="2", ITEMS="6", EXECUTOR="thread")
+    with _blocked_fanout(script, env, release) as (proc, lines):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        # the call returns to its caller while the bodies still block
+        assert lines.get(timeout=30) == "stopped\n"
+    assert proc.returncode != 0
+
+
+@contextlib.contextmanager
+def _blocked_fanout(script: Path, env: dict[str, str], release: Path
+                    ) -> Iterator[tuple[subprocess.Popen[str], queue.SimpleQueue[str]]]:
+    """Start the FANOUT script; once both workers hold a blocked item, give the process and
+    a queue of its output lines. On the way out the bodies are released and the process
+    waited for (a watchdog kills it after 120 s)."""
     with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          stderr=subprocess.PIPE, text=True, cwd=script.parent,
                           start_new_session=True) as proc:
         watchdog = threading.Timer(120, os.killpg, (proc.pid, signal.SIGKILL))
         watchdog.start()
         try:
-            assert proc.stdout is not None
             lines: queue.SimpleQueue[str] = queue.SimpleQueue()
-            threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()],
-                             daemon=True).start()
+
+            def read() -> None:
+                with contextlib.suppress(ValueError, OSError):  # (closed by communicate)
+                    for line in proc.stdout or ():
+                        lines.put(line)
+
+            threading.Thread(target=read, daemon=True).start()
             blocked = 0
             while blocked < 2:
                 blocked += lines.get(timeout=60).count("blocked")
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.5)
-            proc.send_signal(signal.SIGINT)
-            # the call returns to its caller while the bodies still block
-            assert lines.get(timeout=30) == "stopped\n"
+            yield proc, lines
         finally:
-            release.touch()  # the interpreter's exit still joins the worker threads
-            proc.communicate(timeout=60)
+            release.touch()  # (the interpreter's exit joins the worker threads)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
             watchdog.cancel()
-    assert proc.returncode != 0
 
 
 def _stopped_promptly(job: Any, *args: Any) -> BaseException | None:

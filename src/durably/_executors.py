@@ -707,16 +707,36 @@ def _not_cancelled(batch: list[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
     return [(i, h) for i, h in batch if isinstance(h, _Failed) or not h.cancelled()]
 
 
-def _forget_cancelled(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item]
-                      ) -> list[tuple[_Item, Any]]:
-    """The batch without its cancelled items (never started: nothing to journal), which are
-    no longer waited for."""
+def _ended_unseen(inflight: dict[int, _Item]) -> list[tuple[_Item, Any]]:
+    """After a stop: items whose body ended but whose message never came (lost to a Ctrl-C,
+    or a callback never attached), taken as they are."""
+    return [(i, i.handle) for i in list(inflight.values())
+            if i.handle is not None and i.handle.done()]
+
+
+def _still_waited(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item],
+                  stopping: bool) -> list[tuple[_Item, Any]]:
+    """The batch without items taken already (a message that came after the item was found
+    done) and, after a stop, without the items it cancelled (never started: nothing to
+    journal), which are no longer waited for."""
+    batch = [(i, h) for i, h in batch if inflight.get(i.index) is i]
+    if not stopping:
+        return batch
     kept = _not_cancelled(batch)
     if len(kept) < len(batch):
         for item, handle in batch:
             if not isinstance(handle, _Failed) and handle.cancelled():
                 inflight.pop(item.index, None)
     return kept
+
+
+def _put_back(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item],
+              put: Callable[[tuple[_Item, Any]], Any]) -> None:
+    """The messages of a batch's items not taken yet go back to the inbox (else a Ctrl-C
+    landing while it was taken would leave the wait for them endless)."""
+    for item, handle in batch:
+        if inflight.get(item.index) is item:
+            put((item, handle))
 
 
 def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any,
@@ -790,27 +810,11 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                         ctx.keep_lease()
                     if not stopping:
                         continue
-                    # a message lost to a Ctrl-C (or a callback never attached): an item
-                    # whose body ended without one is taken as it is
-                    batch = [(i, i.handle) for i in list(inflight.values())
-                             if i.handle is not None and i.handle.done()]
-                while True:
-                    try:
-                        batch.append(inbox.get_nowait())
-                    except queue.Empty:
-                        break
-                # an item taken already (its message came after it was found done) is not
-                # taken twice
-                batch = [(i, h) for i, h in batch if inflight.get(i.index) is i]
-                if stopping:  # cancelled by the stop: never started, nothing to journal
-                    batch = _forget_cancelled(batch, inflight)
+                    batch = _ended_unseen(inflight)
+                batch = _still_waited([*batch, *_drain(inbox)], inflight, stopping)
                 _take(batch, ex, fan, inflight)
             except BaseException:
-                # the items of the batch not taken yet are still waited for: their messages
-                # go back (else a Ctrl-C landing here would leave the wait for them endless)
-                for item, handle in batch:
-                    if inflight.get(item.index) is item:
-                        inbox.put((item, handle))
+                _put_back(batch, inflight, inbox.put)
                 raise
             if ctx is not None:
                 ctx.keep_lease()
@@ -927,18 +931,11 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                         ctx.keep_lease()
                     if not stopping:
                         continue
-                    # as in _drive: an item whose body ended without a message is taken
-                    batch = [(i, i.handle) for i in list(inflight.values())
-                             if i.handle is not None and i.handle.done()]
-                batch.extend(drain())
-                batch = [(i, h) for i, h in batch if inflight.get(i.index) is i]
-                if stopping:  # cancelled by the stop: never started, nothing to journal
-                    batch = _forget_cancelled(batch, inflight)
+                    batch = _ended_unseen(inflight)
+                batch = _still_waited([*batch, *drain()], inflight, stopping)
                 await take(batch)
-            except BaseException:  # as in _drive: the rest of the batch is still waited for
-                for item, handle in batch:
-                    if inflight.get(item.index) is item:
-                        inbox.put_nowait((item, handle))
+            except BaseException:
+                _put_back(batch, inflight, inbox.put_nowait)
                 raise
             if ctx is not None:
                 ctx.keep_lease()
