@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("durably")
 
 __all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff",
-           "in_worker"]
+           "in_worker", "live_run"]
 
 
 class StopRun(BaseException):
@@ -296,11 +296,19 @@ current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=N
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)
 
 
+def live_run() -> RunContext | None:
+    """The run of this thread or task, if this process executes it: a process forked inside
+    a run may still hold its parent's context (in a context other than the one that forked,
+    or on its stack), which is no run here."""
+    ctx = current_run.get()
+    return ctx if ctx is None or ctx.pid == _pid[0] else None
+
+
 def _flush_before_fork() -> None:
     """The run's queued cache writes are written before a process forks from inside it, so
     a forked worker finds the results the run computed instead of executing them again."""
-    ctx = current_run.get()
-    if ctx is not None and ctx.pid == _pid[0]:
+    ctx = live_run()
+    if ctx is not None:
         try:
             ctx.flush_cache()
         except Exception as exc:  # noqa: BLE001 - the fork goes on; the journal has them

@@ -24,14 +24,14 @@ import wrapt
 
 from . import _serde
 from ._config import default_store
-from ._context import StopRun, current_run
+from ._context import StopRun, live_run
 from ._explain import Explanation, explain
 from ._history import NO_UPDATE, make_fork
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run
 from ._runtime import Spec, begin_run, call_async, call_sync, end_run, validate_run_id
-from ._store import RunRecord, Store, _pid, now
+from ._store import RunRecord, Store, now
 from ._tracer import Event, RunGraph
 from .exceptions import DefinitionError, NotFoundError, RunInterrupted, RunStateError
 
@@ -397,8 +397,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return spec
 
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        outer = current_run.get()
-        if outer is not None and outer.pid == _pid[0]:  # (a forked child's copy: no run)
+        if live_run() is not None:  # inside a run: a plain call
             return wrapped(*args, **kwargs)
         if self._self_spec.is_async:
             return self._self_arun(wrapped, instance, args, kwargs, None, False, False)

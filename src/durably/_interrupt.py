@@ -69,14 +69,11 @@ class InterruptSignal(BaseException):
 
 # -- inside a run ----------------------------------------------------------------------------
 def _active(what: str) -> Any:
-    from ._context import current_run, in_worker
-    from ._store import _pid
+    from ._context import current_run, in_worker, live_run
 
-    ctx = current_run.get()
-    forked = ctx is not None and ctx.pid != _pid[0]  # a run of the process it forked from
-    if forked:
-        ctx = None
-    if ctx is None and (forked or in_worker.get()):
+    ctx = live_run()
+    # a worker, or a process forked inside a run (it holds a run, not its own)
+    if ctx is None and (in_worker.get() or current_run.get() is not None):
         from .exceptions import NoActiveRunError
 
         raise NoActiveRunError(

@@ -496,7 +496,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                ) -> tuple[Any, Call]:
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
     replayed or cached result, or ``_MISS`` when the body must run."""
-    ctx = current_run.get()
+    ctx = current_run.get()  # (live_run, inlined: the call path)
     if ctx is not None and ctx.pid != _pid[0]:
         ctx = None  # a run of the process this one was forked from: not this process's
     abandoned = cutoff.get()
