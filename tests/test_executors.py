@@ -704,11 +704,15 @@ def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) ->
                      RELEASE_FILE=str(release), BLOCK_FROM="2", ITEMS="6", EXECUTOR="thread")
     with _blocked_fanout(script, env, release) as (proc, lines):
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)
+        time.sleep(0.5)  # (the stopped wait looks at its futures every 0.5 s: see below)
         proc.send_signal(signal.SIGINT)
         # the call returns to its caller while the bodies still block
         assert lines.get(timeout=30) == "stopped\n"
-    assert proc.returncode != 0
+        # once they end, the process exits: the second Ctrl-C, landing while the wait asked
+        # a future whether it was done, once left that future's lock held, and the worker
+        # finishing it (joined at exit) blocked for ever
+        release.touch()
+        assert proc.wait(timeout=30) != 0
 
 
 @contextlib.contextmanager
@@ -716,7 +720,7 @@ def _blocked_fanout(script: Path, env: dict[str, str], release: Path
                     ) -> Iterator[tuple[subprocess.Popen[str], queue.SimpleQueue[str]]]:
     """Start the FANOUT script; once both workers hold a blocked item, give the process and
     a queue of its output lines. On the way out the bodies are released and the process
-    waited for (a watchdog kills it after 120 s)."""
+    waited for (killed if it has not exited 60 s later, or 120 s after its start)."""
     with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, cwd=script.parent,
                           start_new_session=True) as proc:
@@ -737,8 +741,11 @@ def _blocked_fanout(script: Path, env: dict[str, str], release: Path
             yield proc, lines
         finally:
             release.touch()  # (the interpreter's exit joins the worker threads)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # hung: the test fails, the suite goes on
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             watchdog.cancel()
 
 
@@ -1208,3 +1215,46 @@ def test_workers_use_a_store_the_caller_never_opened(tmp_path: Path, log: str) -
     finally:
         durably.configure()
         store.close()
+
+
+def test_the_stopped_wait_reads_futures_without_taking_their_locks() -> None:
+    """After a Ctrl-C the wait asks its futures whether they ended or were cancelled; a
+    second Ctrl-C landing inside ``Future.done()``'s ``with`` block can leave the future's
+    lock held for ever. The wait reads the state without the lock, so a held lock (held by
+    another thread here) neither blocks it nor changes its answers."""
+    import concurrent.futures as cf
+
+    running, finished, cancelled = cf.Future(), cf.Future(), cf.Future()
+    running.set_running_or_notify_cancel()
+    finished.set_result(1)
+    cancelled.cancel()
+    items = {}
+    for index, future in enumerate((running, finished, cancelled)):
+        item = _executors._Item(index, None, (), {})  # type: ignore[arg-type]
+        item.handle = future
+        items[index] = item
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with running._condition, finished._condition, cancelled._condition:  # type: ignore[attr-defined]
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(10)
+    answers: list[Any] = []
+
+    def ask() -> None:
+        inflight = dict(items)
+        answers.append([i.index for i, _ in _executors._ended_unseen(inflight)])
+        batch = [(items[1], finished), (items[2], cancelled)]
+        answers.append([i.index for i, _ in _executors._still_waited(batch, inflight, True)])
+        answers.append(sorted(inflight))
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    asker.join(10)
+    release.set()
+    assert not asker.is_alive(), "the wait blocked on a future's lock"
+    assert answers == [[1, 2], [1], [0, 1]]  # the cancelled one is no longer waited for

@@ -703,15 +703,34 @@ def _drain(inbox: queue.SimpleQueue[tuple[_Item, Any]]) -> list[tuple[_Item, Any
             return batch
 
 
+# the states of a concurrent.futures (or asyncio) future that has ended, and that was cancelled
+_ENDED = frozenset({"FINISHED", "CANCELLED", "CANCELLED_AND_NOTIFIED"})
+_CANCELLED = frozenset({"CANCELLED", "CANCELLED_AND_NOTIFIED"})
+
+
+def _in_state(handle: Any, states: frozenset[str], ask: Callable[[], bool]) -> bool:
+    """Whether a future's state is one of ``states``, read without taking its lock.
+
+    After a Ctrl-C the wait asks this of running futures while a second Ctrl-C may land.
+    ``Future.done()`` and ``cancelled()`` take the future's condition in a ``with`` block: a
+    KeyboardInterrupt raised between the lock's acquire and the block's start leaves it held
+    for ever, and the worker thread finishing that future then blocks in ``set_result`` (the
+    interpreter's exit hangs joining it). The state is one attribute, read atomically; a
+    future of another kind (Dask's) is asked (``ask``)."""
+    state = getattr(handle, "_state", None)
+    return state in states if type(state) is str else ask()
+
+
 def _not_cancelled(batch: list[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
-    return [(i, h) for i, h in batch if isinstance(h, _Failed) or not h.cancelled()]
+    return [(i, h) for i, h in batch
+            if isinstance(h, _Failed) or not _in_state(h, _CANCELLED, h.cancelled)]
 
 
 def _ended_unseen(inflight: dict[int, _Item]) -> list[tuple[_Item, Any]]:
     """After a stop: items whose body ended but whose message never came (lost to a Ctrl-C,
     or a callback never attached), taken as they are."""
     return [(i, i.handle) for i in list(inflight.values())
-            if i.handle is not None and i.handle.done()]
+            if i.handle is not None and _in_state(i.handle, _ENDED, i.handle.done)]
 
 
 def _still_waited(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item],
@@ -725,7 +744,8 @@ def _still_waited(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item],
     kept = _not_cancelled(batch)
     if len(kept) < len(batch):
         for item, handle in batch:
-            if not isinstance(handle, _Failed) and handle.cancelled():
+            if not isinstance(handle, _Failed) and _in_state(handle, _CANCELLED,
+                                                             handle.cancelled):
                 inflight.pop(item.index, None)
     return kept
 
