@@ -81,18 +81,22 @@ def match_tasks(store: DiskStore, task: str) -> list[str]:
     return [t for t in known if t.rpartition(":")[2] == task]
 
 
-def _step_counts(store: DiskStore) -> Counter[tuple[str, str]]:
+def _step_counts(store: DiskStore, key_tasks: dict[str, str]) -> Counter[tuple[str, str]]:
     """``(task identity, status) → steps`` for the ``ran`` and ``cached`` steps of every
-    run's journal whose cache key has a key record: the steps whose results were cached.
-    Steps of ``cache=False`` tasks, and steps that depended on an answer to ``interrupt()``,
-    were never cached, so they are neither hits nor misses."""
+    run's journal whose cache key has a key record (``key_tasks``, from :func:`_key_tasks`):
+    the steps whose results were cached. Steps of ``cache=False`` tasks, and steps that
+    depended on an answer to ``interrupt()``, were never cached, so they are neither hits nor
+    misses."""
     rows = store._db().execute(
-        "SELECT k.task, s.status, count(*) FROM steps AS s "
-        "JOIN keys AS k ON k.cache_key = s.cache_key "
-        "WHERE s.status IN ('ran', 'cached') "
-        "GROUP BY 1, 2"
-    ).fetchall()
-    return Counter({(task, status): n for task, status, n in rows})
+        "SELECT cache_key, status, count(*) FROM steps "
+        "WHERE status IN ('ran', 'cached') AND cache_key != '' GROUP BY 1, 2"
+    )
+    counts: Counter[tuple[str, str]] = Counter()
+    for key, status, n in rows:
+        task = key_tasks.get(key)
+        if task is not None:
+            counts[(task, status)] += n
+    return counts
 
 
 def _rate(cached: int, ran: int) -> float | None:
@@ -132,7 +136,7 @@ def cache_stats(store: DiskStore) -> dict[str, Any]:
         volume = int(store.cache.volume())
     with store._translate("journal.sqlite3", "read the journal"):
         key_tasks = _key_tasks(store)
-        steps = _step_counts(store)
+        steps = _step_counts(store, key_tasks)
         runs = int(store._db().execute("SELECT count(*) FROM runs").fetchone()[0])
     sizes: Counter[str] = Counter()
     counts: Counter[str] = Counter()

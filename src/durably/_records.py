@@ -14,13 +14,17 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import xxhash
+
 from ._lease import Owner
 
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES", "SCHEMA",
-           "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "STEP_COLS",
+           "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "SCHEMA_5", "SCHEMA_5_KEYS",
+           "STEP_COLS",
            "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
            "Replay", "compact_replay", "discard_leftover", "garbage", "immediate", "key_row",
-           "now", "pack_replays", "run_row", "step_from_row", "step_row", "unpack_replays"]
+           "now", "pack_replays", "row_hash", "run_row", "step_from_row", "step_row", "step_sid",
+           "unpack_replays"]
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -235,9 +239,33 @@ def _sorted_json(d: dict[str, str]) -> str:
 
 
 def key_row(r: KeyRecord) -> tuple[Any, ...]:
-    """A key record as a row of the keys table."""
-    return (r.cache_key, r.task, r.code, _sorted_json(r.inputs), _sorted_json(r.parts),
-            r.created)
+    """A key record as a row of the keys table: ``(kid, cache_key, task, code, inputs, parts,
+    created)``."""
+    return (row_hash(r.cache_key), r.cache_key, r.task, r.code, _sorted_json(r.inputs),
+            _sorted_json(r.parts), r.created)
+
+
+def row_hash(text: str) -> int:
+    """What the journal's lookup indexes hold instead of long text keys (format 5): an
+    xxh3-64 of ``text``'s UTF-8, shifted to 63 bits (a SQLite integer, always positive).
+
+    An index entry is then about 15 bytes instead of about 80, so the indexes of a store of
+    millions of steps stay small enough for SQLite's page cache; rows are still matched on
+    their text, so two texts with one hash only cost a second row read.
+
+    Example:
+        >>> row_hash("run-1/0af1") == row_hash("run-1/0af1") != row_hash("run-2/0af1")
+        True
+        >>> 0 <= row_hash("") < 2**63
+        True
+    """
+    return xxhash.xxh3_64_intdigest(text.encode()) >> 1
+
+
+def step_sid(run_id: str, step_id: str) -> int:
+    """The ``sid`` column of a step's rows: :func:`row_hash` of ``run_id/step_id``, which
+    the ``steps_by_sid`` index finds a run's step by."""
+    return xxhash.xxh3_64_intdigest(f"{run_id}/{step_id}".encode()) >> 1
 
 
 # what each column of a row must hold (a row that does not is garbage: CorruptJournalError)
@@ -305,6 +333,32 @@ SCHEMA_4 = """
 CREATE TABLE IF NOT EXISTS replays (
     run_id TEXT NOT NULL, attempt INTEGER NOT NULL, steps BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS replays_by_run ON replays (run_id, attempt)
+"""
+
+# format 5: the journal's random-key lookups go through short integer hashes (row_hash), so
+# that their indexes do not outgrow SQLite's page cache and the CPU's caches as a store
+# grows: a step is found by ``sid`` (a hash of its run and step ids) instead of the
+# (run_id, step_id, status) text index, and a key record by ``kid`` (a hash of its cache
+# key, unique) instead of the cache key as primary key. ``durably_row_hash`` is row_hash,
+# registered on the connection for the upgrade only. Key records colliding on 63 bits keep
+# the later one (INSERT OR REPLACE, as before for one key). The steps part fills the sid of
+# rows that have none (the column is added first when missing); the keys part is run when
+# the keys table has no kid column.
+SCHEMA_5 = """
+UPDATE steps SET sid = durably_row_hash(run_id || '/' || step_id) WHERE sid IS NULL;
+CREATE INDEX IF NOT EXISTS steps_by_sid ON steps (sid);
+DROP INDEX IF EXISTS steps_by_id
+"""
+SCHEMA_5_KEYS = """
+CREATE TABLE keys_5 (
+    kid INTEGER NOT NULL, cache_key TEXT NOT NULL, task TEXT NOT NULL, code TEXT NOT NULL,
+    inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
+CREATE UNIQUE INDEX keys_by_kid ON keys_5 (kid);
+INSERT OR REPLACE INTO keys_5 SELECT durably_row_hash(cache_key), cache_key, task, code,
+    inputs, parts, created FROM keys ORDER BY rowid;
+DROP TABLE keys;
+ALTER TABLE keys_5 RENAME TO keys;
+CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created)
 """
 
 #: a replayed step as the runtime buffers it: (position, started, ended, step_id, parent_id,

@@ -68,6 +68,8 @@ from ._records import (
     SCHEMA_2,
     SCHEMA_3,
     SCHEMA_4,
+    SCHEMA_5,
+    SCHEMA_5_KEYS,
     STEP_COLS,
     STEP_TYPES,
     EventRecord,
@@ -83,9 +85,11 @@ from ._records import (
     key_row,
     now,
     pack_replays,
+    row_hash,
     run_row,
     step_from_row,
     step_row,
+    step_sid,
     unpack_replays,
 )
 from ._repair import repair_run, seal_old_blobs
@@ -126,9 +130,10 @@ log = logging.getLogger("durably")
 STORE_FORMAT = 2
 #: Version of the journal database (SQLite ``user_version``): 1 had no tracer columns and no
 #: events, 2 stored result blobs unsealed, 3 seals every blob, 4 records replayed steps many
-#: to a row (the replays table). Older journals are upgraded in place when first opened; a
-#: newer one is refused.
-JOURNAL_FORMAT = 4
+#: to a row (the replays table), 5 looks steps and key records up by short integer hashes
+#: (``sid``, ``kid``). Older journals are upgraded in place when first opened; a newer one is
+#: refused.
+JOURNAL_FORMAT = 5
 
 # -- the process-wide signing key (durably.configure(key=...)) --------------------------------
 _key_lock = threading.Lock()
@@ -276,6 +281,12 @@ _second = operator.itemgetter(1)
 #: steps, about half of what an executed step took; pages written again between two
 #: checkpoints are copied once. The log is deleted when the last connection closes.
 _WAL_PAGES = 8192
+
+
+def _row_hash_sql(text: object) -> int:
+    """:func:`~durably._records.row_hash` as the SQL function ``durably_row_hash`` of the
+    format 5 upgrade (a garbage non-text column hashes as its text)."""
+    return row_hash(text if isinstance(text, str) else str(text))
 
 
 def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
@@ -722,6 +733,13 @@ class DiskStore:
                     con.execute(statement)
             if 1 <= version < 3:
                 seal_old_blobs(con, key)
+            con.create_function("durably_row_hash", 1, _row_hash_sql, deterministic=True)
+            if "sid" not in {row[1] for row in con.execute("PRAGMA table_info(steps)")}:
+                con.execute("ALTER TABLE steps ADD COLUMN sid INTEGER")
+            keyed = "kid" in {row[1] for row in con.execute("PRAGMA table_info(keys)")}
+            for statement in (SCHEMA_5 + ";" + ("" if keyed else SCHEMA_5_KEYS)).split(";"):
+                if statement.strip():
+                    con.execute(statement)
             con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
 
     # -- cache -----------------------------------------------------------------------------
@@ -917,8 +935,8 @@ class DiskStore:
             try:
                 with self._write_journal, immediate(self._db()) as db:
                     db.executemany(
-                        "INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
-                        "created) VALUES (?, ?, ?, ?, ?, ?)", infos)
+                        "INSERT OR REPLACE INTO keys (kid, cache_key, task, code, inputs, "
+                        "parts, created) VALUES (?, ?, ?, ?, ?, ?, ?)", infos)
             except CorruptJournalError as exc:  # the cache keeps working without its records
                 if "keys" not in self._warned:
                     self._warned.add("keys")
@@ -1154,8 +1172,9 @@ class DiskStore:
         if data is None:
             with self._read_journal:
                 found = self._db().execute(
-                    "SELECT result, attempt, position FROM steps WHERE run_id=? AND step_id=? "
-                    "AND status IN ('ran', 'cached') LIMIT 1", (run_id, step_id)).fetchone()
+                    "SELECT result, attempt, position FROM steps WHERE sid=? AND run_id=? AND "
+                    "step_id=? AND status IN ('ran', 'cached') ORDER BY rowid LIMIT 1",
+                    (step_sid(run_id, step_id), run_id, step_id)).fetchone()
             if found is None:
                 return None
             data = found[0]
@@ -1207,8 +1226,9 @@ class DiskStore:
         the damaged one."""
         with self._read_journal:
             rows = self._db().execute(
-                "SELECT result, cache_key, task FROM steps WHERE run_id=? AND step_id=? AND "
-                "status IN ('ran', 'cached') ORDER BY rowid", (run_id, step_id)).fetchall()
+                "SELECT result, cache_key, task FROM steps WHERE sid=? AND run_id=? AND "
+                "step_id=? AND status IN ('ran', 'cached') ORDER BY rowid",
+                (step_sid(run_id, step_id), run_id, step_id)).fetchall()
         for data, _, _ in rows:  # (the damaged one among them reads as damaged again)
             value, _why = self._step_value(run_id, step_id, data)
             if value is not None:
@@ -1241,8 +1261,9 @@ class DiskStore:
                 replays.setdefault((rec.run_id, rec.attempt), []).append(compact)
             else:
                 rows.append((*step_row(rec),
-                             self._seal_blob(data, "step", rec.run_id, rec.step_id)))
-        sql = f"INSERT INTO steps ({STEP_COLS}, result) VALUES ({', '.join('?' * 16)})"
+                             self._seal_blob(data, "step", rec.run_id, rec.step_id),
+                             step_sid(rec.run_id, rec.step_id)))
+        sql = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
         with self._write_journal:
             db = self._db()
             if len(rows) == 1 and not replays:
