@@ -34,7 +34,7 @@ _FLUSH_EVERY = 2048  # replay records buffered before a write
 #: a journal row holding more bytes than this is written on its own, outside a batch
 LARGE_ROW = 1 << 20
 _PENDING_BYTES = 8 << 20  # ... and buffered journal rows holding this many bytes are written
-CACHE_BATCH = 256  # cache writes queued before a batch write
+CACHE_BATCH = 2048  # cache writes queued before a batch write
 _CACHE_BYTES = 32 << 20  # ... or this many bytes of results
 _CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
 
