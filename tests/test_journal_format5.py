@@ -76,6 +76,7 @@ def _as_format_4(root: Path) -> None:
     with _journal(root) as con:
         con.execute("BEGIN IMMEDIATE")
         con.execute("DROP INDEX steps_by_sid")
+        con.execute("DROP INDEX steps_unhashed")
         con.execute("ALTER TABLE steps DROP COLUMN sid")
         con.execute("CREATE INDEX steps_by_id ON steps (run_id, step_id, status)")
         con.execute("""CREATE TABLE keys_4 (
@@ -98,9 +99,9 @@ def test_a_new_journal_has_the_format_5_indexes(store: durably.DiskStore) -> Non
     assert pipeline(3) == sum(i + 1 - i for i in range(3))
     with _journal(store.path) as con:
         assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT == 5
-        assert "steps_by_sid" in _indexes(con, "steps")
-        assert "steps_by_id" not in _indexes(con, "steps")
+        assert _indexes(con, "steps") == {"steps_by_sid", "steps_unhashed", "steps_by_order"}
         assert _indexes(con, "keys") == {"keys_by_kid", "keys_by_task"}
+        assert con.execute("SELECT count(*) FROM steps WHERE sid IS NULL").fetchone()[0] == 0
         rows = con.execute("SELECT run_id, step_id, sid FROM steps").fetchall()
         assert len(rows) == 6
         assert all(sid == step_sid(run_id, step) for run_id, step, sid in rows)
@@ -189,3 +190,61 @@ def test_row_hash_is_a_sqlite_integer_and_step_sid_hashes_run_slash_step(
     assert 0 <= row_hash(run_id) < 2**63
     assert step_sid(run_id, step_id) == row_hash(f"{run_id}/{step_id}")
     assert store_module._row_hash_sql(run_id) == row_hash(run_id)
+
+
+def test_steps_an_older_process_writes_after_the_upgrade_are_found(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process of the previous durably that opened the journal before another upgraded
+    it goes on writing rows without sid and key records without kid (its statements, here
+    verbatim). Their steps are still found, so a resume never runs a finished cache=False
+    step again; their key records are kept and read."""
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        pipeline.run(3, run_id="mixed")
+    with _journal(store.path) as con:  # what the old process would have written instead
+        con.execute("UPDATE steps SET sid = NULL")
+        con.execute("INSERT OR REPLACE INTO keys (cache_key, task, code, inputs, parts, "
+                    "created) VALUES ('00' || hex(randomblob(15)), 'old:task', 'c', '{}', "
+                    "'{}', 1.0)")
+        assert con.execute("SELECT count(*) FROM steps WHERE sid IS NULL").fetchone()[0] == 6
+    store.close()
+    FAIL["on"] = False
+    run = pipeline.run(3, run_id="mixed")
+    assert run.counts()["replayed"] == 6
+    assert NOTES == [0, 1, 2]  # the cache=False steps were not executed again
+    assert [k.task for k in store.list_keys("old:task")] == ["old:task"]
+    # and a step written with a sid and again without one (a repeat) reads as the first one
+    a = StepRecord("r", "01" * 16, None, "t", "ran", 1, 0, 1.0, 2.0, None, "")
+    store.append_steps([(a, b"with")])
+    monkeypatch.setattr(store_module, "step_sid", lambda run_id, step_id: None)
+    store.append_steps([(a, b"without")])
+    monkeypatch.undo()
+    store.close()
+    assert store.find_step("r", "01" * 16) == b"with"
+
+
+def test_garbage_rows_of_a_format_4_journal_do_not_stop_its_upgrade(
+        store: durably.DiskStore) -> None:
+    """Text that is not UTF-8 (in another run's step, and a key) and a NULL cache key (which
+    the old primary key allowed) are copied as they are (their hash is NULL); the store
+    opens and its sound runs resume."""
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        pipeline.run(2, run_id="sound")
+    store.close()
+    _as_format_4(store.path)
+    with _journal(store.path) as con:
+        con.execute("INSERT INTO steps (run_id, step_id, task, status, attempt, position, "
+                    "started, ended, cache_key) SELECT 'other', CAST(x'ff' AS TEXT), 't', "
+                    "'ran', 1, 99, 0, 0, ''")
+        con.execute("INSERT INTO keys VALUES (CAST(x'fe' AS TEXT), 't', 'c', '{}', '{}', 1)")
+        con.execute("INSERT INTO keys VALUES (NULL, 't', 'c', '{}', '{}', 1)")
+    reopened = durably.DiskStore(store.path)
+    durably.configure(store=reopened)
+    FAIL["on"] = False
+    assert pipeline.run(2, run_id="sound").counts()["replayed"] == 4
+    assert NOTES == [0, 1]
+    with _journal(store.path) as con:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert con.execute("SELECT count(*) FROM keys WHERE task='t'").fetchone()[0] == 2
+        assert con.execute("SELECT count(*) FROM keys WHERE kid IS NULL").fetchone()[0] == 1

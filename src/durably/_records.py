@@ -339,23 +339,30 @@ CREATE INDEX IF NOT EXISTS replays_by_run ON replays (run_id, attempt)
 # that their indexes do not outgrow SQLite's page cache and the CPU's caches as a store
 # grows: a step is found by ``sid`` (a hash of its run and step ids) instead of the
 # (run_id, step_id, status) text index, and a key record by ``kid`` (a hash of its cache
-# key, unique) instead of the cache key as primary key. ``durably_row_hash`` is row_hash,
+# key, unique) instead of the cache key as primary key. ``durably_row_hash`` is row_hash of
+# a BLOB (the text's bytes: it never fails on a garbage row, whose hash is then NULL),
 # registered on the connection for the upgrade only. Key records colliding on 63 bits keep
-# the later one (INSERT OR REPLACE, as before for one key). The steps part fills the sid of
-# rows that have none (the column is added first when missing); the keys part is run when
-# the keys table has no kid column.
+# the later one (INSERT OR REPLACE, as before for one key).
+#
+# A process of an older durably that opened the journal before the upgrade goes on writing
+# format 4 rows: steps without a sid (found through ``steps_unhashed``, which holds only
+# them: empty otherwise) and key records without a kid (kid and cache_key may be NULL, as
+# the old primary key allowed). The steps part fills the sid of rows that have none (the
+# column is added first when missing); the keys part is run when keys has no kid column.
 SCHEMA_5 = """
-UPDATE steps SET sid = durably_row_hash(run_id || '/' || step_id) WHERE sid IS NULL;
+UPDATE steps SET sid = durably_row_hash(CAST(run_id || '/' || step_id AS BLOB))
+    WHERE sid IS NULL;
 CREATE INDEX IF NOT EXISTS steps_by_sid ON steps (sid);
+CREATE INDEX IF NOT EXISTS steps_unhashed ON steps (run_id, step_id) WHERE sid IS NULL;
 DROP INDEX IF EXISTS steps_by_id
 """
 SCHEMA_5_KEYS = """
 CREATE TABLE keys_5 (
-    kid INTEGER NOT NULL, cache_key TEXT NOT NULL, task TEXT NOT NULL, code TEXT NOT NULL,
+    kid INTEGER, cache_key TEXT, task TEXT NOT NULL, code TEXT NOT NULL,
     inputs TEXT NOT NULL, parts TEXT NOT NULL, created REAL NOT NULL);
 CREATE UNIQUE INDEX keys_by_kid ON keys_5 (kid);
-INSERT OR REPLACE INTO keys_5 SELECT durably_row_hash(cache_key), cache_key, task, code,
-    inputs, parts, created FROM keys ORDER BY rowid;
+INSERT OR REPLACE INTO keys_5 SELECT durably_row_hash(CAST(cache_key AS BLOB)), cache_key,
+    task, code, inputs, parts, created FROM keys ORDER BY rowid;
 DROP TABLE keys;
 ALTER TABLE keys_5 RENAME TO keys;
 CREATE INDEX IF NOT EXISTS keys_by_task ON keys (task, created)

@@ -40,6 +40,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from . import _serde
 from ._blobs import (
     BLOB_REF,
@@ -283,10 +285,13 @@ _second = operator.itemgetter(1)
 _WAL_PAGES = 8192
 
 
-def _row_hash_sql(text: object) -> int:
+def _row_hash_sql(data: object) -> int | None:
     """:func:`~durably._records.row_hash` as the SQL function ``durably_row_hash`` of the
-    format 5 upgrade (a garbage non-text column hashes as its text)."""
-    return row_hash(text if isinstance(text, str) else str(text))
+    format 5 upgrade, given the text's bytes (``CAST(... AS BLOB)``: a column that is not
+    valid UTF-8 does not fail the upgrade); NULL for NULL."""
+    if isinstance(data, bytes):
+        return xxhash.xxh3_64_intdigest(data) >> 1
+    return None if data is None else row_hash(str(data))
 
 
 def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
@@ -1170,19 +1175,40 @@ class DiskStore:
                 if payload is not None and not payload.startswith(BLOB_REF):
                     return payload
         if data is None:
-            with self._read_journal:
-                found = self._db().execute(
-                    "SELECT result, attempt, position FROM steps WHERE sid=? AND run_id=? AND "
-                    "step_id=? AND status IN ('ran', 'cached') ORDER BY rowid LIMIT 1",
-                    (step_sid(run_id, step_id), run_id, step_id)).fetchone()
-            if found is None:
+            found = self._step_rows("result, attempt, position", run_id, step_id, 1)
+            if not found:
                 return None
+            found = found[0]
             data = found[0]
             self._read_ahead(run_id, found[1], found[2])
         value, why = self._step_value(run_id, step_id, data)
         if value is not None:
             return value
         return self._find_step_slow(run_id, step_id, why)
+
+    def _step_rows(self, columns: str, run_id: str, step_id: str, limit: int
+                   ) -> list[Any]:
+        """``columns`` of the finished records of a step of a run, first written first (at
+        most ``limit``; -1: all). They are found by sid, and, when that finds fewer than
+        ``limit``, among rows without one: written by a process of an older durably that
+        had the journal open before it was upgraded (``steps_unhashed``, empty otherwise)."""
+        finished = "run_id=? AND step_id=? AND status IN ('ran', 'cached') ORDER BY rowid"
+        with self._read_journal:
+            db = self._db()
+            rows = db.execute(
+                f"SELECT {columns} FROM steps WHERE sid=? AND {finished} LIMIT ?",
+                (step_sid(run_id, step_id), run_id, step_id, limit)).fetchall()
+            if limit < 0 or len(rows) < limit:
+                older = db.execute(
+                    f"SELECT rowid, {columns} FROM steps WHERE sid IS NULL AND {finished}",
+                    (run_id, step_id)).fetchall()
+                if older:  # (rare: merged in the order they were written)
+                    hashed = db.execute(
+                        f"SELECT rowid, {columns} FROM steps WHERE sid=? AND {finished}",
+                        (step_sid(run_id, step_id), run_id, step_id)).fetchall()
+                    rows = [row[1:] for row in sorted(hashed + older)][:None if limit < 0
+                                                                       else limit]
+        return rows
 
     def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
         """Read the next finished steps of the run in journal order (a resumed run replays
@@ -1224,11 +1250,7 @@ class DiskStore:
     def _find_step_slow(self, run_id: str, step_id: str, why: str) -> bytes | None:
         """Another, sound record of the step (written when it ran again), else the verdict on
         the damaged one."""
-        with self._read_journal:
-            rows = self._db().execute(
-                "SELECT result, cache_key, task FROM steps WHERE sid=? AND run_id=? AND "
-                "step_id=? AND status IN ('ran', 'cached') ORDER BY rowid",
-                (step_sid(run_id, step_id), run_id, step_id)).fetchall()
+        rows = self._step_rows("result, cache_key, task", run_id, step_id, -1)
         for data, _, _ in rows:  # (the damaged one among them reads as damaged again)
             value, _why = self._step_value(run_id, step_id, data)
             if value is not None:
