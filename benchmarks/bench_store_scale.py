@@ -1,14 +1,15 @@
 """A large store: a cache hit on a store of 1,000,000 entries against a hit on an empty store,
-and the time ``DiskStore(path).stats()`` takes on it (what ``durably cache stats`` calls).
+and the time ``durably cache stats`` takes on it.
 
 Run: python benchmarks/bench_store_scale.py [--entries 1000000 | --quick] [--store DIR]
 
 The store is filled with ``cache_put_many`` in batches of 10,000 (each entry with its key
 record, as a task's miss writes it); ``--quick`` uses 100,000 entries. ``--store DIR`` keeps
 the filled store in DIR and reuses it on the next invocation (filled only up to
-``--entries``). Hits on the two stores alternate over several rounds (medians). ``stats()`` is
-timed in this process on a new ``DiskStore`` object and in a fresh process (as the CLI would
-run it), each time on a store not yet opened by that process.
+``--entries``). Hits on the two stores alternate over several rounds (medians).
+``durably cache stats`` (entries, bytes and hit rate per task: every entry and key record is
+read) is timed as a user runs it, a new process from start to exit, once the store is filled;
+``DiskStore(path).stats()`` (totals only) in this process, on a new ``DiskStore`` object.
 """
 
 from __future__ import annotations
@@ -17,16 +18,16 @@ import argparse
 import json
 import pickle
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, fmt, median_seconds, report, worker
+from _common import fmt, median_seconds, report
 
 import durably
 from durably._store import KeyRecord
@@ -61,10 +62,15 @@ def fill(store: durably.DiskStore, entries: int) -> float:
     return (time.perf_counter() - t) / (have - start)
 
 
-def stats_worker(path: str) -> dict[str, Any]:
+def cli_cache_stats(path: Path) -> float:
+    """Wall seconds of ``durably --dir PATH cache stats --json``, process start to exit."""
     t = time.perf_counter()
-    stats = durably.DiskStore(path).stats()
-    return {"seconds": time.perf_counter() - t, "stats": stats}
+    done = subprocess.run([sys.executable, "-m", "durably", "--dir", str(path), "cache",
+                           "stats", "--json"], capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - t
+    if done.returncode != 0:
+        raise RuntimeError(f"durably cache stats failed: {done.stderr}")
+    return seconds
 
 
 def main() -> None:
@@ -73,11 +79,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="100,000 entries")
     parser.add_argument("--store", help="keep the filled store in this directory")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--stats-worker", help=argparse.SUPPRESS)
     opts = parser.parse_args()
-    if opts.stats_worker:
-        emit(stats_worker(opts.stats_worker))
-        return
     entries = 100_000 if opts.quick else opts.entries
     with tempfile.TemporaryDirectory() as tmp:
         big_path = Path(opts.store) if opts.store else Path(tmp) / "big"
@@ -86,7 +88,7 @@ def main() -> None:
         per_entry = fill(big, entries)
         big.close()
 
-        cold = worker([__file__, "--stats-worker", str(big_path)])
+        cli = cli_cache_stats(big_path)
         t = time.perf_counter()
         stats = durably.DiskStore(big_path).stats()
         warm = time.perf_counter() - t
@@ -106,10 +108,12 @@ def main() -> None:
     report("store_scale", [
         {"measure": f"hit on a store of {size:,} entries vs empty store", "durably_s": on_big,
          "other_s": on_empty, "ratio": on_big / on_empty, "target": "<= 1.5", "limit": 1.5},
-        {"measure": "stats(), fresh process (as the CLI)", "durably_s": cold["seconds"],
-         "other_s": None, "ratio": None, "target": "< 3 s", "limit": 3.0, "on": "durably_s"},
-        {"measure": "stats(), new DiskStore in this process", "durably_s": warm,
-         "other_s": None, "ratio": None, "target": "< 3 s", "limit": 3.0, "on": "durably_s"},
+        {"measure": "durably cache stats (a new process, start to exit)", "durably_s": cli,
+         "other_s": None, "ratio": None, "target": "< 5 s (a few seconds)", "limit": 5.0,
+         "on": "durably_s"},
+        {"measure": "DiskStore.stats() (totals), new DiskStore in this process",
+         "durably_s": warm, "other_s": None, "ratio": None, "target": "< 3 s", "limit": 3.0,
+         "on": "durably_s"},
         {"measure": "fill: cache_put_many per entry (batches of 10,000)",
          "durably_s": per_entry or None, "other_s": None, "ratio": None, "target": "(info)"},
     ], entries=size, stats=json.loads(json.dumps(stats, default=str)), hits=hits)
