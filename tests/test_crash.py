@@ -239,3 +239,86 @@ def test_second_process_cannot_execute_a_run_in_progress(tmp_path: Path) -> None
     third = run_script(script, env)
     assert third.stdout.strip() == "result 6"
     assert count.read_text().split() == ["0", "1", "2", "3", "4", "5"]
+
+
+RESTORE = """
+import os, sys
+import durably
+
+PHASE = os.environ["PHASE"]
+
+def mark(text):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(text + "\\n")
+
+@durably.task
+def sq(i):
+    mark(f"sq {i}")
+    return i * i
+
+@durably.task
+def review(draft):
+    return f"{draft} [{durably.interrupt({'approve?': draft})}]"
+
+@durably.entrypoint
+def job(n):
+    verdict = review("owls")
+    total = sum(sq(i) for i in range(n))
+    if PHASE == "approve":
+        os._exit(3)  # killed: the run's queued cache writes are lost
+    return total, verdict
+
+if __name__ == "__main__":
+    if PHASE == "restore-crash":  # killed again while the resume puts the entries back
+        from durably import DiskStore
+        real = DiskStore.cache_put_many
+        def put(self, items):
+            if len(items) > 10:
+                os._exit(4)
+            return real(self, items)
+        DiskStore.cache_put_many = put
+    if PHASE == "outside":
+        for i in range(300):
+            sq(i)
+        try:
+            print("review", review("owls"))
+        except durably.NoActiveRunError:
+            print("review asks again")
+    elif PHASE == "approve":
+        job.resume(os.environ["RUN_ID"], "approved")
+    else:
+        try:
+            print("result", job(300))
+        except durably.RunInterrupted as paused:
+            print("paused", paused.run_id)
+"""
+
+
+@pytest.mark.parametrize("killed_again", [False, True], ids=["resumed", "killed-again"])
+def test_a_killed_attempts_cache_entries_are_put_back_but_not_an_answers(
+        tmp_path: Path, killed_again: bool) -> None:
+    """A killed attempt's queued cache writes are put back by the next resume. When that
+    resume is killed as it puts them back, the one after puts them back (it looked only at
+    the attempt before it, which executed nothing). A step that depends on an answer to
+    interrupt() is never put in the cache, by a resume either (it was)."""
+    script = write_script(tmp_path / "restore.py", RESTORE)
+    count = tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), PHASE="first")
+
+    def phase(name: str, code: int = 0) -> str:
+        done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == code, done.stderr
+        return done.stdout
+
+    run_id = phase("first").split()[-1]  # the question
+    env["RUN_ID"] = run_id
+    phase("approve", 3)  # answered, 300 steps executed, killed before the run ended
+    if killed_again:
+        phase("restore-crash", 4)
+    assert phase("last") == f"result ({sum(i * i for i in range(300))}, 'owls [approved]')\n"
+    assert len(count.read_text().split("\n")) - 1 == 300  # each executed once
+    # another program calling the same tasks outside any run finds every entry cached, and
+    # the answer is not served from the cache: the task asks again
+    assert phase("outside") == "review asks again\n"
+    assert len(count.read_text().split("\n")) - 1 == 300

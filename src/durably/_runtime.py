@@ -809,7 +809,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     try:
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)
-                _restore_cache(store, run_id, existing.attempt)
+                _restore_cache(store, run_id, existing.attempt, asked)
             except Exception as exc:  # noqa: BLE001 - the journal has every result
                 log.warning("durably: run %r: the cache entries its crashed attempt had "
                             "queued could not be put back (%s); its journal has their results",
@@ -902,11 +902,28 @@ def _abandon(store: Store) -> None:
         abandon()
 
 
-def _restore_cache(store: Store, run_id: str, attempt: int) -> None:
+def _restore_cache(store: Store, run_id: str, attempt: int, asked: set[str]) -> None:
     """After a crash: put back the cache entries the crashed attempt had queued but not yet
-    written (cheap steps batch their cache writes; the journal has every result)."""
-    recent = [s for s in store.list_steps(run_id, attempt=attempt)
-              if s.status == "ran" and s.cache_key][-_CACHE_BATCH:]
+    written (cheap steps batch their cache writes; the journal has every result).
+
+    The attempt is the latest that executed steps: one that crashed again while it put
+    back these entries executed none (looked back at most 8 attempts). Steps that depend on
+    an answer to ``interrupt()`` (``asked``: the steps that asked, and their callers) were
+    never to be cached, and are not."""
+    steps: list[StepRecord] = []
+    for back in range(attempt, max(attempt - 8, 0), -1):
+        steps = store.list_steps(run_id, attempt=back)
+        if any(s.status == "ran" for s in steps):
+            break
+    parents = {s.step_id: s.parent_id for s in steps}
+    held: set[str] = set()
+    for step_id in asked:
+        up: str | None = step_id
+        while up is not None and up not in held:
+            held.add(up)
+            up = parents.get(up)
+    recent = [s for s in steps
+              if s.status == "ran" and s.cache_key and s.step_id not in held][-_CACHE_BATCH:]
     missing = []
     for step in recent:
         if store.cache_get(step.cache_key) is None:
