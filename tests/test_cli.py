@@ -483,3 +483,29 @@ def test_resume_and_history_of_a_stategraph_run(tmp_path: Path) -> None:
     assert f"run {run!r} finished" in text and "A POST ABOUT OWLS" in text
     history = ok(durably("history", run, cwd=project, store=store))
     assert "approval::superstep" in history and "→ next" in history
+
+
+def test_cache_stats_counts_entries_written_while_it_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job writing meanwhile writes a batch's cache entries, then their key records: an
+    entry newer than the key records cache_stats read first still counts under its task
+    (it read as "(unknown task)": a running job's whole latest batch)."""
+    from durably import DiskStore, _maintenance
+    from durably._records import KeyRecord
+
+    store = DiskStore(tmp_path / "s")
+    record = KeyRecord("m:t", "a" * 32, "c", {}, {}, 1.0)
+    store.cache_put_many([("a" * 32, b"1", record)])
+    real = _maintenance._key_tasks
+
+    def then_a_batch(disk: DiskStore) -> dict[str, str]:
+        found = real(disk)  # the key records as they were before the batch
+        disk.cache_put_many([(k * 32, b"22", KeyRecord("m:t", k * 32, "c", {}, {}, 2.0))
+                             for k in "bcd"])
+        return found
+
+    monkeypatch.setattr(_maintenance, "_key_tasks", then_a_batch)
+    stats = _maintenance.cache_stats(store)
+    assert stats["entries"] == 4 and stats["entry_bytes"] > 0
+    assert [(t["task"], t["entries"], t["bytes"]) for t in stats["tasks"]] == [
+        ("m:t", 4, stats["entry_bytes"])]

@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from ._records import row_hash
 from ._store import DiskStore
 from .exceptions import NotFoundError
 
@@ -58,6 +59,19 @@ def _key_tasks(store: DiskStore) -> dict[str, str]:
     """Cache key → task identity, from the key records."""
     rows = store._db().execute("SELECT cache_key, task FROM keys").fetchall()
     return {key: task for key, task in rows}
+
+
+def _tasks_of(store: DiskStore, keys: list[str]) -> dict[str, str]:
+    """Cache key → task identity for these keys, from their key records (found by kid)."""
+    found: dict[str, str] = {}
+    db = store._db()
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        kids = [row_hash(key) for key in chunk]
+        found.update(db.execute(
+            f"SELECT cache_key, task FROM keys WHERE kid IN ({', '.join('?' * len(kids))})",
+            kids))
+    return found
 
 
 def task_identities(store: DiskStore) -> list[str]:
@@ -144,13 +158,25 @@ def cache_stats(store: DiskStore) -> dict[str, Any]:
             "SELECT min(store_time), max(store_time) FROM Cache").fetchone()
         # rows as they come, no object per entry: a store of 1,000,000 entries is read in
         # about a second (a key stored pickled, not raw, is none of durably's: unknown task)
+        unseen: list[tuple[str, int]] = []
         for key, raw, size in cache._sql(
                 "SELECT key, raw, CASE WHEN filename IS NULL THEN COALESCE(length(value), 0) "
                 "ELSE size END FROM Cache"):
-            task = key_tasks.get(key, UNKNOWN_TASK) if raw and type(key) is str \
-                else UNKNOWN_TASK
+            task = key_tasks.get(key) if raw and type(key) is str else UNKNOWN_TASK
+            if task is None:  # no key record when they were read: looked for again below
+                unseen.append((key, size or 0))
+                continue
             counts[task] = counts.get(task, 0) + 1
             sizes[task] = sizes.get(task, 0) + (size or 0)
+    # a process writing meanwhile writes its cache entries first and their key records after:
+    # entries newer than the key records read above are looked up again, in the records as
+    # they are now (else a running job's latest batch would read as of no task)
+    with store._translate("journal.sqlite3", "read the journal"):
+        found = _tasks_of(store, [key for key, _ in unseen])
+    for key, size in unseen:
+        task = found.get(key, UNKNOWN_TASK)
+        counts[task] = counts.get(task, 0) + 1
+        sizes[task] = sizes.get(task, 0) + size
     names = set(counts) | {task for task, _ in steps}
     tasks: list[dict[str, Any]] = [
         {
