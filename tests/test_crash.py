@@ -242,10 +242,12 @@ def test_second_process_cannot_execute_a_run_in_progress(tmp_path: Path) -> None
 
 
 RESTORE = """
-import os, sys
+import os, sys, time
 import durably
+from durably import _context, _runtime
 
 PHASE = os.environ["PHASE"]
+_context.CACHE_BATCH = _runtime._CACHE_BATCH = 50  # (2048): batches of 50 cheap steps
 
 def mark(text):
     with open(os.environ["COUNT_FILE"], "a") as f:
@@ -260,10 +262,16 @@ def sq(i):
 def review(draft):
     return f"{draft} [{durably.interrupt({'approve?': draft})}]"
 
+@durably.task
+def slow(i):
+    time.sleep(0.02)  # over 10 ms: its cache entry is written at once, never queued
+    return -i
+
 @durably.entrypoint
 def job(n):
     verdict = review("owls")
-    total = sum(sq(i) for i in range(n))
+    total = sum(sq(i) for i in range(n))  # 320: the last 20 queued
+    total += sum(slow(i) for i in range(40))
     if PHASE == "approve":
         os._exit(3)  # killed: the run's queued cache writes are lost
     return total, verdict
@@ -278,7 +286,7 @@ if __name__ == "__main__":
             return real(self, items)
         DiskStore.cache_put_many = put
     if PHASE == "outside":
-        for i in range(300):
+        for i in range(320):
             sq(i)
         try:
             print("review", review("owls"))
@@ -288,7 +296,7 @@ if __name__ == "__main__":
         job.resume(os.environ["RUN_ID"], "approved")
     else:
         try:
-            print("result", job(300))
+            print("result", job(320))
         except durably.RunInterrupted as paused:
             print("paused", paused.run_id)
 """
@@ -297,10 +305,12 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("killed_again", [False, True], ids=["resumed", "killed-again"])
 def test_a_killed_attempts_cache_entries_are_put_back_but_not_an_answers(
         tmp_path: Path, killed_again: bool) -> None:
-    """A killed attempt's queued cache writes are put back by the next resume. When that
-    resume is killed as it puts them back, the one after puts them back (it looked only at
-    the attempt before it, which executed nothing). A step that depends on an answer to
-    interrupt() is never put in the cache, by a resume either (it was)."""
+    """A killed attempt's queued cache writes are put back by the next resume, even when
+    slower steps (which wrote their entries at once) came after them (they took the places
+    of queued ones in the steps looked at). When that resume is killed as it puts them
+    back, the one after puts them back (it looked only at the attempt before it, which
+    executed nothing). A step that depends on an answer to interrupt() is never put in the
+    cache, by a resume either (it was)."""
     script = write_script(tmp_path / "restore.py", RESTORE)
     count = tmp_path / "count.txt"
     env = script_env(tmp_path / "store", COUNT_FILE=str(count), PHASE="first")
@@ -313,12 +323,90 @@ def test_a_killed_attempts_cache_entries_are_put_back_but_not_an_answers(
 
     run_id = phase("first").split()[-1]  # the question
     env["RUN_ID"] = run_id
-    phase("approve", 3)  # answered, 300 steps executed, killed before the run ended
+    phase("approve", 3)  # answered, 360 steps executed, killed before the run ended
     if killed_again:
         phase("restore-crash", 4)
-    assert phase("last") == f"result ({sum(i * i for i in range(300))}, 'owls [approved]')\n"
-    assert len(count.read_text().split("\n")) - 1 == 300  # each executed once
+    total = sum(i * i for i in range(320)) - sum(range(40))
+    assert phase("last") == f"result ({total}, 'owls [approved]')\n"
+    assert len(count.read_text().split("\n")) - 1 == 320  # each executed once
     # another program calling the same tasks outside any run finds every entry cached, and
     # the answer is not served from the cache: the task asks again
     assert phase("outside") == "review asks again\n"
-    assert len(count.read_text().split("\n")) - 1 == 300
+    assert len(count.read_text().split("\n")) - 1 == 320
+
+
+ASKED_DEEP = """
+import os, sys
+import durably
+
+PHASE = os.environ["PHASE"]  # (read again inside tasks: a global is part of their code)
+
+@durably.task
+def g(x):
+    return durably.interrupt("answer?") + x
+
+@durably.task
+def c(x):
+    out = g(x) + "c"
+    if os.environ["PHASE"] == "kill-in-c":
+        os._exit(3)
+    return out
+
+@durably.task
+def p(x):
+    out = c(x) + "p"
+    if os.environ["PHASE"] == "fail-in-p":
+        raise ConnectionError("the network went down")
+    return out
+
+@durably.entrypoint
+def main(x):
+    out = p(x)
+    if os.environ["PHASE"] == "kill-after-p":
+        os._exit(3)
+    return out
+
+if __name__ == "__main__":
+    if PHASE == "outside":
+        for task in (p, c):
+            try:
+                print(task.__name__, "served", task("a"))
+            except durably.NoActiveRunError:
+                print(task.__name__, "asks again")
+    elif PHASE == "first":
+        try:
+            main("a")
+        except durably.RunInterrupted as paused:
+            print(paused.run_id)
+    elif PHASE in ("kill-in-c", "fail-in-p"):
+        try:
+            main.resume(os.environ["RUN_ID"], "ANS!")
+        except ConnectionError:
+            pass
+    else:
+        print(main("a"))
+"""
+
+
+@pytest.mark.parametrize("path", [("fail-in-p",), ("kill-in-c", "kill-after-p")],
+                         ids=["failed", "killed-twice"])
+def test_callers_of_an_answered_step_are_never_cached(tmp_path: Path,
+                                                     path: tuple[str, ...]) -> None:
+    """p calls c calls g, which asks a person. The answer reaches c and p (their results
+    depend on it), so neither is ever cached, even when they finish in a later attempt
+    than g (replaying it from the journal): when p failed after c returned, or the run was
+    killed in c and again after p (the resume put back the queued entries)."""
+    script = write_script(tmp_path / "deep.py", ASKED_DEEP)
+    env = script_env(tmp_path / "store", PHASE="first")
+
+    def phase(name: str, code: int = 0) -> str:
+        done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == code, done.stderr
+        return done.stdout
+
+    env["RUN_ID"] = phase("first").strip()
+    for name in path:
+        phase(name, 3 if name.startswith("kill") else 0)
+    assert phase("last") == "ANS!acp\n"
+    assert phase("outside") == "p asks again\nc asks again\n"

@@ -807,9 +807,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     # from here until the caller's try (which ends the attempt), a KeyboardInterrupt must not
     # leave the lease held or this context inside a run that nobody will end
     try:
+        held = _answer_dependent(store, run_id, asked)
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)
-                _restore_cache(store, run_id, existing.attempt, asked)
+                _restore_cache(store, run_id, existing.attempt, held)
             except Exception as exc:  # noqa: BLE001 - the journal has every result
                 log.warning("durably: run %r: the cache entries its crashed attempt had "
                             "queued could not be put back (%s); its journal has their results",
@@ -817,7 +818,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name,
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
-        ctx.uncacheable.update(asked)
+        ctx.uncacheable.update(held)
         for interrupt_id, payload in questions.items():
             if interrupt_id in answers and payload is not None:
                 with contextlib.suppress(Exception):  # a payload class gone: keep the answer
@@ -902,28 +903,43 @@ def _abandon(store: Store) -> None:
         abandon()
 
 
-def _restore_cache(store: Store, run_id: str, attempt: int, asked: set[str]) -> None:
+def _answer_dependent(store: Store, run_id: str, asked: set[str]) -> set[str]:
+    """The steps of the run whose results depend on an answer to ``interrupt()``: the steps
+    that asked, and their callers up to the entrypoint, found over every attempt (a caller
+    may finish attempts after the step that asked, which it then replays)."""
+    held: set[str] = set()
+    frontier = set(asked)
+    parents_of = getattr(store, "parents_of", None)
+    everyone: dict[str, str | None] | None = None
+    while frontier:
+        held |= frontier
+        if parents_of is not None:
+            found: dict[str, str | None] = parents_of(run_id, frontier)
+        else:  # a store without the lookup: every record of the run, once
+            if everyone is None:
+                everyone = {s.step_id: s.parent_id for s in store.list_steps(run_id)}
+            found = {step: everyone.get(step) for step in frontier}
+        frontier = {up for up in found.values() if up is not None and up not in held}
+    return held
+
+
+def _restore_cache(store: Store, run_id: str, attempt: int, held: set[str]) -> None:
     """After a crash: put back the cache entries the crashed attempt had queued but not yet
     written (cheap steps batch their cache writes; the journal has every result).
 
     The attempt is the latest that executed steps: one that crashed again while it put
-    back these entries executed none (looked back at most 8 attempts). Steps that depend on
-    an answer to ``interrupt()`` (``asked``: the steps that asked, and their callers) were
-    never to be cached, and are not."""
+    back these entries executed none (looked back at most 8 attempts). Only cheap steps
+    queue their writes (a slower one wrote its entry at once), so the last ``CACHE_BATCH``
+    of those are looked at. Steps that depend on an answer to ``interrupt()`` (``held``,
+    from :func:`_answer_dependent`) were never to be cached, and are not."""
     steps: list[StepRecord] = []
     for back in range(attempt, max(attempt - 8, 0), -1):
         steps = store.list_steps(run_id, attempt=back)
         if any(s.status == "ran" for s in steps):
             break
-    parents = {s.step_id: s.parent_id for s in steps}
-    held: set[str] = set()
-    for step_id in asked:
-        up: str | None = step_id
-        while up is not None and up not in held:
-            held.add(up)
-            up = parents.get(up)
     recent = [s for s in steps
-              if s.status == "ran" and s.cache_key and s.step_id not in held][-_CACHE_BATCH:]
+              if s.status == "ran" and s.cache_key and s.step_id not in held
+              and s.ended - s.started < _WRITE_THROUGH][-_CACHE_BATCH:]
     missing = []
     for step in recent:
         if store.cache_get(step.cache_key) is None:

@@ -1210,6 +1210,28 @@ class DiskStore:
                                                                        else limit]
         return rows
 
+    def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
+        """The parent (``parent_id``) of each of these steps of the run that has a record,
+        whatever its status; found by sid (and among rows without one)."""
+        wanted = list(step_ids)
+        found: dict[str, str | None] = {}
+        with self._read_journal:
+            db = self._db()
+            for i in range(0, len(wanted), 400):
+                chunk = wanted[i:i + 400]
+                marks = ", ".join("?" * len(chunk))
+                sids = [step_sid(run_id, step) for step in chunk]
+                rows = db.execute(f"SELECT step_id, parent_id FROM steps WHERE sid IN ({marks}) "
+                                  "AND run_id=?", (*sids, run_id)).fetchall()
+                rows += db.execute(f"SELECT step_id, parent_id FROM steps WHERE sid IS NULL AND "
+                                   f"run_id=? AND step_id IN ({marks})", (run_id, *chunk)
+                                   ).fetchall()
+                asked = set(chunk)
+                for step, parent in rows:
+                    if step in asked:
+                        found.setdefault(step, parent)
+        return found
+
     def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
         """Read the next finished steps of the run in journal order (a resumed run replays
         them in that order): one query for the next 512 instead of one per step. Only small
