@@ -653,3 +653,79 @@ def test_pending_payloads_that_cannot_be_loaded_here_are_described() -> None:
                                      "0123456789abcdef", b"\x80\x04garbage")])
     found = pending_interrupts(store, run.id, run.attempt)
     assert any(isinstance(i.payload, str) and "not loadable here" in i.payload for i in found)
+
+
+def test_a_forks_answer_is_never_cached_even_in_a_caller_that_catches_a_failure() -> None:
+    """A fork answering an interrupt (update=) journals the question with the answer, so the
+    fork's steps that depend on it are known: the step that asked and its callers are
+    never cached. Here the asking step raises on "no" and its caller catches it: the
+    caller's "skipped" was cached, and served outside any run without asking."""
+
+    class Rejected(Exception):
+        pass
+
+    @task
+    def approve(doc: str) -> str:
+        if durably.interrupt({"publish?": doc}) != "yes":
+            raise Rejected(doc)
+        return doc
+
+    @task
+    def publish_or_skip(doc: str) -> str:
+        try:
+            approve(doc)
+            return "published"
+        except Rejected:
+            return "skipped"
+
+    @entrypoint
+    def flow(doc: str) -> str:
+        return publish_or_skip(doc)
+
+    with pytest.raises(durably.RunInterrupted) as paused:
+        flow("d1")
+    run_id = paused.value.run_id
+    assert flow.resume(run_id, "yes") == "published"
+    [cp] = [c for c in durably.get_run(run_id).history() if c.kind == "interrupt"]
+    assert flow.fork(run_id, at=cp.id, update="no").result == "skipped"
+    for call in (publish_or_skip, approve):
+        with pytest.raises(durably.NoActiveRunError):
+            call("d1")  # asks again (outside a run, it cannot)
+
+
+def test_a_fork_that_fails_after_its_answer_caches_no_caller_when_continued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork's answer is in its journal with its question: when the fork fails after
+    the answer and is continued, the callers finishing in that later attempt are known to
+    depend on it (they were cached, and served the fork's answer outside any run)."""
+    import os
+
+    @task
+    def ask(x: int) -> str:
+        return f"ans={durably.interrupt('go?')}/{x}"
+
+    @task
+    def mid(x: int) -> str:
+        out = ask(x) + "/mid"
+        if os.environ.get("DURABLY_TEST_FAIL_MID"):
+            raise ConnectionError("the network went down")
+        return out
+
+    @entrypoint
+    def chain(x: int) -> str:
+        return mid(x)
+
+    with pytest.raises(durably.RunInterrupted) as paused:
+        chain(7)
+    run_id = paused.value.run_id
+    assert chain.resume(run_id, "yes") == "ans=yes/7/mid"
+    [cp] = [c for c in durably.get_run(run_id).history() if c.kind == "interrupt"]
+    monkeypatch.setenv("DURABLY_TEST_FAIL_MID", "1")
+    with pytest.raises(ConnectionError):
+        chain.fork(run_id, at=cp.id, update="no")
+    monkeypatch.delenv("DURABLY_TEST_FAIL_MID")
+    [fork] = [r for r in durably.list_runs(chain) if r.id != run_id]
+    assert chain.run(7, run_id=fork.id).result == "ans=no/7/mid"
+    for call in (mid, ask):
+        with pytest.raises(durably.NoActiveRunError):
+            call(7)

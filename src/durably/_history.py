@@ -165,6 +165,12 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> s
                                       result_digest=trace_digest(update))
         copied.append((new, data))
     if target.kind == "interrupt" and update is not NO_UPDATE:
+        # the question too: the fork's steps that depend on this answer (the step that asked
+        # and its callers) are found by it, and never cached
+        q = asked.get(target.id)
+        if q is not None:
+            answers.append(EventRecord(fork_id, "interrupt", q.time, 0, q.step_id, target.id,
+                                       q.data))
         answers.append(EventRecord(fork_id, "answer", t, 0, None, target.id,
                                    _serde.dumps(update, what="the fork's answer")))
     store.put_run(RunRecord(fork_id, source.entrypoint, source.name, "forked", t, t, 0,

@@ -416,6 +416,8 @@ class Call:
         ctx = self.ctx
         if ctx is None or not isinstance(exc, Exception) or ctx.pid != _pid[0]:
             return  # (a process forked inside the run, unwinding: the run is its parent's)
+        if ctx.uncacheable and self.step_id in ctx.uncacheable and self.parent is not None:
+            ctx.uncacheable.add(self.parent)  # a caller catching it depends on the answer too
         try:
             error = f"{tries}: {exc!r}" if tries else repr(exc)
             record = self.record("failed", error[:2000])
