@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import durably
 from durably import _maintenance
 from durably import _store as store_module
-from durably._records import KeyRecord, StepRecord, row_hash, step_sid
+from durably._records import KeyRecord, StepRecord, row_hash, row_hash_sql, step_sid
 from durably._store import JOURNAL_FORMAT
 
 FAIL = {"on": False}
@@ -189,7 +189,7 @@ def test_row_hash_is_a_sqlite_integer_and_step_sid_hashes_run_slash_step(
         run_id: str, step_id: str) -> None:
     assert 0 <= row_hash(run_id) < 2**63
     assert step_sid(run_id, step_id) == row_hash(f"{run_id}/{step_id}")
-    assert store_module._row_hash_sql(run_id) == row_hash(run_id)
+    assert row_hash_sql(run_id.encode()) == row_hash_sql(run_id) == row_hash(run_id)
 
 
 def test_steps_an_older_process_writes_after_the_upgrade_are_found(

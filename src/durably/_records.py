@@ -23,8 +23,8 @@ __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES"
            "STEP_COLS",
            "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
            "Replay", "compact_replay", "discard_leftover", "garbage", "immediate", "key_row",
-           "now", "pack_replays", "row_hash", "run_row", "step_from_row", "step_row", "step_sid",
-           "unpack_replays"]
+           "now", "pack_replays", "row_hash", "row_hash_sql", "run_row", "step_from_row",
+           "step_row", "step_sid", "unpack_replays"]
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -262,10 +262,19 @@ def row_hash(text: str) -> int:
     return xxhash.xxh3_64_intdigest(text.encode()) >> 1
 
 
+def row_hash_sql(data: object) -> int | None:
+    """:func:`row_hash` as the SQL function ``durably_row_hash`` of the format 5 upgrade,
+    given the text's bytes (``CAST(... AS BLOB)``: a column that is not valid UTF-8 does not
+    fail the upgrade); NULL for NULL."""
+    if isinstance(data, bytes):
+        return xxhash.xxh3_64_intdigest(data) >> 1  # row_hash of the text these bytes encode
+    return None if data is None else row_hash(str(data))
+
+
 def step_sid(run_id: str, step_id: str) -> int:
     """The ``sid`` column of a step's rows: :func:`row_hash` of ``run_id/step_id``, which
     the ``steps_by_sid`` index finds a run's step by."""
-    return xxhash.xxh3_64_intdigest(f"{run_id}/{step_id}".encode()) >> 1
+    return row_hash(f"{run_id}/{step_id}")
 
 
 # what each column of a row must hold (a row that does not is garbage: CorruptJournalError)

@@ -40,8 +40,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from . import _serde
 from ._blobs import (
     BLOB_REF,
@@ -87,7 +85,7 @@ from ._records import (
     key_row,
     now,
     pack_replays,
-    row_hash,
+    row_hash_sql,
     run_row,
     step_from_row,
     step_row,
@@ -283,15 +281,6 @@ _second = operator.itemgetter(1)
 #: steps, about half of what an executed step took; pages written again between two
 #: checkpoints are copied once. The log is deleted when the last connection closes.
 _WAL_PAGES = 8192
-
-
-def _row_hash_sql(data: object) -> int | None:
-    """:func:`~durably._records.row_hash` as the SQL function ``durably_row_hash`` of the
-    format 5 upgrade, given the text's bytes (``CAST(... AS BLOB)``: a column that is not
-    valid UTF-8 does not fail the upgrade); NULL for NULL."""
-    if isinstance(data, bytes):
-        return xxhash.xxh3_64_intdigest(data) >> 1
-    return None if data is None else row_hash(str(data))
 
 
 def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
@@ -738,7 +727,7 @@ class DiskStore:
                     con.execute(statement)
             if 1 <= version < 3:
                 seal_old_blobs(con, key)
-            con.create_function("durably_row_hash", 1, _row_hash_sql, deterministic=True)
+            con.create_function("durably_row_hash", 1, row_hash_sql, deterministic=True)
             if "sid" not in {row[1] for row in con.execute("PRAGMA table_info(steps)")}:
                 con.execute("ALTER TABLE steps ADD COLUMN sid INTEGER")
             keyed = "kid" in {row[1] for row in con.execute("PRAGMA table_info(keys)")}
@@ -1196,19 +1185,15 @@ class DiskStore:
         with self._read_journal:
             db = self._db()
             rows = db.execute(
-                f"SELECT {columns} FROM steps WHERE sid=? AND {finished} LIMIT ?",
+                f"SELECT rowid, {columns} FROM steps WHERE sid=? AND {finished} LIMIT ?",
                 (step_sid(run_id, step_id), run_id, step_id, limit)).fetchall()
             if limit < 0 or len(rows) < limit:
                 older = db.execute(
                     f"SELECT rowid, {columns} FROM steps WHERE sid IS NULL AND {finished}",
                     (run_id, step_id)).fetchall()
                 if older:  # (rare: merged in the order they were written)
-                    hashed = db.execute(
-                        f"SELECT rowid, {columns} FROM steps WHERE sid=? AND {finished}",
-                        (step_sid(run_id, step_id), run_id, step_id)).fetchall()
-                    rows = [row[1:] for row in sorted(hashed + older)][:None if limit < 0
-                                                                       else limit]
-        return rows
+                    rows = sorted(rows + older)[:None if limit < 0 else limit]
+        return [row[1:] for row in rows]
 
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         """The parent (``parent_id``) of each of these steps of the run that has a record,
