@@ -241,6 +241,14 @@ def test_second_process_cannot_execute_a_run_in_progress(tmp_path: Path) -> None
     assert count.read_text().split() == ["0", "1", "2", "3", "4", "5"]
 
 
+def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> str:
+    """Run ``script`` with ``PHASE=name``; it must exit with ``code``: its output."""
+    done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},
+                          capture_output=True, text=True, timeout=120, cwd=script.parent)
+    assert done.returncode == code, done.stderr
+    return done.stdout
+
+
 RESTORE = """
 import os, sys, time
 import durably
@@ -315,23 +323,17 @@ def test_a_killed_attempts_cache_entries_are_put_back_but_not_an_answers(
     count = tmp_path / "count.txt"
     env = script_env(tmp_path / "store", COUNT_FILE=str(count), PHASE="first")
 
-    def phase(name: str, code: int = 0) -> str:
-        done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert done.returncode == code, done.stderr
-        return done.stdout
-
-    run_id = phase("first").split()[-1]  # the question
+    run_id = _run_phase(script, env, "first").split()[-1]  # the question
     env["RUN_ID"] = run_id
-    phase("approve", 3)  # answered, 360 steps executed, killed before the run ended
+    _run_phase(script, env, "approve", 3)  # answered, 360 steps run, killed before its end
     if killed_again:
-        phase("restore-crash", 4)
+        _run_phase(script, env, "restore-crash", 4)
     total = sum(i * i for i in range(320)) - sum(range(40))
-    assert phase("last") == f"result ({total}, 'owls [approved]')\n"
+    assert _run_phase(script, env, "last") == f"result ({total}, 'owls [approved]')\n"
     assert len(count.read_text().split("\n")) - 1 == 320  # each executed once
     # another program calling the same tasks outside any run finds every entry cached, and
     # the answer is not served from the cache: the task asks again
-    assert phase("outside") == "review asks again\n"
+    assert _run_phase(script, env, "outside") == "review asks again\n"
     assert len(count.read_text().split("\n")) - 1 == 320
 
 
@@ -399,14 +401,8 @@ def test_callers_of_an_answered_step_are_never_cached(tmp_path: Path,
     script = write_script(tmp_path / "deep.py", ASKED_DEEP)
     env = script_env(tmp_path / "store", PHASE="first")
 
-    def phase(name: str, code: int = 0) -> str:
-        done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
-        assert done.returncode == code, done.stderr
-        return done.stdout
-
-    env["RUN_ID"] = phase("first").strip()
+    env["RUN_ID"] = _run_phase(script, env, "first").strip()
     for name in path:
-        phase(name, 3 if name.startswith("kill") else 0)
-    assert phase("last") == "ANS!acp\n"
-    assert phase("outside") == "p asks again\nc asks again\n"
+        _run_phase(script, env, name, 3 if name.startswith("kill") else 0)
+    assert _run_phase(script, env, "last") == "ANS!acp\n"
+    assert _run_phase(script, env, "outside") == "p asks again\nc asks again\n"
