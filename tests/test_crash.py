@@ -241,6 +241,70 @@ def test_second_process_cannot_execute_a_run_in_progress(tmp_path: Path) -> None
     assert count.read_text().split() == ["0", "1", "2", "3", "4", "5"]
 
 
+CRASHED = """
+import os, time
+import durably
+
+@durably.task
+def step(i):
+    if i == 2 and os.environ.get("PAUSE"):
+        print("paused", flush=True)
+        time.sleep(120)
+    return i
+
+@durably.entrypoint
+def job(n):
+    return sum(step(i) for i in range(n))
+
+run = job.run(4)
+print(run.status, run.resumed_from, run.summary(), flush=True)
+"""
+
+
+def test_a_run_whose_process_died_reads_as_crashed_not_running(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    import durably
+    from durably.cli import cli
+
+    def runs(*options: str) -> str:
+        done = CliRunner().invoke(cli, ["--dir", str(store.path), "runs", *options])
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    script = write_script(tmp_path / "crashed.py", CRASHED)
+    store = durably.DiskStore(tmp_path / "store")
+    env = script_env(store.path, PAUSE="1")
+    with subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "paused"
+        (run,) = durably.list_runs(store=store)
+        assert run.status == "running"  # its process is alive, executing it
+        assert run.id in runs("--status", "running") and run.id not in runs("-s", "crashed")
+        proc.kill()
+        proc.communicate(timeout=30)
+    # the journal still says running; nobody holds the lease: the run crashed
+    assert store.find_run(run.id).status == "running"  # type: ignore[union-attr]
+    assert run.status == "crashed" and repr(run).endswith(": crashed, attempt 1>")
+    assert durably.get_run(run.id, store=store).status == "crashed"
+    assert run.id in runs("--status", "crashed") and run.id not in runs("-s", "running")
+    assert "crashed" in runs()
+    shown = CliRunner().invoke(cli, ["--dir", str(store.path), "show", run.id])
+    assert "crashed (attempt 1): the process executing it died" in shown.output
+    with pytest.raises(durably.RunStateError, match="is crashed, so it has no result"):
+        _ = run.result
+
+    env.pop("PAUSE")
+    out = run_script(script, env).stdout
+    assert out.startswith("finished crashed ")
+    assert "resumed a run whose process had died while executing it" in out
+    again = durably.get_run(run.id, store=store)
+    assert again.status == "finished"
+    assert again.graph(attempt=1).status == "crashed"  # the attempt that never ended
+    assert again.graph().status == "finished"
+
+
 def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> str:
     """Run ``script`` with ``PHASE=name``; it must exit with ``code``: its output."""
     done = subprocess.run([sys.executable, str(script)], env={**env, "PHASE": name},

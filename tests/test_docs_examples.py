@@ -146,7 +146,7 @@ def test_crash_and_resume(tmp_path: Path) -> None:
     crashed = _run(script, "--crash-after", "8", expect=-signal.SIGKILL).stdout
     assert "item  8/20 done" in crashed and "item  9/20" not in crashed
     resumed = _run(script).stdout
-    assert re.search(r"found run \S+ \(running, attempt 1\): continuing it", resumed)
+    assert re.search(r"found run \S+ \(crashed, attempt 1\): continuing it", resumed)
     assert _counts(resumed) == {"ran": 12, "replayed": 8, "cached": 0, "failed": 0}
     assert "result: 2470" in resumed and "resumed a run" in resumed
 

@@ -72,9 +72,10 @@ def test_demo_killed_halfway_continues_and_says_so(tmp_path: Path, sig: signal.S
         proc.communicate(timeout=60)
     assert proc.returncode != 0
     again = _demo(tmp_path, "--limit", "400")
-    assert "an unfinished run exists" in again.stdout
+    assert ("an unfinished run exists (" in again.stdout and
+            (", stopped)" if sig == signal.SIGINT else ", crashed)") in again.stdout)
     assert ("resumed a run that was stopped by Ctrl-C" if sig == signal.SIGINT
-            else "resumed a run that had stopped before finishing") in again.stdout
+            else "resumed a run whose process had died while executing it") in again.stdout
     counts = _counts(again.stdout)
     assert counts["replayed"] >= 250 and counts["ran"] <= 152
     assert counts["replayed"] + counts["ran"] == 402

@@ -630,3 +630,22 @@ def test_queued_cache_writes_survive_a_failed_flush(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(store, "cache_put_many", put)
     ctx.flush_cache()
     assert store.cache_get("k1") == b"v1"
+
+
+def test_a_run_executing_in_this_process_reads_as_running(store: Any) -> None:
+    seen: list[str] = []
+
+    @entrypoint
+    def job() -> int:
+        (run,) = durably.list_runs(job, store=store)
+        seen.append(run.status)
+        return 1
+
+    done = job.run()
+    assert seen == ["running"] and done.status == "finished" and done.resumed_from is None
+    store.put_run(dataclasses.replace(store.find_run(done.id), status="running"))
+    # "running" in the journal, no attempt holds the lease: crashed, and resumed as such
+    assert durably.get_run(done.id, store=store).status == "crashed"
+    again = job.run()
+    assert again.resumed_from == "crashed" and seen == ["running", "running"]
+    assert "process had died" in again.summary()

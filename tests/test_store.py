@@ -230,7 +230,9 @@ def _exclusive(store: Any, a: Any, b: Any) -> None:
 
     from durably._lease import me
 
+    assert store.run_holder("r") is None  # never leased
     assert store.acquire_run("r", a) is None
+    assert store.run_holder("r").token == a.token  # held by a live attempt
     assert store.acquire_run("r", a) is None  # the owner may take it again
     holder = store.acquire_run("r", b)
     assert holder is not None and holder.token == a.token and holder.pid == os.getpid()
@@ -238,13 +240,19 @@ def _exclusive(store: Any, a: Any, b: Any) -> None:
     store.release_run("r", b)  # not b's to release
     assert store.acquire_run("r", b) is not None
     store.release_run("r", a)
+    assert store.run_holder("r") is None
     assert store.acquire_run("r", b) is None
-    # an owner whose process is gone is taken over
+    # an owner whose process is gone is taken over, and holds nothing meanwhile
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
     ghost = dc.replace(me(), pid=int(dead.stdout), started=None)
     assert store.acquire_run("g", ghost) is None
+    assert store.run_holder("g") is None
     assert store.acquire_run("g", a) is None
+    assert store.run_holder("g").token == a.token
+    left = me()  # a lease of this process that no attempt holds: a leftover (not held)
+    assert store.acquire_run("x", left) is None
+    assert store.run_holder("x") is None
 
 
 # -- sealing with a key, temporary files -------------------------------------------------------

@@ -27,16 +27,18 @@ class Run(Generic[R]):
         id: The run id.
         entrypoint: Identity of the entrypoint (``module:name``).
         name: The entrypoint's name.
-        status: ``"running"`` (executing now, or crashed and waiting to be resumed),
-            ``"finished"``, ``"failed"``, ``"interrupted"`` (waiting at ``interrupt()``
-            for ``resume``), ``"stopped"`` (Ctrl-C, or the consumer of ``stream()`` stopped
-            it; call again to resume) or ``"forked"`` (made by ``fork``, not executed yet).
+        status: ``"running"`` (a process is executing it now), ``"crashed"`` (its process
+            died while executing it: call again to resume), ``"finished"``, ``"failed"``,
+            ``"interrupted"`` (waiting at ``interrupt()`` for ``resume``), ``"stopped"``
+            (Ctrl-C, or the consumer of ``stream()`` stopped it; call again to resume) or
+            ``"forked"`` (made by ``fork``, not executed yet). ``"crashed"`` is read from
+            the run's lease each time: the journal says ``"running"`` until it is resumed.
         attempt: How many times the run was executed (1, then 2 after one resume, ...).
         created: When the run was first started, seconds since the epoch.
         updated: When its record last changed, seconds since the epoch.
         error: ``repr`` of the exception that failed the run, else None.
         resumed_from: For a run handle returned by ``Entrypoint.run``: the status the run had
-            before this attempt (``"running"`` after a crash, ``"stopped"`` after Ctrl-C,
+            before this attempt (``"crashed"`` after a crash, ``"stopped"`` after Ctrl-C,
             ``"failed"``, ``"finished"`` for a rerun), or None for a new run.
         wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
 
@@ -70,7 +72,16 @@ class Run(Generic[R]):
     id = property(lambda self: self._record.run_id, doc="The run id.")
     entrypoint = property(lambda self: self._record.entrypoint)
     name = property(lambda self: self._record.name)
-    status = property(lambda self: self._record.status)
+
+    @property
+    def status(self) -> str:
+        """The run's status (see the class's attributes); ``"crashed"`` for a run the journal
+        says is running when no live process holds its lease."""
+        status = self._record.status
+        if status == "running" and not executing(self._store, self.id):
+            return "crashed"
+        return status
+
     attempt = property(lambda self: self._record.attempt)
     created = property(lambda self: self._record.created)
     updated = property(lambda self: self._record.updated)
@@ -89,7 +100,7 @@ class Run(Generic[R]):
         rec = self._record
         if rec.status != "finished":
             raise RunStateError(
-                f"run {rec.run_id!r} is {rec.status}, so it has no result"
+                f"run {rec.run_id!r} is {self.status}, so it has no result"
                 + (f" (error: {rec.error})" if rec.error else "")
                 + ". Fix: rerun the entrypoint with the same arguments to resume it."
             )
@@ -184,8 +195,10 @@ class Run(Generic[R]):
                                 f"{attempt!r}")
         ends = [e for e in self._store.list_events(self.id)
                 if e.attempt == attempt and e.kind.startswith("run_")]
-        # an earlier attempt's status is how it ended; the latest one's is the run's status
-        status = rec.status if latest or len(ends) < 2 else ends[-1].kind[4:]
+        # an earlier attempt's status is how it ended (one that started and never ended:
+        # its process died); the latest one's is the run's status
+        status = (self.status if latest else ends[-1].kind[4:] if len(ends) >= 2
+                  else "crashed" if ends else rec.status)
         graph = build_graph(rec.run_id, rec.name, status, attempt,
                             self._store.list_steps(self.id), collapse)
         if len(ends) >= 2:
@@ -277,6 +290,9 @@ class Run(Generic[R]):
         elif self.resumed_from == "stopped":
             text += (" (resumed a run that was stopped by Ctrl-C or a closed stream: its "
                      "finished steps were replayed)")
+        elif self.resumed_from == "crashed":
+            text += (" (resumed a run whose process had died while executing it: its "
+                     "finished steps were replayed)")
         elif self.resumed_from == "failed":
             text += " (resumed a run that had failed: its finished steps were replayed)"
         elif self.resumed_from is not None:
@@ -292,6 +308,12 @@ class Run(Generic[R]):
             self._result = _UNSET
             self._pending = None
         return self
+
+
+def executing(store: Store, run_id: str) -> bool:
+    """Whether a live process holds the run's lease (a store that cannot tell: True)."""
+    holder = getattr(store, "run_holder", None)
+    return holder is None or holder(run_id) is not None
 
 
 def _store_of(store: Store | None) -> Store:

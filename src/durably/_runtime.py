@@ -783,7 +783,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                     args=stored_args,
                 )
                 store.put_run(record)
-                resumed_from = existing.status if existing else None
+                # a record still "running" whose lease this process could take: its
+                # process died while executing it
+                resumed_from = None if existing is None else (
+                    "crashed" if existing.status == "running" else existing.status)
                 answers: dict[str, bytes] = {}
                 asked: set[str] = set()
                 questions: dict[str, bytes | None] = {}

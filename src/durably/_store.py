@@ -1110,6 +1110,21 @@ class DiskStore:
                        (run_id, owner.host, owner.pid, owner.started, owner.token, time.time()))
         return None
 
+    def run_holder(self, run_id: str) -> Owner | None:
+        """The owner of the run's lease if it is alive (the run is executing now), else
+        None: no lease (the run is not executing), or one its process left behind when it
+        died (on another host: not renewed for ``LEASE_SECONDS``)."""
+        row = self._query_one("SELECT host, pid, started, token, heartbeat FROM leases "
+                              "WHERE run_id=?", (run_id,))
+        if row is None:
+            return None
+        holder = Owner(*row)
+        try:
+            alive = holder.alive(time.time())
+        except (TypeError, ValueError, OverflowError):  # a damaged lease row: taken over
+            return None
+        return holder if alive and holder.token not in self._unreleased else None
+
     def renew_run(self, run_id: str, owner: Owner) -> None:
         with self._write_journal:
             self._db().execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",

@@ -70,7 +70,7 @@ __all__ = ["cli", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STATUSES = ("running", "finished", "failed", "interrupted", "stopped", "forked")
+STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
 _FORMATS = {"mermaid": "mermaid", "mmd": "mermaid", "dot": "dot", "svg": "svg", "html": "html"}
 _EXIT_INTERRUPTED = 3
 _EXIT_CTRL_C = 130
@@ -414,7 +414,9 @@ def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: b
     rows = [
         ("run", run.id),
         ("entrypoint", run.entrypoint),
-        ("status", f"{run.status} (attempt {run.attempt})"),
+        ("status", f"{run.status} (attempt {run.attempt})" + (
+            ": the process executing it died; call the entrypoint again with the same "
+            "arguments to resume it" if run.status == "crashed" else "")),
         ("created", _when(run.created)),
         ("updated", _when(run.updated)),
         ("steps", f"{sum(counts.values()):,} — {counts['ran']:,} ran, {counts['cached']:,} "

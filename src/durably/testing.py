@@ -91,6 +91,13 @@ class MemoryStore:
             self._leases[run_id] = owner
         return None
 
+    def run_holder(self, run_id: str) -> Owner | None:
+        """The owner of the run's lease if it is alive, else None (as
+        :meth:`DiskStore.run_holder <durably.DiskStore.run_holder>`)."""
+        with self._lock:
+            holder = self._leases.get(run_id)
+        return holder if holder is not None and holder.alive(time.time()) else None
+
     def renew_run(self, run_id: str, owner: Owner) -> None:
         pass  # a memory store lives in one process: its owners are alive while it is
 
