@@ -342,8 +342,8 @@ def slow(i):
 @durably.entrypoint
 def job(n):
     verdict = review("owls")
-    total = sum(sq(i) for i in range(n))  # 320: the last 20 queued
-    total += sum(slow(i) for i in range(40))
+    total = sum(slow(i) for i in range(40))
+    total += sum(sq(i) for i in range(n))  # 320: the last 20 queued
     if PHASE == "approve":
         os._exit(3)  # killed: the run's queued cache writes are lost
     return total, verdict
@@ -377,10 +377,10 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("killed_again", [False, True], ids=["resumed", "killed-again"])
 def test_a_killed_attempts_cache_entries_are_put_back_but_not_an_answers(
         tmp_path: Path, killed_again: bool) -> None:
-    """A killed attempt's queued cache writes are put back by the next resume, even when
-    slower steps (which wrote their entries at once) came after them (they took the places
-    of queued ones in the steps looked at). When that resume is killed as it puts them
-    back, the one after puts them back (it looked only at the attempt before it, which
+    """A killed attempt's queued cache writes are put back by the next resume, and only
+    those (slower steps wrote their entries at once; a slow step also writes the queued
+    ones before it executes, so they come last here). When that resume is killed as it
+    puts them back, the one after puts them back (it looked only at the attempt before it, which
     executed nothing). A step that depends on an answer to interrupt() is never put in the
     cache, by a resume either (it was)."""
     script = write_script(tmp_path / "restore.py", RESTORE)

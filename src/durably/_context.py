@@ -223,6 +223,11 @@ class RunContext:
         if full:
             self.flush_cache()
 
+    @property
+    def queued_cache(self) -> bool:
+        """Whether cache writes are queued (:meth:`cache_later`)."""
+        return bool(self._cache_writes)
+
     def pending_cache(self, key: str) -> bytes | None:
         """A queued cache write for this key, if any (so the run sees its own results)."""
         found = self._cache_writes.get(key)

@@ -93,6 +93,7 @@ class Spec:
         "raw",
         "retry",
         "signature",
+        "slow",
         "store",
         "timeout",
         "version",
@@ -168,6 +169,9 @@ class Spec:
         self.retry = to_retry(retry, self.name)
         self.timeout = check_timeout(timeout, self.name)
         self._fingerprint: Fingerprint | None = None
+        #: whether the body's last execution in this process wrote its cache entry at once
+        #: (it took _WRITE_THROUGH or more), or it never executed here
+        self.slow = True
         self._prepend_instance = not isinstance(func, staticmethod)
         # a fast binder for the common signature: no *args, **kwargs or positional-only
         params = list(signature.parameters.values())
@@ -464,9 +468,10 @@ class Call:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:
                 ctx.uncacheable.add(self.parent)
+        slow = spec.slow = record.ended - record.started >= _WRITE_THROUGH
         if cacheable:
             info = spec.key_record(self.key, self.inputs, self.code or None)
-            if record.ended - record.started >= _WRITE_THROUGH:
+            if slow:
                 self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
                 ctx.cache_later(self.key, data, info)
@@ -555,6 +560,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         return value, _SERVED
     if call is None:
         call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
+    if spec.slow and ctx.queued_cache:
+        _write_queued(ctx)
     if spec.cache:
         data = ctx.pending_cache(key) if ctx.read_cache else None
         if data is None and ctx.read_cache:
@@ -571,6 +578,19 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     else:
         call.trace_inputs(arguments)
     return _MISS, call
+
+
+def _write_queued(ctx: RunContext) -> None:
+    """Before a step that may be slow (its last execution was, or it never executed here)
+    looks for its result: write the cache entries cheap steps queued, so that other
+    processes see them while it executes instead of after it (the queue's time limit is
+    only looked at when a cheap step queues an entry). A failure leaves them queued: the
+    attempt's end writes them, or says why it cannot."""
+    try:
+        ctx.flush_cache()
+    except Exception as exc:  # noqa: BLE001 - the journal has them; the end retries
+        log.debug("durably: run %r: queued cache entries not written yet: %s", ctx.run_id,
+                  exc)
 
 
 def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
