@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -303,6 +304,126 @@ def test_a_run_whose_process_died_reads_as_crashed_not_running(tmp_path: Path) -
     assert again.status == "finished"
     assert again.graph(attempt=1).status == "crashed"  # the attempt that never ended
     assert again.graph().status == "finished"
+
+
+LEASED = """
+import os, time
+import durably
+from durably import _lease
+
+_lease.RENEW_SECONDS = float(os.environ.get("RENEW", "30"))
+
+@durably.task
+def step(i):
+    if i == 1 and os.environ.get("PAUSE"):
+        print("paused", flush=True)
+        time.sleep(float(os.environ["PAUSE"]))
+    return i
+
+@durably.entrypoint
+def job(n):
+    return sum(step(i) for i in range(n))
+
+try:
+    print("result", job(3), flush=True)
+except durably.RunStateError as exc:
+    print("busy:", exc, flush=True)
+"""
+
+
+def _paused(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "paused":
+        proc.kill()
+        pytest.fail(f"expected 'paused', got {line!r}: {proc.communicate()[1]}")
+    return proc
+
+
+def test_a_long_step_keeps_the_runs_lease_alive(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease is renewed while a step's body executes, not only between steps: seen
+    from another host (judged by its heartbeat alone), a run inside a step longer than the
+    lease's life still executes, and is never taken over."""
+    import dataclasses
+    import time
+
+    import durably
+    from durably import _lease
+
+    script = write_script(tmp_path / "leased.py", LEASED)
+    store = durably.DiskStore(tmp_path / "store")
+    env = script_env(store.path, PAUSE="4", RENEW="0.2")
+    # this process stands for another machine sharing the store; leases live 1 s
+    monkeypatch.setattr(_lease, "_ME", dataclasses.replace(_lease._ME, host="elsewhere"))
+    monkeypatch.setattr(_lease, "LEASE_SECONDS", 1.0)
+    with _paused([sys.executable, str(script)], env) as proc:
+        (run,) = durably.list_runs(store=store)
+        first = store.run_holder(run.id)
+        assert first is not None
+        time.sleep(2.0)  # twice the lease's life, inside the step
+        holder = store.run_holder(run.id)
+        assert holder is not None and holder.heartbeat > first.heartbeat
+        assert run.status == "running"
+        out, err = proc.communicate(timeout=60)
+    assert out.strip() == "result 3", err
+
+
+def test_a_killed_process_not_yet_reaped_holds_no_lease(tmp_path: Path) -> None:
+    """A process killed but not yet waited for by its parent (a zombie) still answers
+    os.kill(pid, 0): its run reads crashed, and can be resumed."""
+    import time
+
+    import durably
+
+    script = write_script(tmp_path / "leased.py", LEASED)
+    store = durably.DiskStore(tmp_path / "store")
+    with _paused([sys.executable, str(script)], script_env(store.path, PAUSE="60")) as proc:
+        (run,) = durably.list_runs(store=store)
+        assert run.status == "running"
+        os.kill(proc.pid, signal.SIGKILL)
+        stat = Path(f"/proc/{proc.pid}/stat")
+        deadline = time.monotonic() + 30
+        while stat.read_bytes().rpartition(b")")[2].split()[0] != b"Z":
+            assert time.monotonic() < deadline, "the killed process never became a zombie"
+            time.sleep(0.01)
+        assert run.status == "crashed"
+        assert run_script(script, script_env(store.path)).stdout.strip() == "result 3"
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a pid namespace needs root and unshare(1)")
+def test_a_run_in_another_pid_namespace_is_not_judged_by_our_pids(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container with its own pids but the host's name (host networking) shares the
+    store: its lease names pid 1, which here is another process. Its run reads running
+    while it executes (not crashed), a second process cannot take it over, and once it is
+    killed its heartbeat stops and the run reads crashed."""
+    import time
+
+    import durably
+    from durably import _lease
+
+    script = write_script(tmp_path / "leased.py", LEASED)
+    store = durably.DiskStore(tmp_path / "store")
+    monkeypatch.setattr(_lease, "LEASE_SECONDS", 1.0)
+    env = script_env(store.path, PAUSE="60", RENEW="0.2")
+    args = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+            sys.executable, str(script)]
+    with _paused(args, env) as proc:
+        (run,) = durably.list_runs(store=store)
+        holder = store.run_holder(run.id)
+        assert holder is not None and holder.pid == 1 and "pid namespace" in holder.host
+        assert run.status == "running"
+        env.pop("PAUSE")
+        assert "busy:" in run_script(script, env).stdout
+        proc.kill()
+        proc.communicate(timeout=30)
+    time.sleep(1.5)  # the lease's life, without a heartbeat
+    assert run.status == "crashed"
 
 
 def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> str:

@@ -634,21 +634,59 @@ def test_queued_cache_writes_survive_a_failed_flush(monkeypatch: pytest.MonkeyPa
 
 def test_a_run_executing_in_this_process_reads_as_running(store: Any) -> None:
     seen: list[str] = []
+    handles: list[durably.Run[int]] = []
 
     @entrypoint
     def job() -> int:
         (run,) = durably.list_runs(job, store=store)
         seen.append(run.status)
+        handles.append(run)
         return 1
 
     done = job.run()
     assert seen == ["running"] and done.status == "finished" and done.resumed_from is None
+    assert handles[0].status == "finished"  # read while running: read again, not "crashed"
     store.put_run(dataclasses.replace(store.find_run(done.id), status="running"))
     # "running" in the journal, no attempt holds the lease: crashed, and resumed as such
     assert durably.get_run(done.id, store=store).status == "crashed"
     again = job.run()
     assert again.resumed_from == "crashed" and seen == ["running", "running"]
     assert "process had died" in again.summary()
+    starts = [e.status for e in again.events() if e.kind == "run_started"]
+    assert starts == ["new", "crashed"]  # as the live stream said
+
+
+def test_a_run_between_attempts_never_reads_as_crashed(store: Any) -> None:
+    """Its attempts end (the final status written, the lease released) and begin while it
+    is read from another thread: a handle read before must never say "crashed"."""
+    stop = threading.Event()
+    bad: list[str] = []
+
+    @task
+    def one(i: int) -> int:
+        return i
+
+    @entrypoint
+    def job() -> int:
+        return one(1)
+
+    run_id = job.run().id
+
+    def watch() -> None:
+        while not stop.is_set():
+            run = durably.get_run(run_id, store=store)
+            if run.status == "crashed":
+                bad.append(f"attempt {run.attempt}")
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(300):
+            job.run()
+    finally:
+        stop.set()
+        watcher.join()
+    assert bad == []
 
 
 def test_cheap_steps_cache_entries_are_written_before_a_slow_step_executes(

@@ -8,11 +8,16 @@ for :data:`LEASE_SECONDS` — is taken over, so a crashed run can always be resu
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "hold", "let_go", "me"]
+__all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "beat", "hold", "let_go", "me"]
+
+log = logging.getLogger("durably")
 
 #: a lease held from another host expires when not renewed for this many seconds
 LEASE_SECONDS = 120.0
@@ -20,14 +25,36 @@ LEASE_SECONDS = 120.0
 RENEW_SECONDS = 30.0
 
 
-def _start_ticks(pid: int) -> int | None:
-    """When a process started (Linux: clock ticks since boot), to tell a reused pid apart."""
+def _proc_stat(pid: int) -> tuple[bytes, int] | None:
+    """A process's state letter and when it started (Linux: clock ticks since boot, to tell
+    a reused pid apart), or None where /proc cannot tell."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data.rpartition(b")")[2].split()[19])
+            fields = f.read().rpartition(b")")[2].split()
+        return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    found = _proc_stat(pid)
+    return None if found is None else found[1]
+
+
+#: the pid namespace of the first process (the kernel's PROC_PID_INIT_INO)
+_INIT_PID_NAMESPACE = 0xEFFFFFFC
+
+
+def _machine() -> str:
+    """Where a pid means this process's pids: the host name, and the pid namespace when it
+    is not the host's (a container sharing the host's name, with its own pids): a lease of
+    another namespace is judged by its heartbeat, as one of another host."""
+    name = socket.gethostname()
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return name
+    return name if namespace == _INIT_PID_NAMESPACE else f"{name} (pid namespace {namespace})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +69,7 @@ class Owner:
 
     def alive(self, now: float) -> bool:
         """Whether the owner may still be executing the run."""
-        if self.host != socket.gethostname():
+        if self.host != _ME.host:
             return now - self.heartbeat < LEASE_SECONDS
         if self.pid == os.getpid():
             # this process: alive while another thread (or a stream) executes the run; a
@@ -54,14 +81,19 @@ class Owner:
             return False
         except PermissionError:
             pass  # exists, owned by another user
-        ticks = _start_ticks(self.pid)
-        return ticks is None or self.started is None or ticks == self.started
+        found = _proc_stat(self.pid)
+        if found is None:
+            return True
+        state, ticks = found
+        if state in (b"Z", b"X"):
+            return False  # killed, not yet reaped by its parent
+        return self.started is None or ticks == self.started
 
     def describe(self) -> str:
         return f"process {self.pid} on {self.host}"
 
 
-_ME = Owner(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), "")
+_ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), "")
 
 
 #: tokens of the attempts this process is executing now (see :func:`hold`)
@@ -75,13 +107,63 @@ def hold(owner: Owner) -> None:
 
 
 def let_go(owner: Owner) -> None:
-    """The attempt of ``owner`` ended (its lease released, or left behind)."""
+    """The attempt of ``owner`` ended (its lease released, or left behind): its lease is
+    no longer renewed."""
     _LIVE.discard(owner.token)
+    with _beat_lock:
+        _BEATING.pop(owner.token, None)
+
+
+#: the leases this process renews in the background, by owner token (see :func:`beat`)
+_BEATING: dict[str, Callable[[], None]] = {}
+_beat_lock = threading.Lock()
+_beater: list[threading.Thread | None] = [None]
+
+
+def beat(owner: Owner, renew: Callable[[], None]) -> None:
+    """Renew ``owner``'s lease (``renew()``) every ``RENEW_SECONDS`` from a background
+    thread until :func:`let_go`: a step's body may run for hours, and a lease renewed only
+    between steps would expire, letting a process of another host take the run over while
+    it executes. A failed renewal is logged (debug) and tried again next time."""
+    with _beat_lock:
+        _BEATING[owner.token] = renew
+        thread = _beater[0]
+        if thread is not None and thread.is_alive():
+            return
+        thread = threading.Thread(target=_beat_loop, name="durably-lease", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no new thread (the interpreter is shutting down)
+            return
+        _beater[0] = thread
+
+
+def _beat_loop() -> None:
+    while True:
+        time.sleep(RENEW_SECONDS)
+        with _beat_lock:
+            renewals = list(_BEATING.values())
+        for renew in renewals:
+            try:
+                renew()
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.debug("durably: a run's lease was not renewed: %s", exc)
+
+
+def _forget_beats() -> None:
+    """In a forked child: its parent's leases are not its own, nor is its thread."""
+    global _beat_lock
+    _beat_lock = threading.Lock()  # (the parent's may have been held at the fork)
+    _BEATING.clear()
+    _beater[0] = None
+
+
+os.register_at_fork(after_in_child=_forget_beats)
 
 
 def me() -> Owner:
     """A fresh owner token for this process (recomputed after a fork)."""
     global _ME
     if _ME.pid != os.getpid():
-        _ME = Owner(socket.gethostname(), os.getpid(), _start_ticks(os.getpid()), "")
+        _ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), "")
     return Owner(_ME.host, _ME.pid, _ME.started, os.urandom(16).hex(), time.time())

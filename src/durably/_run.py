@@ -76,11 +76,27 @@ class Run(Generic[R]):
     @property
     def status(self) -> str:
         """The run's status (see the class's attributes); ``"crashed"`` for a run the journal
-        says is running when no live process holds its lease."""
-        status = self._record.status
-        if status == "running" and not executing(self._store, self.id):
+        says is running when no live process holds its lease.
+
+        A handle read while its run was running reads the record again when the run holds
+        no lease any more: it reports how that attempt ended, not a crash."""
+        rec = self._record
+        for _ in range(8):
+            if rec.status != "running" or executing(self._store, self.id):
+                return rec.status
+            # no live lease: a crash, or the attempt ended (or another began) since the
+            # record was read; the lease and the record change together, so a record
+            # unchanged across the lease's check was running without a live process
+            again = self._store.find_run(self.id)
+            if again is None:
+                return "crashed"
+            if (again.status, again.attempt, again.updated) != (rec.status, rec.attempt,
+                                                                rec.updated):
+                self._record, self._result, self._pending = again, _UNSET, None
+                rec = again
+                continue
             return "crashed"
-        return status
+        return rec.status  # (a run starting and ending attempts faster than it is read)
 
     attempt = property(lambda self: self._record.attempt)
     created = property(lambda self: self._record.created)

@@ -38,7 +38,7 @@ from ._context import LARGE_ROW, RunContext, StopRun, current_run, current_step,
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
-from ._lease import hold, let_go, me
+from ._lease import beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
@@ -820,7 +820,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                                 asked.add(e.step_id)
                 store.append_events([EventRecord(
                     run_id, "run_started", t, record.attempt,
-                    data=_serde.dumps({"status": existing.status if existing else "new"},
+                    data=_serde.dumps({"status": resumed_from or "new"},
                                       what="a run event"))])
             except BaseException:
                 store.release_run(run_id, owner)  # never leave a lease behind
@@ -832,6 +832,9 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     # from here until the caller's try (which ends the attempt), a KeyboardInterrupt must not
     # leave the lease held or this context inside a run that nobody will end
     try:
+        # renewed while the attempt executes, even inside a step's body (until let_go)
+        beat(owner, functools.partial(getattr(store, "renew_run_apart", store.renew_run),
+                                      run_id, owner))
         held = _answer_dependent(store, run_id, asked)
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)

@@ -1130,6 +1130,18 @@ class DiskStore:
             self._db().execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
                                (time.time(), run_id, owner.token))
 
+    def renew_run_apart(self, run_id: str, owner: Owner) -> None:
+        """:meth:`renew_run` from a thread that does nothing else (the lease's heartbeat),
+        on a connection opened for it and closed after: no connection of that thread stays
+        open (the journal's write-ahead log is removed when the last one closes)."""
+        try:
+            self.renew_run(run_id, owner)
+        finally:
+            con = getattr(self._local, "con", None)
+            if con is not None:
+                self._local.con = None
+                con.close()
+
     def release_run(self, run_id: str, owner: Owner) -> None:
         try:
             with self._write_journal:

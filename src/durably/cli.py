@@ -252,10 +252,10 @@ def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, ensure_ascii=True, default=str))
 
 
-def _run_fields(run: durably.Run[Any]) -> dict[str, Any]:
+def _run_fields(run: durably.Run[Any], status: str | None = None) -> dict[str, Any]:
     return {"id": run.id, "entrypoint": run.entrypoint, "name": run.name,
-            "status": run.status, "attempt": run.attempt, "created": run.created,
-            "updated": run.updated, "error": run.error}
+            "status": run.status if status is None else status, "attempt": run.attempt,
+            "created": run.created, "updated": run.updated, "error": run.error}
 
 
 def _step_fields(s: durably.StepRecord) -> dict[str, Any]:
@@ -269,9 +269,10 @@ def _interrupt_fields(i: durably.Interrupt) -> dict[str, Any]:
     return {"id": i.id, "task": i.task, "step_id": i.step_id, "payload": _jsonable(i.payload)}
 
 
-def _result(run: durably.Run[Any]) -> tuple[Any, str | None]:
-    """The run's result and None, or None and why it cannot be read."""
-    if run.status != "finished":
+def _result(run: durably.Run[Any], status: str) -> tuple[Any, str | None]:
+    """The run's result and None, or None and why it cannot be read (``status``: the
+    run's, as read once)."""
+    if status != "finished":
         return None, None
     try:
         return run.result, None
@@ -351,14 +352,14 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
     if status is not None and status not in STATUSES:
         _fail(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
     store = _store(ctx)
-    found = durably.list_runs(entrypoint, store=store)
-    if status is not None:
-        found = [r for r in found if r.status == status]
+    runs = durably.list_runs(entrypoint, store=store)
+    statuses = [r.status for r in runs]  # (read once: a running run's may change meanwhile)
+    found = [(r, s) for r, s in zip(runs, statuses, strict=True) if status in (None, s)]
     total = len(found)
     if limit:
         found = found[:limit]
     if as_json:
-        _echo_json([_run_fields(r) for r in found])
+        _echo_json([_run_fields(r, s) for r, s in found])
         return
     if not found:
         what = " ".join(filter(None, [status, "runs" if not entrypoint else
@@ -366,8 +367,8 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
         click.echo(f"no {what} in the store at {store.path}")
         return
     click.echo(_table(("RUN", "ENTRYPOINT", "STATUS", "ATTEMPT", "UPDATED"),
-                      [(r.id, r.entrypoint, r.status, str(r.attempt), _when(r.updated))
-                       for r in found], right=(3,)))
+                      [(r.id, r.entrypoint, s, str(r.attempt), _when(r.updated))
+                       for r, s in found], right=(3,)))
     if total > len(found):
         click.echo(f"({len(found)} of {total} runs; --limit 0 lists all)")
 
@@ -397,12 +398,13 @@ def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: b
     """Show a run: its status and its steps, with durations and cache hits."""
     store = _store(ctx)
     run = _find_run(store, run_id)
+    status = run.status  # (first, and once: it may read the record again)
     steps = run.records() if all_attempts else run.steps
     counts = run.counts()
     pending = run.interrupts
-    result, result_error = _result(run)
+    result, result_error = _result(run, status)
     if as_json:
-        data = _run_fields(run)
+        data = _run_fields(run, status)
         data.update(counts=counts, interrupts=[_interrupt_fields(i) for i in pending],
                     result=_jsonable(result), result_error=result_error,
                     steps=[_step_fields(s) for s in steps])
@@ -414,9 +416,9 @@ def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: b
     rows = [
         ("run", run.id),
         ("entrypoint", run.entrypoint),
-        ("status", f"{run.status} (attempt {run.attempt})" + (
+        ("status", f"{status} (attempt {run.attempt})" + (
             ": the process executing it died; call the entrypoint again with the same "
-            "arguments to resume it" if run.status == "crashed" else "")),
+            "arguments to resume it" if status == "crashed" else "")),
         ("created", _when(run.created)),
         ("updated", _when(run.updated)),
         ("steps", f"{sum(counts.values()):,} — {counts['ran']:,} ran, {counts['cached']:,} "
@@ -427,7 +429,7 @@ def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: b
         rows.append(("error", _clip(run.error, 200)))
     if result_error:
         rows.append(("result", f"(not readable here: {_clip(result_error, 160)})"))
-    elif run.status == "finished":
+    elif status == "finished":
         rows.append(("result", _short(result, 200)))
     click.echo(_fields(rows))
     if pending:
@@ -630,7 +632,7 @@ def fork_command(ctx: click.Context, run_id: str, at: str | None, update: str | 
     click.echo(f"forked run {run.id!r}{where} into run {forked.id!r}")
     if forked.status == "interrupted":
         _paused(store, forked.id)
-    _finished(forked, _result(forked)[0])
+    _finished(forked, _result(forked, forked.status)[0])
 
 
 @cli.command("explain", context_settings={"ignore_unknown_options": True})
