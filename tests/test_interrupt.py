@@ -377,6 +377,48 @@ def test_fork_with_an_update_replaces_the_checkpoint_result() -> None:
     assert fork.result == "DULL ESSAY FROM BETTER NOTES"
 
 
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_fork_whose_updated_task_changed_warns_that_the_update_is_unused(
+        is_async: bool) -> None:
+    import warnings
+
+    tone = "plain"
+
+    @task
+    def research(topic: str) -> str:
+        return f"{tone} notes on {topic}"
+
+    @task
+    def write(notes: str) -> str:
+        return notes.upper()
+
+    if is_async:
+        @entrypoint
+        async def blog(topic: str) -> str:
+            return write(research(topic))
+    else:
+        @entrypoint  # type: ignore[no-redef]
+        def blog(topic: str) -> str:
+            return write(research(topic))
+
+    def fork(source: str, at: str) -> Any:
+        made = blog.fork(source, at=at, update="my notes")
+        return asyncio.run(made) if is_async else made
+
+    source = blog.run("owls")
+    source = asyncio.run(source) if is_async else source
+    at = source.history()[-1].id  # research's result
+    tone = "vivid"  # research's code changed (a closure's value is part of it)
+    with pytest.warns(UserWarning, match=r"update given for checkpoint \w+ \(task '.*research'"
+                                         r"\) was not used: .* another cache key"):
+        changed = fork(source.id, at)
+    assert changed.result == "VIVID NOTES ON OWLS"  # what the fork did instead
+    tone = "plain"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same code: the update is used, no warning
+        assert fork(source.id, at).result == "MY NOTES"
+
+
 def test_fork_at_an_interrupt_uses_the_new_answer() -> None:
     @task
     def decide(options: list[str]) -> Any:

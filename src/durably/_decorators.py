@@ -16,6 +16,7 @@ import importlib
 import pickle
 import queue
 import threading
+import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
@@ -26,7 +27,7 @@ from . import _serde
 from ._config import default_store
 from ._context import StopRun, live_run
 from ._explain import Explanation, explain
-from ._history import NO_UPDATE, make_fork
+from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run
@@ -708,8 +709,35 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             raise DefinitionError(f"fork(cache=...) must be True or False, not {cache!r}")
         store, rec, args, kwargs = self._self_stored_call(run_id, "fork", store)
         fork_id = make_fork(store, rec, at, update)
-        runner = self._self_arun if self._self_spec.is_async else self._self_srun
-        return runner(wrapped, instance, args, kwargs, fork_id, False, True, None, cache, store)
+        if self._self_spec.is_async:
+            coro = self._self_arun(wrapped, instance, args, kwargs, fork_id, False, True, None,
+                                   cache, store)
+            if update is NO_UPDATE:
+                return coro
+
+            async def checked() -> Any:
+                try:
+                    return await coro
+                finally:
+                    _warn_unused_update(store, fork_id)
+            return checked()
+        try:
+            return self._self_srun(wrapped, instance, args, kwargs, fork_id, False, True, None,
+                                   cache, store)
+        finally:
+            if update is not NO_UPDATE:
+                _warn_unused_update(store, fork_id)
+
+
+def _warn_unused_update(store: Store, fork_id: str) -> None:
+    """Warn when a fork's first attempt did not use the update given for its checkpoint
+    (:func:`~durably._history.unused_update`); a store that cannot be read says nothing."""
+    try:
+        why = unused_update(store, fork_id)
+    except Exception:  # noqa: BLE001 - a diagnostic: never replaces the run's outcome
+        return
+    if why is not None:
+        warnings.warn(why, stacklevel=4)
 
 
 _ENTRYPOINTS: weakref.WeakValueDictionary[str, Entrypoint[Any, Any]] = (

@@ -19,7 +19,7 @@ from ._store import EventRecord, RunRecord, StepRecord, Store, now
 from ._tracer import short_repr
 from .exceptions import NotFoundError, RunStateError
 
-__all__ = ["Checkpoint", "checkpoints", "find_checkpoint", "make_fork"]
+__all__ = ["Checkpoint", "checkpoints", "find_checkpoint", "make_fork", "unused_update"]
 
 NO_UPDATE: Any = object()
 
@@ -179,3 +179,32 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> s
     store.append_events([*answers, EventRecord(fork_id, "forked", t, 0, None,
                                                f"{source.run_id}@{target.id}")])
     return fork_id
+
+
+def unused_update(store: Store, fork_id: str) -> str | None:
+    """After a fork's first attempt: why the update given for its checkpoint step was not
+    used, or None (it was replayed, no step was updated, or the attempt ended before it).
+
+    The updated result is journaled under the step's identity, which comes from its cache
+    key: when the task's code (or its inputs) changed since the source run, today's call of
+    it has another identity, executes, and the update is never read."""
+    forked = store.list_events(fork_id, ("forked",))
+    if not forked:
+        return None
+    source, _, target = forked[0].key.rpartition("@")
+    copied = {s.step_id: s for s in store.list_steps(fork_id, attempt=0)}
+    updated = copied.get(target)
+    if updated is None:
+        return None  # an interrupt checkpoint (answered), or a graph's
+    steps = store.list_steps(fork_id, attempt=1)
+    if any(s.step_id == target for s in steps):
+        return None
+    if not any(s.task == updated.task and s.status in ("ran", "cached")
+               and s.step_id not in copied for s in steps):
+        return None  # it did not get there (yet)
+    return (f"durably: fork {fork_id!r}: the update given for checkpoint {target[:12]} "
+            f"(task {updated.task!r}) was not used: that call of {updated.task!r} has "
+            f"another cache key than in run {source!r} (its code or its inputs changed "
+            "since), so it executed again instead. Fix: fork with the code the run had, or "
+            f"give {updated.task!r} an explicit @task(version=...) (kept across edits), or "
+            f"fork at a later checkpoint.")
