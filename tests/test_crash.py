@@ -389,7 +389,10 @@ def test_a_killed_process_not_yet_reaped_holds_no_lease(tmp_path: Path) -> None:
         while stat.read_bytes().rpartition(b")")[2].split()[0] != b"Z":
             assert time.monotonic() < deadline, "the killed process never became a zombie"
             time.sleep(0.01)
-        assert run.status == "crashed"
+        # (its other threads end a moment after its main one: till then it may execute)
+        while run.status != "crashed":
+            assert time.monotonic() < deadline, "a killed process still holds its lease"
+            time.sleep(0.01)
         assert run_script(script, script_env(store.path)).stdout.strip() == "result 3"
         proc.wait(timeout=30)
 
@@ -424,6 +427,81 @@ def test_a_run_in_another_pid_namespace_is_not_judged_by_our_pids(
         proc.communicate(timeout=30)
     time.sleep(1.5)  # the lease's life, without a heartbeat
     assert run.status == "crashed"
+
+
+FORKS = """
+import os, signal, sys
+import durably
+from durably import _lease
+
+_lease.RENEW_SECONDS = 1e-5  # the lease's thread renews without pause
+
+@durably.task(cache=False)
+def forker(run_id):
+    hung = 0
+    for i in range(int(os.environ["FORKS"])):
+        pid = os.fork()
+        if pid == 0:  # SQLite in the child, while the parent's thread may be renewing
+            signal.alarm(5)
+            os._exit(0 if durably.get_run(run_id).status == "running" else 3)
+        _, status = os.waitpid(pid, 0)
+        hung += os.WIFSIGNALED(status) or os.WEXITSTATUS(status) != 0
+    return hung
+
+@durably.entrypoint
+def parent():
+    return forker("parent")
+
+print("children that hung or failed:", parent.run(run_id="parent").result, flush=True)
+"""
+
+
+def test_processes_forked_during_a_run_never_inherit_sqlites_locks(tmp_path: Path) -> None:
+    """fork() waits for a lease renewal in progress: a child forked while the renewing
+    thread was opening its connection inherited SQLite's lock held, and hung at its first
+    connection (one fork in ten, renewing without pause)."""
+    script = write_script(tmp_path / "forks.py", FORKS)
+    out = run_script(script, script_env(tmp_path / "store", FORKS="100"), timeout=300)
+    assert out.stdout.strip() == "children that hung or failed: 0"
+
+
+MAIN_EXITS = """
+import ctypes, os, threading, time
+import durably
+
+started = threading.Event()
+
+@durably.task
+def step(i):
+    if i == 1:
+        print("paused", flush=True)
+        started.set()
+        time.sleep(float(os.environ["PAUSE"]))
+    return i
+
+@durably.entrypoint
+def job(n):
+    return sum(step(i) for i in range(n))
+
+worker = threading.Thread(target=lambda: print("worker:", job.run(3).status, flush=True))
+worker.start()
+started.wait()
+ctypes.CDLL(None).pthread_exit(None)  # the main thread ends; the worker goes on
+"""
+
+
+def test_a_process_whose_main_thread_ended_still_holds_its_lease(tmp_path: Path) -> None:
+    """/proc says "zombie" for a process whose main thread ended while others run: its
+    run still executes (it is neither crashed nor taken over)."""
+    import durably
+
+    script = write_script(tmp_path / "main_exits.py", MAIN_EXITS)
+    store = durably.DiskStore(tmp_path / "store")
+    with _paused([sys.executable, str(script)], script_env(store.path, PAUSE="3")) as proc:
+        (run,) = durably.list_runs(store=store)
+        assert run.status == "running"
+        out, err = proc.communicate(timeout=60)
+    assert out.strip() == "worker: finished", err
 
 
 def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> str:

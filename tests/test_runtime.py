@@ -726,3 +726,23 @@ def test_cheap_steps_cache_entries_are_written_before_a_slow_step_executes(
                     ("slow", [True, True, True]), ("cheap", [True, True, True]),
                     ("cheap", [True, True, True, False]),
                     ("cheap", [True, True, True, False, False])]
+
+
+def test_no_lease_thread_is_left_behind_a_run(store: Any) -> None:
+    """The thread renewing leases ends soon after the last attempt (none is left for a
+    later fork() to inherit), and starts again with the next run."""
+    import time
+
+    @entrypoint
+    def job() -> list[str]:
+        return [t.name for t in threading.enumerate()]
+
+    def renewing() -> bool:
+        return any(t.name == "durably-lease" for t in threading.enumerate())
+
+    assert "durably-lease" in job()
+    deadline = time.monotonic() + 10
+    while renewing():
+        assert time.monotonic() < deadline, "the lease's thread outlived the run"
+        time.sleep(0.05)
+    assert "durably-lease" in job.run(run_id="again").result

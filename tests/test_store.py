@@ -255,6 +255,22 @@ def _exclusive(store: Any, a: Any, b: Any) -> None:
     assert store.run_holder("x") is None
 
 
+def test_a_lease_renewal_never_creates_a_deleted_journal(tmp_path: Path) -> None:
+    from durably._lease import me
+
+    store = durably.DiskStore(tmp_path / "s")
+    owner = me()
+    assert store.acquire_run("r", owner) is None
+    store.renew_run_apart("r", owner)  # (its own connection, closed after)
+    store.close()
+    for extra in ("", "-wal", "-shm"):
+        (store.path / f"journal.sqlite3{extra}").unlink(missing_ok=True)
+    store._root = store.path  # (as an open store whose journal was deleted under it)
+    with pytest.raises(sqlite3.Error):
+        store.renew_run_apart("r", owner)
+    assert not (store.path / "journal.sqlite3").exists()
+
+
 # -- sealing with a key, temporary files -------------------------------------------------------
 def test_a_signed_seal_rejects_tampering_other_keys_and_other_slots() -> None:
     from durably._seal import DAMAGED, FORGED, OTHER_KEY, UNSIGNED, SigningKey, open_seal

@@ -7,6 +7,7 @@ for :data:`LEASE_SECONDS` — is taken over, so a crashed run can always be resu
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -34,6 +35,23 @@ def _proc_stat(pid: int) -> tuple[bytes, int] | None:
         return fields[0], int(fields[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _threads_live(pid: int) -> bool:
+    """Whether a thread of the process is neither a zombie nor dead."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -85,9 +103,11 @@ class Owner:
         if found is None:
             return True
         state, ticks = found
-        if state in (b"Z", b"X"):
-            return False  # killed, not yet reaped by its parent
-        return self.started is None or ticks == self.started
+        if self.started is not None and ticks != self.started:
+            return False  # another process with the pid
+        # a zombie (killed, not yet reaped by its parent) is dead, unless only its main
+        # thread ended (pthread_exit) and other threads go on
+        return state not in (b"Z", b"X") or _threads_live(self.pid)
 
     def describe(self) -> str:
         return f"process {self.pid} on {self.host}"
@@ -110,25 +130,33 @@ def let_go(owner: Owner) -> None:
     """The attempt of ``owner`` ended (its lease released, or left behind): its lease is
     no longer renewed."""
     _LIVE.discard(owner.token)
-    with _beat_lock:
-        _BEATING.pop(owner.token, None)
+    with _beat:
+        if _BEATING.pop(owner.token, None) is not None and not _BEATING:
+            _beat.notify()  # the renewing thread ends if no attempt follows soon
 
 
-#: the leases this process renews in the background, by owner token (see :func:`beat`)
+#: the leases this process renews in the background, by owner token (see :func:`beat`),
+#: and the thread renewing them (None: none runs), both guarded by ``_beat``
 _BEATING: dict[str, Callable[[], None]] = {}
-_beat_lock = threading.Lock()
 _beater: list[threading.Thread | None] = [None]
+_beat = threading.Condition()
+#: held while a renewal uses SQLite, and by fork(): a child never inherits SQLite's locks
+#: held by that thread
+_renewing = threading.Lock()
+#: seconds the renewing thread waits for another attempt before it ends (no thread is left
+#: behind a run, to be inherited by fork())
+_IDLE_SECONDS = 1.0
 
 
 def beat(owner: Owner, renew: Callable[[], None]) -> None:
     """Renew ``owner``'s lease (``renew()``) every ``RENEW_SECONDS`` from a background
     thread until :func:`let_go`: a step's body may run for hours, and a lease renewed only
     between steps would expire, letting a process of another host take the run over while
-    it executes. A failed renewal is logged (debug) and tried again next time."""
-    with _beat_lock:
+    it executes. One thread renews every lease of the process, and ends a second after the
+    last one is let go. A failed renewal is logged (debug) and tried again next time."""
+    with _beat:
         _BEATING[owner.token] = renew
-        thread = _beater[0]
-        if thread is not None and thread.is_alive():
+        if _beater[0] is not None:
             return
         thread = threading.Thread(target=_beat_loop, name="durably-lease", daemon=True)
         try:
@@ -139,26 +167,57 @@ def beat(owner: Owner, renew: Callable[[], None]) -> None:
 
 
 def _beat_loop() -> None:
-    while True:
-        time.sleep(RENEW_SECONDS)
-        with _beat_lock:
+    due = time.monotonic() + RENEW_SECONDS
+    with _beat:
+        while True:
+            if not _BEATING:
+                _beat.wait(_IDLE_SECONDS)
+                if not _BEATING:
+                    _beater[0] = None
+                    return
+                continue
+            wait = due - time.monotonic()
+            if wait > 0:
+                _beat.wait(wait)
+                continue
+            due = time.monotonic() + RENEW_SECONDS
             renewals = list(_BEATING.values())
-        for renew in renewals:
+            _beat.release()
             try:
-                renew()
-            except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                log.debug("durably: a run's lease was not renewed: %s", exc)
+                for renew in renewals:
+                    with _renewing:
+                        try:
+                            renew()
+                        except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                            log.debug("durably: a run's lease was not renewed: %s", exc)
+            finally:
+                _beat.acquire()
 
 
-def _forget_beats() -> None:
+def _before_fork() -> None:
+    _renewing.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _renewing.release()
+
+
+def _after_fork_in_child() -> None:
     """In a forked child: its parent's leases are not its own, nor is its thread."""
-    global _beat_lock
-    _beat_lock = threading.Lock()  # (the parent's may have been held at the fork)
+    global _beat, _renewing
+    _beat, _renewing = threading.Condition(), threading.Lock()
     _BEATING.clear()
     _beater[0] = None
 
 
-os.register_at_fork(after_in_child=_forget_beats)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+
+
+@atexit.register
+def _no_renewal_at_exit() -> None:
+    """Let a renewal in progress finish, and start no other, while the process exits."""
+    _renewing.acquire(timeout=1.0)
 
 
 def me() -> Owner:

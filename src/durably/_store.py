@@ -1132,15 +1132,24 @@ class DiskStore:
 
     def renew_run_apart(self, run_id: str, owner: Owner) -> None:
         """:meth:`renew_run` from a thread that does nothing else (the lease's heartbeat),
-        on a connection opened for it and closed after: no connection of that thread stays
-        open (the journal's write-ahead log is removed when the last one closes)."""
+        on a connection opened for it and closed after, so that none of that thread stays
+        open (the journal's write-ahead log is removed when the last one closes). It waits
+        at most 5 s for a journal another process keeps locked (the next beat tries
+        again), and never creates a journal that was deleted meanwhile.
+
+        Raises:
+            sqlite3.Error: the journal cannot be written now.
+        """
+        root = self._root
+        if root is None:
+            return
+        con = sqlite3.connect(f"{(root / 'journal.sqlite3').as_uri()}?mode=rw", uri=True,
+                              timeout=5.0, isolation_level=None)
         try:
-            self.renew_run(run_id, owner)
+            con.execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
+                        (time.time(), run_id, owner.token))
         finally:
-            con = getattr(self._local, "con", None)
-            if con is not None:
-                self._local.con = None
-                con.close()
+            con.close()
 
     def release_run(self, run_id: str, owner: Owner) -> None:
         try:

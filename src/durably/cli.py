@@ -353,9 +353,13 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
         _fail(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
     store = _store(ctx)
     runs = durably.list_runs(entrypoint, store=store)
-    statuses = [r.status for r in runs]  # (read once: a running run's may change meanwhile)
-    found = [(r, s) for r, s in zip(runs, statuses, strict=True) if status in (None, s)]
-    total = len(found)
+    total = len(runs)
+    if status is None and limit:
+        runs = runs[:limit]  # (a running run's status reads its lease: only those shown)
+    # each status read once: a running run's may change meanwhile
+    found = [(r, s) for r in runs if status in (None, s := r.status)]
+    if status is not None:
+        total = len(found)
     if limit:
         found = found[:limit]
     if as_json:
