@@ -640,12 +640,13 @@ def test_a_run_executing_in_this_process_reads_as_running(store: Any) -> None:
     def job() -> int:
         (run,) = durably.list_runs(job, store=store)
         seen.append(run.status)
-        handles.append(run)
+        handles.extend([*durably.list_runs(job, store=store), run])
         return 1
 
     done = job.run()
     assert seen == ["running"] and done.status == "finished" and done.resumed_from is None
-    assert handles[0].status == "finished"  # read while running: read again, not "crashed"
+    assert handles[0].result == 1  # read while running: read again, not "crashed"
+    assert handles[1].status == "finished"
     store.put_run(dataclasses.replace(store.find_run(done.id), status="running"))
     # "running" in the journal, no attempt holds the lease: crashed, and resumed as such
     assert durably.get_run(done.id, store=store).status == "crashed"
@@ -746,3 +747,50 @@ def test_no_lease_thread_is_left_behind_a_run(store: Any) -> None:
         assert time.monotonic() < deadline, "the lease's thread outlived the run"
         time.sleep(0.05)
     assert "durably-lease" in job.run(run_id="again").result
+
+
+def test_a_lease_let_go_halfway_is_not_renewed_for_ever(store: Any) -> None:
+    """A Ctrl-C inside let_go (after the attempt stopped being live, before its renewal was
+    dropped) must not leave the lease renewed, and its thread running, for ever."""
+    import time
+
+    from durably import _lease
+
+    owner, renewed = _lease.me(), []
+    _lease.hold(owner)
+    _lease.beat(owner, lambda: renewed.append(owner.token))
+    _lease._LIVE.discard(owner.token)  # (let_go's first line, and no further)
+    deadline = time.monotonic() + 10
+    while owner.token in _lease._BEATING:
+        assert time.monotonic() < deadline, "a let-go lease is renewed for ever"
+        time.sleep(0.05)
+
+
+def test_a_fork_that_could_not_wait_for_a_renewal_leaves_its_lock_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fork() waits for a renewal in progress (it holds SQLite's locks), but not for ever;
+    when it could not take the lock, the parent must not release it after the fork (the
+    renewal holds it: it would fail, and renewals stop)."""
+    import os
+
+    from durably import _lease
+
+    monkeypatch.setattr(_lease, "_LOCK_SECONDS", 0.2)
+    held, release = threading.Event(), threading.Event()
+
+    def renewal() -> None:
+        with _lease._renewing:
+            held.set()
+            release.wait(30)
+
+    renewing = threading.Thread(target=renewal)
+    renewing.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert _lease._renewing.locked()  # still the renewal's
+    release.set()
+    renewing.join(10)
+    assert not renewing.is_alive() and not _lease._renewing.locked()

@@ -131,8 +131,7 @@ def let_go(owner: Owner) -> None:
     no longer renewed."""
     _LIVE.discard(owner.token)
     with _beat:
-        if _BEATING.pop(owner.token, None) is not None and not _BEATING:
-            _beat.notify()  # the renewing thread ends if no attempt follows soon
+        _BEATING.pop(owner.token, None)
 
 
 #: the leases this process renews in the background, by owner token (see :func:`beat`),
@@ -140,23 +139,33 @@ def let_go(owner: Owner) -> None:
 _BEATING: dict[str, Callable[[], None]] = {}
 _beater: list[threading.Thread | None] = [None]
 _beat = threading.Condition()
-#: held while a renewal uses SQLite, and by fork(): a child never inherits SQLite's locks
-#: held by that thread
+#: held while a renewal uses SQLite, and by fork() (see _before_fork): a child never
+#: inherits SQLite's locks held by that thread
 _renewing = threading.Lock()
-#: seconds the renewing thread waits for another attempt before it ends (no thread is left
-#: behind a run, to be inherited by fork())
+_fork_held = [False]  # whether the fork in progress holds _renewing
+#: seconds between two looks of the renewing thread at its leases (it is never woken by
+#: an attempt's start or end: a loop of short runs would wake it twice a run), and how
+#: long it has none before it ends (no thread is left behind a run, for fork() to inherit)
+_TICK_SECONDS = 0.5
 _IDLE_SECONDS = 1.0
+#: seconds a renewal or a fork waits for the other, at most (never a hang: a fork that
+#: could not wait goes on, a renewal that could not is skipped)
+_LOCK_SECONDS = 10.0
+#: set as the interpreter exits: no renewal starts after it
+_exiting = [False]
 
 
 def beat(owner: Owner, renew: Callable[[], None]) -> None:
     """Renew ``owner``'s lease (``renew()``) every ``RENEW_SECONDS`` from a background
     thread until :func:`let_go`: a step's body may run for hours, and a lease renewed only
     between steps would expire, letting a process of another host take the run over while
-    it executes. One thread renews every lease of the process, and ends a second after the
-    last one is let go. A failed renewal is logged (debug) and tried again next time."""
+    it executes. One thread renews every lease of the process, and ends a second or two
+    after the last one is let go. A failed renewal is logged (debug) and tried again next
+    time."""
     with _beat:
         _BEATING[owner.token] = renew
-        if _beater[0] is not None:
+        thread = _beater[0]
+        if thread is not None and thread.is_alive():
             return
         thread = threading.Thread(target=_beat_loop, name="durably-lease", daemon=True)
         try:
@@ -168,44 +177,55 @@ def beat(owner: Owner, renew: Callable[[], None]) -> None:
 
 def _beat_loop() -> None:
     due = time.monotonic() + RENEW_SECONDS
+    idle_since: float | None = None
     with _beat:
         while True:
-            if not _BEATING:
-                _beat.wait(_IDLE_SECONDS)
-                if not _BEATING:
-                    _beater[0] = None
-                    return
+            now = time.monotonic()
+            for token in [t for t in _BEATING if t not in _LIVE]:
+                del _BEATING[token]  # let go, though let_go was cut short (Ctrl-C)
+            if _BEATING:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since >= _IDLE_SECONDS:
+                _beater[0] = None
+                return
+            if not _BEATING or now < due:
+                _beat.wait(min(_TICK_SECONDS, max(due - now, 0.0)))
                 continue
-            wait = due - time.monotonic()
-            if wait > 0:
-                _beat.wait(wait)
-                continue
-            due = time.monotonic() + RENEW_SECONDS
+            due = now + RENEW_SECONDS
             renewals = list(_BEATING.values())
             _beat.release()
             try:
                 for renew in renewals:
-                    with _renewing:
-                        try:
-                            renew()
-                        except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                            log.debug("durably: a run's lease was not renewed: %s", exc)
+                    if _exiting[0] or not _renewing.acquire(timeout=_LOCK_SECONDS):
+                        continue
+                    try:
+                        renew()
+                    except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                        log.debug("durably: a run's lease was not renewed: %s", exc)
+                    finally:
+                        _renewing.release()
             finally:
                 _beat.acquire()
 
 
 def _before_fork() -> None:
-    _renewing.acquire()
+    # (a Ctrl-C here is reported and ignored by fork(): the flag then says "not held")
+    _fork_held[0] = _renewing.acquire(timeout=_LOCK_SECONDS)
 
 
 def _after_fork_in_parent() -> None:
-    _renewing.release()
+    if _fork_held[0]:
+        _fork_held[0] = False
+        _renewing.release()
 
 
 def _after_fork_in_child() -> None:
     """In a forked child: its parent's leases are not its own, nor is its thread."""
     global _beat, _renewing
     _beat, _renewing = threading.Condition(), threading.Lock()
+    _fork_held[0] = _exiting[0] = False
     _BEATING.clear()
     _beater[0] = None
 
@@ -216,8 +236,12 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 
 @atexit.register
 def _no_renewal_at_exit() -> None:
-    """Let a renewal in progress finish, and start no other, while the process exits."""
-    _renewing.acquire(timeout=1.0)
+    """Let a renewal in progress finish (1 s at most), and start no other, while the
+    process exits (the lock is not kept: an exit handler may still fork)."""
+    got = _renewing.acquire(timeout=1.0)
+    _exiting[0] = True
+    if got:
+        _renewing.release()
 
 
 def me() -> Owner:

@@ -113,10 +113,11 @@ class Run(Generic[R]):
         """
         if self._result is not _UNSET:
             return self._result  # type: ignore[no-any-return]
+        status = self.status  # (first: a handle read while the run ran reads it again)
         rec = self._record
         if rec.status != "finished":
             raise RunStateError(
-                f"run {rec.run_id!r} is {self.status}, so it has no result"
+                f"run {rec.run_id!r} is {status}, so it has no result"
                 + (f" (error: {rec.error})" if rec.error else "")
                 + ". Fix: rerun the entrypoint with the same arguments to resume it."
             )
