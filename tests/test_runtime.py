@@ -766,31 +766,63 @@ def test_a_lease_let_go_halfway_is_not_renewed_for_ever(store: Any) -> None:
         time.sleep(0.05)
 
 
-def test_a_fork_that_could_not_wait_for_a_renewal_leaves_its_lock_alone(
+def test_a_fork_waits_for_a_renewal_and_no_renewal_starts_during_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """fork() waits for a renewal in progress (it holds SQLite's locks), but not for ever;
-    when it could not take the lock, the parent must not release it after the fork (the
-    renewal holds it: it would fail, and renewals stop)."""
+    """A child forked while a renewal used SQLite would inherit its locks held: fork()
+    waits for it. A fork in progress holds renewals back, for 10 s at most (a fork whose
+    hook was cut short by a Ctrl-C leaves its mark: it must not stop renewals for good)."""
     import os
+    import time
 
     from durably import _lease
 
-    monkeypatch.setattr(_lease, "_LOCK_SECONDS", 0.2)
-    held, release = threading.Event(), threading.Event()
-
-    def renewal() -> None:
-        with _lease._renewing:
-            held.set()
-            release.wait(30)
-
-    renewing = threading.Thread(target=renewal)
-    renewing.start()
-    held.wait(10)
+    _lease._renewal_active[0] = True  # a renewal in progress, ending in 0.3 s
+    ends = threading.Timer(0.3, lambda: _lease._renewal_active.__setitem__(0, False))
+    ends.start()
+    t = time.monotonic()
     pid = os.fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
-    assert _lease._renewing.locked()  # still the renewal's
-    release.set()
-    renewing.join(10)
-    assert not renewing.is_alive() and not _lease._renewing.locked()
+    assert time.monotonic() - t >= 0.25 and not _lease._FORKS
+    ends.join()
+
+    monkeypatch.setattr(_lease, "RENEW_SECONDS", 0.05)
+    deadline = time.monotonic() + 10  # (a thread of an earlier run keeps its 30 s beat)
+    while _lease._beater[0] is not None and _lease._beater[0].is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    owner, renewed = _lease.me(), []
+    _lease.hold(owner)
+    _lease._FORKS[-1] = time.monotonic()  # a fork in progress (or cut short just now)
+    try:
+        _lease.beat(owner, lambda: renewed.append(time.monotonic()))
+        time.sleep(0.6)
+        assert renewed == []
+        _lease._FORKS[-1] = time.monotonic() - _lease._FORK_SECONDS  # 10 s ago: stale
+        deadline = time.monotonic() + 5
+        while not renewed:
+            assert time.monotonic() < deadline, "renewals stopped for good"
+            time.sleep(0.05)
+    finally:
+        _lease._FORKS.pop(-1, None)
+        _lease.let_go(owner)
+
+
+def test_the_idle_lease_thread_does_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a run's end and its own, the renewing thread sleeps, even once the time of
+    its next renewal has passed."""
+    import time
+
+    from durably import _lease
+
+    monkeypatch.setattr(_lease, "RENEW_SECONDS", 0.1)  # (due while it idles)
+
+    @entrypoint
+    def job() -> int:
+        return 1
+
+    job()
+    cpu = time.process_time()
+    time.sleep(1.2)
+    assert time.process_time() - cpu < 0.3

@@ -615,10 +615,12 @@ def test_cancelling_an_async_call_stops_the_run_resumably(how: str) -> None:
     boundary (it does not run on to the end), the timeout propagates, and the run resumes
     without executing its finished nodes again."""
     calls: list[str] = []
+    started = threading.Event()  # node "a" runs: cancelling now stops the run mid-node
 
     def step(name: str, seconds: float) -> Any:
         def node(s: Log) -> dict[str, Any]:
             calls.append(name)
+            started.set()
             time.sleep(seconds)
             return {"log": [name]}
         return node
@@ -637,8 +639,11 @@ def test_cancelling_an_async_call_stops_the_run_resumably(how: str) -> None:
                 pass
 
     async def main() -> None:
+        call = asyncio.ensure_future(consume())
+        # (a timer from the call's start raced the run's thread: wait for node "a" itself)
+        assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(consume(), 0.2)  # while node "a" sleeps
+            await asyncio.wait_for(call, 0.05)  # while node "a" sleeps on
 
     asyncio.run(main())
     (run,) = durably.list_runs()

@@ -130,27 +130,25 @@ def let_go(owner: Owner) -> None:
     """The attempt of ``owner`` ended (its lease released, or left behind): its lease is
     no longer renewed."""
     _LIVE.discard(owner.token)
-    with _beat:
-        _BEATING.pop(owner.token, None)
+    _BEATING.pop(owner.token, None)
 
 
-#: the leases this process renews in the background, by owner token (see :func:`beat`),
-#: and the thread renewing them (None: none runs), both guarded by ``_beat``
+# The attempts' threads take no lock the renewing thread needs, nor the reverse: a Ctrl-C
+# landing between a lock's acquisition and its release would leave it held for good.
+# Single dict and list operations are atomic under the GIL.
+#: the leases this process renews in the background, by owner token (see :func:`beat`)
 _BEATING: dict[str, Callable[[], None]] = {}
-_beater: list[threading.Thread | None] = [None]
-_beat = threading.Condition()
-#: held while a renewal uses SQLite, and by fork() (see _before_fork): a child never
-#: inherits SQLite's locks held by that thread
-_renewing = threading.Lock()
-_fork_held = [False]  # whether the fork in progress holds _renewing
+_beater: list[threading.Thread | None] = [None]  # the renewing thread, or None
+#: forks in progress, by thread: when each began (see _before_fork); an entry left by a
+#: fork whose hook was cut short counts for _FORK_SECONDS at most
+_FORKS: dict[int, float] = {}
+_FORK_SECONDS = 10.0
+_renewal_active = [False]  # a renewal is using SQLite
 #: seconds between two looks of the renewing thread at its leases (it is never woken by
 #: an attempt's start or end: a loop of short runs would wake it twice a run), and how
 #: long it has none before it ends (no thread is left behind a run, for fork() to inherit)
 _TICK_SECONDS = 0.5
 _IDLE_SECONDS = 1.0
-#: seconds a renewal or a fork waits for the other, at most (never a hang: a fork that
-#: could not wait goes on, a renewal that could not is skipped)
-_LOCK_SECONDS = 10.0
 #: set as the interpreter exits: no renewal starts after it
 _exiting = [False]
 
@@ -162,70 +160,72 @@ def beat(owner: Owner, renew: Callable[[], None]) -> None:
     it executes. One thread renews every lease of the process, and ends a second or two
     after the last one is let go. A failed renewal is logged (debug) and tried again next
     time."""
-    with _beat:
-        _BEATING[owner.token] = renew
-        thread = _beater[0]
-        if thread is not None and thread.is_alive():
-            return
-        thread = threading.Thread(target=_beat_loop, name="durably-lease", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # no new thread (the interpreter is shutting down)
-            return
-        _beater[0] = thread
+    _BEATING[owner.token] = renew
+    thread = _beater[0]
+    if thread is not None and thread.is_alive():
+        return  # (if it is ending, it sees this lease and goes on: see _beat_loop)
+    thread = threading.Thread(target=_beat_loop, name="durably-lease", daemon=True)
+    _beater[0] = thread
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread (the interpreter is shutting down)
+        _beater[0] = None
 
 
 def _beat_loop() -> None:
+    me = threading.current_thread()
     due = time.monotonic() + RENEW_SECONDS
     idle_since: float | None = None
-    with _beat:
-        while True:
-            now = time.monotonic()
-            for token in [t for t in _BEATING if t not in _LIVE]:
-                del _BEATING[token]  # let go, though let_go was cut short (Ctrl-C)
-            if _BEATING:
-                idle_since = None
-            elif idle_since is None:
-                idle_since = now
-            elif now - idle_since >= _IDLE_SECONDS:
-                _beater[0] = None
+    while True:
+        if _beater[0] is not me:
+            return  # another renewing thread took over
+        now = time.monotonic()
+        for token in list(_BEATING):
+            if token not in _LIVE:
+                _BEATING.pop(token, None)  # let go, though let_go was cut short (Ctrl-C)
+        if _BEATING:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since >= _IDLE_SECONDS:
+            _beater[0] = None
+            if not _BEATING:  # (a lease added meanwhile: go on renewing it)
                 return
-            if not _BEATING or now < due:
-                _beat.wait(min(_TICK_SECONDS, max(due - now, 0.0)))
-                continue
-            due = now + RENEW_SECONDS
-            renewals = list(_BEATING.values())
-            _beat.release()
+            _beater[0], idle_since = me, None
+        if not _BEATING or now < due:
+            time.sleep(_TICK_SECONDS if not _BEATING else min(_TICK_SECONDS, due - now))
+            continue
+        due = now + RENEW_SECONDS
+        for renew in list(_BEATING.values()):
+            _renewal_active[0] = True
             try:
-                for renew in renewals:
-                    if _exiting[0] or not _renewing.acquire(timeout=_LOCK_SECONDS):
-                        continue
-                    try:
-                        renew()
-                    except Exception as exc:  # noqa: BLE001 - the next beat tries again
-                        log.debug("durably: a run's lease was not renewed: %s", exc)
-                    finally:
-                        _renewing.release()
+                forking = any(time.monotonic() - t < _FORK_SECONDS for t in _FORKS.values())
+                if _exiting[0] or forking:
+                    continue  # (a fork must not inherit SQLite's locks: the next beat)
+                renew()
+            except Exception as exc:  # noqa: BLE001 - the next beat tries again
+                log.debug("durably: a run's lease was not renewed: %s", exc)
             finally:
-                _beat.acquire()
+                _renewal_active[0] = False
 
 
 def _before_fork() -> None:
-    # (a Ctrl-C here is reported and ignored by fork(): the flag then says "not held")
-    _fork_held[0] = _renewing.acquire(timeout=_LOCK_SECONDS)
+    """fork() waits for a renewal in progress (it holds SQLite's locks), 10 s at most, and
+    no renewal starts until it is done."""
+    _FORKS[threading.get_ident()] = time.monotonic()
+    deadline = time.monotonic() + _FORK_SECONDS
+    while _renewal_active[0] and time.monotonic() < deadline:
+        time.sleep(0.0005)
 
 
 def _after_fork_in_parent() -> None:
-    if _fork_held[0]:
-        _fork_held[0] = False
-        _renewing.release()
+    _FORKS.pop(threading.get_ident(), None)
 
 
 def _after_fork_in_child() -> None:
     """In a forked child: its parent's leases are not its own, nor is its thread."""
-    global _beat, _renewing
-    _beat, _renewing = threading.Condition(), threading.Lock()
-    _fork_held[0] = _exiting[0] = False
+    _FORKS.clear()
+    _renewal_active[0] = _exiting[0] = False
     _BEATING.clear()
     _beater[0] = None
 
@@ -237,11 +237,11 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 @atexit.register
 def _no_renewal_at_exit() -> None:
     """Let a renewal in progress finish (1 s at most), and start no other, while the
-    process exits (the lock is not kept: an exit handler may still fork)."""
-    got = _renewing.acquire(timeout=1.0)
+    process exits."""
     _exiting[0] = True
-    if got:
-        _renewing.release()
+    deadline = time.monotonic() + 1.0
+    while _renewal_active[0] and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def me() -> Owner:
