@@ -371,6 +371,79 @@ def test_a_long_step_keeps_the_runs_lease_alive(tmp_path: Path,
     assert out.strip() == "result 3", err
 
 
+TAKEN_OVER = """
+import dataclasses, os, sys, time
+import durably
+from durably import _lease
+
+_lease.RENEW_SECONDS = float(os.environ.get("RENEW", "30"))
+if os.environ.get("OTHER_HOST"):  # another machine sharing the store: leases live 1 s
+    _lease._ME = dataclasses.replace(_lease._ME, host="elsewhere")
+    _lease.LEASE_SECONDS = 1.0
+
+@durably.task
+def step(i):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(f"{os.environ['WHO']} {i}\\n")
+    if i == 1 and os.environ.get("GO"):
+        print("paused", flush=True)
+        while not os.path.exists(os.environ["GO"]):
+            time.sleep(0.05)
+        time.sleep(1.5)  # (its lease's thread looks at its leases every 0.5 s)
+    return i + 10
+
+@durably.entrypoint
+def job(n):
+    return sum(step(i) for i in range(n))
+
+try:
+    print("result", job(3), flush=True)
+except durably.RunStateError as exc:
+    print("lost:", exc, flush=True)
+"""
+
+
+@pytest.mark.parametrize("noticed", ["by_renewal", "at_the_end"])
+def test_a_process_that_lost_its_lease_never_overwrites_the_run(tmp_path: Path,
+                                                                noticed: str) -> None:
+    """A process stopped (SIGSTOP) longer than its lease's life is taken over by a process
+    of another host, which finishes the run. Continued, the stopped process finds its lease
+    gone: at its next renewal (it stops before its next step) or at its end. It raises
+    RunStateError, and the run's record stays the other attempt's."""
+    import time
+
+    import durably
+
+    script = write_script(tmp_path / "taken.py", TAKEN_OVER)
+    store = durably.DiskStore(tmp_path / "store")
+    log = tmp_path / "log"
+    renew = "0.2" if noticed == "by_renewal" else "30"
+    go = tmp_path / "go"
+    env = script_env(store.path, LOG=str(log), WHO="A", GO=str(go), RENEW=renew)
+    with _paused([sys.executable, str(script)], env) as a:
+        try:
+            a.send_signal(signal.SIGSTOP)
+            time.sleep(1.5)  # past the lease's life, seen from the other host
+            b = run_script(script, script_env(store.path, LOG=str(log), WHO="B",
+                                              OTHER_HOST="1"))
+            assert b.stdout.strip() == "result 33", b.stderr
+        finally:
+            a.send_signal(signal.SIGCONT)
+            go.touch()  # A's step 1 goes on
+        out, err = a.communicate(timeout=60)
+    assert a.returncode == 0, err
+    assert out.startswith("lost:") and "lost the run's lease" in out, (out, err)
+    executed = log.read_text().split("\n")
+    # B replayed A's step 0, and executed 1 (A never finished it) and 2
+    assert [e for e in executed if e.startswith("B")] == ["B 1", "B 2"]
+    if noticed == "by_renewal":  # A stopped at its next step boundary: 2 never started
+        assert [e for e in executed if e.startswith("A")] == ["A 0", "A 1"]
+        assert "The attempt stopped" in out
+    (run,) = durably.list_runs(store=store)
+    assert (run.status, run.attempt, run.result) == ("finished", 2, 33)
+    assert "lost its lease" in err
+
+
 def test_a_killed_process_not_yet_reaped_holds_no_lease(tmp_path: Path) -> None:
     """A process killed but not yet waited for by its parent (a zombie) still answers
     os.kill(pid, 0): its run reads crashed, and can be resumed."""

@@ -749,6 +749,56 @@ def test_no_lease_thread_is_left_behind_a_run(store: Any) -> None:
     assert "durably-lease" in job.run(run_id="again").result
 
 
+@pytest.mark.parametrize("noticed", ["at_the_end", "at_the_next_step"])
+def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
+        store: Any, noticed: str) -> None:
+    """Another process took the run over while a step executed (its lease replaced, and its
+    record the new attempt's): the attempt raises RunStateError, and the run's record stays
+    the new attempt's. Found by a renewal, the attempt stops before its next step; its
+    finished steps stay journaled."""
+    import time
+
+    from durably._context import current_run
+    from durably._lease import me
+
+    executed: list[int] = []
+
+    @task
+    def step(i: int) -> int:
+        executed.append(i)
+        if i == 1:
+            ctx = current_run.get()
+            assert ctx is not None
+            other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
+            if isinstance(store, MemoryStore):
+                store._leases[ctx.run_id] = other
+            else:
+                store._db().execute("UPDATE leases SET host=?, token=?, heartbeat=? "
+                                    "WHERE run_id=?", (other.host, other.token,
+                                                       other.heartbeat, ctx.run_id))
+            record = store.find_run(ctx.run_id)
+            store.put_run(dataclasses.replace(record, attempt=2, status="running"))
+            if noticed == "at_the_next_step":
+                ctx.renew_at = 0.0  # its next step renews the lease
+        return i
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(step(i) for i in range(n))
+
+    with pytest.raises(durably.RunStateError, match="lost the run's lease") as caught:
+        job.run(3, run_id="taken")
+    after = store.find_run("taken")
+    assert (after.status, after.attempt) == ("running", 2)  # the other attempt's record
+    assert {s.step_id for s in store.list_steps("taken") if s.status == "ran"} and \
+        [s.position for s in store.list_steps("taken")] == (
+            [0, 1] if noticed == "at_the_next_step" else [0, 1, 2])
+    if noticed == "at_the_next_step":
+        assert executed == [0, 1] and "The attempt stopped" in str(caught.value)
+    else:
+        assert executed == [0, 1, 2] and "The attempt finished" in str(caught.value)
+
+
 def test_a_lease_let_go_halfway_is_not_renewed_for_ever(store: Any) -> None:
     """A Ctrl-C inside let_go (after the attempt stopped being live, before its renewal was
     dropped) must not leave the lease renewed, and its thread running, for ever."""

@@ -236,10 +236,12 @@ def _exclusive(store: Any, a: Any, b: Any) -> None:
     assert store.acquire_run("r", a) is None  # the owner may take it again
     holder = store.acquire_run("r", b)
     assert holder is not None and holder.token == a.token and holder.pid == os.getpid()
-    store.renew_run("r", a)
-    store.release_run("r", b)  # not b's to release
+    assert store.renew_run("r", a) is True
+    assert store.renew_run("r", b) is False  # b holds no lease of the run
+    assert store.release_run("r", b) is False  # not b's to release
     assert store.acquire_run("r", b) is not None
-    store.release_run("r", a)
+    assert store.release_run("r", a) is True
+    assert store.release_run("r", a) is False  # (released already)
     assert store.run_holder("r") is None
     assert store.acquire_run("r", b) is None
     # an owner whose process is gone is taken over, and holds nothing meanwhile

@@ -58,6 +58,7 @@ class RunContext:
         "inflight",
         "interrupts",
         "listener",
+        "lost",
         "marked",
         "name",
         "open",
@@ -83,6 +84,9 @@ class RunContext:
         self.listener = listener
         #: set to stop the run at its next step boundary
         self.stop = False
+        #: the attempt's lease was found taken over by another process (or removed): it
+        #: stops at its next step boundary, and its end is not journaled
+        self.lost = False
         #: answers to interrupts by interrupt id (pickled), read when the attempt starts
         self.answers: dict[str, bytes] = answers or {}
         #: interrupt() calls so far under each parent step, for stable interrupt ids
@@ -131,11 +135,19 @@ class RunContext:
         self._cache_since = 0.0
 
     def keep_lease(self) -> None:
-        """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring)."""
+        """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring).
+        A lease found lost stops the attempt (see :attr:`lost`)."""
         t = time.monotonic()
         if t >= self.renew_at:
             self.renew_at = t + RENEW_SECONDS
-            self.store.renew_run(self.run_id, self.owner)
+            if self.store.renew_run(self.run_id, self.owner) is False:
+                self.lose_lease()
+
+    def lose_lease(self) -> None:
+        """The attempt's lease is no longer its own (another process took the run over, or
+        the lease was removed): stop at the next step boundary, never journal its end."""
+        self.lost = True
+        self.stop = True
 
     def step_id(self, parent: str | None, key: str) -> str:
         """The identity of the next call with this cache key under this parent: an xxh3-128

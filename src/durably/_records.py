@@ -175,11 +175,14 @@ class Store(Protocol):
         """Take the run's lease for ``owner`` unless a live owner holds it; return that
         holder (and take nothing) when the run is busy, else None. Atomic across processes."""
 
-    def renew_run(self, run_id: str, owner: Owner) -> None:
-        """Refresh the heartbeat of a lease ``owner`` holds."""
+    def renew_run(self, run_id: str, owner: Owner) -> bool | None:
+        """Refresh the heartbeat of a lease ``owner`` holds. Returns False when ``owner``
+        no longer holds it (taken over by another process, or removed); None when the
+        store cannot tell."""
 
-    def release_run(self, run_id: str, owner: Owner) -> None:
-        """Give the lease up (only if ``owner`` holds it)."""
+    def release_run(self, run_id: str, owner: Owner) -> bool | None:
+        """Give the lease up (only if ``owner`` holds it). Returns False when ``owner`` no
+        longer held it; None when the store cannot tell."""
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""

@@ -38,7 +38,7 @@ from ._context import LARGE_ROW, RunContext, StopRun, current_run, current_step,
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import digest_each, encode_arguments, trace_digest
 from ._interrupt import InterruptSignal
-from ._lease import beat, hold, let_go, me
+from ._lease import LEASE_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
@@ -528,6 +528,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         raise StopRun()
     if _monotonic() >= ctx.renew_at:  # (keep_lease's test, without its call)
         ctx.keep_lease()
+        if ctx.stop:  # the lease was found lost
+            raise StopRun()
     parent = current_step.get()
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
@@ -833,8 +835,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     # leave the lease held or this context inside a run that nobody will end
     try:
         # renewed while the attempt executes, even inside a step's body (until let_go)
-        beat(owner, functools.partial(getattr(store, "renew_run_apart", store.renew_run),
-                                      run_id, owner))
+        renewal = _Renewal(getattr(store, "renew_run_apart", store.renew_run), run_id, owner)
+        beat(owner, renewal)
         held = _answer_dependent(store, run_id, asked)
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)
@@ -847,6 +849,9 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
         ctx.uncacheable.update(held)
+        renewal.ctx = ctx
+        if renewal.lost:  # (found while the attempt was being set up)
+            ctx.lose_lease()
         for interrupt_id, payload in questions.items():
             if interrupt_id in answers and payload is not None:
                 with contextlib.suppress(Exception):  # a payload class gone: keep the answer
@@ -866,6 +871,25 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         finally:
             let_go(owner)
         raise
+
+
+class _Renewal:
+    """The renewal of an attempt's lease by the lease's thread (see :func:`beat`): a lease
+    found taken over stops the attempt (:meth:`RunContext.lose_lease`)."""
+
+    __slots__ = ("ctx", "lost", "owner", "renew", "run_id")
+
+    def __init__(self, renew: Callable[[str, Owner], bool | None], run_id: str,
+                 owner: Owner) -> None:
+        self.renew, self.run_id, self.owner = renew, run_id, owner
+        self.ctx: RunContext | None = None
+        self.lost = False
+
+    def __call__(self) -> None:
+        if self.renew(self.run_id, self.owner) is False:
+            self.lost = True
+            if self.ctx is not None:
+                self.ctx.lose_lease()
 
 
 def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
@@ -1053,6 +1077,9 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     info: bytes | None = None
     failure: BaseException | None = None
     written = False
+    # found by a renewal while it executed (read before the release: a renewal after it
+    # finds no lease, and says nothing about this attempt)
+    lost = ctx.lost
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
@@ -1060,11 +1087,15 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
         if record.result is None or len(record.result) <= _BATCHED_RESULT:
-            # the buffered records, the final status and the lease's release: one commit
+            # the buffered records, the lease's release and the final status: one commit;
+            # the status only if the lease was still this attempt's (another process that
+            # took the run over owns its record now)
             with _one_transaction(store):
                 ctx.write(taken)
-                _write_final(store, record, info)
-                store.release_run(record.run_id, ctx.owner)
+                if store.release_run(record.run_id, ctx.owner) is False:
+                    lost = True
+                elif not lost:
+                    _write_final(store, record, info)
             written = True
     except BaseException as error:  # noqa: BLE001 - (a full disk, Ctrl-C): written below
         failure = error
@@ -1078,7 +1109,10 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             try:
                 if info is None:
                     info = _final_record(record, result, exc, wall)
-                _write_final(store, record, info)
+                if not lost and store.renew_run(record.run_id, ctx.owner) is False:
+                    lost = True  # (the lease is looked at just before, not with, it)
+                if not lost:
+                    _write_final(store, record, info)
             finally:
                 store.release_run(record.run_id, ctx.owner)
     if failure is not None:
@@ -1086,6 +1120,27 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise failure
         finally:
             failure = None  # no reference cycle: what the error holds is freed with it
+    if lost:
+        raise _lost(ctx, record, exc)
+
+
+def _lost(ctx: RunContext, record: RunRecord, exc: BaseException | None) -> RunStateError:
+    """The error an attempt whose lease was taken over ends with (its end not journaled)."""
+    holder = None
+    with contextlib.suppress(Exception):  # (who holds it now is only said when known)
+        holder = getattr(ctx.store, "run_holder", lambda _: None)(record.run_id)
+    by = f"by {holder.describe()}" if holder is not None else "by another process, or removed"
+    how = "finished" if exc is None else "stopped" if ctx.stop and isinstance(exc, StopRun) \
+        else f"ended ({run_status(exc)})"
+    log.warning("durably: run %r: attempt %d lost its lease while it executed; its end is "
+                "not journaled", record.run_id, record.attempt)
+    return RunStateError(
+        f"run {record.run_id!r}: attempt {record.attempt} in this process lost the run's lease "
+        f"while it executed (taken over {by}: this process did not renew it for "
+        f"{LEASE_SECONDS:.0f} s, was it stopped or suspended?). The attempt {how}; its "
+        "finished steps are journaled, but its end is not: the run's record is the other "
+        "attempt's. Fix: wait for the other process, then call the entrypoint again (or "
+        f"durably.get_run({record.run_id!r})) for the run's result.")
 
 
 def _final_record(record: RunRecord, result: Any, exc: BaseException | None,

@@ -1125,37 +1125,45 @@ class DiskStore:
             return None
         return holder if alive and holder.token not in self._unreleased else None
 
-    def renew_run(self, run_id: str, owner: Owner) -> None:
+    def renew_run(self, run_id: str, owner: Owner) -> bool:
+        """Refresh the heartbeat of the lease ``owner`` holds; False if it holds none (the
+        run was taken over by another process, or its lease removed)."""
         with self._write_journal:
-            self._db().execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
-                               (time.time(), run_id, owner.token))
+            return self._db().execute(
+                "UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
+                (time.time(), run_id, owner.token)).rowcount == 1
 
-    def renew_run_apart(self, run_id: str, owner: Owner) -> None:
+    def renew_run_apart(self, run_id: str, owner: Owner) -> bool:
         """:meth:`renew_run` from a thread that does nothing else (the lease's heartbeat),
         on a connection opened for it and closed after, so that none of that thread stays
         open (the journal's write-ahead log is removed when the last one closes). It waits
         at most 5 s for a journal another process keeps locked (the next beat tries
         again), and never creates a journal that was deleted meanwhile.
 
+        Returns:
+            False if ``owner`` holds no lease of the run (taken over, or removed), else True.
+
         Raises:
             sqlite3.Error: the journal cannot be written now.
         """
         root = self._root
         if root is None:
-            return
+            return True
         con = sqlite3.connect(f"{(root / 'journal.sqlite3').as_uri()}?mode=rw", uri=True,
                               timeout=5.0, isolation_level=None)
         try:
-            con.execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
-                        (time.time(), run_id, owner.token))
+            return con.execute("UPDATE leases SET heartbeat=? WHERE run_id=? AND token=?",
+                               (time.time(), run_id, owner.token)).rowcount == 1
         finally:
             con.close()
 
-    def release_run(self, run_id: str, owner: Owner) -> None:
+    def release_run(self, run_id: str, owner: Owner) -> bool:
+        """Give up the lease ``owner`` holds; False if it held none (the run was taken over
+        by another process, or its lease removed)."""
         try:
             with self._write_journal:
-                self._db().execute("DELETE FROM leases WHERE run_id=? AND token=?",
-                                   (run_id, owner.token))
+                return self._db().execute("DELETE FROM leases WHERE run_id=? AND token=?",
+                                          (run_id, owner.token)).rowcount == 1
         except StoreError:  # (a full disk): this process may take the lease over later
             self._unreleased.add(owner.token)
             raise

@@ -82,7 +82,9 @@ class NotFoundError(DurablyError, LookupError):
 
 class RunStateError(DurablyError):
     """The run is not in a state that allows the operation (for example, it belongs to
-    another entrypoint, or was started with other arguments)."""
+    another entrypoint, or was started with other arguments; another process executes it
+    now; or this process lost the run's lease while it executed it, and another process
+    took the run over)."""
 
 
 class NoActiveRunError(RunStateError):

@@ -98,13 +98,18 @@ class MemoryStore:
             holder = self._leases.get(run_id)
         return holder if holder is not None and holder.alive(time.time()) else None
 
-    def renew_run(self, run_id: str, owner: Owner) -> None:
-        pass  # a memory store lives in one process: its owners are alive while it is
+    def renew_run(self, run_id: str, owner: Owner) -> bool:
+        # a memory store lives in one process: its owners are alive while it is
+        with self._lock:
+            held = self._leases.get(run_id)
+        return held is not None and held.token == owner.token
 
-    def release_run(self, run_id: str, owner: Owner) -> None:
+    def release_run(self, run_id: str, owner: Owner) -> bool:
         with self._lock:
             if (held := self._leases.get(run_id)) is not None and held.token == owner.token:
                 del self._leases[run_id]
+                return True
+        return False
 
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         with self._lock:
