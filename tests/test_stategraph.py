@@ -306,6 +306,44 @@ def test_a_changed_graph_is_refused_on_resume_unless_migrated() -> None:
     assert new.resume(run.id, "-sure") == {"text": "A~-SURE"}
 
 
+@pytest.mark.parametrize("how", ["stream", "astream"])
+def test_stream_and_astream_take_migrate_too(how: str) -> None:
+    """A run checkpointed under an older graph continues under the new one through
+    stream() / astream() with migrate=, as through invoke(); without it, they raise
+    GraphChangedError."""
+    class S(TypedDict):
+        text: str
+
+    def build(second: Any) -> Any:
+        b = StateGraph(S, name=f"evolving_{how}")
+        b.add_node("first", lambda s: {"text": s["text"] + "1"})
+        b.add_node("second", second)
+        b.add_edge(START, "first").add_edge("first", "second").add_edge("second", END)
+        return b.compile()
+
+    def fail(s: S) -> dict[str, Any]:
+        raise RuntimeError("stopped after the first node")
+
+    with pytest.raises(RuntimeError):
+        build(fail).invoke({"text": "a"})
+    (run,) = durably.list_runs()
+    new = build(lambda s: {"text": s["text"].upper()})
+
+    def items(**kw: Any) -> list[Any]:
+        if how == "stream":
+            return list(new.stream(None, run_id=run.id, **kw))
+
+        async def consume() -> list[Any]:
+            return [item async for item in new.astream(None, run_id=run.id, **kw)]
+        return asyncio.run(consume())
+
+    with pytest.raises(GraphChangedError, match="migrate="):
+        items()
+    got = items(migrate=lambda s: {"text": s["text"] + "~"})
+    assert got[-1] == {"text": "A1~"}  # migrated before the node that had not finished
+    assert durably.get_run(run.id).status == "finished"
+
+
 def test_subgraph_and_async_nodes() -> None:
     class S(TypedDict):
         items: Annotated[list[str], operator.add]

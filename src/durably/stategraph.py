@@ -32,6 +32,7 @@ import contextvars
 import copy
 import dataclasses
 import inspect
+import itertools
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
@@ -604,7 +605,8 @@ class CompiledGraph(Generic[S]):
         return self.schema.build(final)
 
     def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None,
-               fresh: bool = False) -> Generator[Any, None, None]:
+               fresh: bool = False, migrate: Callable[[Any], Any] | None = None
+               ) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -614,6 +616,7 @@ class CompiledGraph(Generic[S]):
                 :class:`~durably.Event` of the run (steps, nodes, custom events).
             run_id: As for :meth:`invoke`.
             fresh: As for :meth:`run`.
+            migrate: As for :meth:`invoke`.
 
         Super-steps replayed from the journal are yielded too. When a node interrupts, the
         last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
@@ -623,13 +626,26 @@ class CompiledGraph(Generic[S]):
             raise DefinitionError(f"stream(mode=...) is 'values', 'updates' or 'events', not "
                                   f"{mode!r}")
         args = self._input(state, run_id)
-        for event in self._entry.stream(args, run_id=run_id, fresh=fresh):
-            if mode == "events":
-                yield event
-            elif event.kind == "graph_step":
-                yield event.data["values"] if mode == "values" else event.data["updates"]
-            elif event.kind == "run_interrupted":
-                yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
+        events = self._entry.stream(args, run_id=run_id, fresh=fresh)
+        # the run's thread starts at the first item, with a copy of this context: migrate=
+        # is set in it for that moment only (a generator runs in its consumer's context)
+        token = self._migrate.set(migrate)
+        try:
+            first = next(events, None)
+        finally:
+            self._migrate.reset(token)
+        try:
+            for event in itertools.chain(() if first is None else (first,), events):
+                if mode == "events":
+                    yield event
+                elif event.kind == "graph_step":
+                    yield event.data["values"] if mode == "values" else event.data["updates"]
+                elif event.kind == "run_interrupted":
+                    yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
+        finally:
+            close = getattr(events, "close", None)  # (a generator)
+            if close is not None:
+                close()  # a run still going stops at its next step boundary
 
     # -- from async code (LangGraph's names): the run executes in a thread of its own -------
     async def ainvoke(self, state: Any = None, *, run_id: str | None = None,
@@ -729,7 +745,8 @@ class CompiledGraph(Generic[S]):
             raise
 
     async def astream(self, state: Any = None, *, mode: str = "values",
-                      run_id: str | None = None, fresh: bool = False) -> AsyncIterator[Any]:
+                      run_id: str | None = None, fresh: bool = False,
+                      migrate: Callable[[Any], Any] | None = None) -> AsyncIterator[Any]:
         """:meth:`stream` from async code (``async for``): the same items, from a run that
         executes in a thread of its own and waits while you handle each item. Leaving the
         loop early (``break``, an exception, cancelling the task) stops the run at its next
@@ -740,6 +757,7 @@ class CompiledGraph(Generic[S]):
             mode: As for :meth:`stream`.
             run_id: As for :meth:`stream`.
             fresh: As for :meth:`stream`.
+            migrate: As for :meth:`invoke`.
 
         Yields:
             The items :meth:`stream` yields.
@@ -765,7 +783,7 @@ class CompiledGraph(Generic[S]):
             """Fetch one item per request, in this one thread, which also closes the
             stream (a generator is never closed while another thread runs it)."""
             self._cancel.set(cancel)
-            items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh)
+            items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate)
             try:
                 while True:
                     wanted.acquire()
