@@ -80,6 +80,23 @@ def fragile(x: int, log: str, flags: str) -> int:
     return x + 100
 
 
+@durably.task(ignore=("log", "flags"))
+def fails_once(x: int, log: str, flags: str) -> int:
+    """Fails the first time it runs with the file ``flags/x`` there (and removes it)."""
+    _mark(log, f"fails_once {x}")
+    flag = os.path.join(flags, str(x))
+    if os.path.exists(flag):
+        os.unlink(flag)
+        raise ValueError(f"item {x} failed once")
+    return x + 100
+
+
+@durably.task(cache=False, ignore=("log",))
+def side_effect(x: int, log: str) -> int:
+    _mark(log, f"side_effect {x}")
+    return x
+
+
 @durably.task(ignore=("log",))
 def inner(x: int, log: str) -> int:
     _mark(log, f"inner {x}")
@@ -213,6 +230,44 @@ def test_nested_tasks_in_thread_items_are_child_steps(store: Any, log: str) -> N
     assert all(s.parent_id is None for s in outers)
     assert {by_id[s.parent_id].task for s in inners if s.parent_id} == {outers[0].task}
     assert all(s.parent_id in by_id for s in inners)
+
+
+def test_duplicate_items_execute_once_the_others_are_served_from_the_cache(
+        store: Any, log: str) -> None:
+    """Items with one cache key execute once; the others are served from the cache once it
+    finished (as a second call with those inputs would be), in a run (journaled as cached,
+    replayed on resume), outside one, and on the event loop."""
+    @durably.entrypoint
+    def job(xs: list[int]) -> list[int]:
+        return square.map(xs, [log] * len(xs), max_workers=4)
+
+    xs = [3, 1, 3, 2, 3, 1]
+    run = job.run(xs)
+    assert run.result == [9, 1, 9, 4, 9, 1]
+    assert sorted(_lines(log)) == ["square 1", "square 2", "square 3"]
+    assert (run.counts()["ran"], run.counts()["cached"]) == (3, 3)
+    again = job.run(xs)
+    assert again.counts()["replayed"] == 6 and len(_lines(log)) == 3
+    assert square.map([7, 7, 7], [log] * 3) == [49, 49, 49]
+    assert asyncio.run(asquare.map([5, 5, 6, 5], [log] * 4)) == [25, 25, 36, 25]
+    assert sorted(_lines(log)[3:]) == ["asquare 5", "asquare 6", "square 7"]
+
+
+def test_a_duplicate_item_runs_when_the_first_failed_and_side_effects_all_run(
+        store: Any, log: str, tmp_path: Path) -> None:
+    """A duplicate waits for the first item of its key; when that one failed, it executes
+    (as a second call would), and a ``cache=False`` task's every item executes."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    (flags / "1").touch()
+    with pytest.raises(ExceptionGroup) as info:
+        fails_once.map([1, 1, 2], [log] * 3, [str(flags)] * 3)
+    assert [str(e) for e in info.value.exceptions] == ["item 1 failed once"]
+    assert sorted(_lines(log)) == ["fails_once 1", "fails_once 1", "fails_once 2"]
+    assert fails_once.map([1, 1, 2], [log] * 3, [str(flags)] * 3) == [101, 101, 102]
+    assert len(_lines(log)) == 3  # all cached now
+    assert side_effect.map([4, 4], [log] * 2) == [4, 4]
+    assert _lines(log)[3:] == ["side_effect 4", "side_effect 4"]
 
 
 def test_map_of_a_method(store: Any) -> None:

@@ -256,7 +256,10 @@ class Task(_ByReference, _Wrapper[P, R]):
         finishes first: a fan-out killed halfway and run again executes exactly the items
         that had not finished, on any executor. Items the journal or the cache has are
         served at once; only the others are sent to the executor, and each result is
-        journaled and cached the moment it comes back. An ``async`` task returns a coroutine
+        journaled and cached the moment it comes back. Items with the same inputs (one
+        cache key) execute once: the others wait for it and are served from the cache, as
+        a second call would be (they execute after all if it failed; a ``cache=False``
+        task's every item executes). An ``async`` task returns a coroutine
         (``await task.map(...)``); its items are gathered on the running event loop.
 
         On Ctrl-C (or any error of the map itself) nothing more starts, and the map waits for

@@ -62,6 +62,8 @@ from ._runtime import (
     _acall_with_policy,
     _call_with_policy,
     begin_step,
+    cached_now,
+    serve_cached,
 )
 from ._store import Store, now
 from ._worker import _describe_store, _Outcome, _pack, _run_job, _unpack_outcome
@@ -583,14 +585,22 @@ def _items(iterables: tuple[Iterable[Any], ...], name: str) -> list[tuple[Any, .
 
 def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_Item]:
     """Step 1 of a fan-out, in the caller's thread and in input order: step identities,
-    replays and cache hits. Returns the items whose bodies must run."""
+    replays and cache hits. Returns the items whose bodies must run: of several items with
+    one cache key, the first; the others wait for it (see :meth:`_FanOut.settle_waiting`)."""
     spec, instance = target.spec, target.instance
     results, bar = fan.results, fan.bar
     missing = []
+    first: dict[str, _Item] = {}
     for index, args in enumerate(items):
         value, call = begin_step(spec, instance, args, {})
         if value is _MISS:
-            missing.append(_Item(index, call, args, {}))
+            item = _Item(index, call, args, {})
+            if spec.cache:  # (a cache=False task's every call is its own side effect)
+                primary = first.setdefault(call.key, item)
+                if primary is not item:
+                    fan.waiting.setdefault(primary.index, []).append(item)
+                    continue
+            missing.append(item)
             continue
         results[index] = value
         replayed = call is _SERVED
@@ -601,11 +611,14 @@ def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_I
 class _FanOut:
     """The bookkeeping of one ``map``: results in input order, failures, progress."""
 
-    __slots__ = ("abandoned", "bar", "failures", "results", "spec", "total")
+    __slots__ = ("abandoned", "bar", "failures", "results", "spec", "total", "waiting")
 
     def __init__(self, spec: Spec, total: int, progress: bool) -> None:
         #: a second Ctrl-C stopped the wait for the bodies still running
         self.abandoned = False
+        #: items with the cache key of an earlier item, by that item's index: served from
+        #: the cache once it finishes, as a second call of the task would be
+        self.waiting: dict[int, list[_Item]] = {}
         self.spec = spec
         self.total = total
         self.results: list[Any] = [None] * total
@@ -638,6 +651,33 @@ class _FanOut:
             _journal_failure(call, outcome.value)
             self.failures[item.index] = outcome.value
             self.bar.count("failed")
+
+    def settle_waiting(self, item: _Item) -> list[_Item]:
+        """After ``item`` finished: serve the items waiting for it from the cache, as a
+        second call of the task with those inputs would be. Returns those that must run
+        after all (it failed, or its result was not cached): the first of them, the
+        others waiting for it in turn."""
+        waiting = self.waiting.pop(item.index, None)
+        if not waiting:
+            return []
+        if item.index not in self.failures:
+            for other in list(waiting):
+                data = cached_now(other.call)
+                if data is None:
+                    continue
+                waiting.remove(other)
+                try:
+                    self.results[other.index] = serve_cached(other.call, data)
+                except Exception as exc:  # noqa: BLE001 - (cannot load it): that item's failure
+                    self.failures[other.index] = exc
+                    self.bar.count("failed")
+                    continue
+                self.bar.count("cached")
+            if not waiting:
+                return []
+        if len(waiting) > 1:
+            self.waiting[waiting[0].index] = waiting[1:]
+        return waiting[:1]
 
     def raise_failures(self) -> None:
         """A stop (``StopRun``, ``KeyboardInterrupt``, ``SystemExit`` in an item) propagates
@@ -672,18 +712,24 @@ class _FanOut:
 
 
 def _take(batch: list[tuple[_Item, Any]], ex: Executor | None, fan: _FanOut,
-          inflight: dict[int, _Item], outcomes: list[_Outcome] | None = None) -> None:
-    """Finish a batch of completed items (``outcomes`` already computed, or computed here)."""
+          inflight: dict[int, _Item], outcomes: list[_Outcome] | None = None) -> list[_Item]:
+    """Finish a batch of completed items (``outcomes`` already computed, or computed here).
+    Returns the items that waited for them and must run now (see
+    :meth:`_FanOut.settle_waiting`)."""
     failed = [(item, h) for item, h in batch if isinstance(h, _Failed)]
     done = [(item, h) for item, h in batch if not isinstance(h, _Failed)]
     if outcomes is None:
         outcomes = _outcomes_of(ex, done)
+    again: list[_Item] = []
     for (item, _), outcome in zip(done, outcomes, strict=True):
         inflight.pop(item.index, None)
         fan.finish(item, outcome)
+        again += fan.settle_waiting(item)
     for item, handle in failed:
         inflight.pop(item.index, None)
         fan.finish(item, _Outcome(False, handle.exc, None))
+        again += fan.settle_waiting(item)
+    return again
 
 
 def _outcomes_of(ex: Executor | None, done: list[tuple[_Item, Any]]) -> list[_Outcome]:
@@ -832,7 +878,9 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                         continue
                     batch = _ended_unseen(inflight)
                 batch = _still_waited([*batch, *_drain(inbox)], inflight, stopping)
-                _take(batch, ex, fan, inflight)
+                again = _take(batch, ex, fan, inflight)
+                if not stopping:
+                    todo.extendleft(reversed(again))
             except BaseException:
                 _put_back(batch, inflight, inbox.put)
                 raise
@@ -931,13 +979,13 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
             batch.append(inbox.get_nowait())
         return batch
 
-    async def take(batch: list[tuple[_Item, Any]]) -> None:
+    async def take(batch: list[tuple[_Item, Any]]) -> list[_Item]:
         done_ = [(i, h) for i, h in batch if not isinstance(h, _Failed)]
         if isinstance(ex, Dask):  # gathering results waits on the network: not on the loop
             outcomes = await loop.run_in_executor(None, _outcomes_of, ex, done_)
         else:
             outcomes = _outcomes_of(ex, done_)
-        _take(batch, ex, fan, inflight, outcomes)
+        return _take(batch, ex, fan, inflight, outcomes)
 
     async def collect(stopping: bool = False) -> None:
         while inflight:
@@ -953,7 +1001,9 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
                         continue
                     batch = _ended_unseen(inflight)
                 batch = _still_waited([*batch, *drain()], inflight, stopping)
-                await take(batch)
+                again = await take(batch)
+                if not stopping:
+                    todo.extendleft(reversed(again))
             except BaseException:
                 _put_back(batch, inflight, inbox.put_nowait)
                 raise

@@ -571,15 +571,37 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.inputs = digest_each(arguments)  # before the body may mutate them
         call.trace_inputs(arguments)
         if data is not None:
-            value = _load(data, spec, "cached")
-            record = call.record("cached", None, short_repr(value), trace_digest(value))
-            ctx.note_cached(record, data)
-            if ctx.listener is not None:
-                ctx.emit(call.event("step_finished", record))
-            return value, call
+            return serve_cached(call, data), call
     else:
         call.trace_inputs(arguments)
     return _MISS, call
+
+
+def cached_now(call: Call) -> bytes | None:
+    """The cached result of a call whose body was to run, if its key has one by now (a
+    duplicate in a fan-out, after the first such item finished), as :func:`begin_step`
+    would have found it; None in a fork's first attempt (it reads no cache)."""
+    ctx = call.ctx
+    if ctx is not None and not ctx.read_cache:
+        return None
+    data = ctx.pending_cache(call.key) if ctx is not None else None
+    return data if data is not None else call.store.cache_get(call.key)
+
+
+def serve_cached(call: Call, data: bytes) -> Any:
+    """Finish ``call`` from the cross-run cache: its value, journaled as a cached step
+    inside a run.
+
+    Raises:
+        SerializationError: the cached value cannot be loaded."""
+    value = _load(data, call.spec, "cached")
+    ctx = call.ctx
+    if ctx is not None:
+        record = call.record("cached", None, short_repr(value), trace_digest(value))
+        ctx.note_cached(record, data)
+        if ctx.listener is not None:
+            ctx.emit(call.event("step_finished", record))
+    return value
 
 
 def _write_queued(ctx: RunContext) -> None:
