@@ -91,6 +91,13 @@ def fails_once(x: int, log: str, flags: str) -> int:
     return x + 100
 
 
+@durably.task(ignore=("log",))
+def slow_square(x: int, log: str) -> int:
+    _mark(log, f"slow_square {x}")
+    time.sleep(0.05)
+    return x * x
+
+
 @durably.task(cache=False, ignore=("log",))
 def side_effect(x: int, log: str) -> int:
     _mark(log, f"side_effect {x}")
@@ -132,6 +139,13 @@ def asks(x: int) -> int:
 async def asquare(x: int, log: str) -> int:
     _mark(log, f"asquare {x}")
     await asyncio.sleep(0)
+    return x * x
+
+
+@durably.task(ignore=("log",))
+async def asquare_slow(x: int, log: str) -> int:
+    _mark(log, f"asquare_slow {x}")
+    await asyncio.sleep(0.05)
     return x * x
 
 
@@ -268,6 +282,41 @@ def test_a_duplicate_item_runs_when_the_first_failed_and_side_effects_all_run(
     assert len(_lines(log)) == 3  # all cached now
     assert side_effect.map([4, 4], [log] * 2) == [4, 4]
     assert _lines(log)[3:] == ["side_effect 4", "side_effect 4"]
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: str,
+                                                              how: str) -> None:
+    """Leaving a stream() loop stops the run at its next step boundary: a map inside it
+    starts no more items (those running finish and are journaled), and the next call
+    executes exactly the rest."""
+    @durably.entrypoint
+    def job(n: int) -> int:
+        return sum(slow_square.map(range(n), [log] * n, max_workers=2))
+
+    @durably.entrypoint
+    async def ajob(n: int) -> int:
+        return sum(await asquare_slow.map(range(n), [log] * n, max_workers=2))
+
+    entry: Any = job if how == "sync" else ajob
+    if how == "sync":
+        for event in entry.stream(20):
+            if event.kind == "step_finished":
+                break
+    else:
+        async def consume() -> None:
+            async with contextlib.aclosing(entry.stream(20)) as events:
+                async for event in events:
+                    if event.kind == "step_finished":
+                        break
+        asyncio.run(consume())
+    first = _lines(log)
+    assert 1 <= len(first) <= 6, first  # not all 20
+    (run,) = durably.list_runs(entry)
+    assert run.status == "stopped"
+    total = entry(20) if how == "sync" else asyncio.run(entry(20))
+    assert total == sum(x * x for x in range(20))
+    assert sorted(_lines(log)) == sorted(f"{first[0].split()[0]} {x}" for x in range(20))
 
 
 def test_map_of_a_method(store: Any) -> None:

@@ -262,7 +262,9 @@ class Task(_ByReference, _Wrapper[P, R]):
         task's every item executes). An ``async`` task returns a coroutine
         (``await task.map(...)``); its items are gathered on the running event loop.
 
-        On Ctrl-C (or any error of the map itself) nothing more starts, and the map waits for
+        When the run is asked to stop (the consumer of :meth:`Entrypoint.stream` left its
+        loop) the map starts no more items, and ends as on Ctrl-C. On Ctrl-C (or any error
+        of the map itself) nothing more starts, and the map waits for
         the bodies already running on threads or worker processes, which cannot be stopped,
         journaling each as it ends: a rerun executes only the items that never finished. A
         second Ctrl-C stops waiting. (An async task's coroutines on the loop, and Dask

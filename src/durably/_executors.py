@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._context import current_step
+from ._context import StopRun, current_step
 from ._interrupt import InterruptSignal
 from ._lease import RENEW_SECONDS
 from ._progress import _Progress, progress_enabled
@@ -851,6 +851,8 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         inbox.put((item, handle))
 
     def fill() -> None:
+        if todo and ctx is not None and ctx.stop:
+            raise StopRun()  # (a closed stream, a lost lease): no item starts any more
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
             inflight[item.index] = item
@@ -961,6 +963,8 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         task.add_done_callback(lambda t: inbox.put_nowait((item, t)))
 
     def fill() -> None:
+        if todo and ctx is not None and ctx.stop:
+            raise StopRun()  # (a closed stream, a lost lease): no item starts any more
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
             inflight[item.index] = item
