@@ -262,13 +262,12 @@ class Task(_ByReference, _Wrapper[P, R]):
         task's every item executes). An ``async`` task returns a coroutine
         (``await task.map(...)``); its items are gathered on the running event loop.
 
-        When the run is asked to stop (the consumer of :meth:`Entrypoint.stream` left its
-        loop) the map starts no more items, and ends as on Ctrl-C. On Ctrl-C (or any error
-        of the map itself) nothing more starts, and the map waits for
+        On Ctrl-C (or any error of the map itself) nothing more starts, and the map waits for
         the bodies already running on threads or worker processes, which cannot be stopped,
         journaling each as it ends: a rerun executes only the items that never finished. A
         second Ctrl-C stops waiting. (An async task's coroutines on the loop, and Dask
-        tasks, are cancelled instead.)
+        tasks, are cancelled instead.) A run asked to stop (the consumer of
+        :meth:`Entrypoint.stream` left its loop) ends its map the same way.
 
         A progress bar (tqdm) with counts of ran and cached items shows in a terminal or a
         notebook when the fan-out takes more than half a second; it is off when output is
