@@ -98,6 +98,12 @@ def slow_square(x: int, log: str) -> int:
     return x * x
 
 
+@durably.task(ignore=("log",))
+def fan_in(k: int, log: str) -> int:
+    """A map inside a map's item: 30 slow items, one at a time."""
+    return sum(slow_square.map(range(k * 100, k * 100 + 30), [log] * 30, max_workers=1))
+
+
 @durably.task(cache=False, ignore=("log",))
 def side_effect(x: int, log: str) -> int:
     _mark(log, f"side_effect {x}")
@@ -317,6 +323,30 @@ def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: s
     total = entry(20) if how == "sync" else asyncio.run(entry(20))
     assert total == sum(x * x for x in range(20))
     assert sorted(_lines(log)) == sorted(f"{first[0].split()[0]} {x}" for x in range(20))
+
+
+def test_ctrl_c_stops_the_maps_inside_the_items_it_waits_for(store: Any, log: str) -> None:
+    """After Ctrl-C a map waits for its running bodies; a map inside them starts no more
+    items meanwhile (it went on to its end), and the rerun executes exactly the rest."""
+    @durably.entrypoint
+    def job() -> int:
+        return sum(fan_in.map([0, 1], [log] * 2, max_workers=2))
+
+    # a terminal's Ctrl-C: SIGINT, to the main thread (it wakes the map's wait)
+    timer = threading.Timer(0.4, signal.pthread_kill, (threading.main_thread().ident,
+                                                       signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            job()
+    finally:
+        timer.cancel()
+    first = _lines(log)
+    assert 2 <= len(first) <= 30, first  # not the 60 of both inner maps
+    expected = sum(x * x for k in (0, 1) for x in range(k * 100, k * 100 + 30))
+    assert job() == expected
+    assert sorted(_lines(log)) == sorted(f"slow_square {x}" for k in (0, 1)
+                                         for x in range(k * 100, k * 100 + 30))
 
 
 def test_map_of_a_method(store: Any) -> None:

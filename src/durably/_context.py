@@ -55,6 +55,7 @@ class RunContext:
         "asked",
         "attempt",
         "counts",
+        "halting",
         "inflight",
         "interrupts",
         "listener",
@@ -87,6 +88,9 @@ class RunContext:
         #: the attempt's lease was found taken over by another process (or removed): it
         #: stops at its next step boundary, and its end is not journaled
         self.lost = False
+        #: maps stopping (Ctrl-C, a failed store) while their running bodies end, one token
+        #: each: a map inside those bodies starts no more items meanwhile
+        self.halting: set[object] = set()
         #: answers to interrupts by interrupt id (pickled), read when the attempt starts
         self.answers: dict[str, bytes] = answers or {}
         #: interrupt() calls so far under each parent step, for stable interrupt ids

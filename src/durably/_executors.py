@@ -851,8 +851,10 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         inbox.put((item, handle))
 
     def fill() -> None:
-        if todo and ctx is not None and ctx.stop:
-            raise StopRun()  # (a closed stream, a lost lease): no item starts any more
+        if todo and ctx is not None and (ctx.stop or ctx.halting):
+            # a closed stream, a lost lease, or a map around this one stopping: no item
+            # starts any more
+            raise StopRun()
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
             inflight[item.index] = item
@@ -899,15 +901,22 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         # is journaled as it ends, so a rerun never executes it again; a second Ctrl-C stops
         # waiting
         todo.clear()
-        ex._cancel(list(inflight.values()))
+        halt = object()
+        if ctx is not None:
+            ctx.halting.add(halt)
         try:
-            collect(stopping=True)
-        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-            log.warning("durably: could not journal the finished items of %r: %s",
-                        target.spec.name, exc)
-        except BaseException:
-            fan.abandoned = True
-            raise
+            ex._cancel(list(inflight.values()))
+            try:
+                collect(stopping=True)
+            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+                log.warning("durably: could not journal the finished items of %r: %s",
+                            target.spec.name, exc)
+            except BaseException:
+                fan.abandoned = True
+                raise
+        finally:
+            if ctx is not None:
+                ctx.halting.discard(halt)
         raise
 
 
@@ -963,8 +972,10 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         task.add_done_callback(lambda t: inbox.put_nowait((item, t)))
 
     def fill() -> None:
-        if todo and ctx is not None and ctx.stop:
-            raise StopRun()  # (a closed stream, a lost lease): no item starts any more
+        if todo and ctx is not None and (ctx.stop or ctx.halting):
+            # a closed stream, a lost lease, or a map around this one stopping: no item
+            # starts any more
+            raise StopRun()
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
             inflight[item.index] = item
@@ -1023,16 +1034,23 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         # coroutine here is cancelled) are journaled as they end; cancelling again stops
         # waiting
         todo.clear()
-        if ex is None:
-            for item in inflight.values():
-                item.handle.cancel()
-        else:
-            ex._cancel(list(inflight.values()))
+        halt = object()
+        if ctx is not None:
+            ctx.halting.add(halt)
         try:
-            await collect(stopping=True)
-        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-            log.warning("durably: could not journal the finished items of %r: %s",
-                        target.spec.name, exc)
+            if ex is None:
+                for item in inflight.values():
+                    item.handle.cancel()
+            else:
+                ex._cancel(list(inflight.values()))
+            try:
+                await collect(stopping=True)
+            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+                log.warning("durably: could not journal the finished items of %r: %s",
+                            target.spec.name, exc)
+        finally:
+            if ctx is not None:
+                ctx.halting.discard(halt)
         raise
 
 
