@@ -859,6 +859,158 @@ def test_a_fork_waits_for_a_renewal_and_no_renewal_starts_during_one(
         _lease.let_go(owner)
 
 
+def _no_lease_thread() -> None:
+    """Wait for the renewing thread of earlier runs to end (it keeps its own period)."""
+    import time
+
+    from durably import _lease
+
+    deadline = time.monotonic() + 10
+    while _lease._beater[0] is not None and _lease._beater[0].is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_renewal_held_back_by_a_fork_is_tried_at_the_next_look(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renewal skipped because a fork was in progress is tried again at the thread's next
+    look, not a whole period later: a few forks in a row (a process pool) would otherwise
+    let the lease expire while the run executes."""
+    import time
+
+    from durably import _lease
+
+    monkeypatch.setattr(_lease, "RENEW_SECONDS", 1.0)
+    monkeypatch.setattr(_lease, "_TICK_SECONDS", 0.05)
+    _no_lease_thread()
+    owner, renewed = _lease.me(), []
+    _lease.hold(owner)
+    start = time.monotonic()
+    try:
+        _lease.beat(owner, lambda: renewed.append(time.monotonic() - start))
+        time.sleep(0.9)
+        _lease._FORKS[-1] = time.monotonic()  # a fork from 0.9 s to 1.2 s
+        time.sleep(0.3)
+        _lease._FORKS.pop(-1)
+        time.sleep(0.5)
+    finally:
+        _lease._FORKS.pop(-1, None)
+        _lease.let_go(owner)
+    assert renewed and 1.2 <= renewed[0] < 1.5, renewed  # (before: 2.0)
+
+
+def test_a_ctrl_c_while_fork_waits_for_a_renewal_is_raised_after_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fork() waits for a renewal in progress; a Ctrl-C meanwhile neither cuts the wait
+    short (the child could inherit SQLite's locks held) nor is lost: it is raised once the
+    fork is done."""
+    import os
+    import signal
+    import time
+
+    from durably import _lease
+
+    _lease._renewal_active[0] = True  # a renewal in progress, ending in 0.5 s
+    ends = threading.Timer(0.5, lambda: _lease._renewal_active.__setitem__(0, False))
+    ctrl_c = threading.Timer(0.1, signal.pthread_kill, (threading.main_thread().ident,
+                                                        signal.SIGINT))
+    ends.start()
+    ctrl_c.start()
+    t = time.monotonic()
+    pid = 0
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            time.sleep(1.0)  # (raised here, once the fork returned)
+        assert time.monotonic() - t >= 0.45  # the wait was not cut short
+    finally:
+        ends.join()
+        ctrl_c.join()
+        if pid:
+            os.waitpid(pid, 0)
+    assert pid and not _lease._INTERRUPTED_FORKS
+
+
+def test_a_ctrl_c_as_the_lease_commits_leaves_no_lease_behind(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C landing just after the attempt's start committed (its lease written) takes
+    the lease back: other processes are not refused while this one lives."""
+    from durably import _records, _runtime
+
+    real = _runtime._resolve_run
+    calls = []
+
+    def resolve(*args: Any) -> Any:
+        found = real(*args)
+        calls.append(found[0])
+        return found
+
+    monkeypatch.setattr(_runtime, "_resolve_run", resolve)
+    if isinstance(store, MemoryStore):  # no transaction: interrupted once the lease is taken
+        acquire = store.acquire_run
+
+        def acquire_then_ctrl_c(run_id: str, owner: Any) -> Any:
+            assert acquire(run_id, owner) is None
+            monkeypatch.setattr(store, "acquire_run", acquire)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(store, "acquire_run", acquire_then_ctrl_c)
+    else:  # the first commit of the attempt (its start) is interrupted once it committed
+        commit = _records.immediate.__exit__
+
+        def commit_then_ctrl_c(self: Any, kind: Any, exc: Any, tb: Any) -> None:
+            commit(self, kind, exc, tb)
+            if kind is None and not self.joined and calls:
+                monkeypatch.setattr(_records.immediate, "__exit__", commit)
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(_records.immediate, "__exit__", commit_then_ctrl_c)
+
+    @entrypoint
+    def job() -> int:
+        return 1
+
+    with pytest.raises(KeyboardInterrupt):
+        job()
+    # no lease row: another process would judge it by this live pid, and be refused (this
+    # process, whose token is let go, would not)
+    if isinstance(store, MemoryStore):
+        assert calls and calls[0] not in store._leases
+    else:
+        assert calls and store._db().execute("SELECT count(*) FROM leases WHERE run_id=?",
+                                             (calls[0],)).fetchone()[0] == 0
+    assert job() == 1
+
+
+def test_a_ctrl_c_in_the_attempts_last_clean_up_still_lets_its_lease_go(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C inside the clean-up that ends an attempt (as its context is left) still
+    lets its lease go: no renewal of it goes on for the life of the process."""
+    from durably import _lease, _runtime
+
+    leave, calls, owners = _runtime._leave, [], []
+
+    def leave_then_ctrl_c(started: Any) -> None:
+        calls.append(started)
+        owners.append(started.ctx.owner)
+        leave(started)
+        if len(calls) == 2:  # the second: end_run's finally
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_runtime, "_leave", leave_then_ctrl_c)
+
+    @entrypoint
+    def job() -> int:
+        return 1
+
+    with pytest.raises(KeyboardInterrupt):
+        job()
+    token = owners[0].token
+    assert token not in _lease._LIVE and token not in _lease._BEATING
+
+
 def test_the_idle_lease_thread_does_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
     """Between a run's end and its own, the renewing thread sleeps, even once the time of
     its next renewal has passed."""

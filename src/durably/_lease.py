@@ -11,6 +11,7 @@ import atexit
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -174,7 +175,8 @@ def beat(owner: Owner, renew: Callable[[], None]) -> None:
 
 def _beat_loop() -> None:
     me = threading.current_thread()
-    due = time.monotonic() + RENEW_SECONDS
+    #: when each lease was last renewed (or first seen: it was written as it was taken)
+    renewed: dict[str, float] = {}
     idle_since: float | None = None
     while True:
         if _beater[0] is not me:
@@ -183,6 +185,8 @@ def _beat_loop() -> None:
         for token in list(_BEATING):
             if token not in _LIVE:
                 _BEATING.pop(token, None)  # let go, though let_go was cut short (Ctrl-C)
+        for token in [t for t in renewed if t not in _BEATING]:
+            del renewed[token]
         if _BEATING:
             idle_since = None
         elif idle_since is None:
@@ -192,39 +196,59 @@ def _beat_loop() -> None:
             if not _BEATING:  # (a lease added meanwhile: go on renewing it)
                 return
             _beater[0], idle_since = me, None
-        if not _BEATING or now < due:
-            time.sleep(_TICK_SECONDS if not _BEATING else min(_TICK_SECONDS, due - now))
-            continue
-        due = now + RENEW_SECONDS
-        for renew in list(_BEATING.values()):
+        for token, renew in list(_BEATING.items()):
+            if now - renewed.setdefault(token, now) < RENEW_SECONDS:
+                continue
             _renewal_active[0] = True
             try:
                 forking = any(time.monotonic() - t < _FORK_SECONDS for t in _FORKS.values())
                 if _exiting[0] or forking:
-                    continue  # (a fork must not inherit SQLite's locks: the next beat)
+                    # a fork must not inherit SQLite's locks: tried again at the next look
+                    # (not a whole period later: a few forks in a row would let it expire)
+                    continue
+                renewed[token] = now
                 renew()
             except Exception as exc:  # noqa: BLE001 - the next beat tries again
                 log.debug("durably: a run's lease was not renewed: %s", exc)
             finally:
                 _renewal_active[0] = False
+        due = min((t + RENEW_SECONDS for t in renewed.values()), default=now + _TICK_SECONDS)
+        time.sleep(min(_TICK_SECONDS, max(due - time.monotonic(), 0.001)))
 
 
 def _before_fork() -> None:
     """fork() waits for a renewal in progress (it holds SQLite's locks), 10 s at most, and
-    no renewal starts until it is done."""
-    _FORKS[threading.get_ident()] = time.monotonic()
+    no renewal starts until it is done. A Ctrl-C meanwhile does not cut the wait short (a
+    child forked during a renewal can hang for ever; fork() would drop the exception too):
+    it is raised again once the fork is done (see _after_fork_in_parent)."""
+    me = threading.get_ident()
+    _FORKS[me] = time.monotonic()
     deadline = time.monotonic() + _FORK_SECONDS
     while _renewal_active[0] and time.monotonic() < deadline:
-        time.sleep(0.0005)
+        try:
+            time.sleep(0.0005)
+        except KeyboardInterrupt:  # delivered after the fork
+            _INTERRUPTED_FORKS.add(me)
+
+
+#: threads whose fork() was interrupted (Ctrl-C) while it waited for a renewal
+_INTERRUPTED_FORKS: set[int] = set()
 
 
 def _after_fork_in_parent() -> None:
-    _FORKS.pop(threading.get_ident(), None)
+    me = threading.get_ident()
+    _FORKS.pop(me, None)
+    if me in _INTERRUPTED_FORKS:
+        _INTERRUPTED_FORKS.discard(me)
+        # the Ctrl-C the wait held back, once fork() returned (raised in a hook, it would be
+        # reported and dropped): SIGINT again, to the main thread, which took the first
+        threading.Timer(0.01, signal.pthread_kill, (me, signal.SIGINT)).start()
 
 
 def _after_fork_in_child() -> None:
     """In a forked child: its parent's leases are not its own, nor is its thread."""
     _FORKS.clear()
+    _INTERRUPTED_FORKS.clear()
     _renewal_active[0] = _exiting[0] = False
     _BEATING.clear()
     _beater[0] = None

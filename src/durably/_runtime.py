@@ -787,6 +787,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     ctx: RunContext | None = None
     owner = me()
     hold(owner)  # from now on, a lease of this process with its token is not a leftover
+    leasing: str | None = None  # the run whose lease this attempt may hold
     # the lease, the run's record and its start event commit together: one commit, and no
     # other process sees the lease without the record (a store without batch(): one each)
     try:
@@ -795,6 +796,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             # the run between this read and the lease (a store without batch(): read again
             # once the lease is held, below)
             run_id, existing = _resolve_run(store, spec, run_id, fresh, input_digest)
+            leasing = run_id
             holder = store.acquire_run(run_id, owner)
             if holder is not None:
                 if holder.pid == owner.pid and holder.host == owner.host:
@@ -851,7 +853,15 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                 raise
     except BaseException:
         _abandon(store)
-        let_go(owner)
+        try:
+            if leasing is not None:
+                # a Ctrl-C as the transaction committed: the lease is written, and would
+                # refuse other processes while this one lives (only this attempt's token is
+                # deleted: nothing, if it took none)
+                with contextlib.suppress(Exception):
+                    store.release_run(leasing, owner)
+        finally:
+            let_go(owner)
         raise
     # from here until the caller's try (which ends the attempt), a KeyboardInterrupt must not
     # leave the lease held or this context inside a run that nobody will end
@@ -1038,8 +1048,10 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
         _leave(started)
         _end_attempt(ctx, record, result, exc, started.wall)
     finally:
-        _leave(started)  # (again, if a KeyboardInterrupt landed before it)
-        let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
+        try:
+            _leave(started)  # (again, if a KeyboardInterrupt landed before it)
+        finally:
+            let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
