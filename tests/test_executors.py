@@ -104,6 +104,31 @@ def fan_in(k: int, log: str) -> int:
     return sum(slow_square.map(range(k * 100, k * 100 + 30), [log] * 30, max_workers=1))
 
 
+@durably.task(ignore=("log",))
+def loop_in(k: int, log: str) -> int:
+    """A loop of 30 slow task calls inside a map's item."""
+    return sum(slow_square(x, log) for x in range(k * 100, k * 100 + 30))
+
+
+@durably.task(ignore=("log",))
+def slower_square(x: int, log: str) -> int:
+    _mark(log, f"slower_square {x}")
+    time.sleep(0.5)
+    return x * x
+
+
+@durably.task(ignore=("log",))
+def fan_in_slower(k: int, log: str) -> int:
+    """A map inside a map's item: 10 items of 0.5 s, one at a time."""
+    return sum(slower_square.map(range(k * 100, k * 100 + 10), [log] * 10, max_workers=1))
+
+
+@durably.task(ignore=("log",), timeout=0.3)
+def fan_in_timed(k: int, log: str) -> int:
+    """fan_in, abandoned by its timeout long before its map's end."""
+    return sum(slow_square.map(range(k * 100, k * 100 + 30), [log] * 30, max_workers=1))
+
+
 @durably.task(cache=False, ignore=("log",))
 def side_effect(x: int, log: str) -> int:
     _mark(log, f"side_effect {x}")
@@ -152,6 +177,18 @@ async def asquare(x: int, log: str) -> int:
 async def asquare_slow(x: int, log: str) -> int:
     _mark(log, f"asquare_slow {x}")
     await asyncio.sleep(0.05)
+    return x * x
+
+
+@durably.task(ignore=("log",))
+async def asquare_lingering(x: int, log: str) -> int:
+    """Takes 0.3 s to clean up when cancelled."""
+    _mark(log, f"asquare_lingering {x}")
+    try:
+        await asyncio.sleep(1.0)
+    except asyncio.CancelledError:
+        await asyncio.sleep(0.3)
+        raise
     return x * x
 
 
@@ -325,28 +362,112 @@ def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: s
     assert sorted(_lines(log)) == sorted(f"{first[0].split()[0]} {x}" for x in range(20))
 
 
-def test_ctrl_c_stops_the_maps_inside_the_items_it_waits_for(store: Any, log: str) -> None:
-    """After Ctrl-C a map waits for its running bodies; a map inside them starts no more
-    items meanwhile (it went on to its end), and the rerun executes exactly the rest."""
+def _ctrl_c(*after: float) -> list[threading.Timer]:
+    """A terminal's Ctrl-C ``after`` seconds: SIGINT, to the main thread (it wakes a map's
+    wait)."""
+    timers = [threading.Timer(t, signal.pthread_kill, (threading.main_thread().ident,
+                                                       signal.SIGINT)) for t in after]
+    for timer in timers:
+        timer.start()
+    return timers
+
+
+@pytest.mark.parametrize("inside", ["map", "loop", "twice"])
+def test_ctrl_c_stops_the_maps_inside_the_items_it_waits_for(store: Any, log: str,
+                                                             inside: str) -> None:
+    """After Ctrl-C a map waits for its running bodies; a map or a loop of task calls
+    inside them starts nothing more meanwhile (both went on to their end), nor after a
+    second Ctrl-C that stops the wait; the rerun executes exactly the rest."""
+    body = {"map": fan_in, "loop": loop_in, "twice": fan_in_slower}[inside]
+    size = 10 if inside == "twice" else 30
+
     @durably.entrypoint
     def job() -> int:
-        return sum(fan_in.map([0, 1], [log] * 2, max_workers=2))
+        return sum(body.map([0, 1], [log] * 2, max_workers=2))
 
-    # a terminal's Ctrl-C: SIGINT, to the main thread (it wakes the map's wait)
-    timer = threading.Timer(0.4, signal.pthread_kill, (threading.main_thread().ident,
-                                                       signal.SIGINT))
-    timer.start()
+    # twice: the second while the map waits for the bodies (their items take 0.5 s)
+    timers = _ctrl_c(0.3, 0.5) if inside == "twice" else _ctrl_c(0.4)
     try:
         with pytest.raises(KeyboardInterrupt):
             job()
+        if inside == "twice":
+            time.sleep(1.0)  # the bodies run on (a second Ctrl-C stops the wait), then end
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
     first = _lines(log)
-    assert 2 <= len(first) <= 30, first  # not the 60 of both inner maps
-    expected = sum(x * x for k in (0, 1) for x in range(k * 100, k * 100 + 30))
+    assert 2 <= len(first) <= size, first  # not all of both inner maps
+    time.sleep(0.3)
+    assert _lines(log) == first  # nothing started since
+    expected = sum(x * x for k in (0, 1) for x in range(k * 100, k * 100 + size))
     assert job() == expected
-    assert sorted(_lines(log)) == sorted(f"slow_square {x}" for k in (0, 1)
-                                         for x in range(k * 100, k * 100 + 30))
+    name = {"map": "slow_square", "loop": "slow_square", "twice": "slower_square"}[inside]
+    assert sorted(_lines(log)) == sorted(f"{name} {x}" for k in (0, 1)
+                                         for x in range(k * 100, k * 100 + size))
+
+
+def test_a_map_inside_a_body_abandoned_by_its_timeout_starts_nothing_more(
+        store: Any, log: str) -> None:
+    """A body past its ``timeout=`` is abandoned (a thread cannot be stopped): a map inside
+    it starts no more items, even once the run has ended."""
+    @durably.entrypoint
+    def job() -> int:
+        try:
+            return fan_in_timed(0, log)
+        except TimeoutError:
+            return -1
+
+    assert job() == -1
+    time.sleep(0.3)
+    started = len(_lines(log))
+    time.sleep(0.5)
+    assert started <= 10 and len(_lines(log)) == started, _lines(log)
+
+
+def test_a_cancelled_async_map_does_not_stop_another_map_of_the_run(store: Any,
+                                                                     log: str) -> None:
+    """An async map cancelled by a timeout around it stops its own items; a map running
+    beside it in the same run goes on to its end, and the run finishes."""
+    @durably.entrypoint
+    async def job() -> list[int]:
+        async def guarded() -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asquare_lingering.map(range(100, 140), [log] * 40,
+                                                             max_workers=2), 0.2)
+
+        _, fast = await asyncio.gather(guarded(), asquare_slow.map(range(20), [log] * 20,
+                                                                   max_workers=2))
+        return fast
+
+    run = asyncio.run(job.run())
+    assert run.status == "finished" and run.result == [x * x for x in range(20)]
+
+
+def test_duplicates_in_a_forks_first_attempt_execute_side_by_side(store: Any,
+                                                                   log: str) -> None:
+    """A fork's first attempt reads no cache, so its duplicate items execute (as before):
+    together, not one after another waiting for a cache entry that is never read."""
+    barrier = threading.Barrier(2, timeout=5)
+
+    @durably.task(ignore=("log",))
+    def meet(x: int, log: str) -> int:
+        _mark(log, f"meet {x}")
+        if os.environ.get("DURABLY_TEST_MEET"):
+            barrier.wait()  # the two copies after the fork's step at once, or an error
+        return x
+
+    @durably.entrypoint
+    def job() -> list[int]:
+        return meet.map([1, 1, 1], [log] * 3, max_workers=3)
+
+    run = job.run()
+    assert run.result == [1, 1, 1]
+    os.environ["DURABLY_TEST_MEET"] = "1"
+    try:
+        fork = job.fork(run.id, at=run.steps[0].step_id)
+    finally:
+        del os.environ["DURABLY_TEST_MEET"]
+    assert fork.result == [1, 1, 1] and _lines(log).count("meet 1") == 3  # 1, then 2
 
 
 def test_map_of_a_method(store: Any) -> None:

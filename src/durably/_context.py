@@ -88,9 +88,10 @@ class RunContext:
         #: the attempt's lease was found taken over by another process (or removed): it
         #: stops at its next step boundary, and its end is not journaled
         self.lost = False
-        #: maps stopping (Ctrl-C, a failed store) while their running bodies end, one token
-        #: each: a map inside those bodies starts no more items meanwhile
-        self.halting: set[object] = set()
+        #: the steps of the items whose map is stopping (Ctrl-C, a failed store) while their
+        #: bodies, which cannot be stopped, end: nothing inside them starts meanwhile (see
+        #: :meth:`halted`)
+        self.halting: set[str] = set()
         #: answers to interrupts by interrupt id (pickled), read when the attempt starts
         self.answers: dict[str, bytes] = answers or {}
         #: interrupt() calls so far under each parent step, for stable interrupt ids
@@ -146,6 +147,19 @@ class RunContext:
             self.renew_at = t + RENEW_SECONDS
             if self.store.renew_run(self.run_id, self.owner) is False:
                 self.lose_lease()
+
+    def halted(self, step: str | None) -> bool:
+        """Whether a step starting under ``step`` (its parent) is inside an item of a map
+        that is stopping (:attr:`halting`): that step, or one of its callers."""
+        halting, open_ = self.halting, self.open
+        for _ in range(10_000):  # (a parent chain is never that long: no cycle can hang it)
+            if step is None:
+                return False
+            if step in halting:
+                return True
+            caller = open_.get(step)
+            step = caller.parent if caller is not None else None
+        return False
 
     def lose_lease(self) -> None:
         """The attempt's lease is no longer its own (another process took the run over, or

@@ -50,7 +50,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._context import StopRun, current_step
+from ._context import RunContext, StopRun, current_step, cutoff
 from ._interrupt import InterruptSignal
 from ._lease import RENEW_SECONDS
 from ._progress import _Progress, progress_enabled
@@ -595,7 +595,9 @@ def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_I
         value, call = begin_step(spec, instance, args, {})
         if value is _MISS:
             item = _Item(index, call, args, {})
-            if spec.cache:  # (a cache=False task's every call is its own side effect)
+            # (a cache=False task's every call is its own side effect; a fork's first attempt
+            # reads no cache: its duplicates would wait for nothing)
+            if spec.cache and (call.ctx is None or call.ctx.read_cache):
                 primary = first.setdefault(call.key, item)
                 if primary is not item:
                     fan.waiting.setdefault(primary.index, []).append(item)
@@ -740,6 +742,33 @@ def _outcomes_of(ex: Executor | None, done: list[tuple[_Item, Any]]) -> list[_Ou
     return ex._outcomes(done)
 
 
+def _stopping(ctx: RunContext | None, parent: str | None) -> bool:
+    """Whether a map under ``parent`` must start no more items: its run is stopping (a
+    closed stream, a lost lease), it is inside an item of a map that is stopping (Ctrl-C),
+    or inside a body abandoned by its timeout."""
+    abandoned = cutoff.get()
+    if abandoned is not None and abandoned.cut:
+        return True
+    return ctx is not None and (ctx.stop or (bool(ctx.halting) and ctx.halted(parent)))
+
+
+def _halt(ctx: RunContext | None, inflight: dict[int, _Item]) -> list[str]:
+    """Mark the items of a stopping map whose bodies still run: nothing inside them starts
+    any more (see :meth:`RunContext.halted`). Returns the marks, for :func:`_unhalt`."""
+    if ctx is None:
+        return []
+    marks = [item.call.step_id for item in inflight.values()]
+    ctx.halting.update(marks)
+    return marks
+
+
+def _unhalt(ctx: RunContext | None, marks: list[str]) -> None:
+    """The bodies of a stopping map ended: take their marks back (the run may go on, if the
+    caller handles the stop)."""
+    if ctx is not None:
+        ctx.halting.difference_update(marks)
+
+
 def _drain(inbox: queue.SimpleQueue[tuple[_Item, Any]]) -> list[tuple[_Item, Any]]:
     batch = []
     while True:
@@ -844,6 +873,7 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
     todo = deque(missing)
     inflight: dict[int, _Item] = {}
     ctx = missing[0].call.ctx
+    parent = missing[0].call.parent
     if ctx is not None and not isinstance(ex, Thread):
         ctx.flush_cache()  # workers read the store: the run's queued results first
 
@@ -851,9 +881,7 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         inbox.put((item, handle))
 
     def fill() -> None:
-        if todo and ctx is not None and (ctx.stop or ctx.halting):
-            # a closed stream, a lost lease, or a map around this one stopping: no item
-            # starts any more
+        if todo and _stopping(ctx, parent):
             raise StopRun()
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
@@ -901,22 +929,17 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         # is journaled as it ends, so a rerun never executes it again; a second Ctrl-C stops
         # waiting
         todo.clear()
-        halt = object()
-        if ctx is not None:
-            ctx.halting.add(halt)
+        marks = _halt(ctx, inflight)
+        ex._cancel(list(inflight.values()))
         try:
-            ex._cancel(list(inflight.values()))
-            try:
-                collect(stopping=True)
-            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-                log.warning("durably: could not journal the finished items of %r: %s",
-                            target.spec.name, exc)
-            except BaseException:
-                fan.abandoned = True
-                raise
-        finally:
-            if ctx is not None:
-                ctx.halting.discard(halt)
+            collect(stopping=True)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning("durably: could not journal the finished items of %r: %s",
+                        target.spec.name, exc)
+        except BaseException:
+            fan.abandoned = True  # (its bodies run on: their marks stay)
+            raise
+        _unhalt(ctx, marks)
         raise
 
 
@@ -955,6 +978,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
     todo = deque(missing)
     inflight: dict[int, _Item] = {}
     ctx = missing[0].call.ctx
+    parent = missing[0].call.parent
     if ctx is not None and ex is not None and not isinstance(ex, Thread):
         ctx.flush_cache()  # workers read the store: the run's queued results first
 
@@ -972,9 +996,7 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         task.add_done_callback(lambda t: inbox.put_nowait((item, t)))
 
     def fill() -> None:
-        if todo and ctx is not None and (ctx.stop or ctx.halting):
-            # a closed stream, a lost lease, or a map around this one stopping: no item
-            # starts any more
+        if todo and _stopping(ctx, parent):
             raise StopRun()
         while todo and (window is None or len(inflight) < window):
             item = todo.popleft()
@@ -1034,23 +1056,19 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         # coroutine here is cancelled) are journaled as they end; cancelling again stops
         # waiting
         todo.clear()
-        halt = object()
-        if ctx is not None:
-            ctx.halting.add(halt)
+        marks = _halt(ctx, inflight)
+        if ex is None:
+            for item in inflight.values():
+                item.handle.cancel()
+        else:
+            ex._cancel(list(inflight.values()))
         try:
-            if ex is None:
-                for item in inflight.values():
-                    item.handle.cancel()
-            else:
-                ex._cancel(list(inflight.values()))
-            try:
-                await collect(stopping=True)
-            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-                log.warning("durably: could not journal the finished items of %r: %s",
-                            target.spec.name, exc)
-        finally:
-            if ctx is not None:
-                ctx.halting.discard(halt)
+            await collect(stopping=True)
+        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+            log.warning("durably: could not journal the finished items of %r: %s",
+                        target.spec.name, exc)
+        # (cancelled again: it stops waiting, and the marks of the bodies left running stay)
+        _unhalt(ctx, marks)
         raise
 
 

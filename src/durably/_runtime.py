@@ -531,6 +531,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if ctx.stop:  # the lease was found lost
             raise StopRun()
     parent = current_step.get()
+    if ctx.halting and ctx.halted(parent):
+        raise StopRun()  # inside an item of a map that is stopping (Ctrl-C)
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
     journal_key = key if spec.cache else spec.side_effect_key(input_digest)
