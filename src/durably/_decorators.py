@@ -266,8 +266,10 @@ class Task(_ByReference, _Wrapper[P, R]):
         the bodies already running on threads or worker processes, which cannot be stopped,
         journaling each as it ends: a rerun executes only the items that never finished. A
         second Ctrl-C stops waiting. (An async task's coroutines on the loop, and Dask
-        tasks, are cancelled instead.) A run asked to stop (the consumer of
-        :meth:`Entrypoint.stream` left its loop) ends its map the same way.
+        tasks, are cancelled instead; a terminal's Ctrl-C also reaches worker processes,
+        whose bodies then stop with it and execute again on the rerun.) Maps and task
+        calls inside the bodies it waits for start nothing more. A run asked to stop (the
+        consumer of :meth:`Entrypoint.stream` left its loop) ends its map the same way.
 
         A progress bar (tqdm) with counts of ran and cached items shows in a terminal or a
         notebook when the fan-out takes more than half a second; it is off when output is
