@@ -442,6 +442,9 @@ def test_a_process_that_lost_its_lease_never_overwrites_the_run(tmp_path: Path,
     (run,) = durably.list_runs(store=store)
     assert (run.status, run.attempt, run.result) == ("finished", 2, 33)
     assert "lost its lease" in err
+    # A's late record of step 1 is not journaled: a replay would serve it instead of B's
+    ran = [(s.attempt, s.position) for s in store.list_steps(run.id) if s.status == "ran"]
+    assert ran == [(1, 0), (2, 1), (2, 2)]
 
 
 def test_a_killed_process_not_yet_reaped_holds_no_lease(tmp_path: Path) -> None:

@@ -116,7 +116,8 @@ def hooks(store, rng):
     kind = PLAN.get("kind")
     count = {"n": 0}
     if kind == "journal":
-        for name in ("append_steps", "put_run", "append_events"):
+        for name in ("append_steps", "append_steps_held", "put_run", "put_run_held",
+                     "append_events"):
             real = getattr(store, name)
 
             def wrapped(*args, _real=real):

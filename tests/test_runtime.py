@@ -749,13 +749,16 @@ def test_no_lease_thread_is_left_behind_a_run(store: Any) -> None:
     assert "durably-lease" in job.run(run_id="again").result
 
 
-@pytest.mark.parametrize("noticed", ["at_the_end", "at_the_next_step"])
+@pytest.mark.parametrize("when", ["during_a_step", "after_the_steps", "before_a_step",
+                                  "after_the_steps_large"])
 def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
-        store: Any, noticed: str) -> None:
-    """Another process took the run over while a step executed (its lease replaced, and its
-    record the new attempt's): the attempt raises RunStateError, and the run's record stays
-    the new attempt's. Found by a renewal, the attempt stops before its next step; its
-    finished steps stay journaled."""
+        store: Any, when: str) -> None:
+    """Another process took the run over (its lease replaced, its record the new
+    attempt's) while this attempt executed: the attempt raises RunStateError, and the run's
+    record stays the new attempt's. Taken over during a step, that step's record is not
+    journaled (the other attempt executes it again: a late record would be replayed instead
+    of its own) and nothing after it runs; found by a renewal before a step, that step does
+    not start; after the last step, the end finds it. Finished steps stay journaled."""
     import time
 
     from durably._context import current_run
@@ -763,40 +766,88 @@ def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
 
     executed: list[int] = []
 
+    def take_over() -> None:
+        ctx = current_run.get()
+        assert ctx is not None
+        other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
+        if isinstance(store, MemoryStore):
+            store._leases[ctx.run_id] = other
+        else:
+            store._db().execute("UPDATE leases SET host=?, token=?, heartbeat=? "
+                                "WHERE run_id=?", (other.host, other.token,
+                                                   other.heartbeat, ctx.run_id))
+        record = store.find_run(ctx.run_id)
+        store.put_run(dataclasses.replace(record, attempt=2, status="running"))
+
     @task
     def step(i: int) -> int:
         executed.append(i)
-        if i == 1:
-            ctx = current_run.get()
-            assert ctx is not None
-            other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
-            if isinstance(store, MemoryStore):
-                store._leases[ctx.run_id] = other
-            else:
-                store._db().execute("UPDATE leases SET host=?, token=?, heartbeat=? "
-                                    "WHERE run_id=?", (other.host, other.token,
-                                                       other.heartbeat, ctx.run_id))
-            record = store.find_run(ctx.run_id)
-            store.put_run(dataclasses.replace(record, attempt=2, status="running"))
-            if noticed == "at_the_next_step":
-                ctx.renew_at = 0.0  # its next step renews the lease
+        if i == 1 and when == "during_a_step":
+            take_over()
         return i
 
     @entrypoint
-    def job(n: int) -> int:
-        return sum(step(i) for i in range(n))
+    def job(n: int) -> Any:
+        total = 0
+        for i in range(n):
+            if i == 2 and when == "before_a_step":
+                take_over()
+                ctx = current_run.get()
+                assert ctx is not None
+                ctx.renew_at = 0.0  # the next step renews the lease first
+            total += step(i)
+        if when.startswith("after_the_steps"):
+            take_over()
+        # (a result over 1 MiB: the end's other path)
+        return b"x" * (2 << 20) if when.endswith("large") else total
 
     with pytest.raises(durably.RunStateError, match="lost the run's lease") as caught:
         job.run(3, run_id="taken")
     after = store.find_run("taken")
     assert (after.status, after.attempt) == ("running", 2)  # the other attempt's record
-    assert {s.step_id for s in store.list_steps("taken") if s.status == "ran"} and \
-        [s.position for s in store.list_steps("taken")] == (
-            [0, 1] if noticed == "at_the_next_step" else [0, 1, 2])
-    if noticed == "at_the_next_step":
-        assert executed == [0, 1] and "The attempt stopped" in str(caught.value)
+    journaled = [s.position for s in store.list_steps("taken") if s.status == "ran"]
+    if when == "during_a_step":
+        assert executed == [0, 1] and journaled == [0]
+        assert "The attempt stopped" in str(caught.value)
+    elif when == "before_a_step":
+        assert executed == [0, 1] and journaled == [0, 1]
+        assert "The attempt stopped" in str(caught.value)
     else:
-        assert executed == [0, 1, 2] and "The attempt finished" in str(caught.value)
+        assert executed == [0, 1, 2] and journaled == [0, 1, 2]
+        assert "The attempt finished" in str(caught.value)
+
+
+@pytest.mark.parametrize("how", ["ctrl_c", "exit"])
+def test_a_ctrl_c_or_exit_in_an_attempt_that_lost_its_lease_goes_on_as_it_is(
+        store: Any, how: str) -> None:
+    """An attempt ended by Ctrl-C or sys.exit, which finds its lease lost at its end,
+    raises that (a note says the lease was lost), not RunStateError: Ctrl-C still stops a
+    worker loop that catches RunStateError, and the exit code stays."""
+    import time
+
+    from durably._context import current_run
+    from durably._lease import me
+
+    @entrypoint
+    def job() -> int:
+        ctx = current_run.get()
+        assert ctx is not None
+        other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
+        if isinstance(store, MemoryStore):
+            store._leases[ctx.run_id] = other
+        else:
+            store._db().execute("UPDATE leases SET host=?, token=? WHERE run_id=?",
+                                (other.host, other.token, ctx.run_id))
+        if how == "exit":
+            sys.exit(3)
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit if how == "exit" else KeyboardInterrupt) as caught:
+        job()
+    assert any("lost the run's lease" in note
+               for note in getattr(caught.value, "__notes__", []))
+    if how == "exit":
+        assert caught.value.code == 3
 
 
 def test_a_lease_let_go_halfway_is_not_renewed_for_ever(store: Any) -> None:

@@ -161,6 +161,18 @@ class RunContext:
             step = caller.parent if caller is not None else None
         return False
 
+    def journal(self, steps: list[tuple[StepRecord, bytes | None]]) -> None:
+        """Journal step records of this attempt, only while it holds the run's lease (with a
+        store that can tell: ``append_steps_held``). A process that lost it (another took
+        the run over) writes none: a late record of a step the other attempt executed again
+        would be served on replay instead of that one, and what followed it would not
+        match. The attempt then stops (see :meth:`lose_lease`)."""
+        held = getattr(self.store, "append_steps_held", None)
+        if held is None:
+            self.store.append_steps(steps)
+        elif held(steps, self.owner) is False:
+            self.lose_lease()
+
     def lose_lease(self) -> None:
         """The attempt's lease is no longer its own (another process took the run over, or
         the lease was removed): stop at the next step boundary, never journal its end."""
@@ -226,7 +238,7 @@ class RunContext:
         if type(data) is not bytes or len(data) > LARGE_ROW:
             # a large value is journaled at once: never held in memory for a batch, nor
             # written inside the transaction that ends the attempt
-            self.store.append_steps([(record, data)])
+            self.journal([(record, data)])
             with self._lock:
                 self.counts["cached"] += 1
             return
@@ -300,7 +312,7 @@ class RunContext:
                 (StepRecord(run_id, step, parent, task, "replayed", attempt, position,
                             started, ended, None, key), None)
                 for position, started, ended, step, parent, key, task in replays]
-        self.store.append_steps(pending)
+        self.journal(pending)
         if replays and append is not None:
             append(self.run_id, self.attempt, replays)
 

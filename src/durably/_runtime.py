@@ -425,7 +425,7 @@ class Call:
         try:
             error = f"{tries}: {exc!r}" if tries else repr(exc)
             record = self.record("failed", error[:2000])
-            self.store.append_steps([(record, None)])
+            ctx.journal([(record, None)])
             ctx.count("failed")
             if ctx.listener is not None:
                 ctx.emit(self.event("step_failed", record, data=record.error))
@@ -444,7 +444,7 @@ class Call:
         if ctx is None or ctx.pid != _pid[0]:
             return
         record = self.record("interrupted")
-        self.store.append_steps([(record, None)])
+        ctx.journal([(record, None)])
         if ctx.listener is not None:
             ctx.emit(self.event("step_interrupted", record, data=signal.interrupts))
 
@@ -475,7 +475,7 @@ class Call:
                 self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
                 ctx.cache_later(self.key, data, info)
-        self.store.append_steps([(record, data)])
+        ctx.journal([(record, data)])
         ctx.count("ran")
         if ctx.listener is not None:
             ctx.emit(self.event("step_finished", record))
@@ -496,7 +496,7 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
     ctx.marked.add(step_id)
     caller = ctx.open.get(step_id)
     if caller is not None:
-        ctx.store.append_steps([(caller.record("started"), None)])
+        ctx.journal([(caller.record("started"), None)])
 
 
 def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -1138,17 +1138,17 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         _abandon(store)
     if not written:
         # each write on its own: a large result does not keep other processes' journal writes
-        # waiting while it is written; after a failure, the lease is released anyway
+        # waiting while it is sealed (and written to blobs/); its record only while the lease
+        # is this attempt's (the statement that writes it checks); after a failure, the lease
+        # is released anyway
         try:
             ctx.write(taken)
         finally:
             try:
                 if info is None:
                     info = _final_record(record, result, exc, wall)
-                if not lost and store.renew_run(record.run_id, ctx.owner) is False:
-                    lost = True  # (the lease is looked at just before, not with, it)
-                if not lost:
-                    _write_final(store, record, info)
+                if not lost and not _write_final(store, record, info, ctx.owner):
+                    lost = True
             finally:
                 store.release_run(record.run_id, ctx.owner)
     if failure is not None:
@@ -1157,7 +1157,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         finally:
             failure = None  # no reference cycle: what the error holds is freed with it
     if lost:
-        raise _lost(ctx, record, exc)
+        lost_error = _lost(ctx, record, exc)
+        if exc is None or isinstance(exc, (Exception, StopRun, InterruptSignal)):
+            raise lost_error
+        # a Ctrl-C, SystemExit or cancellation goes on as it is (said in a note)
+        exc.add_note(str(lost_error))
 
 
 def _lost(ctx: RunContext, record: RunRecord, exc: BaseException | None) -> RunStateError:
@@ -1206,8 +1210,16 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
     return _serde.dumps(info, what="a run event")
 
 
-def _write_final(store: Store, record: RunRecord, info: bytes) -> None:
-    """Journal the run's final record and its final event."""
-    store.put_run(record)
+def _write_final(store: Store, record: RunRecord, info: bytes, owner: Owner | None = None
+                 ) -> bool:
+    """Journal the run's final record and its final event; with ``owner``, only while it
+    holds the run's lease (a store that can tell: ``put_run_held``). False when it did
+    not (nothing written)."""
+    held = getattr(store, "put_run_held", None) if owner is not None else None
+    if held is None:
+        store.put_run(record)
+    elif held(record, owner) is False:
+        return False
     store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
                                      record.attempt, data=info)])
+    return True

@@ -269,6 +269,12 @@ _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's write
 _PUT_RUN = (f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) ON CONFLICT(run_id) "
             "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
                                          for c in RUN_COLS.split(",")[1:]))
+#: the same, only while the owner holds the run's lease (the SELECT's WHERE, ON CONFLICT's
+#: own WHERE keeps the parser from reading it as a join)
+_PUT_RUN_HELD = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE EXISTS "
+                 "(SELECT 1 FROM leases WHERE run_id=? AND token=?) ON CONFLICT(run_id) "
+                 "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
+                                              for c in RUN_COLS.split(",")[1:]))
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
 #: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
 #: store asks on every journal read and write whether it was inherited from a parent)
@@ -339,6 +345,12 @@ def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tupl
         [(k, t, t, MODE_RAW, sqlite3.Binary(last[k])) for k in small if k not in there])
     new = set(small) - there
     return [(k, d) for k, d in last.items() if k not in new]
+
+
+_INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
+#: the same, only while the owner holds the run's lease
+_INSERT_STEP_HELD = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT {', '.join('?' * 17)} "
+                     "WHERE EXISTS (SELECT 1 FROM leases WHERE run_id=? AND token=?)")
 
 
 class DiskStore:
@@ -1091,6 +1103,21 @@ class DiskStore:
         with self._write_journal:
             self._db().execute(_PUT_RUN, values)
 
+    def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
+        """:meth:`put_run`, only while ``owner`` holds the run's lease (checked by the
+        statement that writes it; a large value is sealed, and written to ``blobs/``,
+        before): False, and nothing written, when it does not.
+
+        Raises:
+            StoreError: the journal cannot be written.
+        """
+        args = self._seal_blob(record.args, "args", record.run_id)
+        result = self._seal_blob(record.result, "result", record.run_id)
+        values = (*run_row(record)[:8], args, result, record.error, record.run_id,
+                  owner.token)
+        with self._write_journal:
+            return self._db().execute(_PUT_RUN_HELD, values).rowcount == 1
+
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
         with self._write_journal, immediate(self._db()) as db:
             row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
@@ -1324,8 +1351,23 @@ class DiskStore:
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         """Journal step records (with the results of finished steps). Records of replayed
         steps are kept compactly, many to a row (:meth:`append_replays`)."""
+        self._append_steps(steps, None)
+
+    def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
+                          owner: Owner) -> bool:
+        """:meth:`append_steps`, only while ``owner`` holds the lease of the steps' run
+        (checked by each row's INSERT itself): False, and nothing written but replay
+        records, when it does not (another process took the run over).
+
+        Raises:
+            StoreError: the journal cannot be written.
+        """
+        return self._append_steps(steps, owner)
+
+    def _append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]],
+                      owner: Owner | None) -> bool:
         if not steps:
-            return
+            return True
         rows = []
         replays: dict[tuple[str, int], list[Replay]] = {}
         for rec, data in steps:
@@ -1335,17 +1377,18 @@ class DiskStore:
             else:
                 rows.append((*step_row(rec),
                              self._seal_blob(data, "step", rec.run_id, rec.step_id),
-                             step_sid(rec.run_id, rec.step_id)))
-        sql = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
+                             step_sid(rec.run_id, rec.step_id))
+                            + (() if owner is None else (rec.run_id, owner.token)))
+        sql = _INSERT_STEP if owner is None else _INSERT_STEP_HELD
         with self._write_journal:
             db = self._db()
             if len(rows) == 1 and not replays:
-                db.execute(sql, rows[0])
-                return
+                return db.execute(sql, rows[0]).rowcount == 1
             with immediate(db):
-                db.executemany(sql, rows)
+                written = db.executemany(sql, rows).rowcount if rows else 0
                 for (run_id, attempt), found in replays.items():
                     self.append_replays(run_id, attempt, found)
+        return written == len(rows)
 
     def append_replays(self, run_id: str, attempt: int, replays: Sequence[Replay]) -> None:
         """Journal steps of ``attempt`` served from the run's journal, as one row (75 bytes a

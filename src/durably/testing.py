@@ -123,6 +123,26 @@ class MemoryStore:
     def find_step(self, run_id: str, step_id: str) -> bytes | None:
         return self._finished.get((run_id, step_id))
 
+    def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
+        """:meth:`put_run`, only while ``owner`` holds the run's lease."""
+        with self._lock:
+            held = self._leases.get(record.run_id)
+        if held is None or held.token != owner.token:
+            return False
+        self.put_run(record)
+        return True
+
+    def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
+                          owner: Owner) -> bool:
+        """:meth:`append_steps`, only while ``owner`` holds the lease of each step's run
+        (as :meth:`DiskStore.append_steps_held <durably.DiskStore.append_steps_held>`)."""
+        with self._lock:
+            mine = [(rec, data) for rec, data in steps
+                    if (held := self._leases.get(rec.run_id)) is not None
+                    and held.token == owner.token]
+        self.append_steps(mine)
+        return len(mine) == len(steps)
+
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         with self._lock:
             for rec, data in steps:
