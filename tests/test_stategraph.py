@@ -339,6 +339,12 @@ def test_stream_and_astream_take_migrate_too(how: str) -> None:
 
     with pytest.raises(GraphChangedError, match="migrate="):
         items()
+    # a migrate that forgets to return the state, or returns an update: refused, and the
+    # run can still be migrated right
+    with pytest.raises(InvalidUpdateError, match="migrate returned None"):
+        items(migrate=lambda s: s.update(text="x"))
+    with pytest.raises(InvalidUpdateError, match=r"lacks \['text'\]"):
+        items(migrate=lambda s: {})
     got = items(migrate=lambda s: {"text": s["text"] + "~"})
     assert got[-1] == {"text": "A1~"}  # migrated before the node that had not finished
     assert durably.get_run(run.id).status == "finished"

@@ -237,9 +237,21 @@ class CompiledGraph(Generic[S]):
                 raise RunStateError(
                     f"graph {app.name!r}: the run must migrate its state before super-step "
                     f"{index}, but no migrate= function was given. Fix: pass migrate=... to "
-                    "invoke() or resume().")
-            return app.schema.to_dict(fn(app.schema.build(state)),
-                                      "the state returned by migrate")
+                    "invoke(), resume() or stream().")
+            new = fn(app.schema.build(state))
+            if new is None:
+                raise InvalidUpdateError(
+                    f"graph {app.name!r}: migrate returned None; it returns the whole migrated "
+                    "state. Fix: return the state (a function that changes it in place ends "
+                    "with `return state`).")
+            migrated = app.schema.to_dict(new, "the state returned by migrate")
+            lost = [k for k in state if k not in migrated]
+            if lost:
+                raise InvalidUpdateError(
+                    f"graph {app.name!r}: the state returned by migrate lacks {lost}, which "
+                    "the run's state has; it returns the whole migrated state, not an update. "
+                    "Fix: start from the state it is given ({**state, ...}).")
+            return migrated
 
         migrate.__qualname__ = migrate.__name__ = f"{self.name}::migrate"
         migrate.__module__ = self.graph.module
