@@ -947,7 +947,7 @@ def test_a_renewal_held_back_by_a_fork_is_tried_at_the_next_look(
     finally:
         _lease._FORKS.pop(-1, None)
         _lease.let_go(owner)
-    assert renewed and 1.2 <= renewed[0] < 1.5, renewed  # (before: 2.0)
+    assert renewed and 1.2 <= renewed[0] < 1.9, renewed  # (before: 2.0, a period later)
 
 
 def test_a_ctrl_c_while_fork_waits_for_a_renewal_is_raised_after_it(
