@@ -749,6 +749,20 @@ def test_no_lease_thread_is_left_behind_a_run(store: Any) -> None:
     assert "durably-lease" in job.run(run_id="again").result
 
 
+def _lease_taken_by_another_host(store: Any, run_id: str) -> None:
+    """The run's lease now another host's (a takeover), its heartbeat fresh."""
+    import time
+
+    from durably._lease import me
+
+    other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
+    if isinstance(store, MemoryStore):
+        store._leases[run_id] = other
+    else:
+        store._db().execute("UPDATE leases SET host=?, token=?, heartbeat=? WHERE run_id=?",
+                            (other.host, other.token, other.heartbeat, run_id))
+
+
 @pytest.mark.parametrize("when", ["during_a_step", "after_the_steps", "before_a_step",
                                   "after_the_steps_large"])
 def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
@@ -759,27 +773,19 @@ def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
     journaled (the other attempt executes it again: a late record would be replayed instead
     of its own) and nothing after it runs; found by a renewal before a step, that step does
     not start; after the last step, the end finds it. Finished steps stay journaled."""
-    import time
 
     from durably._context import current_run
-    from durably._lease import me
 
     executed: list[int] = []
 
     def take_over() -> None:
         ctx = current_run.get()
         assert ctx is not None
-        other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
-        if isinstance(store, MemoryStore):
-            store._leases[ctx.run_id] = other
-        else:
-            store._db().execute("UPDATE leases SET host=?, token=?, heartbeat=? "
-                                "WHERE run_id=?", (other.host, other.token,
-                                                   other.heartbeat, ctx.run_id))
+        _lease_taken_by_another_host(store, ctx.run_id)
         record = store.find_run(ctx.run_id)
         store.put_run(dataclasses.replace(record, attempt=2, status="running"))
 
-    @task
+    @task(version="1")  # (its code reaches the store, which has no digest)
     def step(i: int) -> int:
         executed.append(i)
         if i == 1 and when == "during_a_step":
@@ -823,21 +829,14 @@ def test_a_ctrl_c_or_exit_in_an_attempt_that_lost_its_lease_goes_on_as_it_is(
     """An attempt ended by Ctrl-C or sys.exit, which finds its lease lost at its end,
     raises that (a note says the lease was lost), not RunStateError: Ctrl-C still stops a
     worker loop that catches RunStateError, and the exit code stays."""
-    import time
 
     from durably._context import current_run
-    from durably._lease import me
 
     @entrypoint
     def job() -> int:
         ctx = current_run.get()
         assert ctx is not None
-        other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
-        if isinstance(store, MemoryStore):
-            store._leases[ctx.run_id] = other
-        else:
-            store._db().execute("UPDATE leases SET host=?, token=? WHERE run_id=?",
-                                (other.host, other.token, ctx.run_id))
+        _lease_taken_by_another_host(store, ctx.run_id)
         if how == "exit":
             sys.exit(3)
         raise KeyboardInterrupt
