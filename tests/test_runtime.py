@@ -690,6 +690,27 @@ def test_a_run_between_attempts_never_reads_as_crashed(store: Any) -> None:
     assert bad == []
 
 
+def test_an_attempt_releases_its_lease_only_once_its_final_status_is_written(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In this order a store without transactions (MemoryStore) never shows a run released
+    but still "running", which reads as crashed (the race the test above samples)."""
+    seen: list[str] = []
+    release = store.release_run
+
+    def release_run(run_id: str, owner: Any) -> Any:
+        seen.append(store.find_run(run_id).status)
+        return release(run_id, owner)
+
+    monkeypatch.setattr(store, "release_run", release_run)
+
+    @entrypoint
+    def job(n: int) -> int:
+        return n
+
+    assert job(3) == 3
+    assert seen == ["finished"]
+
+
 def test_cheap_steps_cache_entries_are_written_before_a_slow_step_executes(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import time

@@ -1123,15 +1123,16 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
         if record.result is None or len(record.result) <= _BATCHED_RESULT:
-            # the buffered records, the lease's release and the final status: one commit;
-            # the status only if the lease was still this attempt's (another process that
-            # took the run over owns its record now)
+            # the buffered records, the final status and the lease's release: one commit;
+            # the status only while the lease is this attempt's (another process that took
+            # the run over owns its record now). In this order: a store without
+            # transactions never shows the run released but still running ("crashed")
             with _one_transaction(store):
                 ctx.write(taken)
+                if not lost and not _write_final(store, record, info, ctx.owner):
+                    lost = True
                 if store.release_run(record.run_id, ctx.owner) is False:
                     lost = True
-                elif not lost:
-                    _write_final(store, record, info)
             written = True
     except BaseException as error:  # noqa: BLE001 - (a full disk, Ctrl-C): written below
         failure = error
