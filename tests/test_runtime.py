@@ -690,6 +690,38 @@ def test_a_run_between_attempts_never_reads_as_crashed(store: Any) -> None:
     assert bad == []
 
 
+def test_a_step_that_ends_after_its_attempt_did_is_still_journaled(store: Any) -> None:
+    """A step in a thread the user started with the run's context that ends after the
+    entrypoint raised is journaled as before (its run was not taken over), so the rerun
+    replays it instead of repeating its side effect."""
+    import contextvars
+
+    release, executed = threading.Event(), []
+    threads: list[threading.Thread] = []
+
+    @task(cache=False)
+    def charge(x: int) -> int:
+        release.wait(10)
+        executed.append(x)
+        return x
+
+    @entrypoint
+    def job() -> int:
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(charge, 1))
+        thread.start()
+        threads.append(thread)
+        raise ValueError("fails while charge runs")
+
+    with pytest.raises(ValueError):
+        job()
+    release.set()
+    threads[0].join(10)
+    with pytest.raises(ValueError):
+        job()
+    threads[1].join(10)
+    assert executed == [1]  # replayed the second time
+
+
 def test_an_attempt_releases_its_lease_only_once_its_final_status_is_written(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """In this order a store without transactions (MemoryStore) never shows a run released

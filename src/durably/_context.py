@@ -162,15 +162,18 @@ class RunContext:
         return False
 
     def journal(self, steps: list[tuple[StepRecord, bytes | None]]) -> None:
-        """Journal step records of this attempt, only while it holds the run's lease (with a
-        store that can tell: ``append_steps_held``). A process that lost it (another took
-        the run over) writes none: a late record of a step the other attempt executed again
-        would be served on replay instead of that one, and what followed it would not
-        match. The attempt then stops (see :meth:`lose_lease`)."""
+        """Journal step records of this attempt, only while the run is still its own (with a
+        store that can tell: ``append_steps_held``). A process whose run another took over
+        writes none: a late record of a step the other attempt executed again would be
+        served on replay instead of that one, and what followed it would not match. The
+        attempt then stops (see :meth:`lose_lease`)."""
         held = getattr(self.store, "append_steps_held", None)
         if held is None:
             self.store.append_steps(steps)
         elif held(steps, self.owner) is False:
+            if not self.lost:
+                log.warning("durably: run %r: another process took it over; attempt %d's "
+                            "steps are no longer journaled", self.run_id, self.attempt)
             self.lose_lease()
 
     def lose_lease(self) -> None:

@@ -269,10 +269,10 @@ _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's write
 _PUT_RUN = (f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) ON CONFLICT(run_id) "
             "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
                                          for c in RUN_COLS.split(",")[1:]))
-#: the same, only while the owner holds the run's lease (the SELECT's WHERE, ON CONFLICT's
-#: own WHERE keeps the parser from reading it as a join)
-_PUT_RUN_HELD = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE EXISTS "
-                 "(SELECT 1 FROM leases WHERE run_id=? AND token=?) ON CONFLICT(run_id) "
+#: the same, only while the run is still the attempt's: its record has that attempt (the
+#: SELECT's WHERE keeps the parser from reading ON CONFLICT as a join's)
+_PUT_RUN_HELD = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
+                 "(SELECT attempt FROM runs WHERE run_id=?) = ? ON CONFLICT(run_id) "
                  "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
                                               for c in RUN_COLS.split(",")[1:]))
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
@@ -348,9 +348,9 @@ def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tupl
 
 
 _INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
-#: the same, only while the owner holds the run's lease
+#: the same, only while the run is still the step's attempt's (its record has that attempt)
 _INSERT_STEP_HELD = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT {', '.join('?' * 17)} "
-                     "WHERE EXISTS (SELECT 1 FROM leases WHERE run_id=? AND token=?)")
+                     "WHERE (SELECT attempt FROM runs WHERE run_id=?) = ?")
 
 
 class DiskStore:
@@ -1104,9 +1104,11 @@ class DiskStore:
             self._db().execute(_PUT_RUN, values)
 
     def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
-        """:meth:`put_run`, only while ``owner`` holds the run's lease (checked by the
-        statement that writes it; a large value is sealed, and written to ``blobs/``,
-        before): False, and nothing written, when it does not.
+        """:meth:`put_run` of an attempt's final record, only while the run is still that
+        attempt's (no other process took it over: the stored record has
+        ``record.attempt``), checked by the statement that writes it (a large value is
+        sealed, and written to ``blobs/``, before): False, and nothing written, when it is
+        not.
 
         Raises:
             StoreError: the journal cannot be written.
@@ -1114,7 +1116,7 @@ class DiskStore:
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
         values = (*run_row(record)[:8], args, result, record.error, record.run_id,
-                  owner.token)
+                  record.attempt)
         with self._write_journal:
             return self._db().execute(_PUT_RUN_HELD, values).rowcount == 1
 
@@ -1355,9 +1357,11 @@ class DiskStore:
 
     def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
                           owner: Owner) -> bool:
-        """:meth:`append_steps`, only while ``owner`` holds the lease of the steps' run
-        (checked by each row's INSERT itself): False, and nothing written but replay
-        records, when it does not (another process took the run over).
+        """:meth:`append_steps`, only while each step's run is still its attempt's (no other
+        process took it over: the run's record has the step's attempt), checked by each
+        row's INSERT itself. A step that ends after its own attempt did (a thread the user
+        started) is still journaled. False, and nothing written but replay records, when a
+        row is refused.
 
         Raises:
             StoreError: the journal cannot be written.
@@ -1378,7 +1382,7 @@ class DiskStore:
                 rows.append((*step_row(rec),
                              self._seal_blob(data, "step", rec.run_id, rec.step_id),
                              step_sid(rec.run_id, rec.step_id))
-                            + (() if owner is None else (rec.run_id, owner.token)))
+                            + (() if owner is None else (rec.run_id, rec.attempt)))
         sql = _INSERT_STEP if owner is None else _INSERT_STEP_HELD
         with self._write_journal:
             db = self._db()

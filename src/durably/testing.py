@@ -124,22 +124,22 @@ class MemoryStore:
         return self._finished.get((run_id, step_id))
 
     def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
-        """:meth:`put_run`, only while ``owner`` holds the run's lease."""
+        """:meth:`put_run`, only while the run is still ``record.attempt``'s."""
         with self._lock:
-            held = self._leases.get(record.run_id)
-        if held is None or held.token != owner.token:
+            stored = self._runs.get(record.run_id)
+        if stored is None or stored.attempt != record.attempt:
             return False
         self.put_run(record)
         return True
 
     def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
                           owner: Owner) -> bool:
-        """:meth:`append_steps`, only while ``owner`` holds the lease of each step's run
-        (as :meth:`DiskStore.append_steps_held <durably.DiskStore.append_steps_held>`)."""
+        """:meth:`append_steps`, only while each step's run is still its attempt's (as
+        :meth:`DiskStore.append_steps_held <durably.DiskStore.append_steps_held>`)."""
         with self._lock:
             mine = [(rec, data) for rec, data in steps
-                    if (held := self._leases.get(rec.run_id)) is not None
-                    and held.token == owner.token]
+                    if (stored := self._runs.get(rec.run_id)) is not None
+                    and stored.attempt == rec.attempt]
         self.append_steps(mine)
         return len(mine) == len(steps)
 
