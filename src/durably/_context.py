@@ -172,8 +172,9 @@ class RunContext:
             self.store.append_steps(steps)
         elif held(steps, self.owner) is False:
             if not self.lost:
-                log.warning("durably: run %r: another process took it over; attempt %d's "
-                            "steps are no longer journaled", self.run_id, self.attempt)
+                log.warning("durably: run %r: a later attempt of it has started (another "
+                            "process took it over, or a new call); attempt %d's steps are no "
+                            "longer journaled", self.run_id, self.attempt)
             self.lose_lease()
 
     def lose_lease(self) -> None:
