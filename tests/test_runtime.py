@@ -722,6 +722,42 @@ def test_a_step_that_ends_after_its_attempt_did_is_still_journaled(store: Any) -
     assert executed == [1]  # replayed the second time
 
 
+def test_a_step_called_long_after_its_attempt_ended_runs_and_is_journaled(store: Any) -> None:
+    """A thread the user started with the run's context calls a task after the entrypoint
+    returned, past the lease's renewal time: the released lease is not renewed (nor taken
+    for lost), so the task runs and is journaled (before: an internal StopRun)."""
+    import contextvars
+
+    from durably._context import current_run
+
+    go, executed, contexts = threading.Event(), [], []
+    threads: list[threading.Thread] = []
+
+    @task(cache=False)
+    def charge(x: int) -> int:
+        executed.append(x)
+        return x
+
+    def later() -> None:
+        go.wait(10)
+        charge(1)
+
+    @entrypoint
+    def job() -> int:
+        contexts.append(current_run.get())
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(later,))
+        thread.start()
+        threads.append(thread)
+        return 0
+
+    assert job() == 0
+    contexts[0].renew_at = 0.0  # as if 30 s had passed: the next task call would renew
+    go.set()
+    threads[0].join(10)
+    assert executed == [1]
+    assert [s.status for s in durably.list_runs(job)[0].steps] == ["ran"]
+
+
 def test_an_attempt_releases_its_lease_only_once_its_final_status_is_written(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """In this order a store without transactions (MemoryStore) never shows a run released

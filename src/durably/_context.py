@@ -55,6 +55,7 @@ class RunContext:
         "asked",
         "attempt",
         "counts",
+        "ended",
         "halting",
         "inflight",
         "interrupts",
@@ -88,6 +89,9 @@ class RunContext:
         #: the attempt's lease was found taken over by another process (or removed): it
         #: stops at its next step boundary, and its end is not journaled
         self.lost = False
+        #: the attempt ended (its lease released): steps still called from threads the user
+        #: started are journaled, but the released lease is not renewed, nor found lost
+        self.ended = False
         #: the steps of the items whose map is stopping (Ctrl-C, a failed store) while their
         #: bodies, which cannot be stopped, end: nothing inside them starts meanwhile (see
         #: :meth:`halted`)
@@ -143,9 +147,9 @@ class RunContext:
         """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring).
         A lease found lost stops the attempt (see :attr:`lost`)."""
         t = time.monotonic()
-        if t >= self.renew_at:
+        if t >= self.renew_at and not self.ended:
             self.renew_at = t + RENEW_SECONDS
-            if self.store.renew_run(self.run_id, self.owner) is False:
+            if self.store.renew_run(self.run_id, self.owner) is False and not self.ended:
                 self.lose_lease()
 
     def halted(self, step: str | None) -> bool:

@@ -1109,6 +1109,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     """Journal the attempt's buffered records, its final status and event, and release its
     lease: one transaction, unless the result is large or that fails."""
     store = ctx.store
+    ctx.ended = True  # (no renewal from here: the lease is released below)
     taken = ctx.take_pending()
     info: bytes | None = None
     failure: BaseException | None = None
