@@ -116,7 +116,7 @@ def hooks(store, rng):
     kind = PLAN.get("kind")
     count = {"n": 0}
     if kind == "journal":
-        for name in ("append_steps", "append_steps_held", "put_run", "put_run_held",
+        for name in ("append_steps", "append_steps_if_current", "put_run", "put_run_if_current",
                      "append_events"):
             real = getattr(store, name)
 

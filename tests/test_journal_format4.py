@@ -291,18 +291,18 @@ def test_a_large_result_is_written_outside_the_transaction_that_ends_the_attempt
     from durably import _runtime
 
     seen: list[tuple[str, bool]] = []
-    real, real_held = store.put_run, store.put_run_held
+    real, real_checked = store.put_run, store.put_run_if_current
 
     def put_run(record: Any) -> None:
         seen.append((record.status, store._db().in_transaction))
         real(record)
 
-    def put_run_held(record: Any, owner: Any) -> bool:  # (the attempt's end, lease checked)
+    def put_run_if_current(record: Any) -> bool:  # (the attempt's end, checked)
         seen.append((record.status, store._db().in_transaction))
-        return real_held(record, owner)
+        return real_checked(record)
 
     monkeypatch.setattr(store, "put_run", put_run)
-    monkeypatch.setattr(store, "put_run_held", put_run_held)
+    monkeypatch.setattr(store, "put_run_if_current", put_run_if_current)
     assert chain(2) == 3
     assert seen[-1] == ("finished", True)
     monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every pickled result is larger
@@ -486,13 +486,13 @@ def test_large_results_of_cached_steps_are_journaled_at_once(
     FAIL["on"] = False
     monkeypatch.setattr(_context, "LARGE_ROW", 0)
     seen: list[tuple[str, bool]] = []
-    real = store.append_steps_held
+    real = store.append_steps_if_current
 
-    def append_steps_held(steps: Any, owner: Any) -> bool:  # (the run's, lease checked)
+    def append_steps_if_current(steps: Any) -> bool:  # (the run's steps, checked)
         seen.extend((rec.status, store._db().in_transaction) for rec, _ in steps)
-        return real(steps, owner)
+        return real(steps)
 
-    monkeypatch.setattr(store, "append_steps_held", append_steps_held)
+    monkeypatch.setattr(store, "append_steps_if_current", append_steps_if_current)
     run = chain.run(3, run_id="another")  # a new run: its steps come from the cache
     assert run.counts()["cached"] == 3
     assert [s for s in seen if s[0] == "cached"] == [("cached", False)] * 3

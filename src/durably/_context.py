@@ -167,14 +167,14 @@ class RunContext:
 
     def journal(self, steps: list[tuple[StepRecord, bytes | None]]) -> None:
         """Journal step records of this attempt, only while the run is still its own (with a
-        store that can tell: ``append_steps_held``). A process whose run another took over
+        store that can tell: ``append_steps_if_current``). A process whose run another took over
         writes none: a late record of a step the other attempt executed again would be
         served on replay instead of that one, and what followed it would not match. The
         attempt then stops (see :meth:`lose_lease`)."""
-        held = getattr(self.store, "append_steps_held", None)
-        if held is None:
+        if_current = getattr(self.store, "append_steps_if_current", None)
+        if if_current is None:
             self.store.append_steps(steps)
-        elif held(steps, self.owner) is False:
+        elif if_current(steps) is False:
             if not self.lost:
                 log.warning("durably: run %r: a later attempt of it has started (another "
                             "process took it over, or a new call); attempt %d's steps are no "

@@ -1125,12 +1125,12 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             taken = [], []
         if record.result is None or len(record.result) <= _BATCHED_RESULT:
             # the buffered records, the final status and the lease's release: one commit;
-            # the status only while the lease is this attempt's (another process that took
-            # the run over owns its record now). In this order: a store without
+            # the status only while the run is still this attempt's (another process that
+            # took it over owns its record now). In this order: a store without
             # transactions never shows the run released but still running ("crashed")
             with _one_transaction(store):
                 ctx.write(taken)
-                if not lost and not _write_final(store, record, info, ctx.owner):
+                if not lost and not _write_final(store, record, info, checked=True):
                     lost = True
                 if store.release_run(record.run_id, ctx.owner) is False:
                     lost = True
@@ -1140,16 +1140,16 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         _abandon(store)
     if not written:
         # each write on its own: a large result does not keep other processes' journal writes
-        # waiting while it is sealed (and written to blobs/); its record only while the lease
-        # is this attempt's (the statement that writes it checks); after a failure, the lease
-        # is released anyway
+        # waiting while it is sealed (and written to blobs/); its record only while the run is
+        # still this attempt's (the statement that writes it checks); after a failure, the
+        # lease is released anyway
         try:
             ctx.write(taken)
         finally:
             try:
                 if info is None:
                     info = _final_record(record, result, exc, wall)
-                if not lost and not _write_final(store, record, info, ctx.owner):
+                if not lost and not _write_final(store, record, info, checked=True):
                     lost = True
             finally:
                 store.release_run(record.run_id, ctx.owner)
@@ -1212,15 +1212,15 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
     return _serde.dumps(info, what="a run event")
 
 
-def _write_final(store: Store, record: RunRecord, info: bytes, owner: Owner | None = None
+def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = False
                  ) -> bool:
-    """Journal the run's final record and its final event; with ``owner``, only while it
-    holds the run's lease (a store that can tell: ``put_run_held``). False when it did
-    not (nothing written)."""
-    held = getattr(store, "put_run_held", None) if owner is not None else None
-    if held is None:
+    """Journal the run's final record and its final event; ``checked``: only while the run
+    is still this attempt's (with a store that can tell: ``put_run_if_current``). False
+    when it is not (nothing written)."""
+    if_current = getattr(store, "put_run_if_current", None) if checked else None
+    if if_current is None:
         store.put_run(record)
-    elif held(record, owner) is False:
+    elif if_current(record) is False:
         return False
     store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
                                      record.attempt, data=info)])

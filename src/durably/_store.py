@@ -266,15 +266,13 @@ _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's write
 #: a run's record, written in place when it exists (an upsert, not INSERT OR REPLACE: a
 #: replaced row moves to a new rowid, which dirties two more pages of the table and its
 #: pk index at every start and end of an attempt)
-_PUT_RUN = (f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) ON CONFLICT(run_id) "
-            "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
-                                         for c in RUN_COLS.split(",")[1:]))
+_RUN_UPSERT = "ON CONFLICT(run_id) DO UPDATE SET " + ", ".join(
+    f"{c.strip()}=excluded.{c.strip()}" for c in RUN_COLS.split(",")[1:])
+_PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_UPSERT}"
 #: the same, only while the run is still the attempt's: its record has that attempt (the
 #: SELECT's WHERE keeps the parser from reading ON CONFLICT as a join's)
-_PUT_RUN_HELD = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
-                 "(SELECT attempt FROM runs WHERE run_id=?) = ? ON CONFLICT(run_id) "
-                 "DO UPDATE SET " + ", ".join(f"{c.strip()}=excluded.{c.strip()}"
-                                              for c in RUN_COLS.split(",")[1:]))
+_PUT_RUN_IF_CURRENT = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
+                       f"(SELECT attempt FROM runs WHERE run_id=?) = ? {_RUN_UPSERT}")
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
 #: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
 #: store asks on every journal read and write whether it was inherited from a parent)
@@ -349,8 +347,9 @@ def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tupl
 
 _INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
 #: the same, only while the run is still the step's attempt's (its record has that attempt)
-_INSERT_STEP_HELD = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT {', '.join('?' * 17)} "
-                     "WHERE (SELECT attempt FROM runs WHERE run_id=?) = ?")
+_INSERT_STEP_IF_CURRENT = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT "
+                           f"{', '.join('?' * 17)} WHERE (SELECT attempt FROM runs WHERE "
+                           "run_id=?) = ?")
 
 
 class DiskStore:
@@ -1103,7 +1102,7 @@ class DiskStore:
         with self._write_journal:
             self._db().execute(_PUT_RUN, values)
 
-    def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
+    def put_run_if_current(self, record: RunRecord) -> bool:
         """:meth:`put_run` of an attempt's final record, only while the run is still that
         attempt's (no other process took it over: the stored record has
         ``record.attempt``), checked by the statement that writes it (a large value is
@@ -1118,7 +1117,7 @@ class DiskStore:
         values = (*run_row(record)[:8], args, result, record.error, record.run_id,
                   record.attempt)
         with self._write_journal:
-            return self._db().execute(_PUT_RUN_HELD, values).rowcount == 1
+            return self._db().execute(_PUT_RUN_IF_CURRENT, values).rowcount == 1
 
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
         with self._write_journal, immediate(self._db()) as db:
@@ -1353,10 +1352,10 @@ class DiskStore:
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
         """Journal step records (with the results of finished steps). Records of replayed
         steps are kept compactly, many to a row (:meth:`append_replays`)."""
-        self._append_steps(steps, None)
+        self._append_steps(steps, checked=False)
 
-    def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
-                          owner: Owner) -> bool:
+    def append_steps_if_current(self, steps: Sequence[tuple[StepRecord, bytes | None]]
+                                ) -> bool:
         """:meth:`append_steps`, only while each step's run is still its attempt's (no other
         process took it over: the run's record has the step's attempt), checked by each
         row's INSERT itself. A step that ends after its own attempt did (a thread the user
@@ -1366,10 +1365,10 @@ class DiskStore:
         Raises:
             StoreError: the journal cannot be written.
         """
-        return self._append_steps(steps, owner)
+        return self._append_steps(steps, checked=True)
 
-    def _append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]],
-                      owner: Owner | None) -> bool:
+    def _append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]], *,
+                      checked: bool) -> bool:
         if not steps:
             return True
         rows = []
@@ -1382,8 +1381,8 @@ class DiskStore:
                 rows.append((*step_row(rec),
                              self._seal_blob(data, "step", rec.run_id, rec.step_id),
                              step_sid(rec.run_id, rec.step_id))
-                            + (() if owner is None else (rec.run_id, rec.attempt)))
-        sql = _INSERT_STEP if owner is None else _INSERT_STEP_HELD
+                            + ((rec.run_id, rec.attempt) if checked else ()))
+        sql = _INSERT_STEP_IF_CURRENT if checked else _INSERT_STEP
         with self._write_journal:
             db = self._db()
             if len(rows) == 1 and not replays:

@@ -123,7 +123,7 @@ class MemoryStore:
     def find_step(self, run_id: str, step_id: str) -> bytes | None:
         return self._finished.get((run_id, step_id))
 
-    def put_run_held(self, record: RunRecord, owner: Owner) -> bool:
+    def put_run_if_current(self, record: RunRecord) -> bool:
         """:meth:`put_run`, only while the run is still ``record.attempt``'s."""
         with self._lock:
             stored = self._runs.get(record.run_id)
@@ -132,10 +132,11 @@ class MemoryStore:
         self.put_run(record)
         return True
 
-    def append_steps_held(self, steps: Sequence[tuple[StepRecord, bytes | None]],
-                          owner: Owner) -> bool:
+    def append_steps_if_current(self, steps: Sequence[tuple[StepRecord, bytes | None]]
+                                ) -> bool:
         """:meth:`append_steps`, only while each step's run is still its attempt's (as
-        :meth:`DiskStore.append_steps_held <durably.DiskStore.append_steps_held>`)."""
+        :meth:`DiskStore.append_steps_if_current
+        <durably.DiskStore.append_steps_if_current>`)."""
         with self._lock:
             mine = [(rec, data) for rec, data in steps
                     if (stored := self._runs.get(rec.run_id)) is not None
