@@ -245,3 +245,70 @@ def test_finished_items_never_run_again_when_a_worker_dies(disk: Any, log: str) 
     assert finished, "some items finished"
     # each finished item ran once: its result was released, never recomputed on a death
     assert {x: _lines(log).count(f"item {x}") for x in finished} == {x: 1 for x in finished}
+
+
+NESTED_MAPS = """
+import asyncio, os
+import distributed
+import durably
+
+@durably.task
+def leaf(x):
+    return x * 10, os.getpid()
+
+@durably.task
+def middle(x):
+    return [v for v, _ in leaf.map(range(x, x + 3), executor="dask")]
+
+@durably.task
+def top(x):  # a map inside a map inside a map, every level on the cluster
+    return middle.map(range(x, x + 2), executor="dask")
+
+@durably.task
+async def aleaf(x):
+    return x + 1
+
+@durably.task
+async def amiddle(x):
+    return sum(await aleaf.map(range(x, x + 3), executor="dask"))
+
+@durably.entrypoint
+def job(n):
+    return top.map(range(n), executor="dask")
+
+@durably.entrypoint
+async def ajob(n):
+    return await amiddle.map(range(n), executor="dask")
+
+if __name__ == "__main__":
+    # one worker with one thread: a body waiting for its items in the pool's only thread
+    # would leave none for them
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        with distributed.Client(cluster) as client:
+            print("sync", job(3), flush=True)
+            print("async", asyncio.run(ajob(3)), flush=True)
+            # the body's thread is back in the pool: the cluster still runs items
+            (worker_pid,) = client.run(os.getpid).values()
+            pids = {pid for _, pid in leaf.map(range(100, 104), executor="dask")}
+            print("after", pids == {worker_pid} and worker_pid != os.getpid(), flush=True)
+            print("rerun", job(3) == job(3), flush=True)
+"""
+
+
+def test_maps_nested_in_items_on_a_one_thread_worker_do_not_deadlock(tmp_path: Path) -> None:
+    script = write_script(tmp_path / "nested_maps.py", NESTED_MAPS)
+    env = script_env(tmp_path / "store")
+    with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the script, the cluster and its workers
+            out, err = proc.communicate()
+            pytest.fail(f"the nested maps hung (a deadlock):\n{out}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"{out}\n{err}"
+    rows = [[[10 * v for v in range(y, y + 3)] for y in (x, x + 1)] for x in range(3)]
+    assert out.splitlines() == [f"sync {rows}", "async [6, 9, 12]", "after True",
+                                "rerun True"]

@@ -216,6 +216,10 @@ class Executor(abc.ABC):
     def _prepare(self) -> None:  # noqa: B027 - default: nothing to check
         """Check, before the first body is sent, that the executor can run (raises)."""
 
+    def _waiting(self) -> contextlib.AbstractContextManager[None]:
+        """Around a fan-out's dispatch and wait, in the thread that drives it."""
+        return contextlib.nullcontext()
+
     @abc.abstractmethod
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         """Send one item's body to run; call ``done(item, handle)`` when it has finished."""
@@ -387,7 +391,9 @@ class Dask(Executor):
     workers. Tasks called inside a body are cached in the caller's store when the workers
     can reach its directory (a shared filesystem); a worker that cannot gets an in-memory
     cache of its own (a warning is logged). The items' own results always come back to the
-    caller and are journaled and cached there.
+    caller and are journaled and cached there. A map on Dask inside an item that runs on
+    Dask (nested fan-outs) leaves the worker's thread pool while it waits, as
+    ``distributed.worker_client`` does, so it never waits for a thread it holds itself.
 
     Args:
         client: The client. Default: the current one (``distributed.get_client()``), looked
@@ -435,6 +441,9 @@ class Dask(Executor):
     def _prepare(self) -> None:
         self._client()
 
+    def _waiting(self) -> contextlib.AbstractContextManager[None]:
+        return _Seceded()
+
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         client = self._client()
         head = target.head(item.call.store)
@@ -471,6 +480,43 @@ class Dask(Executor):
                 self._client().cancel(handles)
             except Exception as exc:  # noqa: BLE001 - cancelling is best effort
                 log.warning("durably: could not cancel Dask futures: %s", exc)
+
+
+class _Seceded:
+    """A fan-out driven by a body that itself runs on a Dask worker (a map inside a mapped
+    item) leaves the worker's thread pool while it waits (``distributed.secede``), and
+    rejoins it after (``distributed.rejoin``, as ``distributed.worker_client`` does): else
+    every thread of the pool could be waiting for items that have no thread left to run
+    on. Anywhere else (the client's process, a thread the body started, a body seceded
+    already), nothing."""
+
+    __slots__ = ("seceded",)
+
+    def __init__(self) -> None:
+        self.seceded = False
+
+    def __enter__(self) -> None:
+        try:
+            import distributed
+            import distributed.worker
+        except ImportError:
+            return
+        # what distributed.worker_client looks at: set in the thread of a task a worker runs
+        if not hasattr(getattr(distributed.worker, "thread_state", None), "start_time"):
+            return
+        try:
+            distributed.secede()  # type: ignore[no-untyped-call]
+        except (KeyError, AttributeError, ValueError):
+            return  # seceded already (inside distributed.worker_client), or not a pool thread
+        self.seceded = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.seceded:
+            self.seceded = False
+            import distributed
+
+            # (waits until a thread of the pool finishes its task and leaves it this slot)
+            distributed.rejoin()  # type: ignore[no-untyped-call]
 
 
 def _check_workers(max_workers: Any) -> int | None:
@@ -850,7 +896,8 @@ def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any
                 ex._prepare()
                 fan.bar.start()
                 window = max_workers if max_workers is not None else ex._window()
-                _drive(ex, target, missing, fan, window)
+                with ex._waiting():
+                    _drive(ex, target, missing, fan, window)
         finally:
             fan.bar.close()
         clean = True
@@ -964,7 +1011,8 @@ async def map_async(target: Target, iterables: tuple[Iterable[Any], ...], execut
             if ex is not None:
                 ex._prepare()
             fan.bar.start()
-            await _drive_async(ex, target, missing, fan, window)
+            with contextlib.nullcontext() if ex is None else ex._waiting():
+                await _drive_async(ex, target, missing, fan, window)
     finally:
         fan.bar.close()
     fan.raise_failures()
