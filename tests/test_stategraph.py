@@ -703,3 +703,77 @@ def test_fresh_runs_after_an_edit_instead_of_a_graph_changed_error() -> None:
     with pytest.raises(GraphChangedError, match="fresh=True"):
         second.invoke({"log": [], "count": 0})
     assert second.invoke({"log": [], "count": 0}, fresh=True)["log"] == ["v2"]
+
+
+def _nested_graphs(ask: bool = False) -> Any:
+    """outer: pre → (sub ∥ side) → END; sub: s1 → deep → s2; deep: d1 (asks, if ``ask``)."""
+    def d1(s: Log) -> dict[str, Any]:
+        said = durably.interrupt("ok?") if ask else "-"
+        return {"log": [f"d1{said}"], "count": s["count"] + 100}
+
+    deep = _one("d1", d1, "deep")
+    sub = StateGraph(Log, name="sub_g")
+    sub.add_node("s1", lambda s: {"log": ["s1"], "count": s["count"] + 1})
+    sub.add_node("deep", deep).add_node("s2", lambda s: {"log": ["s2"], "count": 7})
+    sub.add_edge(START, "s1").add_edge("s1", "deep").add_edge("deep", "s2")
+    sub.add_edge("s2", END)
+    outer = StateGraph(Log, name="outer_g")
+    outer.add_node("pre", lambda s: {"log": ["pre"]}).add_node("sub", sub.compile())
+    outer.add_node("side", lambda s: {"log": ["side"]})
+    outer.add_edge(START, "pre").add_edge("pre", "sub").add_edge("pre", "side")
+    outer.add_edge(["sub", "side"], END)
+    return outer.compile()
+
+
+def test_updates_of_a_subgraph_node_show_every_write_through_the_reducers() -> None:
+    items = list(_nested_graphs().stream({"log": [], "count": 0}, mode="updates"))
+    # the reducer key shows all three writes of the subgraph, in order (it showed only the
+    # last, ["s2"]); a key without a reducer shows the last write
+    assert items == [{"pre": {"log": ["pre"]}},
+                     {"sub": {"log": ["s1", "d1-", "s2"], "count": 7},
+                      "side": {"log": ["side"]}}]
+
+
+def test_stream_with_subgraphs_yields_each_level_under_its_namespace() -> None:
+    app = _nested_graphs()
+    items = list(app.stream({"log": [], "count": 0}, mode="updates", subgraphs=True))
+    assert items == [
+        ((), {"pre": {"log": ["pre"]}}),
+        (("sub",), {"s1": {"log": ["s1"], "count": 1}}),
+        (("sub", "deep"), {"d1": {"log": ["d1-"], "count": 101}}),
+        (("sub",), {"deep": {"log": ["d1-"], "count": 101}}),
+        (("sub",), {"s2": {"log": ["s2"], "count": 7}}),
+        ((), {"sub": {"log": ["s1", "d1-", "s2"], "count": 7}, "side": {"log": ["side"]}}),
+    ]
+    values = list(app.stream({"log": ["v"], "count": 0}, subgraphs=True))
+    assert [ns for ns, _ in values] == [(), ("sub",), ("sub", "deep"), ("sub",), ("sub",), ()]
+    # a subgraph's items are its own state: what its nodes wrote on the state it was given
+    assert values[2][1] == {"log": ["v", "pre", "s1", "d1-"], "count": 101}
+    assert values[-1][1] == {"log": ["v", "pre", "s1", "d1-", "s2", "side"], "count": 7}
+    # without subgraphs=True the same run shows only the top graph, as before
+    assert list(app.stream({"log": ["v"], "count": 0})) == [v for ns, v in values if not ns]
+
+    async def collect() -> list[Any]:
+        return [item async for item in app.astream({"log": [], "count": 0}, mode="updates",
+                                                   subgraphs=True, fresh=True)]
+
+    assert asyncio.run(collect()) == items
+    with pytest.raises(durably.DefinitionError, match="subgraphs"):
+        next(app.stream({"log": [], "count": 0}, subgraphs="yes"))  # type: ignore[arg-type]
+
+
+def test_stream_with_subgraphs_ends_with_the_interrupt_and_resumes_inside() -> None:
+    app = _nested_graphs(ask=True)
+    start = {"log": [], "count": 0}
+    first = list(app.stream(start, mode="updates", subgraphs=True))
+    assert [ns for ns, _ in first] == [(), ("sub",), ()]
+    assert first[1] == (("sub",), {"s1": {"log": ["s1"], "count": 1}})
+    assert [i.payload for i in first[-1][1]["__interrupt__"]] == ["ok?"]
+    # streamed again before the answer: the parent's finished super-step and the
+    # subgraph's are replayed from the journal and yielded again, then the same interrupt
+    again = list(app.stream(start, mode="updates", subgraphs=True))
+    assert again[:2] == first[:2] and "__interrupt__" in again[-1][1]
+    run = app.run(start)
+    assert run.status == "interrupted"
+    final = app.resume(run.id, "yes")
+    assert final == {"log": ["pre", "s1", "d1yes", "s2", "side"], "count": 7}

@@ -114,7 +114,8 @@ class Event:
             ``"run_interrupted"``, ``"run_stopped"``, ``"step_started"``,
             ``"step_finished"``, ``"step_failed"``, ``"step_interrupted"``, ``"custom"`` or
             ``"graph_step"`` (a StateGraph super-step ended: ``data`` has ``step``,
-            ``values``, ``updates`` and ``next``).
+            ``values``, ``updates``, ``next`` and ``namespace``: ``()`` for the graph
+            that was called, the node names down to a subgraph for its super-steps).
         run_id: The run.
         time: When it happened, seconds since the epoch.
         step_id: The step (step events and custom events written inside a task), else None.

@@ -117,12 +117,26 @@ class Writes(list):  # type: ignore[type-arg]
     __slots__ = ()
 
 
-def _merged(update: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
-    """One dict for display (``stream(mode="updates")``): later writes win."""
+#: the nodes (names) whose subgraphs the code running now is inside, outermost first: () in
+#: the top graph's own super-steps; ("research",) inside the subgraph node "research"
+_namespace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "durably_graph_namespace", default=())
+
+
+def _merged(update: dict[str, Any] | list[dict[str, Any]],
+            reducers: Mapping[str, Callable[[Any, Any], Any]]) -> dict[str, Any]:
+    """One dict for display (``stream(mode="updates")``). A subgraph node's writes are
+    combined as the parent applies them: through the key's reducer (two appends show both),
+    else the later write wins (also when the reducer cannot combine two updates)."""
     if isinstance(update, list):
         merged: dict[str, Any] = {}
         for one in update:
-            merged.update(one)
+            for key, value in one.items():
+                reducer = reducers.get(key)
+                if reducer is not None and key in merged:
+                    with contextlib.suppress(Exception):  # display only: the later write
+                        value = reducer(merged[key], value)
+                merged[key] = value
         return merged
     return update
 
@@ -303,14 +317,15 @@ class CompiledGraph(Generic[S]):
                 for node in result["nodes"]:
                     update = result["updates"][node]
                     writes.extend(update if isinstance(update, list) else [update])
-            if top and ctx is not None and ctx.listener is not None:
+            if ctx is not None and ctx.listener is not None:
                 from ._store import now
 
+                reducers = self.schema.reducers
                 ctx.emit(Event("graph_step", ctx.run_id, now(), task=self.name,
                                data={"step": index, "values": self.schema.build(state),
-                                     "updates": {n: _merged(u) for n, u in
+                                     "updates": {n: _merged(u, reducers) for n, u in
                                                  result["updates"].items()},
-                                     "next": list(frontier)},
+                                     "next": list(frontier), "namespace": _namespace.get()},
                                attempt=ctx.attempt))
             index += 1
         return state
@@ -408,13 +423,13 @@ class CompiledGraph(Generic[S]):
         errors: dict[str, BaseException] = {}
         if len(order) == 1:
             try:
-                results[order[0]] = self._tasks[order[0]](views[order[0]])
+                results[order[0]] = self._call_node(order[0], views[order[0]])
             except BaseException as exc:  # noqa: BLE001 - sorted out below
                 errors[order[0]] = exc
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(order)) as pool:
-                futures = {n: pool.submit(contextvars.copy_context().run, self._tasks[n],
-                                          views[n]) for n in order}
+                futures = {n: pool.submit(contextvars.copy_context().run, self._call_node,
+                                          n, views[n]) for n in order}
                 for n in order:
                     try:
                         results[n] = futures[n].result()
@@ -441,6 +456,15 @@ class CompiledGraph(Generic[S]):
         frontier_next, joins = self._advance(order, state, joins)
         return StepResult(state=state, next=frontier_next, joins=joins, updates=updates,
                           fingerprint=self.fingerprint_digest, nodes=order)
+
+    def _call_node(self, node: str, view: Any) -> Any:
+        """Call a node's task; inside it, the node is the innermost part of the namespace
+        (what a subgraph's super-steps are streamed under)."""
+        token = _namespace.set((*_namespace.get(), node))
+        try:
+            return self._tasks[node](view)
+        finally:
+            _namespace.reset(token)
 
     def _advance(self, finished: list[str], state: dict[str, Any],
                  joins: dict[str, list[str]], frontier: Sequence[str] = ()
@@ -617,26 +641,61 @@ class CompiledGraph(Generic[S]):
         return self.schema.build(final)
 
     def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None,
-               fresh: bool = False, migrate: Callable[[Any], Any] | None = None
-               ) -> Generator[Any, None, None]:
+               fresh: bool = False, migrate: Callable[[Any], Any] | None = None,
+               subgraphs: bool = False) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
             state: The input state (as for :meth:`invoke`).
             mode: ``"values"``: the state after each super-step; ``"updates"``: a dict
-                ``{node: update}`` per super-step; ``"events"``: every
-                :class:`~durably.Event` of the run (steps, nodes, custom events).
+                ``{node: update}`` per super-step (a subgraph node's update combines its
+                nodes' writes as the parent applies them, through the reducers);
+                ``"events"``: every :class:`~durably.Event` of the run (steps, nodes,
+                custom events, the super-steps of subgraphs too).
             run_id: As for :meth:`invoke`.
             fresh: As for :meth:`run`.
             migrate: As for :meth:`invoke`.
+            subgraphs: Also yield the super-steps of subgraphs as they execute, each item
+                as a pair ``(namespace, item)``, as LangGraph's ``subgraphs=True`` does: the
+                namespace is ``()`` for this graph's own super-steps and the interrupt,
+                ``("research",)`` inside the subgraph node ``"research"``, and so on inward
+                (node names, without LangGraph's task ids). A subgraph's super-steps are
+                yielded when its node executes (or resumes), not when the parent's
+                super-step is replayed whole from the journal. Not used with
+                ``mode="events"``.
 
         Super-steps replayed from the journal are yielded too. When a node interrupts, the
         last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
         Breaking out of the loop stops the run at its next step boundary (resumable).
+
+        Raises:
+            DefinitionError: ``mode`` is not one of the three, or ``subgraphs`` is not a
+                bool (at the first item).
+
+        Example:
+            >>> import durably, tempfile
+            >>> from typing import TypedDict
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> class Doc(TypedDict):
+            ...     text: str
+            >>> inner = durably.StateGraph(Doc, name="inner")
+            >>> _ = inner.add_node("shout", lambda s: {"text": s["text"].upper()})
+            >>> _ = inner.add_edge(durably.START, "shout").add_edge("shout", durably.END)
+            >>> outer = durably.StateGraph(Doc, name="outer")
+            >>> _ = outer.add_node("edit", inner.compile())
+            >>> _ = outer.add_edge(durably.START, "edit").add_edge("edit", durably.END)
+            >>> for item in outer.compile().stream({"text": "hi"}, mode="updates",
+            ...                                    subgraphs=True):
+            ...     print(item)
+            (('edit',), {'shout': {'text': 'HI'}})
+            ((), {'edit': {'text': 'HI'}})
+            >>> durably.configure()
         """
         if mode not in ("values", "updates", "events"):
             raise DefinitionError(f"stream(mode=...) is 'values', 'updates' or 'events', not "
                                   f"{mode!r}")
+        if not isinstance(subgraphs, bool):
+            raise DefinitionError(f"stream(subgraphs=...) is True or False, not {subgraphs!r}")
         args = self._input(state, run_id)
         events = self._entry.stream(args, run_id=run_id, fresh=fresh)
         # the run's thread starts at the first item, with a copy of this context: migrate=
@@ -651,9 +710,14 @@ class CompiledGraph(Generic[S]):
                 if mode == "events":
                     yield event
                 elif event.kind == "graph_step":
-                    yield event.data["values"] if mode == "values" else event.data["updates"]
+                    namespace = event.data.get("namespace", ())
+                    if namespace and not subgraphs:
+                        continue  # a subgraph's own super-step
+                    item = event.data["values"] if mode == "values" else event.data["updates"]
+                    yield (namespace, item) if subgraphs else item
                 elif event.kind == "run_interrupted":
-                    yield {"__interrupt__": list(event.data)}  # as LangGraph's stream does
+                    item = {"__interrupt__": list(event.data)}  # as LangGraph's stream does
+                    yield ((), item) if subgraphs else item
         finally:
             close = getattr(events, "close", None)  # (a generator)
             if close is not None:
@@ -758,7 +822,8 @@ class CompiledGraph(Generic[S]):
 
     async def astream(self, state: Any = None, *, mode: str = "values",
                       run_id: str | None = None, fresh: bool = False,
-                      migrate: Callable[[Any], Any] | None = None) -> AsyncIterator[Any]:
+                      migrate: Callable[[Any], Any] | None = None,
+                      subgraphs: bool = False) -> AsyncIterator[Any]:
         """:meth:`stream` from async code (``async for``): the same items, from a run that
         executes in a thread of its own and waits while you handle each item. Leaving the
         loop early (``break``, an exception, cancelling the task) stops the run at its next
@@ -770,6 +835,7 @@ class CompiledGraph(Generic[S]):
             run_id: As for :meth:`stream`.
             fresh: As for :meth:`stream`.
             migrate: As for :meth:`invoke`.
+            subgraphs: As for :meth:`stream`.
 
         Yields:
             The items :meth:`stream` yields.
@@ -795,7 +861,8 @@ class CompiledGraph(Generic[S]):
             """Fetch one item per request, in this one thread, which also closes the
             stream (a generator is never closed while another thread runs it)."""
             self._cancel.set(cancel)
-            items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate)
+            items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate,
+                                subgraphs=subgraphs)
             try:
                 while True:
                     wanted.acquire()
