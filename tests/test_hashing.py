@@ -316,7 +316,30 @@ GOLDEN: list[tuple[Any, str]] = [
     (GoldenColor.RED, "06135dcd0b9ae737d3095c42541ae736"),
     (GoldenPair(1, {"k": b"v"}), "64f9c0ef476d2e4a86ecf00d89a4a936"),
     (bytes(range(256)) * 300, "227c3f9a866773e6210af181f3133312"),
+    # runs of strings (encoded as one block at C speed: the same bytes as one by one)
+    ([f"line {i}" for i in range(10)], "da5ab64c2e4bf4942ddc920c93069066"),
+    (tuple("abcdefghé\ud800"), "750dc9dae0daea4e0d576b6368682d21"),
+    (["x" * 70000] + ["y"] * 9, "b08d3b15a9813ae961843812aa5e4dac"),
+    ([["a"] * 8, ("b",) * 8], "c64facc043dcd7b0b932d08a8aedc9a7"),
+    ({"m": [f"{i:04d}" * 250 for i in range(100)], "n": 1}, "8f5de78c1c1396ef146bc7fc19d53166"),
 ]
+
+
+_texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=30) | st.sampled_from(
+    ["", "é" * 40000, "z" * 65535, "z" * 65536])
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.lists(_texts, max_size=40), st.booleans())
+def test_a_run_of_strings_digests_as_its_strings_one_by_one(
+        strings: list[str], as_tuple: bool) -> None:
+    from durably._hashing import Encoder
+
+    value: Any = tuple(strings) if as_tuple else strings
+    fast = digest(value)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Encoder, "strings", lambda self, items: False)  # each str on its own
+        assert digest(value) == fast
 
 
 @pytest.mark.parametrize(("value", "expected"), GOLDEN, ids=[repr(v)[:40] for v, _ in GOLDEN])
