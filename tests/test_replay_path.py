@@ -193,3 +193,44 @@ def test_a_run_renews_its_lease_as_its_steps_go(
 
     assert job(8) == 28
     assert seen[-1] > seen[0]  # renewed during the run, by the steps
+
+
+@durably.task
+def _big(i: int) -> bytes:
+    return i.to_bytes(4, "little") * 20_000  # 80 kB: over the read-ahead's 64 KiB per result
+
+
+_STOP = {"after_steps": True}
+
+
+@durably.entrypoint
+def _many_big(n: int) -> int:
+    total = sum(_big(i)[0] for i in range(n))
+    if _STOP["after_steps"]:
+        raise RuntimeError("stopped, to be resumed")
+    return total
+
+
+def test_a_replay_of_large_results_reads_ahead_once_not_per_step(tmp_path: Any) -> None:
+    """A result too large for the read-ahead window is read alone when its step replays; the
+    window still serves the steps after it (it was read again from each such step: one
+    512-row query per step)."""
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+    try:
+        _STOP["after_steps"] = True
+        with pytest.raises(RuntimeError):
+            _many_big(60)
+        _STOP["after_steps"] = False
+        queries: list[str] = []
+        store._db().set_trace_callback(queries.append)
+        run = _many_big.run(60)
+        store._db().set_trace_callback(None)
+        assert run.result == sum(range(60)) and run.counts()["replayed"] == 60
+        ahead = [q for q in queries if "CASE WHEN length(result)" in q]
+        alone = [q for q in queries if "SELECT rowid, result, attempt, position" in q]
+        assert len(ahead) == 1  # the first lookup's
+        assert len(alone) == 60  # each large result, the first one's lookup included
+    finally:
+        durably.configure()
+        store.close()

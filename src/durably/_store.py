@@ -274,6 +274,7 @@ _PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_
 _PUT_RUN_IF_CURRENT = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
                        f"(SELECT attempt FROM runs WHERE run_id=?) = ? {_RUN_UPSERT}")
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
+_AHEAD_MISS: Any = object()  # a step the read-ahead's window has no entry for
 #: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
 #: store asks on every journal read and write whether it was inherited from a parent)
 _pid = [os.getpid()]
@@ -1227,21 +1228,22 @@ class DiskStore:
             CorruptJournalError: the recorded result of a ``cache=False`` step is damaged.
         """
         window = getattr(self._local, "window", None)
-        data = None
+        data: Any = _AHEAD_MISS
         if window is not None and window[0] == run_id:
-            data = window[1].pop(step_id, None)
+            data = window[1].pop(step_id, _AHEAD_MISS)
             if (type(data) is bytes and self._key is None
                     and self._key_gen == _key_generation):  # (_step_value's common case)
                 payload = open_plain(data)
                 if payload is not None and not payload.startswith(BLOB_REF):
                     return payload
-        if data is None:
+        if data is None or data is _AHEAD_MISS:
             found = self._step_rows("result, attempt, position", run_id, step_id, 1)
             if not found:
                 return None
             found = found[0]
+            if data is _AHEAD_MISS:  # (None: in the window, too large to keep there)
+                self._read_ahead(run_id, found[1], found[2])
             data = found[0]
-            self._read_ahead(run_id, found[1], found[2])
         value, why = self._step_value(run_id, step_id, data)
         if value is not None:
             return value
@@ -1307,8 +1309,11 @@ class DiskStore:
             ahead = {}
             size = 0
             for step, result in rows:
-                if result is None or step in ahead:
-                    continue  # large (read when asked for) or a later record of the same step
+                if step in ahead:
+                    continue  # a later record of the same step
+                if result is None:
+                    ahead[step] = None  # large: read alone when asked for
+                    continue
                 size += len(result)
                 if size > _AHEAD_BYTES:
                     break

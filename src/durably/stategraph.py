@@ -56,7 +56,7 @@ from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
 from ._store import Store
-from ._tracer import Event
+from ._tracer import Event, short_repr
 from .exceptions import DefinitionError, RunStateError
 
 __all__ = [
@@ -108,7 +108,9 @@ class StepResult(dict):  # type: ignore[type-arg]
     __slots__ = ()
 
     def __repr__(self) -> str:
-        return f"{self.get('state')!r} → next {self.get('next')}"
+        # abbreviated (reprlib): a step's output is shown short, and a state of many
+        # megabytes must not be written out whole on every super-step to be cut
+        return f"{short_repr(self.get('state'), 1000)} → next {self.get('next')}"
 
 
 class Writes(list):  # type: ignore[type-arg]
@@ -1003,7 +1005,6 @@ class CompiledGraph(Generic[S]):
         from . import _serde
         from ._runtime import step_identity
         from ._store import EventRecord, RunRecord, StepRecord, now
-        from ._tracer import short_repr
 
         fork_id = f"{rec.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
         key = self._superstep.spec.journal_key(None, (0, [], {}, {}), {})
