@@ -248,7 +248,7 @@ def test_finished_items_never_run_again_when_a_worker_dies(disk: Any, log: str) 
 
 
 NESTED_MAPS = """
-import asyncio, os
+import asyncio, os, time
 import distributed
 import durably
 
@@ -272,6 +272,25 @@ async def aleaf(x):
 async def amiddle(x):
     return sum(await aleaf.map(range(x, x + 3), executor="dask"))
 
+@durably.task(timeout=60)
+def timed(x):  # its body runs in a thread of its own: the pool thread waits for it
+    return [v for v, _ in leaf.map([x, x + 1], executor="dask")]
+
+@durably.task
+def between(x):  # a thread map between two Dask levels
+    return middle.map([x, x + 1], executor="thread")
+
+@durably.task
+async def gathered(x):  # two maps of one async body at once: rejoined after the last
+    fast, slow = await asyncio.gather(aleaf.map([x], executor="dask"),
+                                      aslow.map([x, x + 1, x + 2], executor="dask"))
+    return fast + slow
+
+@durably.task
+async def aslow(x):
+    await asyncio.sleep(0.3)
+    return -x
+
 @durably.entrypoint
 def job(n):
     return top.map(range(n), executor="dask")
@@ -288,6 +307,11 @@ if __name__ == "__main__":
         with distributed.Client(cluster) as client:
             print("sync", job(3), flush=True)
             print("async", asyncio.run(ajob(3)), flush=True)
+            start = time.monotonic()
+            print("timed", timed.map([0, 5], executor="dask"), time.monotonic() - start < 30,
+                  flush=True)
+            print("between", between.map([0], executor="dask"), flush=True)
+            print("gathered", asyncio.run(gathered.map([0, 10], executor="dask")), flush=True)
             # the body's thread is back in the pool: the cluster still runs items
             (worker_pid,) = client.run(os.getpid).values()
             pids = {pid for _, pid in leaf.map(range(100, 104), executor="dask")}
@@ -310,5 +334,7 @@ def test_maps_nested_in_items_on_a_one_thread_worker_do_not_deadlock(tmp_path: P
             pytest.fail(f"the nested maps hung (a deadlock):\n{out}\n{err[-3000:]}")
     assert proc.returncode == 0, f"{out}\n{err}"
     rows = [[[10 * v for v in range(y, y + 3)] for y in (x, x + 1)] for x in range(3)]
-    assert out.splitlines() == [f"sync {rows}", "async [6, 9, 12]", "after True",
-                                "rerun True"]
+    assert out.splitlines() == [
+        f"sync {rows}", "async [6, 9, 12]", "timed [[0, 10], [50, 60]] True",
+        "between [[[0, 10, 20], [10, 20, 30]]]", "gathered [[1, 0, -1, -2], [11, -10, -11, -12]]",
+        "after True", "rerun True"]

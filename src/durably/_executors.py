@@ -66,7 +66,7 @@ from ._runtime import (
     serve_cached,
 )
 from ._store import Store, now
-from ._worker import _describe_store, _Outcome, _pack, _run_job, _unpack_outcome
+from ._worker import Seceded, _describe_store, _Outcome, _pack, _run_job, _unpack_outcome
 from .exceptions import DefinitionError
 
 if TYPE_CHECKING:
@@ -217,8 +217,9 @@ class Executor(abc.ABC):
         """Check, before the first body is sent, that the executor can run (raises)."""
 
     def _waiting(self) -> contextlib.AbstractContextManager[None]:
-        """Around a fan-out's dispatch and wait, in the thread that drives it."""
-        return contextlib.nullcontext()
+        """Around a fan-out's dispatch and wait, in the thread that drives it: on a Dask
+        worker, out of the worker's thread pool (see :class:`~durably._worker.Seceded`)."""
+        return Seceded()
 
     @abc.abstractmethod
     def _start(self, item: _Item, target: Target, done: Done) -> None:
@@ -441,9 +442,6 @@ class Dask(Executor):
     def _prepare(self) -> None:
         self._client()
 
-    def _waiting(self) -> contextlib.AbstractContextManager[None]:
-        return _Seceded()
-
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         client = self._client()
         head = target.head(item.call.store)
@@ -480,43 +478,6 @@ class Dask(Executor):
                 self._client().cancel(handles)
             except Exception as exc:  # noqa: BLE001 - cancelling is best effort
                 log.warning("durably: could not cancel Dask futures: %s", exc)
-
-
-class _Seceded:
-    """A fan-out driven by a body that itself runs on a Dask worker (a map inside a mapped
-    item) leaves the worker's thread pool while it waits (``distributed.secede``), and
-    rejoins it after (``distributed.rejoin``, as ``distributed.worker_client`` does): else
-    every thread of the pool could be waiting for items that have no thread left to run
-    on. Anywhere else (the client's process, a thread the body started, a body seceded
-    already), nothing."""
-
-    __slots__ = ("seceded",)
-
-    def __init__(self) -> None:
-        self.seceded = False
-
-    def __enter__(self) -> None:
-        try:
-            import distributed
-            import distributed.worker
-        except ImportError:
-            return
-        # what distributed.worker_client looks at: set in the thread of a task a worker runs
-        if not hasattr(getattr(distributed.worker, "thread_state", None), "start_time"):
-            return
-        try:
-            distributed.secede()  # type: ignore[no-untyped-call]
-        except (KeyError, AttributeError, ValueError):
-            return  # seceded already (inside distributed.worker_client), or not a pool thread
-        self.seceded = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.seceded:
-            self.seceded = False
-            import distributed
-
-            # (waits until a thread of the pool finishes its task and leaves it this slot)
-            distributed.rejoin()  # type: ignore[no-untyped-call]
 
 
 def _check_workers(max_workers: Any) -> int | None:

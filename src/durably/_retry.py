@@ -131,8 +131,12 @@ def call_with_timeout(name: str, seconds: float, fn: Callable[..., Any],
         finally:
             done.set()
 
+    from ._worker import Seceded
+
     threading.Thread(target=target, name=f"durably-timeout-{name}", daemon=True).start()
-    if not done.wait(seconds):
+    with Seceded():  # (on a Dask worker: the body's own maps may need this pool thread)
+        finished = done.wait(seconds)
+    if not finished:
         flag.cut = True  # the tasks it calls from now on do not join the run
         raise TaskTimeoutError(
             f"task {name!r} did not finish within its timeout of {seconds:g} s. Its body "

@@ -125,6 +125,57 @@ def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
     return _task_type()(func, spec)
 
 
+#: per thread: how many waits of durably's are holding it out of a Dask worker's pool
+_secession = threading.local()
+
+
+class Seceded:
+    """While durably waits in a body that itself runs on a Dask worker (a fan-out's items,
+    a ``timeout=``'s thread), the thread leaves the worker's thread pool
+    (``distributed.secede``) and rejoins it after (``distributed.rejoin``), as
+    ``distributed.worker_client`` does: else every thread of the pool could be waiting for
+    items that have no thread left to run on. Waits of one thread that overlap (maps
+    gathered in an async body) rejoin once, after the last. Anywhere else (the client's
+    process, a thread durably or the body started, a body the user seceded), nothing."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = False
+
+    def __enter__(self) -> None:
+        depth = getattr(_secession, "depth", 0)
+        if depth:
+            _secession.depth = depth + 1
+            self.held = True
+            return
+        try:
+            import distributed
+            import distributed.worker
+        except ImportError:
+            return
+        # what distributed.worker_client looks at: set in the thread of a task a worker runs
+        if not hasattr(getattr(distributed.worker, "thread_state", None), "start_time"):
+            return
+        try:
+            distributed.secede()  # type: ignore[no-untyped-call]
+        except (KeyError, AttributeError, ValueError):
+            return  # seceded already (inside distributed.worker_client), or not a pool thread
+        _secession.depth = 1
+        self.held = True
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.held:
+            return
+        self.held = False
+        _secession.depth -= 1
+        if _secession.depth == 0:
+            import distributed
+
+            # (waits until a thread of the pool finishes its task and leaves it this slot)
+            distributed.rejoin()  # type: ignore[no-untyped-call]
+
+
 def _pack(obj: Any, *, what: str) -> bytes:
     """Pickle for a worker (cloudpickle; tasks by reference or by value)."""
     try:
@@ -137,7 +188,8 @@ def _pack(obj: Any, *, what: str) -> bytes:
         raise SerializationError(
             f"cannot send {what} to a worker process: {type(exc).__name__}: {exc}. Fix: pass "
             "plain data (a path instead of an open file, no locks or connections), or use "
-            "the thread executor."
+            "the thread executor. (A body that maps on Dask itself: pass executor='dask', "
+            "which finds the worker's own client, not a Dask(client) from a global.)"
         ) from None
 
 
