@@ -777,3 +777,92 @@ def test_stream_with_subgraphs_ends_with_the_interrupt_and_resumes_inside() -> N
     assert run.status == "interrupted"
     final = app.resume(run.id, "yes")
     assert final == {"log": ["pre", "s1", "d1yes", "s2", "side"], "count": 7}
+
+
+def test_watching_a_graph_never_changes_what_it_does() -> None:
+    """Found by a review of stream(subgraphs=True): a graph streamed inside a node is its own
+    top level; a reducer that extends in place is shown on copies; a subgraph state its type
+    refuses between two nodes is shown as a dict; 80 subgraphs waiting to emit let go."""
+    research = _one("look", lambda s: {"log": ["looked"]}, "research_g")
+
+    def call(s: Log) -> dict[str, Any]:
+        return {"log": [repr(item) for item in research.stream(
+            {"log": [], "count": s["count"]}, mode="updates", subgraphs=True)]}
+
+    calling = _one("call", call, "calling_g")
+    own = repr(((), {"look": {"log": ["looked"]}}))
+    assert calling.invoke({"log": [], "count": 1})["log"] == [own]
+    assert list(calling.stream({"log": [], "count": 2}))[-1]["log"] == [own]
+
+    def extend(current: list[str], new: list[str]) -> list[str]:
+        current.extend(new)  # (in place: what the docs ask reducers not to do)
+        return current
+
+    class Ext(TypedDict):
+        log: Annotated[list[str], extend]
+
+    deep = StateGraph(Ext, name="ext_deep")
+    deep.add_node("a", lambda s: {"log": ["a"]}).add_node("b", lambda s: {"log": ["b"]})
+    deep.add_edge(START, "a").add_edge("a", "b").add_edge("b", END)
+    mid = StateGraph(Ext, name="ext_mid")
+    mid.add_node("deep", deep.compile()).add_edge(START, "deep").add_edge("deep", END)
+    top = StateGraph(Ext, name="ext_top")
+    top.add_node("mid", mid.compile()).add_edge(START, "mid").add_edge("mid", END)
+    app = top.compile()
+    assert app.invoke({"log": ["x"]}) == {"log": ["x", "a", "b"]}
+    assert list(app.stream({"log": ["y"]}))[-1] == {"log": ["y", "a", "b"]}
+
+    class Outer(pydantic.BaseModel):
+        log: Annotated[list[str], operator.add] = []
+
+    class Inner(pydantic.BaseModel):
+        log: Annotated[list[str], operator.add] = []
+        status: str = "pending"
+
+        @pydantic.field_validator("status")
+        @classmethod
+        def known(cls, v: str) -> str:
+            if v not in ("pending", "done"):
+                raise ValueError(f"unknown status {v!r}")
+            return v
+
+    strict = StateGraph(Inner, name="strict_inner")
+    strict.add_node("finish", lambda s: {"log": ["finish"], "status": "finished"})
+    strict.add_edge(START, "finish").add_edge("finish", END)
+    host = StateGraph(Outer, name="strict_outer")
+    host.add_node("s", strict.compile()).add_edge(START, "s").add_edge("s", END)
+    happ = host.compile()
+    assert happ.invoke(Outer(), fresh=True).log == ["finish"]
+    items = list(happ.stream(Outer(), mode="updates", fresh=True, subgraphs=True))
+    assert items[0] == (("s",), {"finish": {"log": ["finish"], "status": "finished"}})
+    assert items[-1] == ((), {"s": {"log": ["finish"]}})
+
+    wait = threading.Event()
+
+    def slow(s: Log) -> dict[str, Any]:
+        wait.wait(0.5)
+        return {"log": ["a"]}
+
+    many = StateGraph(Log, name="many_outer")
+    names = [f"n{i}" for i in range(80)]
+    for i, n in enumerate(names):
+        inner = StateGraph(Log, name=f"many_inner{i}")
+        inner.add_node("a", slow).add_node("b", lambda s: {"log": ["b"]})
+        inner.add_edge(START, "a").add_edge("a", "b").add_edge("b", END)
+        many.add_node(n, inner.compile()).add_edge(START, n)
+    many.add_edge(names, END)
+    left: list[str] = []
+
+    def consume() -> None:
+        stream = many.compile().stream({"log": [], "count": 0}, mode="updates",
+                                       subgraphs=True, run_id="many")
+        for _ in stream:
+            time.sleep(1.0)  # every other subgraph is waiting to emit meanwhile
+            break
+        stream.close()
+        left.append(durably.get_run("many").status)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(60)
+    assert left == ["stopped"]  # (it hung: only 64 waiting threads were let go)

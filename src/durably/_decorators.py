@@ -920,8 +920,8 @@ class _Listener:
         if ctx is not None:
             ctx.stop = True
         if self._ack is not None:
-            for _ in range(64):  # wake every emitting thread (a fan-out may have several)
-                self._ack.release()
+            # wake every emitting thread (a fan-out, parallel nodes: each may be waiting)
+            self._ack.release(max(64, threading.active_count()))
 
 
 _DONE: Any = object()

@@ -115,7 +115,8 @@ class StateGraph(Generic[S]):
 
     def add_node(self, name: str, fn: Any, *, cache: bool = False) -> StateGraph[S]:
         """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
-        subgraph: it runs on the current state and its final state is the update).
+        subgraph: it runs on the current state, and its update is what its own nodes wrote,
+        applied in order through this graph's reducers).
 
         Args:
             name: Unique node name (not ``START``/``END``).

@@ -127,10 +127,15 @@ _namespace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
 
 def _merged(update: dict[str, Any] | list[dict[str, Any]],
             reducers: Mapping[str, Callable[[Any, Any], Any]]) -> dict[str, Any]:
-    """One dict for display (``stream(mode="updates")``). A subgraph node's writes are
-    combined as the parent applies them: through the key's reducer (two appends show both),
-    else the later write wins (also when the reducer cannot combine two updates)."""
+    """One dict for display (``stream(mode="updates")``). A subgraph node's writes to a key
+    with a reducer are combined with it, ``reducer(first, second)`` and so on (two appends
+    show both: exact for a reducer like ``operator.add`` or ``add_messages``), on copies (a
+    reducer that changes its argument in place never touches the run's writes); a key
+    without one, or whose reducer cannot combine two writes, shows the later write."""
     if isinstance(update, list):
+        if len(update) > 1:
+            with contextlib.suppress(Exception):  # (uncopyable: shown from the writes)
+                update = copy.deepcopy(update)
         merged: dict[str, Any] = {}
         for one in update:
             for key, value in one.items():
@@ -291,6 +296,14 @@ class CompiledGraph(Generic[S]):
                  writes: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The super-step loop (inside a run): returns the final state as a dict; ``writes``
         collects every node's update in the order they were applied (for a subgraph)."""
+        if top and _namespace.get():
+            # a graph run of its own started inside a node: its super-steps are its own
+            # top level, not a subgraph's of the graph whose node called it
+            outer = _namespace.set(())
+            try:
+                return self._execute(values, top=True, writes=writes)
+            finally:
+                _namespace.reset(outer)
         ctx = current_run.get()
         cancel = self._cancel.get() if top else None
         if cancel is not None and ctx is not None:
@@ -323,8 +336,12 @@ class CompiledGraph(Generic[S]):
                 from ._store import now
 
                 reducers = self.schema.reducers
+                try:
+                    shown = self.schema.build(state)
+                except Exception:  # noqa: BLE001 - watching a run never changes its outcome
+                    shown = dict(state)  # (a state its type refuses between two nodes)
                 ctx.emit(Event("graph_step", ctx.run_id, now(), task=self.name,
-                               data={"step": index, "values": self.schema.build(state),
+                               data={"step": index, "values": shown,
                                      "updates": {n: _merged(u, reducers) for n, u in
                                                  result["updates"].items()},
                                      "next": list(frontier), "namespace": _namespace.get()},
@@ -651,7 +668,8 @@ class CompiledGraph(Generic[S]):
             state: The input state (as for :meth:`invoke`).
             mode: ``"values"``: the state after each super-step; ``"updates"``: a dict
                 ``{node: update}`` per super-step (a subgraph node's update combines its
-                nodes' writes as the parent applies them, through the reducers);
+                nodes' writes to a key with the key's reducer, ``reducer(first, second)``:
+                every write for ``operator.add`` or ``add_messages``; else the last write);
                 ``"events"``: every :class:`~durably.Event` of the run (steps, nodes,
                 custom events, the super-steps of subgraphs too).
             run_id: As for :meth:`invoke`.
