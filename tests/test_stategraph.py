@@ -779,6 +779,85 @@ def test_stream_with_subgraphs_ends_with_the_interrupt_and_resumes_inside() -> N
     assert final == {"log": ["pre", "s1", "d1yes", "s2", "side"], "count": 7}
 
 
+def _agent_loop(name: str, steps: int, reducer_calls: list[int], ask_at: int | None = None,
+                think: Any = None) -> Any:
+    """A loop of one node, ``steps`` super-steps, appending a message each time (through a
+    reducer that counts its calls); with ``ask_at``, it interrupts at that count."""
+    def add(a: list[str], b: list[str]) -> list[str]:
+        reducer_calls[0] += 1
+        return a + b
+
+    class Chat(TypedDict):
+        messages: Annotated[list[str], add]
+        n: int
+
+    def default_think(s: Chat) -> dict[str, Any]:
+        said = durably.interrupt("go on?") if s["n"] == ask_at else ""
+        return {"messages": [f"m{s['n']}{said}"], "n": s["n"] + 1}
+
+    g = StateGraph(Chat, name=name)
+    g.add_node("think", think or default_think)
+    g.add_conditional_edges("think", lambda s: END if s["n"] >= steps else "think",
+                            ["think", END])
+    g.add_edge(START, "think")
+    return g.compile(max_steps=10_000)
+
+
+def test_super_steps_journal_their_updates_and_a_whole_state_every_64(store: Any) -> None:
+    calls = [0]
+    app = _agent_loop("chatty", 150, calls)
+    values = list(app.stream({"messages": [], "n": 0}))
+    final = {"messages": [f"m{i}" for i in range(150)], "n": 150}
+    assert values[-1] == final
+    assert calls[0] == 150  # each update applied once: the executed loop reuses the state
+    run = app.run({"messages": [], "n": 0})
+    name = app._superstep.spec.name
+    results = [durably._serde.loads(store.find_step(run.id, s.step_id))
+               for s in store.list_steps(run.id) if s.task == name and s.status == "ran"]
+    assert [i for i, r in enumerate(results) if "state" in r] == [0, 64, 128]
+    assert all(r["updates"] == {"think": {"messages": [f"m{i}"], "n": i + 1}}
+               for i, r in enumerate(results))
+    # replayed (a second call), the history and get_state rebuild every checkpoint
+    calls[0] = 0
+    assert app.invoke({"messages": [], "n": 0}) == final
+    history = app.get_state_history(run.id)
+    assert [h.values for h in reversed(history[:-1])] == values
+    assert app.get_state(run.id).values == final and history[0].next == ()
+    assert history[100].values == values[49] and history[100].next == ("think",)
+
+
+def test_a_resume_rebuilds_the_state_from_updates_and_forks_from_a_rebuilt_one() -> None:
+    calls = [0]
+    app = _agent_loop("asking", 100, calls, ask_at=70)
+    run = app.run({"messages": [], "n": 0})
+    assert run.status == "interrupted"
+    assert app.get_state(run.id).values["n"] == 70
+    final = app.resume(run.id, "!")
+    assert final["messages"] == [f"m{i}" for i in range(70)] + ["m70!"] + [
+        f"m{i}" for i in range(71, 100)]
+    # a fork at a checkpoint journaled as updates only (super-step 66, state after it: 67)
+    checkpoint = app.get_state_history(run.id)[-68]
+    assert checkpoint.values["n"] == 67 and checkpoint.values["messages"][-1] == "m66"
+    forked = app.update_state(run.id, {"messages": ["human"]})  # at the latest
+    assert app.get_state(forked).values["messages"][-1] == "human"
+    # a migration lands on a state rebuilt from updates
+    seen: list[int] = []
+
+    def migrate(s: Any) -> Any:
+        seen.append(s["n"])
+        return {**s, "messages": [*s["messages"], "migrated"]}
+
+    again = _agent_loop("asking", 100, calls, ask_at=80)  # other code: node "think" changed
+    run2 = app.run({"messages": ["b"], "n": 0})
+    assert run2.status == "interrupted" and app.get_state(run2.id).values["n"] == 70
+    with pytest.raises(durably.RunInterrupted):
+        again.resume(run2.id, "?", migrate=migrate)  # n=80 asks again in the new code
+    assert seen == [70]
+    state = again.get_state(run2.id).values
+    assert state["n"] == 80 and state["messages"][:2] == ["b", "m0"]
+    assert state["messages"][70:72] == ["m69", "migrated"]
+
+
 def test_watching_a_graph_never_changes_what_it_does() -> None:
     """Found by a review of stream(subgraphs=True): a graph streamed inside a node is its own
     top level; a reducer that extends in place is shown on copies; a subgraph state its type

@@ -102,15 +102,30 @@ class StateSnapshot:
 
 
 class StepResult(dict):  # type: ignore[type-arg]
-    """What a super-step journals: state, next nodes, joins, updates, fingerprint. Shown
-    (history, ``durably show``) as the state and the next nodes."""
+    """What a super-step journals: next nodes, joins, updates (node by node), fingerprint,
+    and the whole state after it only every :data:`FULL_STATE_EVERY` super-steps (from the
+    first): the state after any other is the one before it with the updates applied
+    through the reducers. Shown (history, ``durably show``) as the state, or the updates,
+    and the next nodes."""
 
     __slots__ = ()
 
     def __repr__(self) -> str:
         # abbreviated (reprlib): a step's output is shown short, and a state of many
         # megabytes must not be written out whole on every super-step to be cut
-        return f"{short_repr(self.get('state'), 1000)} → next {self.get('next')}"
+        shown = short_repr(self["state"], 1000) if "state" in self else \
+            "update " + short_repr(self.get("updates"), 1000)
+        return f"{shown} → next {self.get('next')}"
+
+
+#: super-steps 0, 64, 128, ... journal the whole state; the others only their updates, so a
+#: state that grows at every super-step (an agent's messages) is not written out whole each
+#: time (quadratic in the run's length), and a checkpoint is rebuilt from at most 63 updates
+FULL_STATE_EVERY = 64
+#: the state a super-step executed here computed, handed to the loop that called it (its
+#: journaled result may hold only the updates)
+_computed: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
+    "durably_graph_computed", default=None)
 
 
 class Writes(list):  # type: ignore[type-arg]
@@ -326,8 +341,14 @@ class CompiledGraph(Generic[S]):
             path.append(list(frontier))
             if index == migrate_at:
                 state = self._migration(index, state)
-            result = self._superstep(index, frontier, state, joins)
-            state, frontier, joins = result["state"], result["next"], result["joins"]
+            computed: list[dict[str, Any]] = []
+            token = _computed.set(computed)
+            try:
+                result = self._superstep(index, frontier, state, joins)
+            finally:
+                _computed.reset(token)
+            state = self._state_after(state, result, computed)
+            frontier, joins = result["next"], result["joins"]
             if writes is not None:
                 for node in result["nodes"]:
                     update = result["updates"][node]
@@ -348,6 +369,17 @@ class CompiledGraph(Generic[S]):
                                attempt=ctx.attempt))
             index += 1
         return state
+
+    def _state_after(self, before: dict[str, Any], result: Mapping[str, Any],
+                     computed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The state after a super-step: journaled whole in its result, or computed by it
+        just now (``computed``), or its updates applied to the state before it."""
+        if "state" in result:
+            state: dict[str, Any] = result["state"]
+            return state
+        if computed:
+            return computed[0]
+        return self._apply(before, result["updates"])
 
     def _recorded(self, store: Store, run_id: str) -> dict[str, Any] | None:
         """The graph the run's checkpoints were last written under: ``{"fingerprint": ...,
@@ -473,7 +505,13 @@ class CompiledGraph(Generic[S]):
             for n in order}
         state = self._apply(state, updates)
         frontier_next, joins = self._advance(order, state, joins)
-        return StepResult(state=state, next=frontier_next, joins=joins, updates=updates,
+        computed = _computed.get()
+        if computed is not None:
+            computed.append(state)
+        if index % FULL_STATE_EVERY == 0:
+            return StepResult(state=state, next=frontier_next, joins=joins, updates=updates,
+                              fingerprint=self.fingerprint_digest, nodes=order)
+        return StepResult(next=frontier_next, joins=joins, updates=updates,
                           fingerprint=self.fingerprint_digest, nodes=order)
 
     def _call_node(self, node: str, view: Any) -> Any:
@@ -952,17 +990,27 @@ class CompiledGraph(Generic[S]):
         snapshots.append(StateSnapshot(self.schema.build(first),
                                        tuple(self._next_from(START, first)), -1, "", run.id,
                                        run.status))
+        migration = self._migration.spec.name
+        state: dict[str, Any] | None = first  # (None: not known until a whole one)
         for s in store.list_steps(run.id):
-            if (s.task != name or s.parent_id is not None  # not a subgraph's super-steps
+            if (s.task not in (name, migration)
+                    or s.parent_id is not None  # not a subgraph's super-steps
                     or s.status not in ("ran", "cached") or s.step_id in seen):
                 continue
             seen.add(s.step_id)
             data = store.find_step(run.id, s.step_id)
             if data is None:
+                state = None  # the checkpoints after it are rebuilt from the next whole one
                 continue
             result = _serde.loads(data)
+            if s.task == migration:  # the migrated state: the next super-step's start
+                state = result
+                continue
+            if "state" not in result and state is None:
+                continue
+            state = self._state_after(state or {}, result)
             snapshots.append(StateSnapshot(
-                self.schema.build(result["state"]), tuple(result["next"]), len(snapshots) - 1,
+                self.schema.build(state), tuple(result["next"]), len(snapshots) - 1,
                 s.step_id, run.id, run.status))
         last = snapshots[-1]
         if run.status == "interrupted":
