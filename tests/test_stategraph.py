@@ -816,7 +816,10 @@ def test_super_steps_journal_their_updates_and_a_whole_state_every_64(store: Any
                for s in store.list_steps(run.id) if s.task == name and s.status == "ran"]
     assert [i for i, r in enumerate(results) if "state" in r] == [0, 64, 128]
     assert all(r["updates"] == {"think": {"messages": [f"m{i}"], "n": i + 1}}
-               for i, r in enumerate(results))
+               and r["index"] == i for i, r in enumerate(results))
+    # what changed, as data: the list grew by one message, n was replaced
+    assert all(r["delta"] == {"messages": ("+", [f"m{i}"]), "n": ("=", i + 1)}
+               for i, r in enumerate(results) if "state" not in r)
     # replayed (a second call), the history and get_state rebuild every checkpoint
     calls[0] = 0
     assert app.invoke({"messages": [], "n": 0}) == final
@@ -945,3 +948,81 @@ def test_watching_a_graph_never_changes_what_it_does() -> None:
     consumer.start()
     consumer.join(60)
     assert left == ["stopped"]  # (it hung: only 64 waiting threads were let go)
+
+
+def test_checkpoints_rebuild_without_running_reducers_again() -> None:
+    """Found by a review of the first version, which rebuilt a checkpoint by applying the
+    updates through the reducers again: a reducer that gives ids (add_messages does, with
+    uuid4) gave new ones at every rebuild, so deleting by id failed; one that changes its
+    argument in place made every snapshot the last; a migration after a changed reducer saw
+    a state that never was; a fork after a migration lost it."""
+    import uuid
+
+    def with_ids(current: list[dict[str, str]], new: list[dict[str, str]]
+                 ) -> list[dict[str, str]]:
+        # as add_messages does: an item without an id, the input's too, gets a new one
+        merged = [m if m.get("id") else {**m, "id": uuid.uuid4().hex} for m in current]
+        for item in new:
+            if "remove" in item:
+                merged = [m for m in merged if m["id"] != item["remove"]]
+            else:
+                merged.append({**item, "id": item.get("id") or uuid.uuid4().hex})
+        return merged
+
+    class Chat(TypedDict):
+        messages: Annotated[list[dict[str, str]], with_ids]
+        n: int
+
+    def talk(s: Chat) -> dict[str, Any]:
+        if s["n"] % 3 == 2:  # forget the oldest reply, by its id
+            return {"messages": [{"remove": s["messages"][1]["id"]}], "n": s["n"] + 1}
+        return {"messages": [{"text": f"reply {s['n']}"}], "n": s["n"] + 1}
+
+    g = StateGraph(Chat, name="ids_chat")
+    g.add_node("talk", talk).add_edge(START, "talk")
+    g.add_conditional_edges("talk", lambda s: END if s["n"] >= 9 else "talk", ["talk", END])
+    app = g.compile()
+    run = app.run({"messages": [{"text": "hi"}], "n": 0})
+    final = run.result
+    assert [m["text"] for m in final["messages"]] == ["hi", "reply 4", "reply 6", "reply 7"]
+    assert app.get_state(run.id).values == final == app.get_state(run.id).values
+    assert app.invoke({"messages": [{"text": "hi"}], "n": 0}) == final  # replayed
+
+    def extend(current: list[int], new: list[int]) -> list[int]:
+        current.extend(new)  # (in place: what the docs ask reducers not to do)
+        return current
+
+    class Log2(TypedDict):
+        log: Annotated[list[int], extend]
+        n: int
+
+    g2 = StateGraph(Log2, name="in_place_log")
+    g2.add_node("step", lambda s: {"log": [s["n"]], "n": s["n"] + 1}).add_edge(START, "step")
+    g2.add_conditional_edges("step", lambda s: END if s["n"] >= 3 else "step", ["step", END])
+    app2 = g2.compile()
+    run2 = app2.run({"log": [], "n": 0})
+    assert [h.values["log"] for h in reversed(app2.get_state_history(run2.id))] == [
+        [], [0], [0, 1], [0, 1, 2]]
+
+    def build(sign: int) -> Any:
+        def inc(s: Log) -> dict[str, Any]:
+            if s["count"] == 3:
+                durably.interrupt("go on?")
+            return {"count": s["count"] + 1, "log": [str(s["count"] * sign)]}
+
+        b = StateGraph(Log, name="migrated_then_forked")
+        b.add_node("inc", inc).add_edge(START, "inc")
+        b.add_conditional_edges("inc", lambda s: END if s["count"] >= 8 else "inc",
+                                ["inc", END])
+        return b.compile()
+
+    build(1).run({"log": [], "count": 0}, run_id="mf")  # pauses at super-step 3
+    v2 = build(-1)  # the node's code edited: resumed with migrate=
+    with pytest.raises(durably.RunInterrupted):
+        v2.resume("mf", "yes", migrate=lambda s: {**s, "log": [*s["log"], "migrated"]})
+    done = v2.resume("mf", "yes")
+    assert done["log"] == ["0", "1", "2", "migrated", "-3", "-4", "-5", "-6", "-7"]
+    at5 = next(h for h in v2.get_state_history("mf") if h.step == 5)
+    assert at5.values["log"] == ["0", "1", "2", "migrated", "-3", "-4", "-5"]
+    fork = v2.fork("mf", at=at5.checkpoint_id)
+    assert fork.result == done and v2.get_state(fork.id).values == done

@@ -34,6 +34,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import operator
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -102,10 +103,10 @@ class StateSnapshot:
 
 
 class StepResult(dict):  # type: ignore[type-arg]
-    """What a super-step journals: next nodes, joins, updates (node by node), fingerprint,
-    and the whole state after it only every :data:`FULL_STATE_EVERY` super-steps (from the
-    first): the state after any other is the one before it with the updates applied
-    through the reducers. Shown (history, ``durably show``) as the state, or the updates,
+    """What a super-step journals: its index, next nodes, joins, updates (node by node),
+    fingerprint, and the state after it: whole every :data:`FULL_STATE_EVERY` super-steps
+    (from the first) and after a migration, else as a ``delta`` from the state before it (see
+    :func:`_state_delta`). Shown (history, ``durably show``) as the state, or the updates,
     and the next nodes."""
 
     __slots__ = ()
@@ -118,14 +119,53 @@ class StepResult(dict):  # type: ignore[type-arg]
         return f"{shown} → next {self.get('next')}"
 
 
-#: super-steps 0, 64, 128, ... journal the whole state; the others only their updates, so a
-#: state that grows at every super-step (an agent's messages) is not written out whole each
-#: time (quadratic in the run's length), and a checkpoint is rebuilt from at most 63 updates
+#: super-steps 0, 64, 128, ... (and the first after a migration) journal the whole state;
+#: the others what changed in it, so a state that grows at every super-step (an agent's
+#: messages) is not written out whole each time (quadratic in the run's length)
 FULL_STATE_EVERY = 64
-#: the state a super-step executed here computed, handed to the loop that called it (its
-#: journaled result may hold only the updates)
-_computed: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
-    "durably_graph_computed", default=None)
+
+
+class _Handoff:
+    """Between the super-step loop and the super-step it calls: whether to journal the whole
+    state, and the state the super-step computed when it executed (its journaled result
+    may hold only a delta)."""
+
+    __slots__ = ("state", "whole")
+
+    def __init__(self, whole: bool) -> None:
+        self.whole = whole
+        self.state: dict[str, Any] | None = None
+
+
+_handoff: contextvars.ContextVar[_Handoff | None] = contextvars.ContextVar(
+    "durably_graph_handoff", default=None)
+
+
+_NO_VALUE: Any = object()
+
+
+def _state_delta(before: Mapping[str, Any], after: Mapping[str, Any],
+                 written: set[str]) -> dict[str, tuple[str, Any]]:
+    """What changed from ``before`` to ``after`` among the keys the nodes wrote, as data (no
+    reducer runs again to rebuild it): ``("+", items)`` for a list that grew by ``items``
+    (the rest equal), else ``("=", value)``. A value the reducer changed in place (the same
+    object) is kept whole."""
+    delta: dict[str, tuple[str, Any]] = {}
+    for key in written:
+        if key not in after:
+            continue
+        new, old = after[key], before.get(key, _NO_VALUE)
+        if type(new) is list and type(old) is list and new is not old and len(new) >= len(old):
+            try:
+                grew = new[:len(old)] == old
+            except Exception:  # noqa: BLE001 - (elements that cannot say they are equal)
+                grew = False
+            if grew:
+                delta[key] = ("+", new[len(old):])
+                continue
+        delta[key] = ("=", new)
+    return delta
+
 
 
 class Writes(list):  # type: ignore[type-arg]
@@ -341,13 +381,14 @@ class CompiledGraph(Generic[S]):
             path.append(list(frontier))
             if index == migrate_at:
                 state = self._migration(index, state)
-            computed: list[dict[str, Any]] = []
-            token = _computed.set(computed)
+            handoff = _Handoff(index % FULL_STATE_EVERY == 0 or index == migrate_at)
+            token = _handoff.set(handoff)
             try:
                 result = self._superstep(index, frontier, state, joins)
             finally:
-                _computed.reset(token)
-            state = self._state_after(state, result, computed)
+                _handoff.reset(token)
+            state = handoff.state if handoff.state is not None else \
+                self._state_after(state, result)
             frontier, joins = result["next"], result["joins"]
             if writes is not None:
                 for node in result["nodes"]:
@@ -370,16 +411,17 @@ class CompiledGraph(Generic[S]):
             index += 1
         return state
 
-    def _state_after(self, before: dict[str, Any], result: Mapping[str, Any],
-                     computed: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """The state after a super-step: journaled whole in its result, or computed by it
-        just now (``computed``), or its updates applied to the state before it."""
+    @staticmethod
+    def _state_after(before: dict[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+        """The state after a journaled super-step: whole in its result, or its delta applied
+        to the state before it (new lists: no state shares one with another)."""
         if "state" in result:
             state: dict[str, Any] = result["state"]
             return state
-        if computed:
-            return computed[0]
-        return self._apply(before, result["updates"])
+        after = dict(before)
+        for key, (how, value) in result["delta"].items():
+            after[key] = before[key] + value if how == "+" else value
+        return after
 
     def _recorded(self, store: Store, run_id: str) -> dict[str, Any] | None:
         """The graph the run's checkpoints were last written under: ``{"fingerprint": ...,
@@ -503,16 +545,21 @@ class CompiledGraph(Generic[S]):
             n: list(results[n]) if isinstance(results[n], Writes)
             else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
             for n in order}
+        before = state
         state = self._apply(state, updates)
         frontier_next, joins = self._advance(order, state, joins)
-        computed = _computed.get()
-        if computed is not None:
-            computed.append(state)
-        if index % FULL_STATE_EVERY == 0:
-            return StepResult(state=state, next=frontier_next, joins=joins, updates=updates,
-                              fingerprint=self.fingerprint_digest, nodes=order)
-        return StepResult(next=frontier_next, joins=joins, updates=updates,
-                          fingerprint=self.fingerprint_digest, nodes=order)
+        handoff = _handoff.get()
+        if handoff is None or handoff.whole:
+            journaled = StepResult(index=index, state=state)
+        else:
+            written = {k for u in updates.values() for one in (u if isinstance(u, list) else [u])
+                       for k in one}
+            journaled = StepResult(index=index, delta=_state_delta(before, state, written))
+        if handoff is not None:
+            handoff.state = state
+        journaled.update(next=frontier_next, joins=joins, updates=updates,
+                         fingerprint=self.fingerprint_digest, nodes=order)
+        return journaled
 
     def _call_node(self, node: str, view: Any) -> Any:
         """Call a node's task; inside it, the node is the innermost part of the namespace
@@ -990,28 +1037,32 @@ class CompiledGraph(Generic[S]):
         snapshots.append(StateSnapshot(self.schema.build(first),
                                        tuple(self._next_from(START, first)), -1, "", run.id,
                                        run.status))
-        migration = self._migration.spec.name
-        state: dict[str, Any] | None = first  # (None: not known until a whole one)
+        found: list[tuple[int, str, dict[str, Any]]] = []
         for s in store.list_steps(run.id):
-            if (s.task not in (name, migration)
-                    or s.parent_id is not None  # not a subgraph's super-steps
+            if (s.task != name or s.parent_id is not None  # not a subgraph's super-steps
                     or s.status not in ("ran", "cached") or s.step_id in seen):
                 continue
             seen.add(s.step_id)
             data = store.find_step(run.id, s.step_id)
             if data is None:
-                state = None  # the checkpoints after it are rebuilt from the next whole one
                 continue
             result = _serde.loads(data)
-            if s.task == migration:  # the migrated state: the next super-step's start
-                state = result
-                continue
-            if "state" not in result and state is None:
-                continue
-            state = self._state_after(state or {}, result)
-            snapshots.append(StateSnapshot(
-                self.schema.build(state), tuple(result["next"]), len(snapshots) - 1,
-                s.step_id, run.id, run.status))
+            found.append((result.get("index", len(found)), s.step_id, result))
+        # in super-step order (one executed again after a repair is journaled later); a
+        # delta needs the super-step just before it (else: unknown until a whole state)
+        found.sort(key=operator.itemgetter(0))
+        state: dict[str, Any] | None = first
+        previous = -1
+        for index, step_id, result in found:
+            if "state" in result or (state is not None and index == previous + 1):
+                state = self._state_after(state or {}, result)
+            else:
+                state = None
+            previous = index
+            if state is not None:
+                snapshots.append(StateSnapshot(
+                    self.schema.build(state), tuple(result["next"]), len(snapshots) - 1,
+                    step_id, run.id, run.status))
         last = snapshots[-1]
         if run.status == "interrupted":
             snapshots[-1] = dataclasses.replace(last, interrupts=tuple(run.interrupts))
@@ -1057,6 +1108,7 @@ class CompiledGraph(Generic[S]):
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
             nxt, joins = self._advance([as_node], state, joins,
                                        [n for n in nxt if n != as_node])
+        old.pop("delta", None)  # (this checkpoint holds the whole state)
         result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
                              "updates": {as_node or "update_state": update}})
         if snapshot.checkpoint_id:
