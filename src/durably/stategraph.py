@@ -147,23 +147,21 @@ _NO_VALUE: Any = object()
 def _state_delta(before: Mapping[str, Any], after: Mapping[str, Any],
                  written: set[str]) -> dict[str, tuple[str, Any]]:
     """What changed from ``before`` to ``after`` among the keys the nodes wrote, as data (no
-    reducer runs again to rebuild it): ``("+", items)`` for a list that grew by ``items``
-    (the rest equal), else ``("=", value)``. A value the reducer changed in place (the same
-    object) is kept whole."""
+    reducer runs again to rebuild it): ``("+", items)`` for a list that grew by ``items``,
+    its other items the very objects it held before (as ``operator.add`` and
+    ``add_messages`` leave them; equality could be fooled by an ``__eq__`` that ignores a
+    field), else ``("=", value)``. A list the reducer changed in place (the same object) is
+    kept whole."""
     delta: dict[str, tuple[str, Any]] = {}
     for key in written:
         if key not in after:
             continue
         new, old = after[key], before.get(key, _NO_VALUE)
-        if type(new) is list and type(old) is list and new is not old and len(new) >= len(old):
-            try:
-                grew = new[:len(old)] == old
-            except Exception:  # noqa: BLE001 - (elements that cannot say they are equal)
-                grew = False
-            if grew:
-                delta[key] = ("+", new[len(old):])
-                continue
-        delta[key] = ("=", new)
+        if (type(new) is list and type(old) is list and new is not old
+                and len(new) >= len(old) and all(map(operator.is_, new, old))):
+            delta[key] = ("+", new[len(old):])
+        else:
+            delta[key] = ("=", new)
     return delta
 
 
