@@ -16,6 +16,8 @@ from typing import Annotated, Any, TypedDict
 
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import durably
 from durably import END, START, StateGraph
@@ -814,12 +816,13 @@ def test_super_steps_journal_their_updates_and_a_whole_state_every_64(store: Any
     name = app._superstep.spec.name
     results = [durably._serde.loads(store.find_step(run.id, s.step_id))
                for s in store.list_steps(run.id) if s.task == name and s.status == "ran"]
-    assert [i for i, r in enumerate(results) if "state" in r] == [0, 64, 128]
+    assert [i for i, r in enumerate(results) if "blob" in r] == [0, 64, 128]
     assert all(r["updates"] == {"think": {"messages": [f"m{i}"], "n": i + 1}}
                and r["index"] == i for i, r in enumerate(results))
-    # what changed, as data: the list grew by one message, n was replaced
-    assert all(r["delta"] == {"messages": ("+", [f"m{i}"]), "n": ("=", i + 1)}
-               for i, r in enumerate(results) if "state" not in r)
+    # the others keep where the pickled state differs from the one before: the new message
+    # and n, a few bytes, however long the conversation
+    assert all("blob" not in r and len(r["delta"][2]) < 40
+               for i, r in enumerate(results) if i % 64)
     # replayed (a second call), the history and get_state rebuild every checkpoint
     calls[0] = 0
     assert app.invoke({"messages": [], "n": 0}) == final
@@ -1026,3 +1029,42 @@ def test_checkpoints_rebuild_without_running_reducers_again() -> None:
     assert at5.values["log"] == ["0", "1", "2", "migrated", "-3", "-4", "-5"]
     fork = v2.fork("mf", at=at5.checkpoint_id)
     assert fork.result == done and v2.get_state(fork.id).values == done
+
+
+def test_a_checkpoint_is_never_rebuilt_from_other_bytes_than_it_was_cut_from() -> None:
+    """A checkpoint journaled as a splice of the previous one's bytes carries their digest:
+    spliced onto other bytes (the super-step before it set aside and executed again
+    differently), it is refused with CorruptJournalError instead of read as garbage."""
+    from durably.stategraph import _pickled_state, _splice
+
+    app = _one("n", lambda s: {"count": s["count"] + 1}, "spliced")
+    before = _pickled_state({"log": ["a"], "count": 1})
+    after = _pickled_state({"log": ["a", "b"], "count": 2})
+    assert before is not None and after is not None
+    import xxhash
+
+    delta = (*_splice(before, after), xxhash.xxh3_64_intdigest(before))
+    state, blob = app._state_after(before, {"index": 5, "delta": delta})
+    assert state == {"log": ["a", "b"], "count": 2} and blob == after
+    other = _pickled_state({"log": ["x"], "count": 1})
+    with pytest.raises(durably.CorruptJournalError, match="super-step 5"):
+        app._state_after(other, {"index": 5, "delta": delta})
+    with pytest.raises(durably.CorruptJournalError):
+        app._state_after(None, {"index": 5, "delta": delta})
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.binary(max_size=300), st.binary(max_size=300), st.binary(max_size=40),
+       st.sampled_from([1, 2, 7, 1 << 16]))
+def test_a_splice_rebuilds_exactly_the_bytes_it_was_cut_from(
+        common: bytes, old_part: bytes, new_part: bytes, chunk: int) -> None:
+    from durably import stategraph
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stategraph, "_CHUNK", chunk)  # the chunked compare and its bisection
+        for old, new in ((common + old_part + common, common + new_part + common),
+                         (old_part, new_part), (common + old_part, common),
+                         (common, common + new_part), (common, common)):
+            head, tail, middle = stategraph._splice(old, new)
+            assert stategraph._spliced(old, (head, tail, middle)) == new
+            assert head + tail <= min(len(old), len(new))

@@ -35,6 +35,7 @@ import inspect
 import itertools
 import json
 import operator
+import pickle
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -56,9 +57,10 @@ from ._graph_structure import END, START, GraphStructure
 from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
+from ._serde import SPILL_BYTES
 from ._store import Store
 from ._tracer import Event, short_repr
-from .exceptions import DefinitionError, RunStateError
+from .exceptions import CorruptJournalError, DefinitionError, RunStateError
 
 __all__ = [
     "END",
@@ -104,10 +106,12 @@ class StateSnapshot:
 
 class StepResult(dict):  # type: ignore[type-arg]
     """What a super-step journals: its index, next nodes, joins, updates (node by node),
-    fingerprint, and the state after it: whole every :data:`FULL_STATE_EVERY` super-steps
-    (from the first) and after a migration, else as a ``delta`` from the state before it (see
-    :func:`_state_delta`). Shown (history, ``durably show``) as the state, or the updates,
-    and the next nodes."""
+    fingerprint, and the state after it, pickled: whole (``blob``) every
+    :data:`FULL_STATE_EVERY` super-steps (from the first) and whenever the bytes of the
+    state before it are not known, else as a splice of those bytes (``delta``, see
+    :func:`_splice`). A state of 64 MiB or more pickled is kept as the object (``state``),
+    as journals of earlier versions kept every state. Shown (history, ``durably show``) as
+    the updates and the next nodes."""
 
     __slots__ = ()
 
@@ -119,51 +123,93 @@ class StepResult(dict):  # type: ignore[type-arg]
         return f"{shown} → next {self.get('next')}"
 
 
-#: super-steps 0, 64, 128, ... (and the first after a migration) journal the whole state;
-#: the others what changed in it, so a state that grows at every super-step (an agent's
-#: messages) is not written out whole each time (quadratic in the run's length)
+#: super-steps 0, 64, 128, ... (and any whose previous state's bytes are not known: after a
+#: migration, after a fork's edited checkpoint, after a journal of an earlier version)
+#: journal the whole pickled state; the others only where its bytes differ from the
+#: previous one's, so a state that grows at every super-step (an agent's messages) is not
+#: written out whole each time (quadratic in the run's length)
 FULL_STATE_EVERY = 64
+_CHUNK = 1 << 16  # bytes compared at once when looking for where two pickles differ
 
 
 class _Handoff:
     """Between the super-step loop and the super-step it calls: whether to journal the whole
-    state, and the state the super-step computed when it executed (its journaled result
-    may hold only a delta)."""
+    state, the bytes of the state before it (``base``; None: not known), and what the
+    super-step computed when it executed (its journaled result may hold only a splice)."""
 
-    __slots__ = ("state", "whole")
+    __slots__ = ("base", "blob", "state", "whole")
 
-    def __init__(self, whole: bool) -> None:
+    def __init__(self, whole: bool, base: bytes | None) -> None:
         self.whole = whole
+        self.base = base
         self.state: dict[str, Any] | None = None
+        self.blob: bytes | None = None
 
 
 _handoff: contextvars.ContextVar[_Handoff | None] = contextvars.ContextVar(
     "durably_graph_handoff", default=None)
 
 
-_NO_VALUE: Any = object()
+def _splice(old: bytes, new: bytes) -> tuple[int, int, bytes]:
+    """``(head, tail, middle)`` with ``new == old[:head] + middle + old[len(old) - tail:]``:
+    the bytes around the one region where ``new`` differs from ``old`` are not kept (a list
+    that grew by a message: about the message's bytes). Exact whatever changed, in place or
+    not: it compares the pickles, not the objects.
 
-
-def _state_delta(before: Mapping[str, Any], after: Mapping[str, Any],
-                 written: set[str]) -> dict[str, tuple[str, Any]]:
-    """What changed from ``before`` to ``after`` among the keys the nodes wrote, as data (no
-    reducer runs again to rebuild it): ``("+", items)`` for a list that grew by ``items``,
-    its other items the very objects it held before (as ``operator.add`` and
-    ``add_messages`` leave them; equality could be fooled by an ``__eq__`` that ignores a
-    field), else ``("=", value)``. A list the reducer changed in place (the same object) is
-    kept whole."""
-    delta: dict[str, tuple[str, Any]] = {}
-    for key in written:
-        if key not in after:
-            continue
-        new, old = after[key], before.get(key, _NO_VALUE)
-        if (type(new) is list and type(old) is list and new is not old
-                and len(new) >= len(old) and all(map(operator.is_, new, old))):
-            delta[key] = ("+", new[len(old):])
+    Example:
+        >>> _splice(b"abcdef", b"abXYef")
+        (2, 2, b'XY')
+        >>> _spliced(b"abcdef", _splice(b"abcdef", b"abef"))
+        b'abef'
+    """
+    limit = min(len(old), len(new))
+    head = 0
+    while head + _CHUNK <= limit and old[head:head + _CHUNK] == new[head:head + _CHUNK]:
+        head += _CHUNK
+    hi = min(head + _CHUNK, limit)
+    while head < hi:  # the longest equal run from head, bisected
+        mid = (head + hi + 1) // 2
+        if old[head:mid] == new[head:mid]:
+            head = mid
         else:
-            delta[key] = ("=", new)
-    return delta
+            hi = mid - 1
+    room = limit - head  # the tail never overlaps the head
+    end_old, end_new = len(old), len(new)
+    tail = 0
+    while tail + _CHUNK <= room and (old[end_old - tail - _CHUNK:end_old - tail]
+                                     == new[end_new - tail - _CHUNK:end_new - tail]):
+        tail += _CHUNK
+    hi = min(tail + _CHUNK, room)
+    while tail < hi:
+        mid = (tail + hi + 1) // 2
+        if old[end_old - mid:end_old - tail] == new[end_new - mid:end_new - tail]:
+            tail = mid
+        else:
+            hi = mid - 1
+    return head, tail, new[head:end_new - tail]
 
+
+def _pickled_state(state: dict[str, Any]) -> bytes | None:
+    """The state pickled for a checkpoint: protocol 3, whose stream has no frame headers and
+    no memo numbers on new objects' puts in the way of :func:`_splice` (protocol 4's frames
+    put a length at the start that changes with any change). None when it cannot be pickled
+    so (a class only protocol 4 finds) or is 64 MiB or more: the object is journaled."""
+    try:
+        data = pickle.dumps(state, protocol=3)
+    except Exception:  # noqa: BLE001 - a lambda, a local class: cloudpickle, else the object
+        try:
+            import cloudpickle
+
+            data = cloudpickle.dumps(state, protocol=3)
+        except Exception:  # noqa: BLE001 - journaled as the object: its error is the one
+            return None
+    return data if len(data) < SPILL_BYTES else None
+
+
+def _spliced(old: bytes, delta: tuple[int, int, bytes]) -> bytes:
+    """The bytes :func:`_splice` was given as ``new``."""
+    head, tail, middle = delta
+    return old[:head] + middle + old[len(old) - tail:]
 
 
 class Writes(list):  # type: ignore[type-arg]
@@ -365,6 +411,7 @@ class CompiledGraph(Generic[S]):
         # migrated by a journaled step before the first super-step that had not finished
         migrate_at = self._check_fingerprint(ctx) if top and ctx is not None else None
         state = dict(values)
+        blob: bytes | None = None  # the pickled state, as the last checkpoint journaled it
         frontier = self._next_from(START, state)
         joins: dict[str, list[str]] = {}
         path: list[list[str]] = []
@@ -379,14 +426,18 @@ class CompiledGraph(Generic[S]):
             path.append(list(frontier))
             if index == migrate_at:
                 state = self._migration(index, state)
-            handoff = _Handoff(index % FULL_STATE_EVERY == 0 or index == migrate_at)
+            if index == migrate_at:
+                blob = None  # (the migrated state's bytes: the next checkpoint holds them)
+            handoff = _Handoff(index % FULL_STATE_EVERY == 0, blob)
             token = _handoff.set(handoff)
             try:
                 result = self._superstep(index, frontier, state, joins)
             finally:
                 _handoff.reset(token)
-            state = handoff.state if handoff.state is not None else \
-                self._state_after(state, result)
+            if handoff.state is not None:  # executed here
+                state, blob = handoff.state, handoff.blob
+            else:
+                state, blob = self._state_after(blob, result)
             frontier, joins = result["next"], result["joins"]
             if writes is not None:
                 for node in result["nodes"]:
@@ -409,17 +460,34 @@ class CompiledGraph(Generic[S]):
             index += 1
         return state
 
-    @staticmethod
-    def _state_after(before: dict[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
-        """The state after a journaled super-step: whole in its result, or its delta applied
-        to the state before it (new lists: no state shares one with another)."""
+    def _state_after(self, base: bytes | None, result: Mapping[str, Any]
+                     ) -> tuple[dict[str, Any], bytes | None]:
+        """The state after a journaled super-step, and its pickled bytes (None when it was
+        journaled as the object): whole in its result, or its splice applied to ``base``
+        (the bytes of the state after the super-step before it). A new object each time.
+
+        Raises:
+            CorruptJournalError: a splice whose base is not known (the journal is damaged).
+        """
+        state: dict[str, Any]
         if "state" in result:
-            state: dict[str, Any] = result["state"]
-            return state
-        after = dict(before)
-        for key, (how, value) in result["delta"].items():
-            after[key] = before[key] + value if how == "+" else value
-        return after
+            state = result["state"]
+            return state, None
+        if "blob" in result:
+            blob: bytes = result["blob"]
+        elif base is not None and xxhash.xxh3_64_intdigest(base) == result["delta"][3]:
+            blob = _spliced(base, result["delta"][:3])
+        else:
+            raise CorruptJournalError(
+                f"graph {self.name!r}: the checkpoint of super-step {result.get('index')} "
+                "holds only its change from the state after the super-step before it, and "
+                "the journal does not have that state as it was (that super-step was set "
+                "aside, or executed again after a repair). Fix: fork the run at an earlier "
+                "checkpoint (durably fork), or start a new run with fresh=True.")
+        from . import _serde
+
+        state = _serde.loads(blob)
+        return state, blob
 
     def _recorded(self, store: Store, run_id: str) -> dict[str, Any] | None:
         """The graph the run's checkpoints were last written under: ``{"fingerprint": ...,
@@ -543,18 +611,22 @@ class CompiledGraph(Generic[S]):
             n: list(results[n]) if isinstance(results[n], Writes)
             else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
             for n in order}
-        before = state
         state = self._apply(state, updates)
         frontier_next, joins = self._advance(order, state, joins)
+        journaled = StepResult(index=index)
+        pickled = _pickled_state(state)
         handoff = _handoff.get()
-        if handoff is None or handoff.whole:
-            journaled = StepResult(index=index, state=state)
+        if pickled is None:  # the journal pickles the object (and says what fails)
+            journaled["state"] = state
+        elif handoff is None or handoff.whole or handoff.base is None:
+            journaled["blob"] = pickled
         else:
-            written = {k for u in updates.values() for one in (u if isinstance(u, list) else [u])
-                       for k in one}
-            journaled = StepResult(index=index, delta=_state_delta(before, state, written))
+            # with a digest of the bytes it splices (a super-step executed again after a
+            # repair may have left others): a rebuild from other bytes is refused
+            journaled["delta"] = (*_splice(handoff.base, pickled),
+                                  xxhash.xxh3_64_intdigest(handoff.base))
         if handoff is not None:
-            handoff.state = state
+            handoff.state, handoff.blob = state, pickled
         journaled.update(next=frontier_next, joins=joins, updates=updates,
                          fingerprint=self.fingerprint_digest, nodes=order)
         return journaled
@@ -1049,13 +1121,16 @@ class CompiledGraph(Generic[S]):
         # in super-step order (one executed again after a repair is journaled later); a
         # delta needs the super-step just before it (else: unknown until a whole state)
         found.sort(key=operator.itemgetter(0))
-        state: dict[str, Any] | None = first
+        blob: bytes | None = None  # the bytes of the last checkpoint's state, if known
         previous = -1
         for index, step_id, result in found:
-            if "state" in result or (state is not None and index == previous + 1):
-                state = self._state_after(state or {}, result)
-            else:
-                state = None
+            whole = "state" in result or "blob" in result
+            state = None
+            if whole or (blob is not None and index == previous + 1):
+                with contextlib.suppress(CorruptJournalError):  # (shown from the next whole)
+                    state, blob = self._state_after(blob, result)
+            if state is None:
+                blob = None
             previous = index
             if state is not None:
                 snapshots.append(StateSnapshot(
