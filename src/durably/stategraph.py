@@ -130,6 +130,8 @@ class StepResult(dict):  # type: ignore[type-arg]
 #: written out whole each time (quadratic in the run's length)
 FULL_STATE_EVERY = 64
 _CHUNK = 1 << 16  # bytes compared at once when looking for where two pickles differ
+#: a state pickled to this many bytes or more is journaled as the object (spilled to a file)
+_WHOLE_BYTES = min(SPILL_BYTES, 16 << 20)
 
 
 class _Handoff:
@@ -192,18 +194,22 @@ def _splice(old: bytes, new: bytes) -> tuple[int, int, bytes]:
 def _pickled_state(state: dict[str, Any]) -> bytes | None:
     """The state pickled for a checkpoint: protocol 3, whose stream has no frame headers and
     no memo numbers on new objects' puts in the way of :func:`_splice` (protocol 4's frames
-    put a length at the start that changes with any change). None when it cannot be pickled
-    so (a class only protocol 4 finds) or is 64 MiB or more: the object is journaled."""
+    put a length at the start that changes with any change). None, and the object is
+    journaled as before (by the journal's own pickler, which refuses open files and spills
+    large values to a file without a second copy), when plain pickle cannot (a lambda, a
+    class only protocol 4 finds), when a value holds a large buffer (an array: never
+    copied here), or when it comes to :data:`_WHOLE_BYTES` or more."""
+    for value in state.values():
+        size = getattr(value, "nbytes", None)
+        if isinstance(value, (bytes, bytearray, str)):
+            size = len(value)
+        if isinstance(size, int) and size >= _WHOLE_BYTES // 4:
+            return None
     try:
         data = pickle.dumps(state, protocol=3)
-    except Exception:  # noqa: BLE001 - a lambda, a local class: cloudpickle, else the object
-        try:
-            import cloudpickle
-
-            data = cloudpickle.dumps(state, protocol=3)
-        except Exception:  # noqa: BLE001 - journaled as the object: its error is the one
-            return None
-    return data if len(data) < SPILL_BYTES else None
+    except Exception:  # noqa: BLE001 - journaled as the object: the journal says what fails
+        return None
+    return data if len(data) < _WHOLE_BYTES else None
 
 
 def _spliced(old: bytes, delta: tuple[int, int, bytes]) -> bytes:
@@ -437,7 +443,7 @@ class CompiledGraph(Generic[S]):
             if handoff.state is not None:  # executed here
                 state, blob = handoff.state, handoff.blob
             else:
-                state, blob = self._state_after(blob, result)
+                state, blob = self._state_after(blob, result, state)
             frontier, joins = result["next"], result["joins"]
             if writes is not None:
                 for node in result["nodes"]:
@@ -460,14 +466,18 @@ class CompiledGraph(Generic[S]):
             index += 1
         return state
 
-    def _state_after(self, base: bytes | None, result: Mapping[str, Any]
+    def _state_after(self, base: bytes | None, result: Mapping[str, Any],
+                     before: dict[str, Any] | None = None
                      ) -> tuple[dict[str, Any], bytes | None]:
-        """The state after a journaled super-step, and its pickled bytes (None when it was
-        journaled as the object): whole in its result, or its splice applied to ``base``
-        (the bytes of the state after the super-step before it). A new object each time.
+        """The state after a journaled super-step, and its pickled bytes (None when not
+        known): whole in its result, or its splice applied to ``base`` (the bytes of the
+        state after the super-step before it). A new object each time. When the splice was
+        cut from other bytes (the super-step before it was set aside by ``repair_run`` and
+        executed again, differently), its updates are applied through the reducers to
+        ``before``, that super-step's state as it is now, as it was applied when it ran.
 
         Raises:
-            CorruptJournalError: a splice whose base is not known (the journal is damaged).
+            CorruptJournalError: neither is possible (``before`` is None).
         """
         state: dict[str, Any]
         if "state" in result:
@@ -477,6 +487,8 @@ class CompiledGraph(Generic[S]):
             blob: bytes = result["blob"]
         elif base is not None and xxhash.xxh3_64_intdigest(base) == result["delta"][3]:
             blob = _spliced(base, result["delta"][:3])
+        elif before is not None:
+            return self._apply(before, result["updates"]), None
         else:
             raise CorruptJournalError(
                 f"graph {self.name!r}: the checkpoint of super-step {result.get('index')} "
@@ -1083,16 +1095,33 @@ class CompiledGraph(Generic[S]):
 
         Raises:
             NotFoundError: no such run.
+            CorruptJournalError: the latest checkpoint cannot be rebuilt: a super-step
+                before it (since the last whole state) was set aside by ``repair_run`` and
+                has not executed again yet (resume the run: it does).
         """
-        history = self.get_state_history(run_id)
+        history, last = self._history(run_id)
+        if history[0].step != last:
+            raise CorruptJournalError(
+                f"graph {self.name!r}: the state at the latest checkpoint of run {run_id!r} "
+                f"(super-step {last}) cannot be rebuilt: a super-step before it was set "
+                f"aside (repair_run) and has not executed again; the latest it can show is "
+                f"super-step {history[0].step}. Fix: resume the run (it executes that "
+                "super-step again), or read get_state_history() for the earlier ones.")
         return history[0]
 
     def get_state_history(self, run_id: str) -> list[StateSnapshot]:
-        """The run's checkpoints (one per super-step, and the input), newest first.
+        """The run's checkpoints (one per super-step, and the input), newest first. After a
+        super-step set aside by ``repair_run``, the checkpoints up to the next whole state
+        (:data:`FULL_STATE_EVERY`) are left out until the run executes it again.
 
         Raises:
             NotFoundError: no such run.
         """
+        return self._history(run_id)[0]
+
+    def _history(self, run_id: str) -> tuple[list[StateSnapshot], int]:
+        """:meth:`get_state_history`, and the index of the run's last super-step (-1: none
+        finished)."""
         from . import _serde
 
         run = self._own_run(run_id)
@@ -1121,25 +1150,25 @@ class CompiledGraph(Generic[S]):
         # in super-step order (one executed again after a repair is journaled later); a
         # delta needs the super-step just before it (else: unknown until a whole state)
         found.sort(key=operator.itemgetter(0))
+        state: dict[str, Any] | None = first
         blob: bytes | None = None  # the bytes of the last checkpoint's state, if known
         previous = -1
         for index, step_id, result in found:
             whole = "state" in result or "blob" in result
-            state = None
-            if whole or (blob is not None and index == previous + 1):
-                with contextlib.suppress(CorruptJournalError):  # (shown from the next whole)
-                    state, blob = self._state_after(blob, result)
-            if state is None:
-                blob = None
+            follows = state is not None and index == previous + 1
+            if whole or follows:
+                state, blob = self._state_after(blob, result, state if follows else None)
+            else:  # a super-step missing before it: shown again from the next whole state
+                state, blob = None, None
             previous = index
             if state is not None:
                 snapshots.append(StateSnapshot(
-                    self.schema.build(state), tuple(result["next"]), len(snapshots) - 1,
+                    self.schema.build(state), tuple(result["next"]), index,
                     step_id, run.id, run.status))
         last = snapshots[-1]
-        if run.status == "interrupted":
+        if run.status == "interrupted" and last.step == previous:
             snapshots[-1] = dataclasses.replace(last, interrupts=tuple(run.interrupts))
-        return snapshots[::-1]
+        return snapshots[::-1], previous
 
     def update_state(self, run_id: str, values: Any, *, as_node: str | None = None) -> str:
         """Fork the run at its latest checkpoint with ``values`` applied (through the
