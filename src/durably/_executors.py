@@ -216,11 +216,6 @@ class Executor(abc.ABC):
     def _prepare(self) -> None:  # noqa: B027 - default: nothing to check
         """Check, before the first body is sent, that the executor can run (raises)."""
 
-    def _waiting(self) -> contextlib.AbstractContextManager[None]:
-        """Around a fan-out's dispatch and wait, in the thread that drives it: on a Dask
-        worker, out of the worker's thread pool (see :class:`~durably._worker.Seceded`)."""
-        return Seceded()
-
     @abc.abstractmethod
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         """Send one item's body to run; call ``done(item, handle)`` when it has finished."""
@@ -857,7 +852,7 @@ def map_sync(target: Target, iterables: tuple[Iterable[Any], ...], executor: Any
                 ex._prepare()
                 fan.bar.start()
                 window = max_workers if max_workers is not None else ex._window()
-                with ex._waiting():
+                with Seceded():  # (on a Dask worker: out of its pool while it waits)
                     _drive(ex, target, missing, fan, window)
         finally:
             fan.bar.close()
@@ -972,7 +967,7 @@ async def map_async(target: Target, iterables: tuple[Iterable[Any], ...], execut
             if ex is not None:
                 ex._prepare()
             fan.bar.start()
-            with contextlib.nullcontext() if ex is None else ex._waiting():
+            with contextlib.nullcontext() if ex is None else Seceded():
                 await _drive_async(ex, target, missing, fan, window)
     finally:
         fan.bar.close()

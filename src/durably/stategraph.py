@@ -57,7 +57,6 @@ from ._graph_structure import END, START, GraphStructure
 from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
-from ._serde import SPILL_BYTES
 from ._store import Store
 from ._tracer import Event, short_repr
 from .exceptions import CorruptJournalError, DefinitionError, RunStateError
@@ -109,9 +108,10 @@ class StepResult(dict):  # type: ignore[type-arg]
     fingerprint, and the state after it, pickled: whole (``blob``) every
     :data:`FULL_STATE_EVERY` super-steps (from the first) and whenever the bytes of the
     state before it are not known, else as a splice of those bytes (``delta``, see
-    :func:`_splice`). A state of 64 MiB or more pickled is kept as the object (``state``),
-    as journals of earlier versions kept every state. Shown (history, ``durably show``) as
-    the updates and the next nodes."""
+    :func:`_splice`). A state that plain pickle refuses, holds a large buffer or pickles to
+    16 MiB or more is kept as the object (``state``, see :func:`_pickled_state`), as
+    journals of earlier versions kept every state. Shown (history, ``durably show``) as the
+    updates and the next nodes."""
 
     __slots__ = ()
 
@@ -131,7 +131,7 @@ class StepResult(dict):  # type: ignore[type-arg]
 FULL_STATE_EVERY = 64
 _CHUNK = 1 << 16  # bytes compared at once when looking for where two pickles differ
 #: a state pickled to this many bytes or more is journaled as the object (spilled to a file)
-_WHOLE_BYTES = min(SPILL_BYTES, 16 << 20)
+_WHOLE_BYTES = 16 << 20
 
 
 class _Handoff:
@@ -432,7 +432,6 @@ class CompiledGraph(Generic[S]):
             path.append(list(frontier))
             if index == migrate_at:
                 state = self._migration(index, state)
-            if index == migrate_at:
                 blob = None  # (the migrated state's bytes: the next checkpoint holds them)
             handoff = _Handoff(index % FULL_STATE_EVERY == 0, blob)
             token = _handoff.set(handoff)
@@ -1210,7 +1209,8 @@ class CompiledGraph(Generic[S]):
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
             nxt, joins = self._advance([as_node], state, joins,
                                        [n for n in nxt if n != as_node])
-        old.pop("delta", None)  # (this checkpoint holds the whole state)
+        old.pop("delta", None)  # (this checkpoint holds the whole state, as the object)
+        old.pop("blob", None)
         result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
                              "updates": {as_node or "update_state": update}})
         if snapshot.checkpoint_id:
