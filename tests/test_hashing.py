@@ -866,3 +866,49 @@ def test_scalar_arguments_take_the_short_path_and_get_the_same_digest(
     expected = _general_arguments(arguments)  # (also puts the names in the table)
     assert encode_arguments(arguments) == expected
     assert encode_arguments(dict(reversed(arguments.items()))) == expected
+
+
+@given(st.dictionaries(st.text(max_size=12), _scalars | values, min_size=0, max_size=6),
+       st.data())
+@settings(max_examples=500, deadline=None)
+def test_positional_arguments_get_the_digest_of_the_bound_ones(
+        arguments: dict[str, Any], data: st.DataObject) -> None:
+    """A call with all its arguments given by position is digested without binding them
+    (encode_positional): the same digest as the bound arguments, ignored ones left out, or
+    None (a value that is not a small scalar: the caller binds them and digests them)."""
+    from durably._hashing import encode_arguments, encode_positional, positional_plan
+
+    names = list(arguments)
+    ignore = data.draw(st.sets(st.sampled_from(names)) if names else st.just(set()))
+    plan = positional_plan(names, ignore)
+    assert plan is not None
+    got = encode_positional(plan, tuple(arguments.values()))
+    bound = {n: v for n, v in arguments.items() if n not in ignore}
+    scalars = all(type(v) in (int, str, float, bool, type(None)) for v in bound.values())
+    if got is None:
+        assert not scalars or any(
+            (type(v) is int and not -(2**63) <= v < 2**63)
+            or (type(v) is str and len(v.encode("utf-8", "surrogatepass")) >= 1 << 16)
+            for v in bound.values())
+    else:
+        assert got == encode_arguments(bound)
+
+
+def test_a_task_called_by_position_keeps_its_cache_key(tmp_path: pathlib.Path) -> None:
+    """The digest of a call by position (no binding) is the one of the same call by keyword,
+    with defaults and ignored arguments as the bound path has them: one cache entry."""
+    durably.configure(store=durably.DiskStore(tmp_path))
+    calls: list[tuple[Any, ...]] = []
+
+    @durably.task(ignore=("verbose",))
+    def combine(b: str, a: int, verbose: bool, c: float = 0.5) -> str:
+        calls.append((a, b, c))
+        return f"{a}{b}{c}"
+
+    assert combine("x", 1, True, 0.5) == "1x0.5"
+    assert combine(b="x", a=1, verbose=False) == "1x0.5"  # bound: default and ignore
+    assert combine("x", 1, False, c=0.5) == "1x0.5"
+    assert calls == [(1, "x", 0.5)]
+    key = combine.cache_key(a=1, b="x", verbose=True)
+    assert combine.cache_key("x", 1, False, 0.5) == key
+    assert combine.cache_key("x", 2, False, 0.5) != key

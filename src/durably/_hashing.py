@@ -27,7 +27,7 @@ import copyreg
 import struct
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import chain, repeat
 from typing import Any
 
@@ -625,6 +625,58 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
     # the rest on the general path, after what is written (the first names are not redone)
     return _encode_from(arguments, names, names.index(name), buf)
+
+
+def positional_plan(names: Sequence[str], ignore: Collection[str] = ()
+                    ) -> tuple[tuple[int, bytes], ...] | None:
+    """How :func:`encode_positional` writes the arguments of a function whose parameters
+    are ``names`` (all given by position), ``ignore`` left out: (index in the call's
+    arguments, the name's encoding) in the order :func:`encode_arguments` writes them
+    (sorted by name). None for a name too long for that path."""
+    plan = []
+    for name in sorted(set(names) - set(ignore)):
+        raw = name.encode()
+        if len(raw) >= _LARGE:
+            return None
+        plan.append((names.index(name), b"=" + len(raw).to_bytes(8, "little") + raw))
+    return tuple(plan)
+
+
+def encode_positional(plan: tuple[tuple[int, bytes], ...], args: Sequence[Any]) -> str | None:
+    """``encode_arguments(dict(zip(names, args)))`` for arguments given by position
+    (``plan`` from :func:`positional_plan`) when all of them are small scalars (the same
+    bytes, without building the dict); else None: the caller takes the general path."""
+    buf = bytearray(_HEADER)
+    for index, head in plan:
+        value = args[index]
+        t = type(value)
+        if t is int:
+            if not -(1 << 63) <= value < (1 << 63):
+                return None
+            buf += head
+            buf += b"i"
+            buf += _pack_q(value)
+        elif t is str:
+            raw = value.encode("utf-8", "surrogatepass")
+            if len(raw) >= _LARGE:
+                return None
+            buf += head
+            buf += b"s"
+            buf += _pack_Q(len(raw))
+            buf += raw
+        elif t is float:
+            buf += head
+            buf += b"f"
+            buf += _NAN if value != value else _pack_d(value)
+        elif value is None:
+            buf += head
+            buf += b"N"
+        elif t is bool:
+            buf += head
+            buf += b"T" if value else b"F"
+        else:
+            return None
+    return xxhash.xxh3_128_hexdigest(bytes(buf))
 
 
 def _general_arguments(arguments: Mapping[str, Any]) -> str:

@@ -36,7 +36,13 @@ from ._config import default_store
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import LARGE_ROW, RunContext, StopRun, current_run, current_step, cutoff
 from ._fingerprint import Fingerprint, fingerprint_function
-from ._hashing import digest_each, encode_arguments, trace_digest
+from ._hashing import (
+    digest_each,
+    encode_arguments,
+    encode_positional,
+    positional_plan,
+    trace_digest,
+)
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
@@ -81,6 +87,7 @@ class Spec:
         "_names",
         "_nparams",
         "_npositional",
+        "_plan",
         "_prepend_instance",
         "_version_code",
         "cache",
@@ -190,6 +197,10 @@ class Spec:
         #: the number of parameters when all of them can be given by position, else -1
         self._npositional = len(params) if self._names is not None and len(
             self._names) == len(params) else -1
+        #: how the input digest of a call with all its arguments given by position is
+        #: written without binding them (encode_positional), or None
+        self._plan = positional_plan(self._names, self.ignore) if (
+            self._names is not None and self._npositional >= 0) else None
 
     def arguments(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Arguments bound by name, defaults applied, ignored ones dropped (joblib's rule:
@@ -510,11 +521,17 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if abandoned is not None and abandoned.cut:
         raise StopRun()  # called by a body whose try timed out: it is not part of the run
     store = ctx.store if ctx is not None else (spec.store or default_store())
-    arguments = spec.arguments(instance, args, kwargs)
-    try:
-        input_digest = encode_arguments(arguments)  # (digest_inputs, inlined)
-    except (SerializationError, RecursionError) as exc:
-        raise spec.digest_error(exc) from None
+    plan = spec._plan
+    arguments: Any = None  # bound only when needed: a replayed step or a hit does without
+    input_digest = encode_positional(plan, args) if (
+        plan is not None and not kwargs and instance is None
+        and len(args) == spec._npositional) else None
+    if input_digest is None:
+        arguments = spec.arguments(instance, args, kwargs)
+        try:
+            input_digest = encode_arguments(arguments)  # (digest_inputs, inlined)
+        except (SerializationError, RecursionError) as exc:
+            raise spec.digest_error(exc) from None
     key, code = spec.key_and_code(input_digest)
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
@@ -522,6 +539,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             data = store.cache_get(key)
             if data is not None:
                 return _load(data, spec, "cached"), outside
+            if arguments is None:
+                arguments = spec.arguments(instance, args, kwargs)
             outside.inputs = digest_each(arguments)  # before the body may mutate them
         return _MISS, outside
     if ctx.stop:
@@ -542,6 +561,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     call: Call | None = None  # built only when needed: a replayed step does without
     if ctx.listener is not None:
         call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
+        if arguments is None:
+            arguments = spec.arguments(instance, args, kwargs)
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
     data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
@@ -564,6 +585,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         return value, _SERVED
     if call is None:
         call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
+    if arguments is None:
+        arguments = spec.arguments(instance, args, kwargs)
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
@@ -882,6 +905,9 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name,
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
+        read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
+        if read_ahead is not None:
+            read_ahead(run_id)
         ctx.uncacheable.update(held)
         renewal.ctx = ctx
         if renewal.lost:  # (found while the attempt was being set up)

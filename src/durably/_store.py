@@ -1291,6 +1291,12 @@ class DiskStore:
                         found.setdefault(step, parent)
         return found
 
+    def read_ahead(self, run_id: str) -> None:
+        """Read the first finished steps of a run that is being resumed, for
+        :meth:`find_step` in this thread, before its first step asks: the query the first
+        replayed step would make, without the lookup of that step before it."""
+        self._read_ahead(run_id, 0, -1)
+
     def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
         """Read the next finished steps of the run in journal order (a resumed run replays
         them in that order): one query for the next 512 instead of one per step. Only small
