@@ -200,10 +200,15 @@ def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
     return e.hexdigest()
 
 
+_FUNCTION_ATTRS = ("__code__", "__defaults__", "__kwdefaults__")
+_UNSEEN: Any = object()  # (an attribute a fingerprint did not record)
+
+
 class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
-    __slots__ = ("_attrs", "_checks", "_globals", "_keep", "changed_by", "digest")
+    __slots__ = ("_attrs", "_checks", "_functions", "_globals", "_keep", "changed_by",
+                 "digest")
 
     def __init__(
         self,
@@ -216,7 +221,19 @@ class Fingerprint:
     ) -> None:
         self.digest = digest
         self._globals = globals_
-        self._attrs = attrs
+        # a function's code, defaults and keyword defaults: looked at together (the test of
+        # every call of a task: three attribute reads, without a loop and a try for each)
+        functions: dict[int, list[Any]] = {}
+        for obj, attr, value in attrs:
+            if attr in _FUNCTION_ATTRS:
+                functions.setdefault(id(obj), [obj, _UNSEEN, _UNSEEN, _UNSEEN])[
+                    1 + _FUNCTION_ATTRS.index(attr)] = value
+        self._functions = [(f, code, defaults, kwdefaults)
+                           for f, code, defaults, kwdefaults in functions.values()
+                           if _UNSEEN not in (code, defaults, kwdefaults)]
+        whole = {id(f[0]) for f in self._functions}
+        self._attrs = [(obj, attr, value) for obj, attr, value in attrs
+                       if attr not in _FUNCTION_ATTRS or id(obj) not in whole]
         self._checks = _grouped(checks or [])  # small mutable configuration values
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
@@ -227,6 +244,10 @@ class Fingerprint:
         (by identity) and every small mutable configuration value has the same contents."""
         for ns, name, value in self._globals:
             if ns.get(name, _MISSING) is not value:
+                return False
+        for f, code, defaults, kwdefaults in self._functions:
+            if (f.__code__ is not code or f.__defaults__ is not defaults
+                    or f.__kwdefaults__ is not kwdefaults):
                 return False
         for obj, attr, value in self._attrs:
             try:
