@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import pickle
 import re
@@ -33,8 +34,16 @@ import xxhash
 
 from . import _serde
 from ._config import default_store
+from ._context import (
+    _FLUSH_EVERY,
+    LARGE_ROW,
+    RunContext,
+    StopRun,
+    current_run,
+    current_step,
+    cutoff,
+)
 from ._context import CACHE_BATCH as _CACHE_BATCH
-from ._context import LARGE_ROW, RunContext, StopRun, current_run, current_step, cutoff
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import (
     digest_each,
@@ -495,6 +504,8 @@ class Call:
 
 _MISS = object()
 _wall_clock = time.time  # (now(), without a call: it runs twice in every replayed step)
+_xxh3_64 = xxhash.xxh3_64_intdigest
+_xxh3_128_hex = xxhash.xxh3_128_hexdigest
 _monotonic = time.monotonic
 #: what begin_step returns as the call of a step served from the journal (replayed): nothing
 #: is left to finish, so no Call is built for it unless a listener is shown the step
@@ -555,7 +566,13 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
     journal_key = key if spec.cache else spec.side_effect_key(input_digest)
-    step_id = ctx.step_id(parent, journal_key)
+    # (RunContext.step_id, inlined: every call in a run; the same identity)
+    head = f"{parent or ''}/{journal_key}".encode()
+    slot = _xxh3_64(head)
+    counter = ctx._occurrences.get(slot)
+    if counter is None:
+        counter = ctx._occurrences.setdefault(slot, itertools.count())
+    step_id = _xxh3_128_hex(b"%s/%d" % (head, next(counter)))
     position = next(ctx.positions)
     started = _wall_clock()
     call: Call | None = None  # built only when needed: a replayed step does without
@@ -574,8 +591,11 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if parent is not None and step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
         if call is None:
-            ctx.note_replayed((position, started, _wall_clock(), step_id, parent,
-                               key if spec.cache else "", spec.name))
+            replays = ctx._replays  # (RunContext.note_replayed, inlined: every replayed step)
+            replays.append((position, started, _wall_clock(), step_id, parent,
+                            key if spec.cache else "", spec.name))
+            if len(replays) >= _FLUSH_EVERY:
+                ctx.flush()
             return value, _SERVED
         # the whole record: it keeps the inputs the listener was shown
         record = call.record("replayed")

@@ -40,6 +40,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 from . import _serde
 from ._blobs import (
     BLOB_REF,
@@ -94,12 +96,13 @@ from ._records import (
 )
 from ._repair import repair_run, seal_old_blobs
 from ._seal import (
+    _PLAIN,
+    MAGIC_PLAIN,
     SigningKey,
     check_parts,
     check_private,
     env_key,
     key_from,
-    open_plain,
     open_seal,
     seal,
     unseal,
@@ -274,6 +277,8 @@ _PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_
 _PUT_RUN_IF_CURRENT = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
                        f"(SELECT attempt FROM runs WHERE run_id=?) = ? {_RUN_UPSERT}")
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
+_plain_check = _PLAIN.unpack_from  # (magic, checksum) of a value sealed without a key
+_AHEAD_LARGEST = 65536  # the largest result the read-ahead keeps (larger: read alone)
 _AHEAD_MISS: Any = object()  # a step the read-ahead's window has no entry for
 #: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
 #: store asks on every journal read and write whether it was inherited from a parent)
@@ -1121,7 +1126,11 @@ class DiskStore:
             return self._db().execute(_PUT_RUN_IF_CURRENT, values).rowcount == 1
 
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        lease = (run_id, owner.host, owner.pid, owner.started, owner.token, time.time())
         with self._write_journal, immediate(self._db()) as db:
+            if db.execute("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?) "
+                          "ON CONFLICT (run_id) DO NOTHING", lease).rowcount == 1:
+                return None  # (the common case: nobody held it)
             row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
                              "WHERE run_id=?", (run_id,)).fetchone()
             if row is not None:
@@ -1135,8 +1144,7 @@ class DiskStore:
                 if (holder.token != owner.token and holder.token not in self._unreleased
                         and alive):
                     return holder
-            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
-                       (run_id, owner.host, owner.pid, owner.started, owner.token, time.time()))
+            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)", lease)
         return None
 
     def run_holder(self, run_id: str) -> Owner | None:
@@ -1231,10 +1239,13 @@ class DiskStore:
         data: Any = _AHEAD_MISS
         if window is not None and window[0] == run_id:
             data = window[1].pop(step_id, _AHEAD_MISS)
+            # (_step_value's common case, with open_plain inlined: every replayed step)
             if (type(data) is bytes and self._key is None
-                    and self._key_gen == _key_generation):  # (_step_value's common case)
-                payload = open_plain(data)
-                if payload is not None and not payload.startswith(BLOB_REF):
+                    and self._key_gen == _key_generation and data[:4] == MAGIC_PLAIN
+                    and len(data) >= 12):
+                payload = data[12:]
+                if (xxhash.xxh3_64_intdigest(payload) == _plain_check(data)[1]
+                        and not payload.startswith(BLOB_REF)):
                     return payload
         if data is None or data is _AHEAD_MISS:
             found = self._step_rows("result, attempt, position", run_id, step_id, 1)
@@ -1303,11 +1314,13 @@ class DiskStore:
         results are kept (at most 8 MB in all); the journal is never held whole."""
         with self._read_journal:
             rows = self._db().execute(
-                "SELECT step_id, CASE WHEN length(result) <= 65536 THEN result END FROM steps "
-                "WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) > (?, ?) "
-                "ORDER BY attempt, position LIMIT 512", (run_id, attempt, position)).fetchall()
+                f"SELECT step_id, CASE WHEN length(result) <= {_AHEAD_LARGEST} THEN result END "
+                "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') "
+                "AND (attempt, position) > (?, ?) ORDER BY attempt, position LIMIT 512",
+                (run_id, attempt, position)).fetchall()
         ahead: dict[str, Any]
-        if sum(map(len, filter(None, map(_second, rows)))) <= _AHEAD_BYTES:
+        if (len(rows) * _AHEAD_LARGEST <= _AHEAD_BYTES
+                or sum(map(len, filter(None, map(_second, rows)))) <= _AHEAD_BYTES):
             # all of them, in C: reversed, so the first record of a step wins; a large
             # result reads as None here, and find_step reads it when asked for
             ahead = dict(reversed(rows))
