@@ -619,12 +619,51 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
         elif t is bool:
             buf += head
             buf += b"T" if value else b"F"
+        elif t is tuple or t is list:
+            part = _scalar_sequence(value)
+            if part is None:
+                break
+            buf += head
+            buf += part
         else:
             break
     else:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
     # the rest on the general path, after what is written (the first names are not redone)
     return _encode_from(arguments, names, names.index(name), buf)
+
+
+def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
+    """The encoding of a short tuple or list whose items are all small scalars (``(64, 32)``,
+    ``["a", "b"]``): what the Encoder writes for it, without one; None for anything else."""
+    if len(value) > 32:
+        return None
+    out = bytearray(b"(" if type(value) is tuple else b"[")
+    out += _pack_Q(len(value))
+    for item in value:
+        t = type(item)
+        if t is int:
+            if not -(1 << 63) <= item < (1 << 63):
+                return None
+            out += b"i"
+            out += _pack_q(item)
+        elif t is str:
+            raw = item.encode("utf-8", "surrogatepass")
+            if len(raw) >= _LARGE:
+                return None
+            out += b"s"
+            out += _pack_Q(len(raw))
+            out += raw
+        elif t is float:
+            out += b"f"
+            out += _NAN if item != item else _pack_d(item)
+        elif item is None:
+            out += b"N"
+        elif t is bool:
+            out += b"T" if item else b"F"
+        else:
+            return None
+    return bytes(out)
 
 
 def positional_plan(names: Sequence[str], ignore: Collection[str] = ()
@@ -674,6 +713,12 @@ def encode_positional(plan: tuple[tuple[int, bytes], ...], args: Sequence[Any]) 
         elif t is bool:
             buf += head
             buf += b"T" if value else b"F"
+        elif t is tuple or t is list:
+            part = _scalar_sequence(value)
+            if part is None:
+                return None
+            buf += head
+            buf += part
         else:
             return None
     return xxhash.xxh3_128_hexdigest(bytes(buf))
