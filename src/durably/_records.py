@@ -3,6 +3,7 @@ store implements, and the rows these records become in a SQLite journal."""
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import dataclasses
 import json
@@ -416,7 +417,7 @@ def pack_replays(replays: Sequence[Replay]) -> bytes:
     names: dict[str, int] = {}
     parts = []
     pack = _REPLAY_IDS.pack
-    fromhex = bytes.fromhex
+    fromhex = binascii.a2b_hex  # (bytes.fromhex, without its whitespace handling: faster)
     zero = "0" * 32
     for position, started, ended, step_id, parent, key, task in replays:
         index = names.setdefault(task, len(names))
