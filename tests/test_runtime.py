@@ -407,26 +407,6 @@ def test_methods_classmethods_and_staticmethods() -> None:
     assert seen.calls == [("predict", 2, 3), ("predict", 3, 3), ("build", 4), ("helper", 5)]
 
 
-def test_a_bound_method_made_a_task_has_its_object_in_its_inputs() -> None:
-    """task(obj.method) (joblib's Memory.cache(obj.method)) was called with the object
-    prepended to a signature without it: TypeError, too many positional arguments. The
-    object is now its first input, as for a method decorated in its class."""
-    seen = Counter()
-
-    @dataclasses.dataclass
-    class Scaler:
-        k: int
-
-        def scale(self, x: int) -> int:
-            seen((self.k, x))
-            return self.k * x
-
-    three, five = task(Scaler(3).scale), task(Scaler(5).scale)
-    assert (three(2), three(x=2), five(2), five(2)) == (6, 6, 10, 10)
-    assert seen.calls == [(3, 2), (5, 2)]  # each object its own entries
-    assert task(Scaler(3).scale)(2) == 6 and seen.calls == [(3, 2), (5, 2)]  # an equal one hits
-
-
 def test_decorated_function_keeps_signature_doc_and_wrapped() -> None:
     def original(a: int, b: str = "x") -> str:
         """Docs."""

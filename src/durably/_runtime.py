@@ -160,9 +160,7 @@ class Spec:
                 else f"@{kind}(ignore=...) of {qualname!r} must be a tuple of argument names"
             )
         try:
-            # a bound method (task(obj.method)) is called with its object first, as a
-            # method decorated in its class is: the signature that binds it is its function's
-            signature = inspect.signature(raw.__func__ if inspect.ismethod(raw) else raw)
+            signature = inspect.signature(raw)
         except (TypeError, ValueError) as exc:
             raise DefinitionError(
                 f"@{kind} cannot read the signature of {qualname!r}: {exc}"
