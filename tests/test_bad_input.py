@@ -247,3 +247,33 @@ def test_the_two_tables_hold_at_least_thirty_wrong_uses() -> None:
     from .test_errors import CASES as EARLIER
 
     assert len(EARLIER) + len(CASES) >= 30
+
+
+def test_a_bound_method_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """task(obj.method) left the object out of its arguments: a Python method then failed on
+    every call (TypeError, too many positional arguments), and a built-in one ("abc".upper)
+    served one object's result to another. Both are refused when decorated; a function
+    taking the object is the way out, and functions (len, Class.method) are still taken."""
+    durably.configure(store=durably.DiskStore(tmp_path))
+
+    @dataclasses.dataclass
+    class Scaler:
+        k: int
+
+        def scale(self, x: int) -> int:
+            return self.k * x
+
+        @classmethod
+        def make(cls, k: int) -> Scaler:
+            return cls(k)
+
+    for bound in (Scaler(3).scale, Scaler.make, "abc".upper, (5).__add__, {}.get):
+        with pytest.raises(durably.DefinitionError,
+                           match=r"bound method .* Fix: decorate the method in its class"):
+            task(bound)
+    with pytest.raises(durably.DefinitionError, match=r"entrypoint\(\) cannot take"):
+        entrypoint(Scaler(3).scale)
+    scale = task(Scaler.scale)  # the way out: the object is an argument
+    assert (scale(Scaler(3), 2), scale(Scaler(5), 2)) == (6, 10)
+    assert scale.cache_key(Scaler(3), 2) != scale.cache_key(Scaler(5), 2)
+    assert task(len)("abc") == 3

@@ -26,6 +26,7 @@ import pickle
 import re
 import sys
 import time
+import types
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -138,6 +139,15 @@ class Spec:
         qualname = getattr(raw, "__qualname__", None) or getattr(raw, "__name__", None)
         if qualname is None:
             raise DefinitionError(f"@{kind} needs a named function, got {raw!r}")
+        if _bound_to_object(raw):
+            # its object is not among its arguments: it would be left out of the cache key
+            # (two objects sharing results), or bound again as self (a TypeError on call)
+            raise DefinitionError(
+                f"{kind}() cannot take the bound method {qualname!r} of an object: the "
+                "object is not one of its arguments, so it would be left out of the cache "
+                f"key. Fix: decorate the method in its class (@durably.{kind} above its "
+                f"def), or make a {kind} of a function that takes the object as an argument "
+                f"(durably.{kind}(Class.method), called as t(obj, ...)).")
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
             raise DefinitionError(
                 f"@{kind} cannot decorate the generator function {qualname!r}: a generator "
@@ -336,6 +346,16 @@ class Spec:
         fp = self._fingerprint
         parts = self._parts() if fp is not None and fp.digest == code else {}
         return KeyRecord(self.identity, key, code, inputs, parts, now())
+
+
+def _bound_to_object(func: Any) -> bool:
+    """Whether ``func`` is a method bound to an object or class (``obj.method``,
+    ``"text".upper``, ``(5).__add__``), not a function (a module's built-in, ``len``, is
+    bound to its module: a function)."""
+    if inspect.ismethod(func) or inspect.ismethodwrapper(func):
+        return True
+    return inspect.isbuiltin(func) and not isinstance(
+        getattr(func, "__self__", None), (types.ModuleType, type(None)))
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
