@@ -139,15 +139,14 @@ class Spec:
         qualname = getattr(raw, "__qualname__", None) or getattr(raw, "__name__", None)
         if qualname is None:
             raise DefinitionError(f"@{kind} needs a named function, got {raw!r}")
-        if _bound_to_object(raw):
+        bound = None if isinstance(func, staticmethod) else _bound_to_object(raw)
+        if bound is not None:
             # its object is not among its arguments: it would be left out of the cache key
             # (two objects sharing results), or bound again as self (a TypeError on call)
             raise DefinitionError(
-                f"{kind}() cannot take the bound method {qualname!r} of an object: the "
-                "object is not one of its arguments, so it would be left out of the cache "
-                f"key. Fix: decorate the method in its class (@durably.{kind} above its "
-                f"def), or make a {kind} of a function that takes the object as an argument "
-                f"(durably.{kind}(Class.method), called as t(obj, ...)).")
+                f"{kind}() cannot take {qualname!r} bound to {bound}: that is not one of its "
+                f"arguments, so it would be left out of the cache key. Fix: "
+                + _unbound_fix(kind, raw, qualname))
         if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
             raise DefinitionError(
                 f"@{kind} cannot decorate the generator function {qualname!r}: a generator "
@@ -348,14 +347,44 @@ class Spec:
         return KeyRecord(self.identity, key, code, inputs, parts, now())
 
 
-def _bound_to_object(func: Any) -> bool:
-    """Whether ``func`` is a method bound to an object or class (``obj.method``,
-    ``"text".upper``, ``(5).__add__``), not a function (a module's built-in, ``len``, is
-    bound to its module: a function)."""
-    if inspect.ismethod(func) or inspect.ismethodwrapper(func):
-        return True
-    return inspect.isbuiltin(func) and not isinstance(
-        getattr(func, "__self__", None), (types.ModuleType, type(None)))
+def _bound_to_object(func: Any) -> str | None:
+    """What ``func`` is bound to when it is a method bound to an object or a class
+    (``obj.method``, ``Class.a_classmethod``, ``"text".upper``, ``(5).__add__``), else None.
+
+    Functions are not: a module's built-in (``len``, bound to its module), a built-in class
+    method (``bytes.fromhex``: its name says its class), and a method a module exposes as
+    one of its functions (``random.random``, ``numpy.random.normal``: one hidden object).
+    """
+    method = inspect.ismethod(func)
+    if not (method or inspect.isbuiltin(func) or inspect.ismethodwrapper(func)):
+        return None
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, type):
+        # a Python classmethod was bound to its class again (a TypeError on every call); a
+        # built-in one (bytes.fromhex) is named by its class
+        return f"the class {owner.__qualname__}" if method else None
+    if owner is None or isinstance(owner, types.ModuleType):
+        return None
+    name = getattr(func, "__name__", "")
+    for where in (getattr(func, "__module__", None), type(owner).__module__):
+        module = sys.modules.get(where) if isinstance(where, str) else None
+        if module is not None and getattr(module, name, None) is func:
+            return None
+    return f"an object ({type(owner).__qualname__})"
+
+
+def _unbound_fix(kind: str, func: Any, qualname: str) -> str:
+    """How to make a task or entrypoint of what a bound method does."""
+    if getattr(func, "_self_parent", None) is not None:  # (a task's BoundTask)
+        return (f"it is a {kind} already, decorated in its class: call it as it is "
+                "(obj.method(...)).")
+    if isinstance(getattr(func, "__self__", None), type):
+        return (f"decorate the classmethod in its class (@durably.{kind} above "
+                f"@classmethod), or make a {kind} of its function "
+                f"(durably.{kind}({qualname}.__func__), called with the class first).")
+    return (f"decorate the method in its class (@durably.{kind} above its def), or make a "
+            f"{kind} of a function that takes the object as its first argument "
+            f"(durably.{kind}(Class.method), called as t(obj, ...)).")
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
