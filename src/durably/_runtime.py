@@ -352,19 +352,20 @@ def _bound_to_object(func: Any) -> str | None:
     (``obj.method``, ``Class.a_classmethod``, ``"text".upper``, ``(5).__add__``), else None.
 
     Functions are not: a module's built-in (``len``, bound to its module), a built-in class
-    method (``bytes.fromhex``: its name says its class), and a method a module exposes as
-    one of its functions (``random.random``, ``numpy.random.normal``: one hidden object).
+    method (``bytes.fromhex``: its name says its class), and a built-in method a module
+    exposes as one of its functions (``random.random``: one hidden object).
     """
-    method = inspect.ismethod(func)
-    if not (method or inspect.isbuiltin(func) or inspect.ismethodwrapper(func)):
+    if inspect.ismethod(func):
+        # a Python method: its object is bound again as its first argument on every call (a
+        # TypeError, or the arguments shifted by one), wherever it is exposed
+        owner = func.__self__
+        return (f"the class {owner.__qualname__}" if isinstance(owner, type)
+                else f"an object ({type(owner).__qualname__})")
+    if not (inspect.isbuiltin(func) or inspect.ismethodwrapper(func)):
         return None
     owner = getattr(func, "__self__", None)
-    if isinstance(owner, type):
-        # a Python classmethod was bound to its class again (a TypeError on every call); a
-        # built-in one (bytes.fromhex) is named by its class
-        return f"the class {owner.__qualname__}" if method else None
-    if owner is None or isinstance(owner, types.ModuleType):
-        return None
+    if owner is None or isinstance(owner, (types.ModuleType, type)):
+        return None  # len, math.sqrt; a built-in class method (bytes.fromhex) names its class
     name = getattr(func, "__name__", "")
     for where in (getattr(func, "__module__", None), type(owner).__module__):
         module = sys.modules.get(where) if isinstance(where, str) else None
@@ -375,16 +376,19 @@ def _bound_to_object(func: Any) -> str | None:
 
 def _unbound_fix(kind: str, func: Any, qualname: str) -> str:
     """How to make a task or entrypoint of what a bound method does."""
+    a_kind = "an entrypoint" if kind == "entrypoint" else "a task"
+    own = (f"or call it in a function of your own and make {a_kind} of that "
+           "(def f(x): return obj.method(x)).")
     if getattr(func, "_self_parent", None) is not None:  # (a task's BoundTask)
-        return (f"it is a {kind} already, decorated in its class: call it as it is "
-                "(obj.method(...)).")
+        return (f"it is {a_kind} already, decorated in its class: call it as it is "
+                "(obj.method(...) or Class.method(...)).")
     if isinstance(getattr(func, "__self__", None), type):
         return (f"decorate the classmethod in its class (@durably.{kind} above "
-                f"@classmethod), or make a {kind} of its function "
-                f"(durably.{kind}({qualname}.__func__), called with the class first).")
-    return (f"decorate the method in its class (@durably.{kind} above its def), or make a "
-            f"{kind} of a function that takes the object as its first argument "
-            f"(durably.{kind}(Class.method), called as t(obj, ...)).")
+                f"@classmethod), or make {a_kind} of its function "
+                f"(durably.{kind}({qualname}.__func__), called with the class first), " + own)
+    return (f"decorate the method in its class (@durably.{kind} above its def), make "
+            f"{a_kind} of a function that takes the object as its first argument "
+            f"(durably.{kind}(Class.method), called as t(obj, ...)), " + own)
 
 
 def step_identity(parent: str | None, key: str, occurrence: int) -> str:
