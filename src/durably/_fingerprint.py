@@ -206,6 +206,8 @@ class _Walker(_StateFinder):
         super().__init__(seed)  # what it keeps alive, and the state found so far
         self.globals: list[tuple[Mapping[str, Any], str, Any]] = []
         self.attrs: list[tuple[Any, str, Any]] = []
+        #: each function met, with its code, defaults and keyword defaults
+        self.functions: list[tuple[Any, Any, Any, Any]] = []
         self.done: dict[int, str] = {}
         self.active: set[int] = set()
         self.parts: dict[str, str] = {}
@@ -233,9 +235,7 @@ class _Walker(_StateFinder):
         try:
             e = Encoder(name)
             code = f.__code__
-            self.attrs.append((f, "__code__", code))
-            self.attrs.append((f, "__defaults__", f.__defaults__))
-            self.attrs.append((f, "__kwdefaults__", f.__kwdefaults__))
+            self.functions.append((f, code, f.__defaults__, f.__kwdefaults__))
             e.text(b"q", f.__qualname__)
             refs = _Refs()
             self.code(e, code, refs, frozenset(code.co_freevars), top=True)
@@ -652,7 +652,8 @@ def fingerprint_function(func: Any) -> Fingerprint:
         if not w.conflicted():
             break
     assert w is not None
-    return Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep)
+    return Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
+                       w.functions)
 
 
 _ARG_CACHE: weakref.WeakKeyDictionary[Any, Fingerprint] = weakref.WeakKeyDictionary()

@@ -200,10 +200,6 @@ def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
     return e.hexdigest()
 
 
-_FUNCTION_ATTRS = ("__code__", "__defaults__", "__kwdefaults__")
-_UNSEEN: Any = object()  # (an attribute a fingerprint did not record)
-
-
 class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
@@ -218,22 +214,14 @@ class Fingerprint:
         parts: dict[str, str],
         checks: list[_Check] | None = None,
         keep: list[Any] | None = None,
+        functions: list[tuple[Any, Any, Any, Any]] | None = None,
     ) -> None:
         self.digest = digest
         self._globals = globals_
-        # a function's code, defaults and keyword defaults: looked at together (the test of
-        # every call of a task: three attribute reads, without a loop and a try for each)
-        functions: dict[int, list[Any]] = {}
-        for obj, attr, value in attrs:
-            if attr in _FUNCTION_ATTRS:
-                functions.setdefault(id(obj), [obj, _UNSEEN, _UNSEEN, _UNSEEN])[
-                    1 + _FUNCTION_ATTRS.index(attr)] = value
-        self._functions = [(f, code, defaults, kwdefaults)
-                           for f, code, defaults, kwdefaults in functions.values()
-                           if _UNSEEN not in (code, defaults, kwdefaults)]
-        whole = {id(f[0]) for f in self._functions}
-        self._attrs = [(obj, attr, value) for obj, attr, value in attrs
-                       if attr not in _FUNCTION_ATTRS or id(obj) not in whole]
+        # each function's code, defaults and keyword defaults, compared in one condition (the
+        # test of every call of a task); other attributes (closure cells) one by one
+        self._functions = functions or []
+        self._attrs = attrs
         self._checks = _grouped(checks or [])  # small mutable configuration values
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
