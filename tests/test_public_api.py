@@ -47,3 +47,37 @@ def test_heavy_parts_are_imported_on_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True True"]
+
+
+def test_import_durably_does_not_import_asyncio_itself() -> None:
+    """asyncio is a sixth of `import durably` with wrapt 1.x, which does not import it (2.2+ does;
+    a later one may not): durably's own modules import it on first use, from a running loop."""
+    import subprocess
+    import sys
+
+    code = '''
+import sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] != "asyncio":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_globals.get("__name__", "").startswith(
+                ("importlib", "_frozen_importlib")):
+            frame = frame.f_back
+        importer = "" if frame is None else frame.f_globals.get("__name__", "")
+        if importer.startswith("durably"):
+            raise ImportError(f"{importer} imports asyncio")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import durably
+from durably._runtime import is_cancelled
+print(is_cancelled(ValueError()), is_cancelled(None))
+import asyncio
+print(is_cancelled(asyncio.CancelledError()), is_cancelled(KeyboardInterrupt()))
+'''
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False False", "True False"]

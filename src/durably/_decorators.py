@@ -8,7 +8,6 @@ logic lives here: calls go to :mod:`durably._runtime`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -31,7 +30,15 @@ from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run
-from ._runtime import Spec, begin_run, call_async, call_sync, end_run, validate_run_id
+from ._runtime import (
+    Spec,
+    begin_run,
+    call_async,
+    call_sync,
+    end_run,
+    is_cancelled,
+    validate_run_id,
+)
 from ._store import RunRecord, Store, now
 from ._tracer import Event, RunGraph
 from .exceptions import DefinitionError, NotFoundError, RunInterrupted, RunStateError
@@ -43,6 +50,7 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    import asyncio
     import concurrent.futures
     from collections.abc import Coroutine, Iterable
 
@@ -849,7 +857,7 @@ def _as_interrupt(ctx: Any, exc: BaseException | None) -> InterruptSignal | None
             return None
         signals, rest = exc.split(InterruptSignal)
         if signals is None or (rest is not None and not all(
-                isinstance(e, asyncio.CancelledError) for e in _leaves(rest))):
+                is_cancelled(e) for e in _leaves(rest))):
             return None
     if not raised and isinstance(exc, InterruptSignal):
         return exc
@@ -882,6 +890,8 @@ async def _settle(ctx: Any) -> None:
     """Before an async attempt ends: stop its other branches from starting new steps and
     wait for the steps still running (an ``asyncio.gather`` does not cancel siblings), so
     the run is not released while its steps still execute."""
+    import asyncio  # (on a running loop: imported already; not at `import durably`)
+
     ctx.stop = True
     me = asyncio.current_task()
     running = {t for t in ctx.inflight if t is not me and not t.done()}
@@ -974,6 +984,8 @@ def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: An
 
 async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
                         kwargs: Any, run_id: str | None, fresh: bool) -> AsyncIterator[Event]:
+    import asyncio  # (on a running loop: imported already; not at `import durably`)
+
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[Any] = asyncio.Queue()
     listener = _Listener(lambda event: loop.call_soon_threadsafe(events.put_nowait, event))

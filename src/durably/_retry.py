@@ -11,7 +11,6 @@ task's body is abandoned in a background thread and :class:`~durably.TaskTimeout
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import dataclasses
 import threading
@@ -150,6 +149,8 @@ def call_with_timeout(name: str, seconds: float, fn: Callable[..., Any],
 
 
 async def await_with_timeout(name: str, seconds: float, awaitable: Awaitable[Any]) -> Any:
+    import asyncio  # (on a running loop: imported already; not at `import durably`)
+
     try:
         return await asyncio.wait_for(awaitable, seconds)
     except TimeoutError:

@@ -15,7 +15,6 @@ Call path of a task (DESIGN.md, "the heart"):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -60,7 +59,8 @@ from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, 
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
-__all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "validate_run_id"]
+__all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "is_cancelled",
+           "validate_run_id"]
 
 log = logging.getLogger("durably")
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
@@ -69,6 +69,14 @@ _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the r
 #: (other processes' journal writes wait for that transaction)
 _BATCHED_RESULT = LARGE_ROW
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
+
+
+def is_cancelled(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is asyncio's ``CancelledError``, without importing asyncio (a sixth of
+    ``import durably`` with wrapt 1.x, which does not import it either): none can have been
+    raised in a process that never imported it."""
+    aio = sys.modules.get("asyncio")
+    return aio is not None and isinstance(exc, aio.CancelledError)
 
 
 def module_identity(module: str | None) -> str:
@@ -742,7 +750,8 @@ async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
     if value is not _MISS:
         return value
     ctx = call.ctx
-    me_task = asyncio.current_task() if ctx is not None else None
+    # (asyncio is imported: this runs on its loop; not imported at `import durably`)
+    me_task = sys.modules["asyncio"].current_task() if ctx is not None else None
     if me_task is not None and ctx is not None:
         ctx.inflight.add(me_task)
     try:
@@ -1198,7 +1207,7 @@ def run_status(exc: BaseException | None) -> str:
         return "finished"
     if isinstance(exc, InterruptSignal):
         return "interrupted"
-    if isinstance(exc, (StopRun, KeyboardInterrupt, asyncio.CancelledError)):
+    if isinstance(exc, (StopRun, KeyboardInterrupt)) or is_cancelled(exc):
         return "stopped"  # by the user (Ctrl-C, a closed stream, a cancelled task): resumable
     return "failed"
 
