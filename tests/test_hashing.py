@@ -873,6 +873,62 @@ def test_scalar_arguments_take_the_short_path_and_get_the_same_digest(
     assert encode_arguments(dict(reversed(arguments.items()))) == expected
 
 
+# values whose encoding is hashed in place: a list of strings past 64 KiB in all, one long
+# string, bytes, and a dict holding them (an argument with a large buffer is digested again
+# when asked; a large block of strings is taken in the same pass)
+_large = st.sampled_from([
+    ["m" * 5000] * 14, [f"{i:05d}" * 1000 for i in range(14)], "s" * 70_000,
+    b"b" * 70_000, {"messages": ["x" * 9000] * 8, "n": 3}, {"blob": b"z" * 70_000},
+    (["y" * 70_000], 1), [b"q" * 70_000, "t" * 5],
+])
+
+
+@given(st.dictionaries(st.text(max_size=12), _scalars | values | _large, max_size=6))
+@settings(max_examples=400, deadline=None)
+def test_argument_digests_taken_in_the_key_s_pass_equal_digest_each(
+        arguments: dict[str, Any]) -> None:
+    """encode_arguments(arguments, each) puts in ``each`` the digests digest_each gives of the
+    arguments it encoded itself (not small scalars, and none holding a large buffer), from
+    the same pass: the key is unchanged, and digest_each(arguments, each) equals
+    digest_each(arguments)."""
+    from durably._hashing import digest_each, encode_arguments
+
+    each: dict[str, str] = {}
+    key = encode_arguments(arguments, each)
+    assert key == encode_arguments(arguments)
+    full = digest_each(arguments)
+    assert set(each) <= set(arguments)
+    assert {n: full[n] for n in each} == each
+    assert digest_each(arguments, each) == full
+    for name, value in arguments.items():
+        if isinstance(value, bytes) and len(value) >= 1 << 16:
+            assert name not in each  # hashed in place: digested again when asked
+
+
+def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() -> None:
+    """The digest of a list-of-strings argument, for explain and the tracer, is taken in the
+    pass that makes the key: its strings are encoded once, not twice."""
+    from durably._hashing import Encoder, digest_each, encode_arguments
+
+    calls = []
+    strings = Encoder.strings
+
+    def counted(self: Encoder, items: Any) -> bool:
+        calls.append(len(items))
+        return strings(self, items)
+
+    arguments = {"messages": [f"message {i} " * 400 for i in range(40)], "n": 3}
+    Encoder.strings = counted  # type: ignore[method-assign]
+    try:
+        each: dict[str, str] = {}
+        encode_arguments(arguments, each)
+        got = digest_each(arguments, each)
+        assert calls == [40]
+    finally:
+        Encoder.strings = strings  # type: ignore[method-assign]
+    assert got == digest_each(arguments)
+
+
 @given(st.dictionaries(st.text(max_size=12), _scalars | values, min_size=0, max_size=6),
        st.data())
 @settings(max_examples=500, deadline=None)

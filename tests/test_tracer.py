@@ -215,6 +215,60 @@ def test_graph_has_data_flow_edges_through_arguments_and_containers() -> None:
     assert graph.node(rep).output == "'total: 50'"
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bool) -> None:
+    """An executed step's key, the digest of each argument (explain) and the tracer's flow
+    digests come from one encoding of a large list of strings: the same digests, so the
+    data-flow edges from the steps that made it and its elements are drawn as before."""
+    from durably._hashing import Encoder, digest_each, trace_digest
+
+    @task
+    def chat(n: int) -> list[str]:
+        return [f"message {i} " * 300 for i in range(n)]
+
+    @task
+    def last(n: int) -> str:
+        return f"message {n - 1} " * 300
+
+    @task(cache=cache)
+    def summarize(messages: list[str], state: dict[str, Any]) -> int:
+        return len(messages) + len(state["messages"])
+
+    @entrypoint
+    def pipeline(n: int) -> int:
+        messages = chat(n)
+        last(n)
+        return summarize(messages, {"messages": messages, "n": n})
+
+    calls: list[int] = []
+    strings = Encoder.strings
+
+    def counted(self: Encoder, items: Any) -> bool:
+        if len(items) == 40:  # (not the names in the code fingerprints)
+            calls.append(len(items))
+        return strings(self, items)
+
+    Encoder.strings = counted  # type: ignore[method-assign]
+    try:
+        run = pipeline.run(40)
+    finally:
+        Encoder.strings = strings  # type: ignore[method-assign]
+    assert run.result == 80
+    # summarize's key (both arguments hold the list), the tracer's digest of the list as
+    # an element of the dict, and chat's result digest: 4 (6 before: the digest of each
+    # argument, for explain or the tracer, encoded both again)
+    assert calls == [40, 40, 40, 40]
+    graph = run.graph()
+    # the list, whole and in the dict, is chat's result; one of its elements is last's
+    assert sorted(_edges(graph)) == [("chat", "summarize"), ("last", "summarize")]
+    step = next(r for r in run.steps if _n(r.task) == "summarize")
+    messages = chat(40)
+    arguments = {"messages": messages, "state": {"messages": messages, "n": 40}}
+    whole = digest_each(arguments)
+    elements = [trace_digest(m) for m in messages] + [trace_digest(messages), trace_digest(40)]
+    assert sorted(step.input_digests) == sorted([whole["messages"], whole["state"], *elements])
+
+
 def test_graph_ignores_none_and_booleans_as_flows() -> None:
     @task
     def check(x: int) -> bool:

@@ -113,12 +113,16 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("active", "buf", "codes", "hasher", "path", "quiet")
+    __slots__ = ("active", "buf", "codes", "hasher", "path", "quiet", "tap", "tap_at")
 
     def __init__(self, path: str = "", quiet: bool = False) -> None:
         self.quiet = quiet  # no warnings (the tracer digests results, not cache keys)
         self.buf: bytearray = bytearray()
         self.hasher: Any = None
+        #: a second hasher fed what is written from ``buf[tap_at:]`` on (one argument's
+        #: bytes, for its own digest in the same pass: see _encode_from)
+        self.tap: Any = None
+        self.tap_at = 0
         self.active: dict[int, int] = {}
         self.codes: dict[type, bytes] = {}  # class code of each record type met (see class_code)
         self.path = path
@@ -134,13 +138,25 @@ class Encoder:
         buf += tag
         buf += n.to_bytes(8, "little")
         if n >= _LARGE:
-            if self.hasher is None:
-                self.hasher = xxhash.xxh3_128()
-            self.hasher.update(bytes(buf))
-            buf.clear()
+            # no tap past a large buffer: hashing it twice in this pass would cost what
+            # digesting its argument again does, when that is asked for (never on a hit)
+            self.tap = None
+            self.flush()
             self.hasher.update(data)
         else:
             buf += data
+
+    def flush(self) -> None:
+        """Hash what ``buf`` holds and empty it (before a large part is hashed in place)."""
+        buf = self.buf
+        if self.hasher is None:
+            self.hasher = xxhash.xxh3_128()
+        if self.tap is not None:
+            with memoryview(buf) as view:
+                self.tap.update(view[self.tap_at:])
+            self.tap_at = 0
+        self.hasher.update(bytes(buf))
+        buf.clear()
 
     def text(self, tag: bytes, s: str) -> None:
         self.raw(tag, s.encode("utf-8", "surrogatepass"))
@@ -210,11 +226,10 @@ class Encoder:
         if len(block) < _LARGE:
             self.buf += block
             return True
-        if self.hasher is None:  # (as raw() does: hashed in place, never copied into buf)
-            self.hasher = xxhash.xxh3_128()
-        self.hasher.update(bytes(self.buf))
-        self.buf.clear()
+        self.flush()  # (as raw() does: hashed in place, never copied into buf)
         self.hasher.update(block)
+        if self.tap is not None:
+            self.tap.update(block)
         return True
 
     def mapping(self, tag: bytes, obj: Mapping[Any, Any]) -> None:
@@ -582,9 +597,16 @@ def _too_deep(e: Encoder) -> SerializationError:
 _NAMES: dict[str, bytes] = {}  # an argument name -> its encoding (what raw(b"=", name) writes)
 
 
-def encode_arguments(arguments: Mapping[str, Any]) -> str:
+def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None = None) -> str:
     """Digest of bound arguments (name → value), independent of keyword order: one pass,
-    one hash."""
+    one hash.
+
+    ``each``, when given, receives digests :func:`digest_each` would return, taken in the
+    same pass, of the arguments whose encoding costs more than hashing it (lists, dicts,
+    strings: encoding them again would double the work). It stays without the others:
+    small scalars (when every argument is one, ``each`` stays empty) and arguments holding
+    a large buffer (an array: its second hash costs what a second encoding does). Pass it
+    to :func:`digest_each` as ``known``."""
     # arguments that are all small scalars (the common call) are written here, without an
     # Encoder: the same bytes as the Encoder writes (_general_arguments; a test pins it)
     names = sorted(arguments)
@@ -630,7 +652,7 @@ def encode_arguments(arguments: Mapping[str, Any]) -> str:
     else:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
     # the rest on the general path, after what is written (the first names are not redone)
-    return _encode_from(arguments, names, names.index(name), buf)
+    return _encode_from(arguments, names, names.index(name), buf, each)
 
 
 def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -734,9 +756,13 @@ def _general_arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
-                 buf: bytearray) -> str:
+                 buf: bytearray, each: dict[str, str] | None = None) -> str:
     """Encode the arguments ``names[start:]`` after ``buf`` (the header and the arguments
-    before them, as :func:`encode_arguments` writes them) and return the digest of it all."""
+    before them, as :func:`encode_arguments` writes them) and return the digest of it all;
+    with ``each``, put in it the digests of those arguments :func:`digest_each` would
+    return: each argument's bytes also go to a hasher of its own (the encoder's tap),
+    after the header digest_each writes, unless it holds a large buffer (see
+    :meth:`Encoder.raw`)."""
     e = Encoder()
     e.buf = buf
     dispatch = _DISPATCH_GET
@@ -754,20 +780,33 @@ def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
                     _NAMES[name] = head
             buf += head
             value = arguments[name]
+            if each is not None:
+                e.tap = xxhash.xxh3_128(_HEADER)
+                e.tap_at = len(buf)
             f = dispatch(type(value))  # Encoder.encode, inlined
             if f is not None:
                 f(e, value)
             else:
                 e.other(value)
+            if e.tap is not None and each is not None:
+                with memoryview(e.buf) as view:
+                    e.tap.update(view[e.tap_at:])
+                each[name] = e.tap.hexdigest()
+                e.tap = None
     except RecursionError:
         raise _too_deep(e) from None
     return e.hexdigest()
 
 
-def digest_each(arguments: Mapping[str, Any]) -> dict[str, str]:
-    """The digest of each argument by name (what ``explain`` compares)."""
+def digest_each(arguments: Mapping[str, Any], known: Mapping[str, str] | None = None
+                ) -> dict[str, str]:
+    """The digest of each argument by name (what ``explain`` compares); those in ``known``
+    (what :func:`encode_arguments` took in its pass) are taken from it."""
     each: dict[str, str] = {}
     for name in sorted(arguments):
+        if known and name in known:
+            each[name] = known[name]
+            continue
         e = Encoder(name)
         e.buf += _HEADER
         try:

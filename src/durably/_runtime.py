@@ -466,11 +466,13 @@ class Call:
             self.args_repr, output, result_digest, self.flow,
         )
 
-    def trace_inputs(self, arguments: dict[str, Any]) -> None:
-        """Take the tracer's view of the arguments (before the body may mutate them)."""
+    def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None
+                     ) -> None:
+        """Take the tracer's view of the arguments (before the body may mutate them);
+        ``each``: their digests, when known (else ``self.inputs``, else taken here)."""
         if self.args_repr is None:  # a listener may have taken it already
             self.args_repr = inputs_repr(arguments)
-        self.flow = flow_digests(arguments, self.inputs or None)
+        self.flow = flow_digests(arguments, self.inputs or each or None)
 
     def event(self, kind: str, record: StepRecord | None = None, **fields: Any) -> Event:
         ctx = self.ctx
@@ -595,13 +597,17 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     store = ctx.store if ctx is not None else (spec.store or default_store())
     plan = spec._plan
     arguments: Any = None  # bound only when needed: a replayed step or a hit does without
+    each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
     if input_digest is None:
         arguments = spec.arguments(instance, args, kwargs)
+        each = {}
         try:
-            input_digest = encode_arguments(arguments)  # (digest_inputs, inlined)
+            # (digest_inputs, inlined), with the digests of each argument digest_each would
+            # encode again: a list or dict argument is encoded once, not twice
+            input_digest = encode_arguments(arguments, each)
         except (SerializationError, RecursionError) as exc:
             raise spec.digest_error(exc) from None
     key, code = spec.key_and_code(input_digest)
@@ -613,7 +619,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 return _load(data, spec, "cached"), outside
             if arguments is None:
                 arguments = spec.arguments(instance, args, kwargs)
-            outside.inputs = digest_each(arguments)  # before the body may mutate them
+            outside.inputs = digest_each(arguments, each)  # before the body may mutate them
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -674,12 +680,13 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         data = ctx.pending_cache(key) if ctx.read_cache else None
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
-        call.inputs = digest_each(arguments)  # before the body may mutate them
+        call.inputs = digest_each(arguments, each)  # before the body may mutate them
         call.trace_inputs(arguments)
         if data is not None:
             return serve_cached(call, data), call
     else:
-        call.trace_inputs(arguments)
+        # the digests of whole arguments the tracer takes: those already taken with the key
+        call.trace_inputs(arguments, digest_each(arguments, each) if each else None)
     return _MISS, call
 
 
