@@ -905,6 +905,59 @@ def test_argument_digests_taken_in_the_key_s_pass_equal_digest_each(
             assert name not in each  # hashed in place: digested again when asked
 
 
+def _cyclic() -> list[Any]:
+    inner: list[Any] = ["a", 1]
+    inner.append(inner)  # an element with a cycle of its own
+    outer: list[Any] = [inner, "b" * 3]
+    outer.append(outer)  # and one back to the argument
+    # keys that encode alike (two NaNs): their values are encoded apart (Encoder.sub)
+    outer.append({float("nan"): outer, float("nan"): 1})
+    return outer
+
+
+def _looped_dict() -> dict[str, Any]:
+    d: dict[str, Any] = {"x": [1, 2, 3], "y": "yy"}
+    d["self"] = d
+    d["inner"] = {"up": d, "k": 5}
+    return d
+
+
+_elements = (
+    st.lists(values, max_size=10) | st.lists(values, max_size=10).map(tuple)
+    | st.dictionaries(st.text(max_size=4), values, max_size=10)
+    | st.lists(st.text(max_size=6), min_size=8, max_size=12)  # the strings block
+    | st.lists(st.text(max_size=6), min_size=8, max_size=12).map(tuple)
+    | st.dictionaries(st.text(max_size=4), st.integers(-3, 40) | st.integers(), max_size=10)
+    | st.sampled_from([
+        ["m" * 5000] * 14, [b"q" * 70_000, "t" * 5, 7], {"blob": b"z" * 70_000, "n": 17},
+        {1: "int keys", 2: [3]}, {"a": True, "b": None, "c": 2**70}, list(range(10_001)),
+        (1, ["x" * 70_000], "y"), [["i" * 9000] * 8, 99],
+    ])
+    | st.builds(_cyclic) | st.builds(_looped_dict)
+)
+
+
+@given(st.dictionaries(st.text(max_size=12), _scalars | values | _large | _elements,
+                       max_size=5))
+@settings(max_examples=400, deadline=None)
+def test_flow_digests_taken_in_the_key_s_pass_equal_the_tracer_s(
+        arguments: dict[str, Any]) -> None:
+    """The tracer's flow digests of a step's arguments (each argument, each element of a
+    list, tuple or dict argument) taken in the pass that makes the key are those
+    trace_digest gives: elements with cycles, large buffers, packed ints, the strings
+    block, values too common to mean a flow and non-str keys included."""
+    from durably._hashing import digest_each, encode_arguments
+    from durably._tracer import flow_digests
+
+    each: dict[str, str] = {}
+    taken: dict[str, list[str | None]] = {}
+    assert encode_arguments(arguments, each, taken) == encode_arguments(arguments)
+    full = digest_each(arguments)
+    assert digest_each(arguments, each) == full
+    assert flow_digests(arguments, full, taken) == flow_digests(arguments, full)
+    assert flow_digests(arguments, None, taken) == flow_digests(arguments)
+
+
 def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() -> None:
     """The digest of a list-of-strings argument, for explain and the tracer, is taken in the
     pass that makes the key: its strings are encoded once, not twice."""
@@ -913,9 +966,9 @@ def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() ->
     calls = []
     strings = Encoder.strings
 
-    def counted(self: Encoder, items: Any) -> bool:
+    def counted(self: Encoder, items: Any, *more: Any) -> Any:
         calls.append(len(items))
-        return strings(self, items)
+        return strings(self, items, *more)
 
     arguments = {"messages": [f"message {i} " * 400 for i in range(40)], "n": 3}
     Encoder.strings = counted  # type: ignore[method-assign]

@@ -65,6 +65,7 @@ class RunContext:
         "name",
         "open",
         "owner",
+        "past_journal",
         "pid",
         "positions",
         "raised",
@@ -121,6 +122,9 @@ class RunContext:
         #: the run has a journal from an earlier attempt (else no step can be replayed, and
         #: the journal is not searched)
         self.replaying = True
+        #: a step of this attempt was not in the journal: the attempt is past what the
+        #: earlier ones did (its next steps are most likely executed, not replayed)
+        self.past_journal = False
         #: steps whose result depends on an answer to interrupt() (theirs or a nested
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()

@@ -138,6 +138,10 @@ def _memoryview(e: Encoder, o: memoryview) -> None:
 def _tuple(e: Encoder, o: tuple[Any, ...]) -> None:
     # no cycle guard needed: a cycle through a tuple passes a mutable container, which has one
     e.buf += b"(" + _pack_Q(len(o))
+    if e.collect is o:  # an argument whose elements' digests are wanted
+        e.collect = None
+        e.each_element(o)
+        return
     if len(o) >= 8 and e.strings(o):
         return
     for item in o:

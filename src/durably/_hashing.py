@@ -113,16 +113,24 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("active", "buf", "codes", "hasher", "path", "quiet", "tap", "tap_at")
+    __slots__ = ("active", "buf", "codes", "collect", "cycles", "elements", "hasher", "path",
+                 "quiet", "taps")
 
     def __init__(self, path: str = "", quiet: bool = False) -> None:
         self.quiet = quiet  # no warnings (the tracer digests results, not cache keys)
         self.buf: bytearray = bytearray()
         self.hasher: Any = None
-        #: a second hasher fed what is written from ``buf[tap_at:]`` on (one argument's
-        #: bytes, for its own digest in the same pass: see _encode_from)
-        self.tap: Any = None
-        self.tap_at = 0
+        #: more hashers, each fed what is written from ``buf[start]`` on: ``[hasher, start]``
+        #: (an argument's bytes, and one of its elements', for their own digests in the same
+        #: pass: see _encode_from); a hasher is None once a large buffer went by
+        self.taps: list[list[Any]] = []
+        #: the container whose elements' digests are wanted (an argument: the tracer's flow
+        #: digests), and where they go: one per element, in iteration order, "" for a
+        #: value too common to mean a flow, None where none was taken (see _element)
+        self.collect: Any = None
+        self.elements: list[str | None] | None = None
+        self.cycles = 0  # back-references written (the bytes of an element then depend on
+        # where it is encoded: its digest is not taken in the pass)
         self.active: dict[int, int] = {}
         self.codes: dict[type, bytes] = {}  # class code of each record type met (see class_code)
         self.path = path
@@ -140,7 +148,8 @@ class Encoder:
         if n >= _LARGE:
             # no tap past a large buffer: hashing it twice in this pass would cost what
             # digesting its argument again does, when that is asked for (never on a hit)
-            self.tap = None
+            for tap in self.taps:
+                tap[0] = None
             self.flush()
             self.hasher.update(data)
         else:
@@ -151,12 +160,24 @@ class Encoder:
         buf = self.buf
         if self.hasher is None:
             self.hasher = xxhash.xxh3_128()
-        if self.tap is not None:
+        if self.taps:
             with memoryview(buf) as view:
-                self.tap.update(view[self.tap_at:])
-            self.tap_at = 0
+                for tap in self.taps:
+                    if tap[0] is not None:
+                        tap[0].update(view[tap[1]:])
+                    tap[1] = 0
         self.hasher.update(bytes(buf))
         buf.clear()
+
+    def tapped(self, tap: list[Any]) -> str | None:
+        """The digest of what ``tap`` was fed, with what ``buf`` holds since its start;
+        None if a large buffer went by."""
+        h = tap[0]
+        if h is None:
+            return None
+        with memoryview(self.buf) as view:
+            h.update(view[tap[1]:])
+        return str(h.hexdigest())
 
     def text(self, tag: bytes, s: str) -> None:
         self.raw(tag, s.encode("utf-8", "surrogatepass"))
@@ -175,6 +196,7 @@ class Encoder:
         e.active = self.active
         e.codes = self.codes
         e.encode(obj)
+        self.cycles += e.cycles
         if e.hasher is not None:
             return b"#" + bytes.fromhex(e.hexdigest())
         return bytes(e.buf)
@@ -192,6 +214,7 @@ class Encoder:
         depth = self.active.get(id(obj))
         if depth is not None:
             self.buf += b"@" + depth.to_bytes(8, "little")
+            self.cycles += 1
             return False
         self.active[id(obj)] = len(self.active)
         return True
@@ -204,6 +227,10 @@ class Encoder:
             return
         try:
             self.buf += tag + len(items).to_bytes(8, "little")
+            if self.collect is obj:  # an argument whose elements' digests are wanted
+                self.collect = None
+                self.each_element(items)
+                return
             if len(items) >= 8 and self.strings(items):
                 return
             for item in items:
@@ -211,26 +238,58 @@ class Encoder:
         finally:
             self.leave(obj)
 
-    def strings(self, items: Any) -> bool:
+    def each_element(self, items: Any) -> None:
+        """Encode the items of a list or tuple as :meth:`sequence` does, and put in
+        ``elements`` the digest :func:`trace_digest` gives of each, taken in the pass."""
+        if len(items) >= 8:
+            digests = self.strings(items, True)
+            if digests is not None:
+                self.elements = digests
+                return
+        self.elements = [self.element(item) for item in items]
+
+    def element(self, item: Any) -> str | None:
+        """Encode ``item`` and return its :func:`trace_digest`, taken in the pass: its bytes
+        go to a tap of their own too ("" for a value too common to mean a flow; None when
+        its bytes here are not its bytes alone: a back-reference, or a large buffer)."""
+        if _too_common(item):
+            self.encode(item)
+            return ""
+        tap = [xxhash.xxh3_128(_HEADER), len(self.buf)]
+        self.taps.append(tap)
+        cycles = self.cycles
+        try:
+            self.encode(item)
+        finally:
+            self.taps.pop()
+        return self.tapped(tap) if self.cycles == cycles else None
+
+    def strings(self, items: Any, digests: bool = False) -> Any:
         """Items that are all exact str, none of them large: the bytes encoding each one
         writes (``s``, length, UTF-8), produced at C speed (a list of messages or lines);
-        False, and nothing written, otherwise."""
+        False, and nothing written, otherwise. With ``digests``, the :func:`trace_digest` of
+        each item (a list) instead of True, and None instead of False."""
         if set(map(type, items)) != _ONLY_STR:
-            return False
+            return None if digests else False
         encoded = [s.encode("utf-8", "surrogatepass") for s in items]
         lengths = list(map(len, encoded))
         if max(lengths) >= _LARGE:
-            return False
-        block = b"".join(chain.from_iterable(
-            zip(map(_pack_sQ, repeat(b"s"), lengths), encoded, strict=True)))
+            return None if digests else False
+        prefixes = list(map(_pack_sQ, repeat(b"s"), lengths))
+        block = b"".join(chain.from_iterable(zip(prefixes, encoded, strict=True)))
         if len(block) < _LARGE:
             self.buf += block
+        else:
+            self.flush()  # (as raw() does: hashed in place, never copied into buf)
+            self.hasher.update(block)
+            for tap in self.taps:
+                if tap[0] is not None:
+                    tap[0].update(block)
+        if not digests:
             return True
-        self.flush()  # (as raw() does: hashed in place, never copied into buf)
-        self.hasher.update(block)
-        if self.tap is not None:
-            self.tap.update(block)
-        return True
+        # what trace_digest gives each: "" for a string of 0 or 1 characters
+        return ["" if len(s) <= 1 else _xxh3_128_hex(b"".join((_HEADER, p, b)))
+                for s, p, b in zip(items, prefixes, encoded, strict=True)]
 
     def mapping(self, tag: bytes, obj: Mapping[Any, Any]) -> None:
         if not self.enter(obj):
@@ -242,6 +301,13 @@ class Encoder:
                 # tags keep it apart from the general encoding below
                 keys = sorted(obj)
                 self.str_block(b"\xf0" + tag, keys)
+                if self.collect is obj:  # an argument whose elements' digests are wanted
+                    self.collect = None
+                    digests = self.values(list(map(obj.__getitem__, keys)), True)
+                    # (in the dict's own order, as the tracer lists its values)
+                    by_key = dict(zip(keys, digests, strict=True))
+                    self.elements = [by_key[k] for k in obj]
+                    return
                 self.values(list(map(obj.__getitem__, keys)))
                 return
             pairs = [(self.sub(k), v) for k, v in obj.items()]
@@ -272,8 +338,10 @@ class Encoder:
         buf += lengths.tobytes()
         self.raw(b"k", b"".join(encoded))
 
-    def values(self, vals: list[Any]) -> None:
-        """A run of values: packed at C speed when all are exact 64-bit ints."""
+    def values(self, vals: list[Any], digests: bool = False) -> Any:
+        """A run of values: packed at C speed when all are exact 64-bit ints. With
+        ``digests``, returns the :func:`trace_digest` of each, taken in the pass (see
+        :meth:`element`)."""
         if set(map(type, vals)) == _ONLY_INT:
             try:
                 packed = array.array("q", vals)
@@ -283,10 +351,16 @@ class Encoder:
                 if _BIG_ENDIAN:
                     packed.byteswap()
                 self.raw(b"\xf1", packed.tobytes())
-                return
+                if digests:  # what encoding each alone writes: b"i" and 8 bytes
+                    return ["" if -1 <= v <= 16 else _xxh3_128_hex(_HEADER + b"i" + _pack_q(v))
+                            for v in vals]
+                return None
         self.buf += b"\xf2"
+        if digests:
+            return [self.element(v) for v in vals]
         for v in vals:
             self.encode(v)
+        return None
 
     def unordered(self, tag: bytes, obj: Any) -> None:
         if not self.enter(obj):
@@ -520,6 +594,9 @@ def _has_content(args: Any, t: type) -> bool:
 _DISPATCH_GET = _DISPATCH.get
 
 _HEADER = b"durably/" + str(ENCODING_VERSION).encode() + b"/"
+_xxh3_128_hex = xxhash.xxh3_128_hexdigest
+#: containers longer than this are not searched for the tracer's data-flow edges
+MAX_FLOW_ELEMENTS = 10_000
 
 
 def digest(obj: Any) -> str:
@@ -597,7 +674,8 @@ def _too_deep(e: Encoder) -> SerializationError:
 _NAMES: dict[str, bytes] = {}  # an argument name -> its encoding (what raw(b"=", name) writes)
 
 
-def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None = None) -> str:
+def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None = None,
+                     elements: dict[str, list[str | None]] | None = None) -> str:
     """Digest of bound arguments (name → value), independent of keyword order: one pass,
     one hash.
 
@@ -606,7 +684,9 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     strings: encoding them again would double the work). It stays without the others:
     small scalars (when every argument is one, ``each`` stays empty) and arguments holding
     a large buffer (an array: its second hash costs what a second encoding does). Pass it
-    to :func:`digest_each` as ``known``."""
+    to :func:`digest_each` as ``known``. ``elements``, given with ``each``, receives the
+    tracer's digests of the elements of list, tuple and dict arguments, where taken in the
+    pass (see :meth:`Encoder.element`): pass it to ``flow_digests``."""
     # arguments that are all small scalars (the common call) are written here, without an
     # Encoder: the same bytes as the Encoder writes (_general_arguments; a test pins it)
     names = sorted(arguments)
@@ -652,7 +732,7 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     else:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
     # the rest on the general path, after what is written (the first names are not redone)
-    return _encode_from(arguments, names, names.index(name), buf, each)
+    return _encode_from(arguments, names, names.index(name), buf, each, elements)
 
 
 def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -756,13 +836,16 @@ def _general_arguments(arguments: Mapping[str, Any]) -> str:
 
 
 def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
-                 buf: bytearray, each: dict[str, str] | None = None) -> str:
+                 buf: bytearray, each: dict[str, str] | None = None,
+                 elements: dict[str, list[str | None]] | None = None) -> str:
     """Encode the arguments ``names[start:]`` after ``buf`` (the header and the arguments
     before them, as :func:`encode_arguments` writes them) and return the digest of it all;
     with ``each``, put in it the digests of those arguments :func:`digest_each` would
     return: each argument's bytes also go to a hasher of its own (the encoder's tap),
     after the header digest_each writes, unless it holds a large buffer (see
-    :meth:`Encoder.raw`)."""
+    :meth:`Encoder.raw`). With ``elements`` too, the :func:`trace_digest` of each element
+    of a list, tuple or dict argument with str keys (the tracer's flow digests), the same
+    way (:meth:`Encoder.element`)."""
     e = Encoder()
     e.buf = buf
     dispatch = _DISPATCH_GET
@@ -781,18 +864,25 @@ def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
             buf += head
             value = arguments[name]
             if each is not None:
-                e.tap = xxhash.xxh3_128(_HEADER)
-                e.tap_at = len(buf)
+                tap = [xxhash.xxh3_128(_HEADER), len(buf)]
+                e.taps.append(tap)
+                t = type(value)
+                if elements is not None and (t is list or t is tuple or t is dict) and len(
+                        value) <= MAX_FLOW_ELEMENTS:
+                    e.collect = value
             f = dispatch(type(value))  # Encoder.encode, inlined
             if f is not None:
                 f(e, value)
             else:
                 e.other(value)
-            if e.tap is not None and each is not None:
-                with memoryview(e.buf) as view:
-                    e.tap.update(view[e.tap_at:])
-                each[name] = e.tap.hexdigest()
-                e.tap = None
+            if each is not None:
+                e.taps.pop()
+                digest = e.tapped(tap)
+                if digest is not None:
+                    each[name] = digest
+                if e.elements is not None and elements is not None:
+                    elements[name] = e.elements
+                e.collect = e.elements = None
     except RecursionError:
         raise _too_deep(e) from None
     return e.hexdigest()

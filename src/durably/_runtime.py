@@ -466,13 +466,14 @@ class Call:
             self.args_repr, output, result_digest, self.flow,
         )
 
-    def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None
-                     ) -> None:
+    def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None,
+                     taken: dict[str, list[str | None]] | None = None) -> None:
         """Take the tracer's view of the arguments (before the body may mutate them);
-        ``each``: their digests, when known (else ``self.inputs``, else taken here)."""
+        ``each``: their digests, when known (else ``self.inputs``, else taken here);
+        ``taken``: their elements' digests taken with the key (see flow_digests)."""
         if self.args_repr is None:  # a listener may have taken it already
             self.args_repr = inputs_repr(arguments)
-        self.flow = flow_digests(arguments, self.inputs or each or None)
+        self.flow = flow_digests(arguments, self.inputs or each or None, taken)
 
     def event(self, kind: str, record: StepRecord | None = None, **fields: Any) -> Event:
         ctx = self.ctx
@@ -598,16 +599,20 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     plan = spec._plan
     arguments: Any = None  # bound only when needed: a replayed step or a hit does without
     each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
+    taken: dict[str, list[str | None]] | None = None  # and their elements', for the tracer
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
     if input_digest is None:
         arguments = spec.arguments(instance, args, kwargs)
+        # with the digests of each argument (digest_each) and of their elements (the
+        # tracer's flow digests), which would encode them again when the step executes: a
+        # list or dict argument is encoded once, not three times. Not for a step that is
+        # likely replayed, which needs neither (the elements' taps cost a third more)
         each = {}
+        taken = {} if ctx is not None and (not ctx.replaying or ctx.past_journal) else None
         try:
-            # (digest_inputs, inlined), with the digests of each argument digest_each would
-            # encode again: a list or dict argument is encoded once, not twice
-            input_digest = encode_arguments(arguments, each)
+            input_digest = encode_arguments(arguments, each, taken)  # (digest_inputs)
         except (SerializationError, RecursionError) as exc:
             raise spec.digest_error(exc) from None
     key, code = spec.key_and_code(input_digest)
@@ -650,6 +655,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
     data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
+    if data is None and ctx.replaying:
+        ctx.past_journal = True
     if data is not None:
         try:
             value = pickle.loads(data)  # (_load, inlined for the common case)
@@ -681,12 +688,12 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
         call.inputs = digest_each(arguments, each)  # before the body may mutate them
-        call.trace_inputs(arguments)
+        call.trace_inputs(arguments, None, taken)
         if data is not None:
             return serve_cached(call, data), call
     else:
         # the digests of whole arguments the tracer takes: those already taken with the key
-        call.trace_inputs(arguments, digest_each(arguments, each) if each else None)
+        call.trace_inputs(arguments, digest_each(arguments, each) if each else None, taken)
     return _MISS, call
 
 

@@ -26,7 +26,7 @@ import reprlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._hashing import trace_digest
+from ._hashing import MAX_FLOW_ELEMENTS, trace_digest
 
 if TYPE_CHECKING:
     from ._store import StepRecord
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["Edge", "Event", "Node", "RunGraph", "build_graph", "flow_digests", "inputs_repr",
            "short_repr"]
 
-_MAX_ELEMENTS = 10_000  # containers longer than this are not searched for data-flow edges
 
 class _ShortRepr(reprlib.Repr):
     """reprlib, and bytes sliced before repr (a 500 MB result must not be copied to be
@@ -80,10 +79,11 @@ def inputs_repr(arguments: Mapping[str, Any]) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = None
-                 ) -> tuple[str, ...]:
+def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = None,
+                 taken: Mapping[str, list[str | None]] | None = None) -> tuple[str, ...]:
     """Digests a result may match: each argument, and each element of list, tuple and dict
-    arguments (up to 10,000 elements). ``each`` gives argument digests already computed."""
+    arguments (up to 10,000 elements). ``each`` gives argument digests already computed,
+    ``taken`` the digests of their elements taken with the key (None: not taken there)."""
     found: list[str] = []  # with repeats: three equal results passed on draw three edges
     for name, value in arguments.items():
         d = each.get(name, "") if each is not None else trace_digest(value)
@@ -96,7 +96,14 @@ def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = 
             elements = value.values()
         else:
             continue
-        if len(value) > _MAX_ELEMENTS:
+        if len(value) > MAX_FLOW_ELEMENTS:
+            continue
+        known = taken.get(name) if taken is not None else None
+        if known is not None and len(known) == len(value):
+            for element, got in zip(elements, known, strict=True):
+                d = trace_digest(element) if got is None else got
+                if d:
+                    found.append(d)
             continue
         for element in elements:
             d = trace_digest(element)
