@@ -338,8 +338,42 @@ def test_a_run_of_strings_digests_as_its_strings_one_by_one(
     value: Any = tuple(strings) if as_tuple else strings
     fast = digest(value)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Encoder, "strings", lambda self, items: False)  # each str on its own
+        mp.setattr(Encoder, "strings",  # each str on its own
+                   lambda self, items, digests=False: None if digests else False)
         assert digest(value) == fast
+
+
+def _str_block_written_anew(self: Any, tag: bytes, keys: list[str]) -> None:
+    """Encoder.str_block as it was before its blocks were kept (the oracle below)."""
+    import array
+
+    encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+    lengths = array.array("Q", map(len, encoded))
+    if sys.byteorder == "big":
+        lengths.byteswap()
+    self.buf += tag + len(keys).to_bytes(8, "little")
+    self.buf += lengths.tobytes()
+    self.raw(b"k", b"".join(encoded))
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.dictionaries(_texts, values, max_size=70), st.booleans())
+def test_kept_blocks_of_dict_keys_digest_as_keys_written_anew(
+        d: dict[str, Any], as_set: bool) -> None:
+    """The block of a dict's str keys (or a set's strs) is kept after its first use: a dict
+    digests the same the first time, from the kept block, once the blocks kept are full,
+    and as the keys written anew each time."""
+    from durably import _hashing
+    from durably._hashing import Encoder
+
+    value: Any = set(d) if as_set else d
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_hashing, "_KEY_BLOCKS", {})
+        first, kept = digest(value), digest(value)
+        mp.setattr(_hashing, "_KEY_BLOCKS", {(i,): b"" for i in range(4096)})  # full
+        full = digest(value)
+        mp.setattr(Encoder, "str_block", _str_block_written_anew)
+        assert first == kept == full == digest(value)
 
 
 @pytest.mark.parametrize(("value", "expected"), GOLDEN, ids=[repr(v)[:40] for v, _ in GOLDEN])

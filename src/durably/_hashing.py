@@ -328,15 +328,31 @@ class Encoder:
             self.leave(obj)
 
     def str_block(self, tag: bytes, keys: list[str]) -> None:
-        """Sorted str keys in one block: count, every length, every key's UTF-8 bytes."""
+        """Sorted str keys in one block: count, every length, every key's UTF-8 bytes.
+
+        The block of a few short keys is kept (``_KEY_BLOCKS``): the dicts of a list of
+        records share their keys, and writing them was a third of each one's encoding."""
+        short = len(keys) <= 64
+        if short:
+            known = (tag, *keys)
+            block = _KEY_BLOCKS.get(known)
+            if block is not None:
+                self.buf += block
+                return
         encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
         lengths = array.array("Q", map(len, encoded))
         if _BIG_ENDIAN:
             lengths.byteswap()
-        buf = self.buf
-        buf += tag + len(keys).to_bytes(8, "little")
-        buf += lengths.tobytes()
-        self.raw(b"k", b"".join(encoded))
+        joined = b"".join(encoded)
+        head = b"".join((tag, len(keys).to_bytes(8, "little"), lengths.tobytes()))
+        if short and len(joined) <= 1024:  # (what raw() writes for it: tag, length, bytes)
+            block = b"".join((head, b"k", len(joined).to_bytes(8, "little"), joined))
+            if len(_KEY_BLOCKS) < 4096:
+                _KEY_BLOCKS[known] = block
+            self.buf += block
+            return
+        self.buf += head
+        self.raw(b"k", joined)
 
     def values(self, vals: list[Any], digests: bool = False) -> Any:
         """A run of values: packed at C speed when all are exact 64-bit ints. With
@@ -595,6 +611,9 @@ _DISPATCH_GET = _DISPATCH.get
 
 _HEADER = b"durably/" + str(ENCODING_VERSION).encode() + b"/"
 _xxh3_128_hex = xxhash.xxh3_128_hexdigest
+#: the bytes Encoder.str_block writes for a tag and a few short sorted keys (bounded: a new
+#: key set once it is full is written as before)
+_KEY_BLOCKS: dict[tuple[Any, ...], bytes] = {}
 #: containers longer than this are not searched for the tracer's data-flow edges
 MAX_FLOW_ELEMENTS = 10_000
 
