@@ -939,6 +939,21 @@ def test_argument_digests_taken_in_the_key_s_pass_equal_digest_each(
             assert name not in each  # hashed in place: digested again when asked
 
 
+class _Ping(enum.Enum):  # classes whose codes refer to each other (through their values)
+    X: Any = []  # noqa: RUF012 - an Enum member whose value is a list
+
+
+class _Pong(enum.Enum):
+    Y: Any = [_Ping.X]  # noqa: RUF012
+
+
+_Ping.X.value.append(_Pong.Y)
+
+
+class _Pung(enum.Enum):
+    Z: Any = [_Pong.Y]  # noqa: RUF012
+
+
 def _cyclic() -> list[Any]:
     inner: list[Any] = ["a", 1]
     inner.append(inner)  # an element with a cycle of its own
@@ -968,6 +983,8 @@ _elements = (
         (1, ["x" * 70_000], "y"), [["i" * 9000] * 8, 99],
     ])
     | st.builds(_cyclic) | st.builds(_looped_dict)
+    | st.lists(st.sampled_from([_Ping.X, _Pong.Y, _Pung.Z, "p", 20]), max_size=5)
+    | st.sampled_from([_Ping.X, _Pong.Y, _Pung.Z, {"a": _Pong.Y, "b": _Ping.X}])
 )
 
 
@@ -990,6 +1007,33 @@ def test_flow_digests_taken_in_the_key_s_pass_equal_the_tracer_s(
     assert digest_each(arguments, each) == full
     assert flow_digests(arguments, full, taken) == flow_digests(arguments, full)
     assert flow_digests(arguments, None, taken) == flow_digests(arguments)
+
+
+def test_arguments_nested_as_deep_as_the_key_allows_get_their_digests_too() -> None:
+    """The taps add frames: an argument nested as deeply as the key alone allows is encoded
+    again without them, never refused."""
+    from durably._hashing import digest_each, encode_arguments
+
+    def nested(depth: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    low, high = 1, 5000  # the deepest argument the key alone takes, by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        try:
+            encode_arguments({"x": [nested(mid), "other"]})
+        except durably.SerializationError:
+            high = mid - 1
+        else:
+            low = mid
+    arguments = {"x": [nested(low), "other"]}
+    each: dict[str, str] = {}
+    taken: dict[str, list[str | None]] = {}
+    assert encode_arguments(arguments, each, taken) == encode_arguments(arguments)
+    assert digest_each(arguments, each) == digest_each(arguments)
 
 
 def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() -> None:

@@ -269,6 +269,32 @@ def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bo
     assert sorted(step.input_digests) == sorted([whole["messages"], whole["state"], *elements])
 
 
+def test_values_too_common_to_mean_a_flow_are_left_out_of_cache_false_steps() -> None:
+    """A cache=False step's flow digests leave out None, booleans, small numbers and short
+    strings, as trace_digest does, also when its arguments were digested with its key."""
+    from durably._hashing import trace_digest
+
+    @task(cache=False)
+    def notify(channel_id_nz: int, retries_nz: bool) -> int:
+        return channel_id_nz
+
+    @task(cache=False)
+    def summarize_nz(rows: list[Any], n: int, flag: bool, none: None) -> int:
+        return n
+
+    @entrypoint
+    def pipeline() -> int:
+        notify(channel_id_nz=3, retries_nz=True)
+        notify(channel_id_nz=3, retries_nz=True)
+        return summarize_nz([{"a": "hello"}, "world"], 3, True, None)
+
+    steps = pipeline.run().steps
+    assert [s.input_digests for s in steps[:2]] == [(), ()]
+    rows = [{"a": "hello"}, "world"]
+    assert steps[2].input_digests == (trace_digest(rows), trace_digest(rows[0]),
+                                      trace_digest(rows[1]))
+
+
 def test_graph_ignores_none_and_booleans_as_flows() -> None:
     @task
     def check(x: int) -> bool:

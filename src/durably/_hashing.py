@@ -171,9 +171,10 @@ class Encoder:
 
     def tapped(self, tap: list[Any]) -> str | None:
         """The digest of what ``tap`` was fed, with what ``buf`` holds since its start;
-        None if a large buffer went by."""
+        None if a large buffer went by, or once a class's code was written while it was
+        being made (see :meth:`record_type`)."""
         h = tap[0]
-        if h is None:
+        if h is None or _ENTANGLED in self.codes:
             return None
         with memoryview(self.buf) as view:
             h.update(view[tap[1]:])
@@ -252,7 +253,7 @@ class Encoder:
         """Encode ``item`` and return its :func:`trace_digest`, taken in the pass: its bytes
         go to a tap of their own too ("" for a value too common to mean a flow; None when
         its bytes here are not its bytes alone: a back-reference, or a large buffer)."""
-        if _too_common(item):
+        if too_common(item):
             self.encode(item)
             return ""
         tap = [xxhash.xxh3_128(_HEADER), len(self.buf)]
@@ -403,6 +404,11 @@ class Encoder:
         code = self.codes.get(t)
         if code is None:
             code = _class_code()(self, t)
+        elif code[:1] == b"J":
+            # a class met while its own code is being made (classes whose codes refer to
+            # each other): the codes kept from now on depend on what this pass encoded
+            # first, so no digest of a part of it alone is taken from it (see tapped)
+            self.codes[_ENTANGLED] = b""
         self.buf += code
 
     def where(self) -> str:
@@ -614,6 +620,8 @@ _xxh3_128_hex = xxhash.xxh3_128_hexdigest
 #: the bytes Encoder.str_block writes for a tag and a few short sorted keys (bounded: a new
 #: key set once it is full is written as before)
 _KEY_BLOCKS: dict[tuple[Any, ...], bytes] = {}
+#: a key of Encoder.codes: a class's code was written while it was being made (see tapped)
+_ENTANGLED: Any = type("_Entangled", (), {})
 #: containers longer than this are not searched for the tracer's data-flow edges
 MAX_FLOW_ELEMENTS = 10_000
 
@@ -653,7 +661,7 @@ def digest(obj: Any) -> str:
     return e.hexdigest()
 
 
-def _too_common(obj: Any) -> bool:
+def too_common(obj: Any) -> bool:
     """Values equal by coincidence far too often to mean a data flow: None, booleans, small
     numbers (-1 to 16), strings and bytes of 0 or 1 characters, empty containers."""
     t = type(obj)
@@ -668,9 +676,9 @@ def _too_common(obj: Any) -> bool:
 
 def trace_digest(obj: Any) -> str:
     """The digest of a value for the tracer's data-flow edges, or "" when the value cannot
-    be digested or is too common to mean a flow (see ``_too_common``). Never warns or
+    be digested or is too common to mean a flow (see ``too_common``). Never warns or
     raises."""
-    if _too_common(obj):
+    if too_common(obj):
         return ""
     e = Encoder(quiet=True)
     e.buf += _HEADER
@@ -751,7 +759,19 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     else:
         return xxhash.xxh3_128_hexdigest(bytes(buf))
     # the rest on the general path, after what is written (the first names are not redone)
-    return _encode_from(arguments, names, names.index(name), buf, each, elements)
+    start = names.index(name)
+    if each is None:
+        return _encode_from(arguments, names, start, buf)
+    written = bytes(buf)
+    try:
+        return _encode_from(arguments, names, start, buf, each, elements)
+    except RecursionError:
+        # the taps' frames took the last levels Python allows: encoded again without them
+        # (the digests of each are then taken alone, as before taps)
+        each.clear()
+        if elements is not None:
+            elements.clear()
+        return _encode_from(arguments, names, start, bytearray(written))
 
 
 def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -903,6 +923,8 @@ def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
                     elements[name] = e.elements
                 e.collect = e.elements = None
     except RecursionError:
+        if each is not None:
+            raise  # (encode_arguments encodes them again without taps)
         raise _too_deep(e) from None
     return e.hexdigest()
 

@@ -50,6 +50,7 @@ from ._hashing import (
     encode_arguments,
     encode_positional,
     positional_plan,
+    too_common,
     trace_digest,
 )
 from ._interrupt import InterruptSignal
@@ -692,8 +693,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is not None:
             return serve_cached(call, data), call
     else:
-        # the digests of whole arguments the tracer takes: those already taken with the key
-        call.trace_inputs(arguments, digest_each(arguments, each) if each else None, taken)
+        # the digests of whole arguments the tracer takes: those taken with the key ("" for
+        # a value too common to mean a flow, as trace_digest gives; the others, its own)
+        call.trace_inputs(arguments, {n: "" if too_common(arguments[n]) else d
+                                      for n, d in each.items()} if each else None, taken)
     return _MISS, call
 
 

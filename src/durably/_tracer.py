@@ -82,11 +82,12 @@ def inputs_repr(arguments: Mapping[str, Any]) -> str:
 def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = None,
                  taken: Mapping[str, list[str | None]] | None = None) -> tuple[str, ...]:
     """Digests a result may match: each argument, and each element of list, tuple and dict
-    arguments (up to 10,000 elements). ``each`` gives argument digests already computed,
-    ``taken`` the digests of their elements taken with the key (None: not taken there)."""
+    arguments (up to 10,000 elements). ``each`` gives argument digests already computed
+    (the others are computed here), ``taken`` the digests of their elements taken with the
+    key (None: not taken there)."""
     found: list[str] = []  # with repeats: three equal results passed on draw three edges
     for name, value in arguments.items():
-        d = each.get(name, "") if each is not None else trace_digest(value)
+        d = each[name] if each is not None and name in each else trace_digest(value)
         if d:
             found.append(d)
         kind = type(value)
