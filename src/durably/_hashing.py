@@ -122,7 +122,7 @@ class Encoder:
         self.hasher: Any = None
         #: more hashers, each fed what is written from ``buf[start]`` on: ``[hasher, start]``
         #: (an argument's bytes, and one of its elements', for their own digests in the same
-        #: pass: see _encode_from); a hasher is None once a large buffer went by
+        #: pass: see _encode_from); a hasher is None once a buffer over 1 MiB went by
         self.taps: list[list[Any]] = []
         #: the container whose elements' digests are wanted (an argument: the tracer's flow
         #: digests), and where they go: one per element, in iteration order, "" for a
@@ -146,12 +146,19 @@ class Encoder:
         buf += tag
         buf += n.to_bytes(8, "little")
         if n >= _LARGE:
-            # no tap past a large buffer: hashing it twice in this pass would cost what
-            # digesting its argument again does, when that is asked for (never on a hit)
-            for tap in self.taps:
-                tap[0] = None
             self.flush()
             self.hasher.update(data)
+            if n > _TAP_LARGEST:
+                # no tap past a very large buffer (an array): hashing it again in this pass
+                # would cost what digesting its argument again does, when that is asked for
+                # (never on a hit); a smaller one (a long tool output in a list of messages)
+                # costs less than encoding the rest of its argument again
+                for tap in self.taps:
+                    tap[0] = None
+            else:
+                for tap in self.taps:
+                    if tap[0] is not None:
+                        tap[0].update(data)
         else:
             buf += data
 
@@ -171,7 +178,7 @@ class Encoder:
 
     def tapped(self, tap: list[Any]) -> str | None:
         """The digest of what ``tap`` was fed, with what ``buf`` holds since its start;
-        None if a large buffer went by, or once a class's code was written while it was
+        None if a buffer over 1 MiB went by, or once a class's code was written while it was
         being made (see :meth:`record_type`)."""
         h = tap[0]
         if h is None or _ENTANGLED in self.codes:
@@ -252,7 +259,7 @@ class Encoder:
     def element(self, item: Any) -> str | None:
         """Encode ``item`` and return its :func:`trace_digest`, taken in the pass: its bytes
         go to a tap of their own too ("" for a value too common to mean a flow; None when
-        its bytes here are not its bytes alone: a back-reference, or a large buffer)."""
+        its bytes here are not its bytes alone: a back-reference; or a buffer over 1 MiB)."""
         if too_common(item):
             self.encode(item)
             return ""
@@ -620,6 +627,8 @@ _xxh3_128_hex = xxhash.xxh3_128_hexdigest
 #: the bytes Encoder.str_block writes for a tag and a few short sorted keys (bounded: a new
 #: key set once it is full is written as before)
 _KEY_BLOCKS: dict[tuple[Any, ...], bytes] = {}
+#: the largest buffer the encoder's taps hash too (see Encoder.raw)
+_TAP_LARGEST = 1 << 20
 #: a key of Encoder.codes: a class's code was written while it was being made (see tapped)
 _ENTANGLED: Any = type("_Entangled", (), {})
 #: containers longer than this are not searched for the tracer's data-flow edges
@@ -710,8 +719,8 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     same pass, of the arguments whose encoding costs more than hashing it (lists, dicts,
     strings: encoding them again would double the work). It stays without the others:
     small scalars (when every argument is one, ``each`` stays empty) and arguments holding
-    a large buffer (an array: its second hash costs what a second encoding does). Pass it
-    to :func:`digest_each` as ``known``. ``elements``, given with ``each``, receives the
+    a buffer over 1 MiB (an array: its second hash costs what a second encoding does).
+    Pass it to :func:`digest_each` as ``known``. ``elements``, given with ``each``, receives the
     tracer's digests of the elements of list, tuple and dict arguments, where taken in the
     pass (see :meth:`Encoder.element`): pass it to ``flow_digests``."""
     # arguments that are all small scalars (the common call) are written here, without an
@@ -881,7 +890,7 @@ def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
     before them, as :func:`encode_arguments` writes them) and return the digest of it all;
     with ``each``, put in it the digests of those arguments :func:`digest_each` would
     return: each argument's bytes also go to a hasher of its own (the encoder's tap),
-    after the header digest_each writes, unless it holds a large buffer (see
+    after the header digest_each writes, unless it holds a buffer over 1 MiB (see
     :meth:`Encoder.raw`). With ``elements`` too, the :func:`trace_digest` of each element
     of a list, tuple or dict argument with str keys (the tracer's flow digests), the same
     way (:meth:`Encoder.element`)."""
