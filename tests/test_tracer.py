@@ -295,6 +295,20 @@ def test_values_too_common_to_mean_a_flow_are_left_out_of_cache_false_steps() ->
                                       trace_digest(rows[1]))
 
 
+def test_reprs_of_dicts_keep_their_order() -> None:
+    """A row reads as it was built: reprlib alone sorts a dict's keys."""
+    @task
+    def row(n: int) -> dict[str, Any]:
+        return {"id": n, "name": "a", "amount": 2.5, "tags": {"z": 1, "a": 2}, "more": 0}
+
+    @entrypoint
+    def pipeline() -> list[dict[str, Any]]:
+        return [row(1)]
+
+    node = pipeline.run().graph().nodes[0]
+    assert node.output == "{'id': 1, 'name': 'a', 'amount': 2.5, 'tags': {'z': 1, 'a': 2}, ...}"
+
+
 def test_graph_ignores_none_and_booleans_as_flows() -> None:
     @task
     def check(x: int) -> bool:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import reprlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -36,8 +37,18 @@ __all__ = ["Edge", "Event", "Node", "RunGraph", "build_graph", "flow_digests", "
 
 
 class _ShortRepr(reprlib.Repr):
-    """reprlib, and bytes sliced before repr (a 500 MB result must not be copied to be
-    described)."""
+    """reprlib, with dicts in their own order (reprlib sorts their keys: a row
+    ``{'id': 1, 'name': 'a'}`` must not read as ``{'name': ..., 'id': ...}``) and bytes sliced
+    before repr (a 500 MB result must not be copied to be described)."""
+
+    def repr_dict(self, x: dict[Any, Any], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        shown = ", ".join(f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                          for k, v in itertools.islice(x.items(), self.maxdict))
+        return "{" + shown + (", ..." if len(x) > self.maxdict else "") + "}"
 
     def repr_bytes(self, x: bytes, level: int) -> str:
         if len(x) <= self.maxstring:
