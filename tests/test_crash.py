@@ -306,6 +306,49 @@ def test_a_run_whose_process_died_reads_as_crashed_not_running(tmp_path: Path) -
     assert again.graph().status == "finished"
 
 
+PAST_JOURNAL = """
+import os, signal
+import durably
+
+@durably.task
+def step(i):
+    if i == 3 and os.environ.get("KILL"):
+        os.kill(os.getpid(), signal.SIGKILL)  # inside the first step the journal lacks
+    if i == 3 and os.environ.get("FAIL"):
+        raise RuntimeError("stopped after the steps")
+    return i
+
+@durably.entrypoint
+def job(n):
+    return sum(step(i) for i in range(n))
+
+print("result", job(5), flush=True)
+"""
+
+
+def test_a_resumed_attempt_killed_past_its_journal_shows_what_it_replayed(
+        tmp_path: Path) -> None:
+    """A resumed attempt journals the steps it replayed before it executes its first new
+    one (they are otherwise written at its end): killed there, its graph still shows them."""
+    import durably
+
+    script = write_script(tmp_path / "past.py", PAST_JOURNAL)
+    store = durably.DiskStore(tmp_path / "store")
+    first = subprocess.run([sys.executable, str(script)], env=script_env(store.path, FAIL="1"),
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 1 and "stopped after the steps" in first.stderr
+    killed = subprocess.run([sys.executable, str(script)], env=script_env(store.path, KILL="1"),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    (run,) = durably.list_runs(store=store)
+    assert run.status == "crashed" and run.attempt == 2
+    replayed = [(s.status, s.position) for s in run.steps if s.attempt == 2]
+    assert replayed == [("replayed", 0), ("replayed", 1), ("replayed", 2)]
+    graph = run.graph(attempt=2)
+    assert graph.status == "crashed" and len(graph.nodes) == 3
+    assert run_script(script, script_env(store.path)).stdout == "result 10\n"
+
+
 LEASED = """
 import os, time
 import durably

@@ -656,8 +656,12 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
     data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
-    if data is None and ctx.replaying:
+    if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
+        if ctx._replays:
+            # the steps replayed so far are journaled before the first one executed: a
+            # crash from here on still shows where the attempt was (one write an attempt)
+            ctx.flush()
     if data is not None:
         try:
             value = pickle.loads(data)  # (_load, inlined for the common case)
