@@ -302,3 +302,38 @@ def test_a_bound_method_is_refused_with_the_way_out(tmp_path: Path) -> None:
     assert task(len)("abc") == 3 and task(bytes.fromhex)("ff") == b"\xff"
     assert isinstance(task(random.random)(), float)
     assert task(staticmethod(Scaler(7).scale)).__wrapped__ is not None
+
+
+def test_a_value_that_cannot_be_digested_is_named_where_it_sits(tmp_path: Path) -> None:
+    """In a list of 10,000 rows, the error says which row and key hold the lock."""
+    import threading
+
+    durably.configure(store=durably.DiskStore(tmp_path / "store"))
+
+    @task
+    def total(rows: Any, n: int = 1) -> int:
+        return len(rows)
+
+    @entrypoint
+    def job(rows: Any) -> int:
+        return total(rows)
+
+    rows: list[dict[str, Any]] = [{"id": i, "name": f"u{i}"} for i in range(10_000)]
+    rows[7777]["lock"] = threading.Lock()
+    looped: list[Any] = [1]
+    looped.append(looped)
+    looped.append({"a": [1, 2, (3, threading.Lock())]})
+    for value, where in ((rows, " (at rows[7777]['lock'])"),
+                         (looped, " (at rows[2]['a'][2][1])"),
+                         (threading.Lock(), "")):
+        with pytest.raises(durably.SerializationError) as got:
+            total(value)
+        assert str(got.value).startswith("task '") and (
+            f".total': cannot digest argument 'rows'{where}: an object of type _thread.lock"
+            in str(got.value))
+        assert "ignore=('rows',)" in str(got.value)
+    with pytest.raises(durably.SerializationError, match=r"^entrypoint '.*job': cannot digest "
+                       r"argument 'rows' \(at rows\[7777\]\['lock'\]\)"):
+        job(rows)
+    with pytest.raises(durably.SerializationError, match=r"\(at rows\[7777\]\['lock'\]\)"):
+        total.cache_key(rows)

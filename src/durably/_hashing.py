@@ -670,6 +670,49 @@ def digest(obj: Any) -> str:
     return e.hexdigest()
 
 
+def locate_undigestable(name: str, value: Any, limit: int = 10_000) -> str | None:
+    """Where in an argument the value that cannot be digested sits, as Python would write it
+    (``rows[1]['lock']``): searched depth first through lists, tuples and dicts, into the
+    first element whose digest fails, visiting at most ``limit`` elements. None when the
+    argument itself is that value, or when nothing is found. Only for an error message: it
+    digests the parts again."""
+    visited = 0
+    inside: set[int] = set()  # (a container that holds itself is searched once)
+
+    def fails(v: Any) -> bool:
+        e = Encoder(quiet=True)
+        try:
+            e.encode(v)
+        except Exception:  # noqa: BLE001 - what failed is what is searched for
+            return True
+        return False
+
+    def search(v: Any, path: str) -> str | None:
+        nonlocal visited
+        t = type(v)
+        if t is list or t is tuple:
+            items: Any = ((f"{path}[{i}]", x) for i, x in enumerate(v))
+        elif t is dict:
+            items = ((f"{path}[{k!r}]", x) for k, x in v.items())
+        else:
+            return None
+        inside.add(id(v))
+        for where, x in items:
+            visited += 1
+            if visited > limit:
+                return None
+            if id(x) in inside:
+                continue  # the container itself again (a cycle): searched already
+            if fails(x):
+                return search(x, where) or where
+        return None
+
+    try:
+        return search(value, name)
+    except RecursionError:
+        return None
+
+
 def too_common(obj: Any) -> bool:
     """Values equal by coincidence far too often to mean a data flow: None, booleans, small
     numbers (-1 to 16), strings and bytes of 0 or 1 characters, empty containers."""

@@ -49,6 +49,7 @@ from ._hashing import (
     digest_each,
     encode_arguments,
     encode_positional,
+    locate_undigestable,
     positional_plan,
     too_common,
     trace_digest,
@@ -282,11 +283,13 @@ class Spec:
         try:
             return encode_arguments(arguments)
         except (SerializationError, RecursionError) as exc:
-            raise self.digest_error(exc) from None
+            raise self.digest_error(exc, arguments) from None
 
-    def digest_error(self, exc: SerializationError | RecursionError) -> SerializationError:
+    def digest_error(self, exc: SerializationError | RecursionError,
+                     arguments: dict[str, Any] | None = None) -> SerializationError:
         """The error to raise when digesting this task's arguments raised ``exc``: it names
-        the task, and the way out."""
+        the task, where in ``arguments`` the value is (``rows[1]['lock']``), and the way
+        out."""
         if isinstance(exc, RecursionError):
             return SerializationError(
                 f"{self.kind} {self.name!r}: an argument is nested too deeply to digest. Fix: "
@@ -294,6 +297,13 @@ class Spec:
                                           if self.kind == "task" else ".")
             )
         text = str(exc)
+        for name, value in (arguments or {}).items():
+            head = f"cannot digest argument {name!r}"
+            if text.startswith(head):
+                where = locate_undigestable(name, value)
+                if where is not None:
+                    text = f"{head} (at {where}){text[len(head):]}"
+                break
         if self.kind == "entrypoint":  # an entrypoint has no ignore=: its inputs name its run
             text = text.partition(" Fix:")[0] + (
                 " Fix: pass plain data (for a file, its path or durably.file(path)), or give "
@@ -615,7 +625,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         try:
             input_digest = encode_arguments(arguments, each, taken)  # (digest_inputs)
         except (SerializationError, RecursionError) as exc:
-            raise spec.digest_error(exc) from None
+            raise spec.digest_error(exc, arguments) from None
     key, code = spec.key_and_code(input_digest)
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
