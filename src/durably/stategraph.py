@@ -587,13 +587,8 @@ class CompiledGraph(Generic[S]):
                        joins: dict[str, list[str]]) -> dict[str, Any]:
         order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
         # each node gets its own copy: mutating it in place cannot leak into a sibling, the
-        # checkpoint, or a replay (which would not repeat the mutation). Made from the state's
-        # pickled bytes when the loop has them (the checkpoint before this super-step): at C
-        # speed, where deepcopy walks a list of message dicts in Python (10 times slower)
-        handoff = _handoff.get()
-        base = handoff.base if handoff is not None else None
-        views = {n: self.schema.build(pickle.loads(base) if base is not None
-                                      else copy.deepcopy(state)) for n in order}
+        # checkpoint, or a replay (which would not repeat the mutation)
+        views = {n: self.schema.build(copy.deepcopy(state)) for n in order}
         results: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         if len(order) == 1:
@@ -631,6 +626,7 @@ class CompiledGraph(Generic[S]):
         frontier_next, joins = self._advance(order, state, joins)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
+        handoff = _handoff.get()
         if pickled is None:  # the journal pickles the object (and says what fails)
             journaled["state"] = state
         elif handoff is None or handoff.whole or handoff.base is None:
