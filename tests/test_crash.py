@@ -322,14 +322,19 @@ def step(i):
 def job(n):
     return sum(step(i) for i in range(n))
 
+if os.environ.get("STREAM"):
+    for event in job.stream(5):
+        pass
 print("result", job(5), flush=True)
 """
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_resumed_attempt_killed_past_its_journal_shows_what_it_replayed(
-        tmp_path: Path) -> None:
+        tmp_path: Path, stream: bool) -> None:
     """A resumed attempt journals the steps it replayed before it executes its first new
-    one (they are otherwise written at its end): killed there, its graph still shows them."""
+    one (they are otherwise written at its end): killed there, its graph still shows them.
+    Also when it is streamed (a listener buffers whole records)."""
     import durably
 
     script = write_script(tmp_path / "past.py", PAST_JOURNAL)
@@ -337,7 +342,9 @@ def test_a_resumed_attempt_killed_past_its_journal_shows_what_it_replayed(
     first = subprocess.run([sys.executable, str(script)], env=script_env(store.path, FAIL="1"),
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert first.returncode == 1 and "stopped after the steps" in first.stderr
-    killed = subprocess.run([sys.executable, str(script)], env=script_env(store.path, KILL="1"),
+    more = {"STREAM": "1"} if stream else {}
+    killed = subprocess.run([sys.executable, str(script)],
+                            env=script_env(store.path, KILL="1", **more),
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL
     (run,) = durably.list_runs(store=store)

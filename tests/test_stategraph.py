@@ -505,6 +505,71 @@ def test_nodes_get_their_own_copy_of_the_state() -> None:
     assert seen == [["x"]] and initial["log"] == ["x"]
 
 
+class Chat(TypedDict):
+    messages: Annotated[list[Any], operator.add]
+    n: int
+
+
+@pytest.mark.parametrize("picklable", [True, False])
+def test_nodes_get_their_own_copy_at_every_super_step(picklable: bool) -> None:
+    """At every super-step (the state picklable or not: a lambda in it), two nodes that
+    mutate their message dicts in place, in parallel, never see each other's changes or
+    leak them."""
+    seen: list[tuple[str, int, list[Any]]] = []
+    helper = (lambda: 1) if not picklable else None
+
+    def writer(s: Chat) -> dict[str, Any]:
+        for m in s["messages"]:
+            m["seen_by"] = "writer"  # in place, on every message
+        s["messages"].append({"role": "junk"})
+        seen.append(("writer", s["n"], [dict(m) for m in s["messages"]]))
+        return {"messages": [{"role": "ai", "k": s["n"], "f": helper}], "n": s["n"] + 1}
+
+    def reader(s: Chat) -> dict[str, Any]:
+        time.sleep(0.02)  # (after the writer's changes, were they shared)
+        seen.append(("reader", s["n"], [dict(m) for m in s["messages"]]))
+        return {}
+
+    b = StateGraph(Chat, name=f"own_copies_{picklable}")
+    b.add_node("writer", writer).add_node("reader", reader)
+    b.add_edge(START, "writer").add_edge(START, "reader")
+    b.add_edge(["writer", "reader"], "join").add_node("join", lambda s: {})
+    b.add_conditional_edges("join", lambda s: END if s["n"] >= 4 else "fan", ["fan", END])
+    b.add_node("fan", lambda s: {}).add_edge("fan", "writer").add_edge("fan", "reader")
+    final = b.compile().invoke({"messages": [{"role": "user"}], "n": 0})
+    expected = [{"role": "user"}] + [{"role": "ai", "k": k, "f": helper} for k in range(4)]
+    assert final["messages"] == expected and final["n"] == 4
+    assert len(seen) == 8
+    for who, n, messages in seen:
+        before = [{"role": "user"}] + [{"role": "ai", "k": k, "f": helper} for k in range(n)]
+        if who == "reader":
+            assert messages == before
+        else:
+            assert messages == [{**m, "seen_by": "writer"} for m in before] + [{"role": "junk"}]
+
+
+@dataclasses.dataclass
+class Scores:
+    scores: Annotated[list[float], operator.add]
+    n: int = 0
+
+
+def test_a_node_returning_its_state_object_writes_only_what_it_changed_nan_included() -> None:
+    """A node's copy keeps the state's own objects where deepcopy does (a NaN float): a field
+    it did not change is not written again, so a reduced list holding NaN is not doubled."""
+    import math
+
+    def step(s: Scores) -> Scores:
+        s.n += 1  # only n changes
+        return s
+
+    b = StateGraph(Scores, name="nan_scores")
+    b.add_node("step", step).add_edge(START, "step")
+    b.add_conditional_edges("step", lambda s: END if s.n >= 3 else "step", ["step", END])
+    out = b.compile().invoke({"scores": [1.0, math.nan]})
+    assert out.n == 3 and len(out.scores) == 2 and math.isnan(out.scores[1])
+
+
 def test_node_names_never_collide_with_internal_steps() -> None:
     app = _one("superstep", lambda s: {"log": ["x"]}, "named")
     app.invoke({"log": [], "count": 0})

@@ -668,7 +668,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
     if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
-        if ctx._replays:
+        if ctx._replays or ctx._pending:  # (whole records, with a listener: a stream)
             # the steps replayed so far are journaled before the first one executed: a
             # crash from here on still shows where the attempt was (one write an attempt)
             ctx.flush()
