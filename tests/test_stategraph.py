@@ -4,6 +4,8 @@ checkpoints, resume after a crash, drawing — on every store."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import copy
 import dataclasses
 import operator
 import signal
@@ -568,6 +570,64 @@ def test_a_node_returning_its_state_object_writes_only_what_it_changed_nan_inclu
     b.add_conditional_edges("step", lambda s: END if s.n >= 3 else "step", ["step", END])
     out = b.compile().invoke({"scores": [1.0, math.nan]})
     assert out.n == 3 and len(out.scores) == 2 and math.isnan(out.scores[1])
+
+
+class _Keep:
+    """An object whose deepcopy is itself (a shared config, a sentinel)."""
+
+    def __deepcopy__(self, memo: Any) -> _Keep:
+        return self
+
+
+_KEEP = _Keep()
+_atoms = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True)
+          | st.text(max_size=5) | st.binary(max_size=3) | st.just(_KEEP))
+
+
+def _shape(value: Any, copied: Any, seen: dict[int, int]) -> list[Any]:
+    """The copy's shape against its original: the types, where an atomic value is the same
+    object, and which containers of the copy are one object (aliasing, by first visit)."""
+    t = type(value)
+    out: list[Any] = [t.__name__, type(copied).__name__]
+    if t in (dict, list, tuple, set, frozenset, collections.defaultdict):
+        out.append(seen.setdefault(id(copied), len(seen)))
+        if id(copied) in seen and seen[id(copied)] != len(seen) - 1:
+            return out  # met before: its contents were compared then
+        if isinstance(value, dict):  # (keys and values: never their pairs, new tuples)
+            pairs = zip([*value, *value.values()], [*copied, *copied.values()], strict=True)
+        else:
+            pairs = zip(value, copied, strict=True)
+        for a, b in pairs:
+            out.append(_shape(a, b, seen))
+        return out
+    out.append(copied is value)
+    return out
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_a_node_s_copy_is_deepcopy_s_copy(data: st.DataObject) -> None:
+    """stategraph._deepcopy gives what copy.deepcopy gives: equal values, atomic values the
+    same objects, new containers, shared containers shared (through tuples, subclasses and
+    objects copied by deepcopy too), objects whose __deepcopy__ returns themselves kept."""
+    from durably.stategraph import _deepcopy
+
+    pool: list[Any] = []
+
+    def extend(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        return (st.lists(inner, max_size=4)
+                | st.dictionaries(st.text(max_size=3) | st.integers(), inner, max_size=4)
+                | st.lists(inner, max_size=3).map(tuple)
+                | st.dictionaries(st.text(max_size=3), inner, max_size=3).map(
+                    lambda d: collections.defaultdict(list, d)))
+
+    value = data.draw(st.recursive(_atoms, extend, max_leaves=25))
+    shared = data.draw(st.recursive(_atoms, extend, max_leaves=5))
+    pool.append(shared)
+    state = {"a": value, "b": [shared, (shared, 1)], "c": {"again": shared}, "d": pool}
+    ours, theirs = _deepcopy(state), copy.deepcopy(state)
+    assert _shape(state, ours, {}) == _shape(state, theirs, {})
+    assert ours == theirs or repr(ours) == repr(theirs)  # (NaN is never equal to itself)
 
 
 def test_node_names_never_collide_with_internal_steps() -> None:
