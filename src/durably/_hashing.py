@@ -126,7 +126,7 @@ class Encoder:
         self.taps: list[list[Any]] = []
         #: the container whose elements' digests are wanted (an argument: the tracer's flow
         #: digests), and where they go: one per element, in iteration order, "" for a
-        #: value too common to mean a flow, None where none was taken (see _element)
+        #: value too common to mean a flow, None where none was taken (see element)
         self.collect: Any = None
         self.elements: list[str | None] | None = None
         self.cycles = 0  # back-references written (the bytes of an element then depend on
@@ -156,9 +156,7 @@ class Encoder:
                 for tap in self.taps:
                     tap[0] = None
             else:
-                for tap in self.taps:
-                    if tap[0] is not None:
-                        tap[0].update(data)
+                self.feed_taps(data)
         else:
             buf += data
 
@@ -175,6 +173,12 @@ class Encoder:
                     tap[1] = 0
         self.hasher.update(bytes(buf))
         buf.clear()
+
+    def feed_taps(self, data: Any) -> None:
+        """Give the taps a part hashed in place (after :meth:`flush`)."""
+        for tap in self.taps:
+            if tap[0] is not None:
+                tap[0].update(data)
 
     def tapped(self, tap: list[Any]) -> str | None:
         """The digest of what ``tap`` was fed, with what ``buf`` holds since its start;
@@ -290,9 +294,7 @@ class Encoder:
         else:
             self.flush()  # (as raw() does: hashed in place, never copied into buf)
             self.hasher.update(block)
-            for tap in self.taps:
-                if tap[0] is not None:
-                    tap[0].update(block)
+            self.feed_taps(block)
         if not digests:
             return True
         # what trace_digest gives each: "" for a string of 0 or 1 characters

@@ -111,14 +111,10 @@ def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = 
         if len(value) > MAX_FLOW_ELEMENTS:
             continue
         known = taken.get(name) if taken is not None else None
-        if known is not None and len(known) == len(value):
-            for element, got in zip(elements, known, strict=True):
-                d = trace_digest(element) if got is None else got
-                if d:
-                    found.append(d)
-            continue
-        for element in elements:
-            d = trace_digest(element)
+        if known is None or len(known) != len(value):
+            known = [None] * len(value)
+        for element, got in zip(elements, known, strict=True):
+            d = trace_digest(element) if got is None else got
             if d:
                 found.append(d)
     return tuple(found)
