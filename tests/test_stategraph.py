@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -1246,3 +1247,40 @@ def test_a_super_step_set_aside_by_repair_executes_again_and_the_run_goes_on(
     assert latest["messages"][:6] == final["messages"][:6] and latest["n"] == 20
     assert [h.step for h in app.get_state_history("rep")] == list(range(19, -2, -1))
     store.close()
+
+
+@dataclasses.dataclass
+class _Tally:
+    items: Annotated[list[str], operator.add] = dataclasses.field(default_factory=list)
+    count: int = 0
+    label: str = "none"
+
+
+class _PTally(pydantic.BaseModel):
+    items: Annotated[list[str], operator.add] = pydantic.Field(default_factory=list)
+    count: int = 0
+
+
+@pytest.mark.parametrize("state_type", [_Tally, _PTally])
+def test_parallel_nodes_returning_their_state_object_from_an_input_without_defaults(
+        state_type: Any) -> None:
+    """A field left out of the input was shown to the nodes as its default: two parallel
+    nodes returning their state object unchanged there do not both write it."""
+    def tag(name: str) -> Callable[[Any], Any]:
+        def node(s: Any) -> Any:
+            s.items = [name]
+            s.count = s.count  # assigned, unchanged (pydantic: a field set explicitly)
+            return s
+        return node
+
+    b = StateGraph(state_type, name=f"parallel_{state_type.__name__}")
+    b.add_node("a", tag("a")).add_node("b", tag("b"))
+    b.add_edge(START, "a").add_edge(START, "b").add_edge("a", END).add_edge("b", END)
+    app = b.compile()
+    out = app.invoke({})
+    assert sorted(out.items) == ["a", "b"] and out.count == 0
+    # a node that does change a defaulted field still writes it
+    c = StateGraph(state_type, name=f"change_{state_type.__name__}")
+    c.add_node("n", lambda s: state_type(items=["x"], count=5))
+    c.add_edge(START, "n").add_edge("n", END)
+    assert c.compile().invoke({}).count == 5

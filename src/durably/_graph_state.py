@@ -85,7 +85,29 @@ class Schema:
             explicit = set(getattr(value, "model_fields_set", fields))
             if explicit != set(self.fields):  # a new instance with some fields set
                 return {k: v for k, v in fields.items() if k in explicit}
-        return {k: v for k, v in fields.items() if k not in state or not _same(v, state[k])}
+        # a field the state does not hold yet (an input without it) was shown to the node
+        # as its default: returning it unchanged is no write (two parallel nodes returning
+        # their state object would both write it)
+        return {k: v for k, v in fields.items()
+                if not _same(v, state[k] if k in state else self.default(k))}
+
+    def default(self, name: str) -> Any:
+        """The value the state type gives field ``name`` when it is left out (a new object
+        from a default factory), or a marker equal to nothing for a required field."""
+        if self.kind == "dataclass":
+            for f in dataclasses.fields(self.type):
+                if f.name == name:
+                    if f.default is not dataclasses.MISSING:
+                        return f.default
+                    if f.default_factory is not dataclasses.MISSING:
+                        return f.default_factory()
+            return _NOTHING
+        if self.kind == "pydantic":
+            info = self.type.model_fields.get(name)
+            if info is None or info.is_required():
+                return _NOTHING
+            return info.get_default(call_default_factory=True)
+        return _NOTHING
 
     def build(self, values: dict[str, Any]) -> Any:
         """The state as the node sees it: a dict for a TypedDict, else an instance."""
@@ -135,7 +157,13 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str
     return changes
 
 
+#: no value (a required field's default): :func:`_same` as nothing
+_NOTHING: Any = object()
+
+
 def _same(a: Any, b: Any) -> bool:
+    if b is _NOTHING:
+        return False
     try:
         return bool(a is b or a == b)
     except Exception:  # noqa: BLE001 - arrays and odd types: not provably equal
