@@ -180,3 +180,55 @@ def test_an_argument_mutated_by_the_body_is_recorded_as_it_was_passed() -> None:
     consume([1, 2, 3], 2)
     why = consume.explain([1, 2, 3], 3)
     assert why.changed_arguments == ("n",)
+
+
+_PARAMS = """
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Params:
+        lr: float
+
+        def effective_lr(self):
+            return self.lr * $V
+
+    @durably.task
+    def train(p, steps):
+        return p.lr * steps
+
+    @durably.task
+    def train_all(ps, steps):
+        return [p.lr * steps for p in ps]
+
+    @durably.entrypoint
+    def sweep(lr):
+        return train(Params(lr), 3)
+"""
+
+
+def test_an_argument_whose_class_code_changed_names_the_class() -> None:
+    """An argument's digest covers the code of its user class: explain says it was the
+    class's code that changed, not the value (and names the class among changed_code)."""
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    _cell(ns, _PARAMS.replace("$V", "2"))
+    ns["train"](ns["Params"](0.1), 3)
+    ns["train_all"]([ns["Params"](0.1), ns["Params"](0.2)], 3)
+    ns["sweep"](0.5)  # inside a run: the key record is written at the run's end
+    other_value = ns["train"].explain(ns["Params"](0.3), 3)
+    assert other_value.changed_arguments == ("p",) and other_value.changed_code == ()
+    assert "class" not in str(other_value)
+
+    _cell(ns, _PARAMS.replace("$V", "4"))  # only the method changed
+    why = ns["train"].explain(ns["Params"](0.1), 3)
+    assert not why.hit and why.changed_arguments == ("p",)
+    assert why.changed_code == ("__main__.Params",)
+    assert "argument 'p' differs" in str(why)
+    assert "the code of its class __main__.Params changed" in str(why)
+    nested = ns["train_all"].explain([ns["Params"](0.1), ns["Params"](0.2)], 3)
+    assert nested.changed_code == ("__main__.Params",)
+    in_run = ns["train"].explain(ns["Params"](0.5), 3)
+    assert in_run.changed_arguments == ("p",) and in_run.changed_code == ("__main__.Params",)
+    # the steps argument unchanged is not blamed; a changed one is, without a class
+    both = ns["train"].explain(ns["Params"](0.1), 4)
+    assert both.changed_arguments == ("p", "steps")
+    assert "argument 'steps' differs" in str(both) and str(both).count("its class") == 1

@@ -9,7 +9,7 @@ from typing import Any
 
 from ._config import default_store
 from ._hashing import digest_each
-from ._runtime import Spec
+from ._runtime import CLASS_PART, Spec
 from ._store import KeyRecord, Store
 
 __all__ = ["Explanation", "explain"]
@@ -28,7 +28,9 @@ class Explanation:
         reason: What decides it, in words.
         changed_arguments: Arguments whose digest differs from the nearest earlier entry.
         changed_code: Qualified names of the functions and classes of your code whose
-            fingerprint differs from the nearest earlier entry (added or removed ones too).
+            fingerprint differs from the nearest earlier entry (added or removed ones too),
+            and of the classes of arguments whose code changed (an argument's digest covers
+            the code of its user class: editing ``Params.effective_lr`` changes it).
         version_change: ``(old, new)`` explicit versions when they differ, else None.
         nearest: The key record of the nearest earlier entry, or None when there is none.
 
@@ -67,6 +69,18 @@ def _differs(old: dict[str, str], new: dict[str, str]) -> tuple[str, ...]:
     return tuple(sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k)))
 
 
+def _moved_classes(arguments: dict[str, Any], name: str, before: dict[str, str]
+                   ) -> list[str]:
+    """The user classes met in argument ``name`` whose code digest differs from the one
+    recorded with the earlier entry (``before``; classes it has no record of are left
+    out: an entry written by an older durably records none)."""
+    if name not in arguments or not before:
+        return []
+    now: dict[str, str] = {}
+    digest_each({name: arguments[name]}, classes=now)
+    return sorted(path for path, d in now.items() if before.get(path, d) != d)
+
+
 def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
@@ -98,6 +112,9 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
 
     nearest = max(records, key=closeness)
     changed_args = _differs(nearest.inputs, inputs)
+    old_parts = {k: v for k, v in nearest.parts.items() if not k.startswith(CLASS_PART)}
+    old_classes = {k[len(CLASS_PART):]: v for k, v in nearest.parts.items()
+                   if k.startswith(CLASS_PART)}
     version_change = None
     changed_code: tuple[str, ...] = ()
     why: list[str] = []
@@ -108,12 +125,19 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
             version_change = (old_v, new_v)
             why.append(f"the version changed from {old_v!r} to {new_v!r}")
         else:
-            changed_code = _differs(nearest.parts, parts)
+            changed_code = _differs(old_parts, parts)
             named = ", ".join(changed_code) if changed_code else "its fingerprint"
             why.append(f"the code changed: {named}")
+    moved_classes: list[str] = []
     for arg in changed_args:
+        moved = _moved_classes(arguments, arg, old_classes)
+        moved_classes += [c for c in moved if c not in moved_classes]
+        because = (f": the code of its class {', '.join(moved)} changed" if len(moved) == 1
+                   else f": the code of its classes {', '.join(moved)} changed" if moved
+                   else "")
         why.append(f"argument {arg!r} differs ({_short(nearest.inputs.get(arg))} before, "
-                   f"{_short(inputs.get(arg))} now)")
+                   f"{_short(inputs.get(arg))} now){because}")
+    changed_code += tuple(c for c in moved_classes if c not in changed_code)
     if not why:
         why.append("an entry with exactly this key was written, but it is no longer in the "
                    "cache (evicted under the size limit, found damaged, or cleared)")

@@ -756,7 +756,8 @@ _NAMES: dict[str, bytes] = {}  # an argument name -> its encoding (what raw(b"="
 
 
 def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None = None,
-                     elements: dict[str, list[str | None]] | None = None) -> str:
+                     elements: dict[str, list[str | None]] | None = None,
+                     classes: dict[str, str] | None = None) -> str:
     """Digest of bound arguments (name → value), independent of keyword order: one pass,
     one hash.
 
@@ -767,7 +768,9 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     a buffer over 1 MiB (an array: its second hash costs what a second encoding does).
     Pass it to :func:`digest_each` as ``known``. ``elements``, given with ``each``, receives the
     tracer's digests of the elements of list, tuple and dict arguments, where taken in the
-    pass (see :meth:`Encoder.element`): pass it to ``flow_digests``."""
+    pass (see :meth:`Encoder.element`): pass it to ``flow_digests``. ``classes``, when
+    given, receives the digest of the code of each user class the arguments' values were
+    digested with (:func:`class_digests`), for the key record that ``explain`` reads."""
     # arguments that are all small scalars (the common call) are written here, without an
     # Encoder: the same bytes as the Encoder writes (_general_arguments; a test pins it)
     names = sorted(arguments)
@@ -815,17 +818,17 @@ def encode_arguments(arguments: Mapping[str, Any], each: dict[str, str] | None =
     # the rest on the general path, after what is written (the first names are not redone)
     start = names.index(name)
     if each is None:
-        return _encode_from(arguments, names, start, buf)
+        return _encode_from(arguments, names, start, buf, classes=classes)
     written = bytes(buf)
     try:
-        return _encode_from(arguments, names, start, buf, each, elements)
+        return _encode_from(arguments, names, start, buf, each, elements, classes)
     except RecursionError:
         # the taps' frames took the last levels Python allows: encoded again without them
         # (the digests of each are then taken alone, as before taps)
         each.clear()
         if elements is not None:
             elements.clear()
-        return _encode_from(arguments, names, start, bytearray(written))
+        return _encode_from(arguments, names, start, bytearray(written), classes=classes)
 
 
 def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
@@ -930,7 +933,8 @@ def _general_arguments(arguments: Mapping[str, Any]) -> str:
 
 def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
                  buf: bytearray, each: dict[str, str] | None = None,
-                 elements: dict[str, list[str | None]] | None = None) -> str:
+                 elements: dict[str, list[str | None]] | None = None,
+                 classes: dict[str, str] | None = None) -> str:
     """Encode the arguments ``names[start:]`` after ``buf`` (the header and the arguments
     before them, as :func:`encode_arguments` writes them) and return the digest of it all;
     with ``each``, put in it the digests of those arguments :func:`digest_each` would
@@ -980,13 +984,17 @@ def _encode_from(arguments: Mapping[str, Any], names: list[str], start: int,
         if each is not None:
             raise  # (encode_arguments encodes them again without taps)
         raise _too_deep(e) from None
+    if classes is not None and e.codes:
+        class_digests(e.codes, classes)
     return e.hexdigest()
 
 
-def digest_each(arguments: Mapping[str, Any], known: Mapping[str, str] | None = None
-                ) -> dict[str, str]:
+def digest_each(arguments: Mapping[str, Any], known: Mapping[str, str] | None = None,
+                classes: dict[str, str] | None = None) -> dict[str, str]:
     """The digest of each argument by name (what ``explain`` compares); those in ``known``
-    (what :func:`encode_arguments` took in its pass) are taken from it."""
+    (what :func:`encode_arguments` took in its pass) are taken from it. ``classes``, when
+    given, receives the code digests of the user classes met in the arguments encoded here
+    (see :func:`class_digests`)."""
     each: dict[str, str] = {}
     for name in sorted(arguments):
         if known and name in known:
@@ -999,4 +1007,16 @@ def digest_each(arguments: Mapping[str, Any], known: Mapping[str, str] | None = 
         except RecursionError:
             raise _too_deep(e) from None
         each[name] = e.hexdigest()
+        if classes is not None and e.codes:
+            class_digests(e.codes, classes)
     return each
+
+
+def class_digests(codes: Mapping[Any, bytes], into: dict[str, str]) -> None:
+    """Put in ``into`` the digest of the code of each user class in ``codes`` (an
+    Encoder's: :func:`~durably._class_code.class_code`), by its type path: what a key
+    record keeps so that ``explain`` can say an argument differs because its class's
+    code changed. Classes that are not the user's (no code) are left out."""
+    for t, code in codes.items():
+        if code and code[:1] != b"J" and isinstance(t, type) and t is not _ENTANGLED:
+            into[type_path(t).decode()] = xxhash.xxh3_64_hexdigest(code)

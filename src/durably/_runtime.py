@@ -65,6 +65,9 @@ __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "is_cancelled",
            "validate_run_id"]
 
 log = logging.getLogger("durably")
+#: the name of a key record's part that is the code digest of a user class met in the
+#: arguments (after it, the class's ``module.qualname``): explain names it when it changed
+CLASS_PART = "argument class "
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}")
 _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the run
 #: a run result bigger than this is written outside the transaction that ends the attempt
@@ -354,15 +357,19 @@ class Spec:
         fp = self._fingerprint
         return dict(fp.changed_by) if self.version is None and fp is not None else {}
 
-    def key_record(self, key: str, inputs: dict[str, str], code: str | None = None
-                   ) -> KeyRecord:
+    def key_record(self, key: str, inputs: dict[str, str], code: str | None = None,
+                   classes: dict[str, str] | None = None) -> KeyRecord:
         """What the key was made of (``inputs``: digest of each argument, taken on a miss
         before the body ran: paid on misses only, never on a hit). ``code``: the code version
-        the key was made with (:meth:`key_and_code`), else the current one."""
+        the key was made with (:meth:`key_and_code`), else the current one. ``classes``: the
+        code digest of each user class in the arguments (:func:`class_digests`), kept among
+        the parts under :data:`CLASS_PART` names."""
         if code is None:
             code = self.code_version()  # revalidated once; the parts are of that fingerprint
         fp = self._fingerprint
         parts = self._parts() if fp is not None and fp.digest == code else {}
+        if classes:
+            parts.update((CLASS_PART + path, d) for path, d in classes.items())
         return KeyRecord(self.identity, key, code, inputs, parts, now())
 
 
@@ -433,6 +440,7 @@ class Call:
 
     __slots__ = (
         "args_repr",
+        "classes",
         "code",
         "ctx",
         "ended",
@@ -457,6 +465,7 @@ class Call:
         self.key = key
         self.code = code  # the code version the key was made with
         self.inputs: dict[str, str] = {}  # digest of each argument, for the key record
+        self.classes: dict[str, str] | None = None  # code of their user classes (the same)
         self.step_id = step_id
         self.parent = parent
         self.position = position
@@ -554,8 +563,8 @@ class Call:
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable):
-                self.store.cache_put(self.key, data,
-                                     spec.key_record(self.key, self.inputs, self.code or None))
+                self.store.cache_put(self.key, data, spec.key_record(
+                    self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), trace_digest(result))
         cacheable = spec.cache
@@ -565,7 +574,7 @@ class Call:
                 ctx.uncacheable.add(self.parent)
         slow = spec.slow = record.ended - record.started >= _WRITE_THROUGH
         if cacheable:
-            info = spec.key_record(self.key, self.inputs, self.code or None)
+            info = spec.key_record(self.key, self.inputs, self.code or None, self.classes)
             if slow:
                 self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
@@ -611,6 +620,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     arguments: Any = None  # bound only when needed: a replayed step or a hit does without
     each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
     taken: dict[str, list[str | None]] | None = None  # and their elements', for the tracer
+    classes: dict[str, str] | None = None  # and their user classes' code, for explain
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
@@ -621,9 +631,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         # list or dict argument is encoded once, not three times. Not for a step that is
         # likely replayed, which needs neither (the elements' taps cost a third more)
         each = {}
+        classes = {}
         taken = {} if ctx is not None and (not ctx.replaying or ctx.past_journal) else None
         try:
-            input_digest = encode_arguments(arguments, each, taken)  # (digest_inputs)
+            input_digest = encode_arguments(arguments, each, taken, classes)  # (digest_inputs)
         except (SerializationError, RecursionError) as exc:
             raise spec.digest_error(exc, arguments) from None
     key, code = spec.key_and_code(input_digest)
@@ -635,7 +646,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 return _load(data, spec, "cached"), outside
             if arguments is None:
                 arguments = spec.arguments(instance, args, kwargs)
-            outside.inputs = digest_each(arguments, each)  # before the body may mutate them
+            outside.inputs = digest_each(arguments, each, classes)  # before the body runs
+            outside.classes = classes
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -702,7 +714,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         data = ctx.pending_cache(key) if ctx.read_cache else None
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
-        call.inputs = digest_each(arguments, each)  # before the body may mutate them
+        call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
+        call.classes = classes
         call.trace_inputs(arguments, None, taken)
         if data is not None:
             return serve_cached(call, data), call
