@@ -1284,3 +1284,48 @@ def test_parallel_nodes_returning_their_state_object_from_an_input_without_defau
     c.add_node("n", lambda s: state_type(items=["x"], count=5))
     c.add_edge(START, "n").add_edge("n", END)
     assert c.compile().invoke({}).count == 5
+
+
+_LIMIT_GRAPH = """
+import durably
+from typing import TypedDict
+from durably import StateGraph, START, END
+
+LIMIT = $V
+
+def clip(x):
+    return min(x, LIMIT)
+
+class S(TypedDict):
+    n: int
+
+def grow(s):
+    return {"n": clip(s["n"] * 10)}
+
+def ask(s):
+    return {"n": s["n"] + int(durably.interrupt("more?"))}
+
+b = StateGraph(S, name="limits")
+b.add_node("ask", ask).add_node("grow", grow)
+b.add_edge(START, "ask").add_edge("ask", "grow").add_edge("grow", END)
+app = b.compile()
+"""
+
+
+def test_a_changed_graph_names_the_helper_or_constant_that_changed_in_a_node() -> None:
+    """GraphChangedError names what changed inside a node's code (a module constant, a
+    helper), not only the node; a change of the node's own body names the node alone."""
+    ns: dict[str, Any] = {"__name__": "__main__"}
+    exec(_LIMIT_GRAPH.replace("$V", "100"), ns)
+    run = ns["app"].run({"n": 1})
+    assert run.status == "interrupted"
+    exec(_LIMIT_GRAPH.replace("$V", "50"), ns)
+    with pytest.raises(GraphChangedError) as err:
+        ns["app"].resume(run.id, "2")
+    assert err.value.changes == ["the code of node 'grow' changed (__main__.LIMIT)"]
+    exec(_LIMIT_GRAPH.replace("$V", "100").replace("s[\"n\"] * 10", "s[\"n\"] * 20"), ns)
+    with pytest.raises(GraphChangedError) as err:
+        ns["app"].resume(run.id, "2")
+    assert err.value.changes == ["the code of node 'grow' changed"]
+    exec(_LIMIT_GRAPH.replace("$V", "100"), ns)
+    assert ns["app"].resume(run.id, "2") == {"n": 30}

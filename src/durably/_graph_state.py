@@ -11,7 +11,7 @@ from typing import Any
 
 from .exceptions import DefinitionError, DurablyError
 
-__all__ = ["InvalidUpdateError", "Schema", "describe_changes", "fingerprint_of"]
+__all__ = ["InvalidUpdateError", "Schema", "describe_changes", "fingerprint_of", "parts_of"]
 
 
 class InvalidUpdateError(DurablyError):
@@ -136,12 +136,43 @@ def fingerprint_of(graph: Any) -> dict[str, Any]:
     }
 
 
-def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def parts_of(graph: Any) -> dict[str, dict[str, str]]:
+    """For each node, the digest of each function, class or constant of the user's code its
+    fingerprint covers besides the node's own function, by qualified name (recorded beside
+    the fingerprint, so that a changed node's message names the helper or constant that
+    changed in it)."""
+    from ._fingerprint import fingerprint_function
+
+    parts: dict[str, dict[str, str]] = {}
+    for n, fn in sorted(graph.nodes.items()):
+        if hasattr(fn, "fingerprint_digest"):
+            continue  # a compiled subgraph: its own nodes say
+        try:
+            found = dict(fingerprint_function(fn).changed_by)
+        except Exception:  # noqa: BLE001 - a callable object without code
+            continue
+        found.pop(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}", None)
+        parts[n] = found
+    return parts
+
+
+def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any],
+                     old_parts: Mapping[str, Mapping[str, str]] | None = None,
+                     new_parts: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """What differs between two graph fingerprints (:func:`fingerprint_of`), in words; with
+    the nodes' parts of both (:func:`parts_of`), a changed node says what changed in it."""
     changes: list[str] = []
     on, nn = old.get("nodes", {}), new.get("nodes", {})
     changes += [f"node {n!r} was removed" for n in on if n not in nn]
     changes += [f"node {n!r} was added" for n in nn if n not in on]
-    changes += [f"the code of node {n!r} changed" for n in nn if n in on and on[n] != nn[n]]
+    for n in nn:
+        if n in on and on[n] != nn[n]:
+            before = (old_parts or {}).get(n)
+            now = (new_parts or {}).get(n)
+            what = sorted(k for k in {*before, *now} if before.get(k) != now.get(k)
+                          ) if before is not None and now is not None else []
+            changes.append(f"the code of node {n!r} changed"
+                           + (f" ({', '.join(what)})" if what else ""))
     oe = {json.dumps(e) for e in old.get("edges", [])}
     ne = {json.dumps(e) for e in new.get("edges", [])}
     changes += [f"edge {e} was removed" for e in sorted(oe - ne)]

@@ -52,7 +52,7 @@ from ._graph_builder import (
     StepLimitError,
     _Router,
 )
-from ._graph_state import InvalidUpdateError, describe_changes, fingerprint_of
+from ._graph_state import InvalidUpdateError, describe_changes, fingerprint_of, parts_of
 from ._graph_structure import END, START, GraphStructure
 from ._interrupt import InterruptSignal
 from ._run import Run
@@ -563,7 +563,8 @@ class CompiledGraph(Generic[S]):
         recorded = self._recorded(store, run_id)
         if recorded is None or recorded["fingerprint"] == self.fingerprint:
             return None
-        changes = describe_changes(recorded["fingerprint"], self.fingerprint)
+        changes = describe_changes(recorded["fingerprint"], self.fingerprint,
+                                   recorded.get("parts"), parts_of(self.graph))
         if self._migrate.get() is None:
             raise GraphChangedError(
                 f"run {run_id!r} of graph {self.name!r} was checkpointed under another "
@@ -589,7 +590,8 @@ class CompiledGraph(Generic[S]):
             name = self._superstep.spec.name
             at = len({s.step_id for s in ctx.store.list_steps(ctx.run_id)
                       if s.task == name and s.status == "ran"})
-        data = {"fingerprint": self.fingerprint, "migrate_at": at}
+        # the parts of each node's code too (not compared: they only name what changed)
+        data = {"fingerprint": self.fingerprint, "migrate_at": at, "parts": parts_of(self.graph)}
         ctx.store.append_events([EventRecord(ctx.run_id, "graph", now(), ctx.attempt, None,
                                              self.fingerprint_digest,
                                              _serde.dumps(data, what="the graph"))])
