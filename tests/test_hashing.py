@@ -1012,6 +1012,24 @@ def test_flow_digests_taken_in_the_key_s_pass_equal_the_tracer_s(
     assert flow_digests(arguments, None, taken) == flow_digests(arguments)
 
 
+@given(_scalars | values | _large | _elements)
+@settings(max_examples=400, deadline=None)
+def test_a_result_s_element_digests_taken_in_one_pass_equal_trace_digest_s(value: Any) -> None:
+    """trace_digests (a result's digest and its elements', for fan-out edges) equals
+    trace_digest of the whole and of each element (a dict's values in its order), with
+    cycles, large buffers, the strings block, common values and non-str keys."""
+    from durably._hashing import MAX_FLOW_ELEMENTS, trace_digest, trace_digests
+
+    whole, elements = trace_digests(value)
+    assert whole == trace_digest(value)
+    t = type(value)
+    if whole and t in (list, tuple, dict) and len(value) <= MAX_FLOW_ELEMENTS:
+        items = list(value.values()) if t is dict else list(value)
+        assert elements == tuple(trace_digest(item) for item in items)
+    else:
+        assert elements == ()
+
+
 def test_arguments_nested_as_deep_as_the_key_allows_get_their_digests_too() -> None:
     """The taps add frames: an argument nested as deeply as the key alone allows is encoded
     again without them, never refused."""

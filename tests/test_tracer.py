@@ -738,3 +738,81 @@ def test_short_repr_of_plain_values_is_reprlibs(value: Any, limit: int) -> None:
     text = _REPR.repr(value)
     expected = text if len(text) <= limit else text[: limit - 3] + "..."
     assert short_repr(value, limit) == expected
+
+
+def test_a_step_given_an_element_of_an_earlier_result_draws_a_fan_out_edge() -> None:
+    """rows = load(); process(row) for each row (a loop, or process.map): an edge from load
+    to every process, in the live run, read back from the journal, and when replayed."""
+    from durably._hashing import trace_digest
+
+    @task
+    def load(n: int) -> list[dict[str, Any]]:
+        return [{"id": i, "name": f"row {i}"} for i in range(n)]
+
+    @task
+    def pages(n: int) -> dict[str, str]:
+        return {f"p{i}": f"text of page {i}" for i in range(n)}
+
+    @task
+    def process(row: dict[str, Any]) -> str:
+        return f"{row['name']}!"
+
+    @task
+    def words(text: str) -> int:
+        return len(text.split())
+
+    @task
+    def pair() -> tuple[str, int, None]:
+        return ("a long name", 3, None)
+
+    @task
+    def show(name: str) -> str:
+        return name.upper()
+
+    @entrypoint
+    def etl(n: int) -> int:
+        rows = load(n)
+        done = [process(r) for r in rows[:2]] + process.map(rows[2:])
+        counts = [words(text) for text in pages(2).values()]
+        show(pair()[0])
+        return len(done) + sum(counts)
+
+    run = etl.run(4)
+    by_id = {s.step_id: _n(s.task) for s in run.steps}
+    loaded = next(s for s in run.steps if _n(s.task) == "load")
+    assert loaded.output_digests == tuple(trace_digest(r) for r in load(4))
+    tupled = next(s for s in run.steps if _n(s.task) == "pair")
+    assert tupled.output_digests == (trace_digest("a long name"), "", "")
+
+    def fan_out(graph: Any) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for e in graph.edges:
+            found.setdefault(by_id[e.source], []).append(by_id[e.target])
+        return found
+
+    for graph in (run.graph(), durably.get_run(run.id).graph()):
+        assert fan_out(graph) == {"load": ["process"] * 4, "pages": ["words"] * 2,
+                                  "pair": ["show"]}
+    again = etl.run(4)
+    assert {k for k, v in again.counts().items() if v} == {"replayed"}
+    assert fan_out(again.graph()) == {"load": ["process"] * 4, "pages": ["words"] * 2,
+                                      "pair": ["show"]}
+
+
+_hex32 = st.text("0123456789abcdef", min_size=32, max_size=32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(result=st.just("") | _hex32, inputs=st.lists(_hex32, max_size=4),
+       outputs=st.lists(st.just("") | _hex32, max_size=6))
+def test_step_rows_keep_the_digests_of_the_result_and_its_elements(
+        result: str, inputs: list[str], outputs: list[str]) -> None:
+    """A step record's digests survive the journal's row (a result without a digest of its
+    own keeps no element digests: nothing could be drawn from it)."""
+    from durably._records import StepRecord, step_from_row, step_row
+
+    r = StepRecord("run", "s" * 32, None, "t", "ran", 1, 0, 1.0, 2.0, None, "", None, None,
+                   result, tuple(inputs), tuple(outputs))
+    back = step_from_row(step_row(r))
+    assert back.result_digest == result and back.input_digests == tuple(inputs)
+    assert back.output_digests == (tuple(outputs) if result else ())

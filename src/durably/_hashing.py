@@ -743,6 +743,34 @@ def trace_digest(obj: Any) -> str:
     return e.hexdigest()
 
 
+def trace_digests(obj: Any) -> tuple[str, tuple[str, ...]]:
+    """:func:`trace_digest` of a value, and for an exact list, tuple or dict of at most
+    ``MAX_FLOW_ELEMENTS`` elements the ``trace_digest`` of each element (the dict's values,
+    in its order; "" for one too common to mean a flow), taken in the same pass where the
+    encoding allows (see :meth:`Encoder.element`): the digests a result offers the tracer,
+    so that a later step given one of its elements is drawn as receiving it (a fan-out).
+    Never warns or raises."""
+    if too_common(obj):
+        return "", ()
+    t = type(obj)
+    if not ((t is list or t is tuple or t is dict) and len(obj) <= MAX_FLOW_ELEMENTS):
+        return trace_digest(obj), ()
+    e = Encoder(quiet=True)
+    e.buf += _HEADER
+    e.collect = obj
+    try:
+        e.encode(obj)
+        whole = e.hexdigest()
+    except Exception:  # noqa: BLE001 - the tracer must never fail a step (RecursionError too)
+        return "", ()
+    items = list(obj.values() if t is dict else obj)
+    taken = e.elements if e.elements is not None and len(e.elements) == len(items) else None
+    if taken is None:
+        return whole, tuple(trace_digest(item) for item in items)
+    return whole, tuple(trace_digest(item) if d is None else d
+                        for item, d in zip(items, taken, strict=True))
+
+
 def _too_deep(e: Encoder) -> SerializationError:
     return SerializationError(
         f"cannot digest {e.where()}: it is nested too deeply (Python's recursion limit was "

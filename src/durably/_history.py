@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from . import _serde
-from ._hashing import trace_digest
+from ._hashing import trace_digests
 from ._store import EventRecord, RunRecord, StepRecord, Store, now
 from ._tracer import short_repr
 from .exceptions import NotFoundError, RunStateError
@@ -161,8 +161,9 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> s
         new = dataclasses.replace(rec, run_id=fork_id, attempt=0, position=position)
         if cp is target and update is not NO_UPDATE:
             data = _serde.dumps(update, what="the fork's update")
-            new = dataclasses.replace(new, output=short_repr(update),
-                                      result_digest=trace_digest(update))
+            digest, elements = trace_digests(update)
+            new = dataclasses.replace(new, output=short_repr(update), result_digest=digest,
+                                      output_digests=elements)
         copied.append((new, data))
     if target.kind == "interrupt" and update is not NO_UPDATE:
         # the question too: the fork's steps that depend on this answer (the step that asked

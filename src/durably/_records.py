@@ -56,6 +56,9 @@ class StepRecord:
         input_digests: Digests of the arguments and of the elements of list, tuple and
             dict arguments: a later step whose argument digest equals an earlier step's
             result digest received that result (a data-flow edge of the run graph).
+        output_digests: Digests of the elements of a list, tuple or dict result (its
+            values; "" for one too common to mean a flow), else empty: a later step given
+            one of them received a part of this result (a fan-out edge).
     """
 
     run_id: str
@@ -73,6 +76,7 @@ class StepRecord:
     output: str | None = None
     result_digest: str = ""
     input_digests: tuple[str, ...] = ()
+    output_digests: tuple[str, ...] = ()
 
     @property
     def duration(self) -> float:
@@ -209,16 +213,27 @@ class Store(Protocol):
 
 def step_row(r: StepRecord) -> tuple[Any, ...]:
     """A step record as a row (fast: dataclasses.astuple deep-copies)."""
+    # the result's elements' digests follow its own in its column, space-separated ("-" for
+    # an element without one): no new column, and a reader that predates them sees a
+    # digest that matches nothing
+    result = r.result_digest
+    if r.output_digests and result:
+        result = " ".join((result, *(d or "-" for d in r.output_digests)))
     return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
-            r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, r.result_digest,
+            r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, result,
             " ".join(r.input_digests))
 
 
 def step_from_row(row: Sequence[Any]) -> StepRecord:
     """The inverse of :func:`step_row`."""
+    result: str = row[13] or ""
+    elements: tuple[str, ...] = ()
+    if " " in result:
+        result, *rest = result.split(" ")
+        elements = tuple("" if d == "-" else d for d in rest)
     return StepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
-                      row[9], row[10], row[11], row[12], row[13] or "",
-                      tuple(row[14].split()) if row[14] else ())
+                      row[9], row[10], row[11], row[12], result,
+                      tuple(row[14].split()) if row[14] else (), elements)
 
 
 def run_row(r: RunRecord) -> tuple[Any, ...]:

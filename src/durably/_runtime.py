@@ -53,6 +53,7 @@ from ._hashing import (
     positional_plan,
     too_common,
     trace_digest,
+    trace_digests,
 )
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, Owner, beat, hold, let_go, me
@@ -476,14 +477,14 @@ class Call:
         self.ended: float | None = None  # when the body ended, if it ran elsewhere (a fan-out)
 
     def record(self, status: str, error: str | None = None, output: str | None = None,
-               result_digest: str = "") -> StepRecord:
+               result_digest: str = "", output_digests: tuple[str, ...] = ()) -> StepRecord:
         ctx = self.ctx
         assert ctx is not None
         return StepRecord(
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
             self.position, self.started, self.ended if self.ended is not None else now(),
             error, self.key if self.spec.cache else "",
-            self.args_repr, output, result_digest, self.flow,
+            self.args_repr, output, result_digest, self.flow, output_digests,
         )
 
     def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None,
@@ -566,7 +567,7 @@ class Call:
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
-        record = self.record("ran", None, short_repr(result), trace_digest(result))
+        record = self.record("ran", None, short_repr(result), *trace_digests(result))
         cacheable = spec.cache
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
@@ -747,7 +748,7 @@ def serve_cached(call: Call, data: bytes) -> Any:
     value = _load(data, call.spec, "cached")
     ctx = call.ctx
     if ctx is not None:
-        record = call.record("cached", None, short_repr(value), trace_digest(value))
+        record = call.record("cached", None, short_repr(value), *trace_digests(value))
         ctx.note_cached(record, data)
         if ctx.listener is not None:
             ctx.emit(call.event("step_finished", record))

@@ -13,7 +13,8 @@ back by another process, a crashed run, or a finished one:
 
 - nodes are steps; a step called inside another step's body is nested in it (``parent``);
 - a data-flow edge goes from step A to a later step B when an argument of B, or an element of
-  a list, tuple or dict argument of B, has the same digest as A's result;
+  a list, tuple or dict argument of B, has the same digest as A's result or as an element
+  of A's list, tuple or dict result (a fan-out);
 - more than ``collapse`` calls of one task under one parent draw as one node
   ``parse ×1,200`` with counts per status.
 """
@@ -366,6 +367,11 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
         out = s.result_digest or origin.result_digest
         if out and s.status not in ("failed", "interrupted", "started"):
             producers[out].append(s.step_id)
+            # and each element of a list, tuple or dict result: a later step given one of
+            # them received a part of it (a fan-out: rows = load(); process(row) per row)
+            for d in dict.fromkeys(s.output_digests or origin.output_digests):
+                if d and d != out:
+                    producers[d].append(s.step_id)
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
                      sum(saved.values()))
     if collapse:
