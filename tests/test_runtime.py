@@ -560,6 +560,48 @@ def test_tasks_pickle_by_reference_for_worker_processes(tmp_path: Path) -> None:
         pickle.dumps(local)
 
 
+def test_bound_task_methods_pickle_as_their_object_s_attribute(tmp_path: Path) -> None:
+    """``obj.method`` of a task method pickles as a bound method does (the object by value,
+    the method by name): a process pool maps it, and its cache entries are the ones the
+    parent process wrote (the same object digests alike in every process)."""
+    import subprocess
+
+    (tmp_path / "model_mod.py").write_text(
+        "import dataclasses\nimport durably\n\n"
+        "@dataclasses.dataclass\nclass Model:\n    w: float\n\n"
+        "    @durably.task\n    def predict(self, x):\n"
+        "        print('executed', self.w, x, flush=True)\n        return self.w * x\n\n"
+        "    @durably.task\n    @classmethod\n    def unit(cls, x):\n        return x\n\n"
+        "    @durably.entrypoint\n    def score(self, n):\n"
+        "        return sum(self.predict(i) for i in range(n))\n"
+    )
+    script = tmp_path / "pool.py"
+    script.write_text(
+        "import copy, pickle, sys\nfrom concurrent.futures import ProcessPoolExecutor\n"
+        "from model_mod import Model\n"
+        "m = Model(2.0)\n"
+        "again = pickle.loads(pickle.dumps(m.predict))\n"
+        "assert again.__self__ == m and again.__self__ is not m\n"
+        "assert pickle.loads(pickle.dumps(Model.unit))(5) == 5\n"
+        "assert pickle.loads(pickle.dumps(m.score)).run(2).result == 2.0\n"
+        "if __name__ == '__main__':\n"
+        "    m.predict(1)\n"
+        "    with ProcessPoolExecutor(2) as pool:\n"
+        "        print(list(pool.map(m.predict, [1, 2, 3])))\n"
+        "    print(again.explain(2).hit, again.explain(1).hit)\n"
+    )
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert "[2.0, 4.0, 6.0]" in lines and "True True" in lines
+    # each input executed once, across the pool's processes (x=1 in the parent first)
+    executed = sorted(line for line in lines if line.startswith("executed"))
+    assert executed == ["executed 2.0 0", "executed 2.0 1", "executed 2.0 2",
+                        "executed 2.0 3"], done.stdout
+
+
 def test_a_run_in_progress_in_another_thread_is_busy() -> None:
     started, release = threading.Event(), threading.Event()
 

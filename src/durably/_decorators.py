@@ -91,6 +91,27 @@ def _instance_of(bound: Any) -> Any:
     return instance
 
 
+def _reduce_bound(bound: Any) -> tuple[Any, ...]:
+    """A bound task or entrypoint (``obj.method``) pickles as the lookup of its name on
+    what it is bound to, as a bound method does: ``getattr(obj, "method")``, with ``obj``
+    pickled by value (a process pool, Dask, ``multiprocessing``)."""
+    parent = bound._self_parent
+    owner = bound._self_instance
+    if owner is None or bound._self_binding == "classmethod":
+        owner = _instance_of(bound)
+        if owner is None:
+            owner = bound._self_owner
+    where = owner if isinstance(owner, type) else type(owner)
+    for klass in where.__mro__:
+        for name, value in vars(klass).items():
+            if value is parent or getattr(value, "__func__", None) is parent:
+                return (getattr, (owner, name))
+    raise pickle.PicklingError(
+        f"cannot pickle {parent.__qualname__!r} bound to {where.__qualname__}: it is not an "
+        f"attribute of {where.__qualname__}. Fix: decorate the method in its class "
+        "(@durably.task above its def).")
+
+
 class _ByReference:
     """Pickled by module and name, copied as itself: like a plain function."""
 
@@ -108,6 +129,9 @@ class _ByReference:
 
 class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     """A task bound to an instance or class (``obj.method``); same methods as :class:`Task`."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return _reduce_bound(self)
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """See :meth:`Task.explain`."""
@@ -148,6 +172,9 @@ class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
 class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     """An entrypoint bound to an instance or class; ``.run`` works as on
     :class:`Entrypoint`."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return _reduce_bound(self)
 
     def run(self, *args: Any, run_id: str | None = None, fresh: bool = False, **kwargs: Any
             ) -> Any:
