@@ -288,27 +288,61 @@ def test_stream_modes_state_history_and_update_state() -> None:
 
 
 def test_a_changed_graph_is_refused_on_resume_unless_migrated() -> None:
+    """A node that finished in the run changed: its checkpoints came from other code, so
+    the run is refused unless migrated. A node that never finished in it (the one waiting,
+    the ones after) may change: it runs with the new code, as a task would."""
     class S(TypedDict):
         text: str
 
-    def build(second: Any) -> Any:
+    def build(prep: Any, second: Any) -> Any:
         b = StateGraph(S, name="evolving")
+        b.add_node("prep", prep)
         b.add_node("ask", lambda s: {"text": s["text"] + str(durably.interrupt("ok?"))})
         b.add_node("finish", second)
-        b.add_edge(START, "ask").add_edge("ask", "finish").add_edge("finish", END)
+        b.add_edge(START, "prep").add_edge("prep", "ask").add_edge("ask", "finish")
+        b.add_edge("finish", END)
         return b.compile()
 
-    old = build(lambda s: {"text": s["text"] + "!"})
+    def prep(s: S) -> S:
+        return {"text": s["text"] + "."}
+
+    old = build(prep, lambda s: {"text": s["text"] + "!"})
     run = old.run({"text": "a"})
     assert run.status == "interrupted"
-    new = build(lambda s: {"text": s["text"].upper()})
-    with pytest.raises(GraphChangedError, match="the code of node 'finish' changed") as err:
+    # only "finish" changed (it never ran): resumed under the new graph, no migrate=
+    assert build(prep, lambda s: {"text": s["text"] + "?"}).resume(run.id, "-y") == {
+        "text": "a.-y?"}
+
+    run = old.run({"text": "b"})
+    new = build(lambda s: {"text": s["text"] + ","}, lambda s: {"text": s["text"].upper()})
+    with pytest.raises(GraphChangedError, match="the code of node 'prep' changed") as err:
         new.resume(run.id, "-yes")
-    assert err.value.changes == ["the code of node 'finish' changed"]
+    assert err.value.changes == ["the code of node 'finish' changed",
+                                 "the code of node 'prep' changed"]
     # the migrated state is a new input for "ask": a new step, so it asks again
     with pytest.raises(durably.RunInterrupted):
         new.resume(run.id, "-yes", migrate=lambda s: {"text": s["text"] + "~"})
-    assert new.resume(run.id, "-sure") == {"text": "A~-SURE"}
+    assert new.resume(run.id, "-sure") == {"text": "B.~-SURE"}
+
+
+def test_a_graph_fixed_after_a_node_failed_continues_without_migrate() -> None:
+    """The node that failed is fixed and the run called again: it continues (no super-step
+    of it finished, so no checkpoint depends on the old code), as a plain entrypoint does."""
+    @dataclasses.dataclass
+    class S:
+        x: int = 1
+
+    def build(first: Any) -> Any:
+        b = StateGraph(S, name="fixed_after_failure")
+        b.add_node("first", first).add_edge(START, "first").add_edge("first", END)
+        return b.compile()
+
+    def broken(s: S) -> dict[str, int]:
+        raise ValueError("a typo")
+
+    with pytest.raises(ValueError, match="a typo"):
+        build(broken).invoke({})
+    assert build(lambda s: {"x": s.x + 1}).invoke({}) == S(2)
 
 
 @pytest.mark.parametrize("how", ["stream", "astream"])
@@ -319,9 +353,9 @@ def test_stream_and_astream_take_migrate_too(how: str) -> None:
     class S(TypedDict):
         text: str
 
-    def build(second: Any) -> Any:
+    def build(first: Any, second: Any) -> Any:
         b = StateGraph(S, name=f"evolving_{how}")
-        b.add_node("first", lambda s: {"text": s["text"] + "1"})
+        b.add_node("first", first)
         b.add_node("second", second)
         b.add_edge(START, "first").add_edge("first", "second").add_edge("second", END)
         return b.compile()
@@ -330,9 +364,10 @@ def test_stream_and_astream_take_migrate_too(how: str) -> None:
         raise RuntimeError("stopped after the first node")
 
     with pytest.raises(RuntimeError):
-        build(fail).invoke({"text": "a"})
+        build(lambda s: {"text": s["text"] + "1"}, fail).invoke({"text": "a"})
     (run,) = durably.list_runs()
-    new = build(lambda s: {"text": s["text"].upper()})
+    # the first node (finished in the run) edited too: its checkpoint came from other code
+    new = build(lambda s: {"text": s["text"] + str(1)}, lambda s: {"text": s["text"].upper()})
 
     def items(**kw: Any) -> list[Any]:
         if how == "stream":
@@ -1307,7 +1342,7 @@ def ask(s):
 
 b = StateGraph(S, name="limits")
 b.add_node("ask", ask).add_node("grow", grow)
-b.add_edge(START, "ask").add_edge("ask", "grow").add_edge("grow", END)
+b.add_edge(START, "grow").add_edge("grow", "ask").add_edge("ask", END)
 app = b.compile()
 """
 
@@ -1328,4 +1363,141 @@ def test_a_changed_graph_names_the_helper_or_constant_that_changed_in_a_node() -
         ns["app"].resume(run.id, "2")
     assert err.value.changes == ["the code of node 'grow' changed"]
     exec(_LIMIT_GRAPH.replace("$V", "100"), ns)
-    assert ns["app"].resume(run.id, "2") == {"n": 30}
+    assert ns["app"].resume(run.id, "2") == {"n": 12}
+
+
+class _PNotes(pydantic.BaseModel):
+    notes: Annotated[list[str], operator.add] = []
+    count: int = 0
+    topic: str = ""
+
+
+def test_a_pydantic_node_returning_its_state_writes_only_what_it_changed() -> None:
+    """The node's copy of a state without some fields has only the others set: returning
+    it (or a model_copy of it) after changing one field writes that field alone, so a
+    reduced list is not appended to itself, and parallel nodes do not clash."""
+    def bump(s: _PNotes) -> _PNotes:
+        s.count += 1
+        return s
+
+    b = StateGraph(_PNotes, name="pyd_bump")
+    b.add_node("bump", bump).add_edge(START, "bump").add_edge("bump", END)
+    assert b.compile().invoke({"notes": ["start"]}) == _PNotes(notes=["start"], count=1)
+    c = StateGraph(_PNotes, name="pyd_copy")
+    c.add_node("copy", lambda s: s.model_copy(update={"count": s.count + 1}))
+    c.add_edge(START, "copy").add_edge("copy", END)
+    assert c.compile().invoke({"notes": ["a"]}) == _PNotes(notes=["a"], count=1)
+
+    class Two(pydantic.BaseModel):
+        topic: str = ""
+        a: str = ""
+        b: str = ""
+
+    def set_field(name: str) -> Callable[[Two], Two]:
+        def node(s: Two) -> Two:
+            setattr(s, name, name.upper())
+            return s
+        return node
+
+    p = StateGraph(Two, name="pyd_parallel")
+    p.add_node("na", set_field("a")).add_node("nb", set_field("b"))
+    p.add_edge(START, "na").add_edge(START, "nb").add_edge("na", END).add_edge("nb", END)
+    assert p.compile().invoke({"topic": "owls"}) == Two(topic="owls", a="A", b="B")
+
+
+class _Config:
+    """A value whose == is identity: a node's copy of it is equal only by content."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+
+@pytest.mark.parametrize("data", [[1, 2], "numpy", _Config(1)], ids=["list", "array", "object"])
+def test_parallel_nodes_leave_a_field_without_value_equality_unwritten(data: Any) -> None:
+    """A field holding an array (== has no single answer) or an object compared by identity
+    is not a write when a node returns its state object without changing it."""
+    import numpy as np
+
+    value = np.arange(3.0) if data == "numpy" else data
+
+    @dataclasses.dataclass
+    class S:
+        data: Any = None
+        a: int = 0
+        b: int = 0
+
+    def set_a(s: S) -> S:
+        s.a = 1
+        return s
+
+    def set_b(s: S) -> S:
+        s.b = 1
+        return s
+
+    g = StateGraph(S, name=f"identity_fields_{type(value).__name__}")
+    g.add_node("na", set_a).add_node("nb", set_b)
+    g.add_edge(START, "na").add_edge(START, "nb").add_edge("na", END).add_edge("nb", END)
+    out = g.compile().invoke(S(data=value))
+    assert (out.a, out.b) == (1, 1)
+    # a node that does change the object's content still writes it
+    def change(s: S) -> S:
+        s.data = _Config(2) if isinstance(s.data, _Config) else s.data * 2
+        return s
+
+    h = StateGraph(S, name=f"changed_fields_{type(value).__name__}")
+    h.add_node("change", change).add_edge(START, "change").add_edge("change", END)
+    changed = h.compile().invoke(S(data=value)).data
+    assert (changed.k == 2) if isinstance(value, _Config) else list(changed) == list(value * 2)
+
+
+def test_a_reduced_field_left_out_of_the_input_starts_from_its_default() -> None:
+    """The node was shown the default of a field the input left out: its update goes
+    through the reducer from that default, as it would from an input holding it."""
+    @dataclasses.dataclass
+    class S:
+        total: Annotated[int, operator.add] = 10
+        log: Annotated[list[str], operator.add] = dataclasses.field(
+            default_factory=lambda: ["seed"])
+
+    g = StateGraph(S, name="reduced_defaults")
+    g.add_node("step", lambda s: {"total": 1, "log": ["x"]})
+    g.add_edge(START, "step").add_edge("step", END)
+    app = g.compile()
+    assert app.invoke({}) == app.invoke(S(), fresh=True) == S(11, ["seed", "x"])
+
+
+def test_pydantic_aliases_and_dataclass_init_false_fields_build_the_state() -> None:
+    """The state is built by field name whatever a pydantic field's alias; a dataclass's
+    init=False field is set after the instance is made."""
+    class A(pydantic.BaseModel):
+        count: int = pydantic.Field(default=0, alias="Count")
+
+    g = StateGraph(A, name="aliased")
+    g.add_node("inc", lambda s: {"count": s.count + 1}).add_edge(START, "inc")
+    g.add_edge("inc", END)
+    assert g.compile().invoke({"count": 5}).count == 6
+
+    @dataclasses.dataclass
+    class D:
+        x: int
+        y: int = dataclasses.field(init=False, default=0)
+
+    d = StateGraph(D, name="init_false")
+    d.add_node("n", lambda s: {"y": s.x + s.y + 1}).add_edge(START, "n").add_edge("n", END)
+    out = d.compile().invoke(D(x=1))
+    assert (out.x, out.y) == (1, 2)
+
+
+def test_update_state_with_a_pydantic_instance_writes_the_fields_set_in_it() -> None:
+    """update_state(values) reads an instance as a node's return: the fields set in it,
+    not the defaults of the others."""
+    class S(pydantic.BaseModel):
+        topic: str = ""
+        n: int = 0
+
+    g = StateGraph(S, name="update_pyd")
+    g.add_node("inc", lambda s: {"n": s.n + 1}).add_edge(START, "inc").add_edge("inc", END)
+    app = g.compile()
+    run = app.run({"topic": "owls"})
+    fork = app.update_state(run.id, S(n=5))
+    assert app.get_state(fork).values == S(topic="owls", n=5)

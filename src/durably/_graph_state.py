@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -82,9 +83,12 @@ class Schema:
             return self.to_dict(value, what)  # raises, naming the node
         fields = self.to_dict(value, what)
         if self.kind == "pydantic":
-            explicit = set(getattr(value, "model_fields_set", fields))
-            if explicit != set(self.fields):  # a new instance with some fields set
-                return {k: v for k, v in fields.items() if k in explicit}
+            # a field never set (left to its default by a new instance, or by the node's
+            # copy of a state without it) is not written; one set (given, assigned, or
+            # model_copy(update=...)) is, when it differs from the node's input
+            explicit = getattr(value, "model_fields_set", None)
+            if explicit is not None:
+                fields = {k: v for k, v in fields.items() if k in explicit}
         # a field the state does not hold yet (an input without it) was shown to the node
         # as its default: returning it unchanged is no write (two parallel nodes returning
         # their state object would both write it)
@@ -110,10 +114,24 @@ class Schema:
         return _NOTHING
 
     def build(self, values: dict[str, Any]) -> Any:
-        """The state as the node sees it: a dict for a TypedDict, else an instance."""
+        """The state as the node sees it: a dict for a TypedDict, else an instance (a
+        dataclass's ``init=False`` fields set after it is made; a pydantic model's fields by
+        name, whatever their aliases)."""
         if self.kind == "typeddict":
             return dict(values)
-        return self.type(**values)
+        if self.kind == "dataclass":
+            later = {f.name for f in dataclasses.fields(self.type) if not f.init}
+            if not later:
+                return self.type(**values)
+            made = self.type(**{k: v for k, v in values.items() if k not in later})
+            for k in later & values.keys():
+                object.__setattr__(made, k, values[k])  # (a frozen dataclass too)
+            return made
+        try:
+            return self.type.model_validate(values, by_name=True)  # pydantic 2.11 and later
+        except TypeError:  # earlier: the aliases, which every configuration accepts
+            fields = self.type.model_fields
+            return self.type(**{_alias(fields.get(k), k): v for k, v in values.items()})
 
 
 def fingerprint_of(graph: Any) -> dict[str, Any]:
@@ -192,10 +210,41 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any],
 _NOTHING: Any = object()
 
 
+_IDENTITY_EQ: Any = object.__eq__  # equality by identity: a class without __eq__
+
+
+def _alias(info: Any, name: str) -> str:
+    """The key a pydantic field is validated from: its alias when it has a plain one."""
+    alias = getattr(info, "validation_alias", None)
+    if not isinstance(alias, str):
+        alias = getattr(info, "alias", None)
+    return alias if isinstance(alias, str) else name
+
+
 def _same(a: Any, b: Any) -> bool:
+    """Whether a node's value of a field is the one it was given (so not a write): equal,
+    or, for values whose ``==`` gives no single answer (an array) or is identity (an object
+    without ``__eq__``: the node holds a copy), of the same content."""
     if b is _NOTHING:
         return False
+    if a is b:
+        return True
     try:
-        return bool(a is b or a == b)
-    except Exception:  # noqa: BLE001 - arrays and odd types: not provably equal
+        eq = a == b
+    except Exception:  # noqa: BLE001 - compared by content below
+        eq = None
+    if eq is True:
+        return True
+    if type(eq) is bool and type(a).__eq__ is not _IDENTITY_EQ:
+        return False  # the type's own equality said so
+    if type(a) is not type(b):
+        return False
+    from ._hashing import trace_digest
+
+    digest = trace_digest(a)
+    if digest:
+        return digest == trace_digest(b)
+    try:
+        return pickle.dumps(a, 5) == pickle.dumps(b, 5)
+    except Exception:  # noqa: BLE001 - not comparable: a write
         return False

@@ -52,7 +52,13 @@ from ._graph_builder import (
     StepLimitError,
     _Router,
 )
-from ._graph_state import InvalidUpdateError, describe_changes, fingerprint_of, parts_of
+from ._graph_state import (
+    _NOTHING,
+    InvalidUpdateError,
+    describe_changes,
+    fingerprint_of,
+    parts_of,
+)
 from ._graph_structure import END, START, GraphStructure
 from ._interrupt import InterruptSignal
 from ._run import Run
@@ -558,11 +564,15 @@ class CompiledGraph(Generic[S]):
         return recorded
 
     def _changes(self, store: Store, run_id: str) -> list[str] | None:
-        """What changed since the run's checkpoints were written (None: nothing), raising
-        GraphChangedError unless a migration is set."""
+        """What changed since the run's checkpoints were written (None: nothing, or nothing
+        they depend on: see :meth:`_untouched`), raising GraphChangedError unless a
+        migration is set."""
         recorded = self._recorded(store, run_id)
         if recorded is None or recorded["fingerprint"] == self.fingerprint:
             return None
+        finished = {s.task for s in store.list_steps(run_id) if s.status in ("ran", "cached")}
+        if self._untouched(recorded["fingerprint"], finished):
+            return None  # nothing the change affects was checkpointed
         changes = describe_changes(recorded["fingerprint"], self.fingerprint,
                                    recorded.get("parts"), parts_of(self.graph))
         if self._migrate.get() is None:
@@ -586,16 +596,33 @@ class CompiledGraph(Generic[S]):
             return at
         at = None
         if recorded is not None:
-            self._changes(ctx.store, ctx.run_id)  # raises unless migrate= was given
-            name = self._superstep.spec.name
-            at = len({s.step_id for s in ctx.store.list_steps(ctx.run_id)
-                      if s.task == name and s.status == "ran"})
+            # raises unless migrate= was given; None: nothing checkpointed is affected
+            if self._changes(ctx.store, ctx.run_id) is None:
+                at = recorded["migrate_at"]
+            else:
+                name = self._superstep.spec.name
+                at = len({s.step_id for s in ctx.store.list_steps(ctx.run_id)
+                          if s.task == name and s.status == "ran"})
         # the parts of each node's code too (not compared: they only name what changed)
         data = {"fingerprint": self.fingerprint, "migrate_at": at, "parts": parts_of(self.graph)}
         ctx.store.append_events([EventRecord(ctx.run_id, "graph", now(), ctx.attempt, None,
                                              self.fingerprint_digest,
                                              _serde.dumps(data, what="the graph"))])
         return at
+
+    def _untouched(self, old: Mapping[str, Any], finished: set[str]) -> bool:
+        """Whether the run's checkpoints are unaffected by the change from the recorded
+        fingerprint ``old`` to this graph's (``finished``: the tasks of the run's finished
+        steps): no super-step finished yet, or only nodes that never finished in the run
+        changed (a fix to the node that failed, then a rerun, as for any task)."""
+        if self._superstep.spec.name not in finished:
+            return True
+        new = self.fingerprint
+        if any(old.get(k) != new.get(k) for k in {*old, *new} - {"nodes"}):
+            return False
+        on, nn = old.get("nodes", {}), new.get("nodes", {})
+        changed = {n for n in {*on, *nn} if on.get(n) != nn.get(n)}
+        return not any(f"{self.name}.{n}" in finished for n in changed)
 
     def _next_from(self, node: str, state: dict[str, Any]) -> list[str]:
         """The targets of ``node``'s plain edges and routers (joins are handled apart)."""
@@ -739,7 +766,10 @@ class CompiledGraph(Generic[S]):
                         new[key] = value
                         continue
                     try:
-                        new[key] = reducer(new[key], value) if key in new else value
+                        # a key the state does not hold yet starts from the default the
+                        # nodes were shown (the state type's), if it has one
+                        base = new[key] if key in new else self.schema.default(key)
+                        new[key] = value if base is _NOTHING else reducer(base, value)
                     except Exception as exc:
                         exc.add_note(f"durably: in the reducer of state key {key!r}, "
                                      f"applying the update of node {node!r}")
@@ -1251,7 +1281,8 @@ class CompiledGraph(Generic[S]):
         if snapshot.checkpoint_id:
             old = _serde.loads(store.find_step(run_id, snapshot.checkpoint_id) or b"")
         base = self.schema.to_dict(snapshot.values, "the state")
-        update = self.schema.to_dict(values, "values")
+        # read as a node's return is: a pydantic instance writes the fields set in it
+        update = self.schema.update_of(values, base, "values")
         state = self._apply(base, {as_node or "update_state": update})
         nxt, joins = list(snapshot.next), dict(old["joins"])
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
