@@ -481,6 +481,14 @@ def test_resume_and_history_of_a_stategraph_run(tmp_path: Path) -> None:
     text = ok(durably("resume", "approval:approval", run, "--value", '"approve"',
                       cwd=project, store=store))
     assert f"run {run!r} finished" in text and "A POST ABOUT OWLS" in text
+    # by the name of the variable that holds the compiled graph, too
+    again = subprocess.run([sys.executable, "-m", "approval", "start", "bats"], cwd=project,
+                           env=script_env(store), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    second = again.stdout.split("run=")[1].split()[0]
+    text = ok(durably("resume", "approval:app", second, "--value", '"approve"',
+                      cwd=project, store=store))
+    assert f"run {second!r} finished" in text and "A POST ABOUT BATS" in text
     history = ok(durably("history", run, cwd=project, store=store))
     assert "approval::superstep" in history and "→ next" in history
 

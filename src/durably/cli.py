@@ -203,6 +203,11 @@ def _load(target: str, kind: str) -> Any:
                   + (f"Its {kind}s: {', '.join(have)}." if have else
                      f"It defines no @durably.{kind}."))
     cls = durably.Entrypoint if kind == "entrypoint" else durably.Task
+    if kind == "entrypoint" and type(obj).__name__ == "CompiledGraph":
+        from .stategraph import CompiledGraph
+
+        if isinstance(obj, CompiledGraph):  # a compiled StateGraph by its variable's name
+            return obj._entry
     if not isinstance(obj, cls):
         what = ("a @durably.task" if isinstance(obj, durably.Task) else
                 "a @durably.entrypoint" if isinstance(obj, durably.Entrypoint) else
