@@ -280,6 +280,55 @@ def test_resume_from_another_process(tmp_path: Path) -> None:
     assert "RESULT draft on owls -> yes" in second.stdout
 
 
+def test_resume_after_a_resume_that_crashed_says_to_call_the_entrypoint(
+        tmp_path: Path) -> None:
+    """A resume killed after its answer was journaled leaves the run crashed, not waiting:
+    resume() again says so and how to continue; calling the entrypoint again continues it
+    with the recorded answer."""
+    script = write_script(tmp_path / "approval.py", """
+        import os, signal, sys
+        import durably
+
+        @durably.task
+        def publish(answer):
+            if os.environ.get("CRASH"):
+                os.kill(os.getpid(), signal.SIGKILL)  # the resume dies here
+            return f"published ({answer})"
+
+        @durably.entrypoint
+        def flow(topic):
+            return publish(durably.interrupt(f"publish {topic}?"))
+
+        if __name__ == "__main__":
+            if sys.argv[1] == "start":
+                print("PAUSED", flow.run("owls").id)
+            elif sys.argv[1] == "resume":
+                flow.resume(sys.argv[2], "yes")
+            else:
+                try:
+                    flow.resume(sys.argv[2], "yes")
+                except durably.RunStateError as exc:
+                    print("REFUSED", exc)
+                print("RESULT", flow("owls"), durably.get_run(sys.argv[2]).status)
+    """)
+    env = script_env(tmp_path / "store")
+    import subprocess
+    import sys
+
+    def call(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(script), *args], env={**env, **extra},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    run_id = call("start").stdout.split("PAUSED ")[1].split()[0]
+    killed = call("resume", run_id, CRASH="1")
+    assert killed.returncode == -9, killed.stderr
+    again = call("again", run_id)
+    assert again.returncode == 0, again.stderr
+    assert f"REFUSED run {run_id!r} crashed" in again.stdout
+    assert "call the entrypoint again" in again.stdout
+    assert "RESULT published (yes) finished" in again.stdout
+
+
 # -- idempotency keys ------------------------------------------------------------------------
 def test_idempotency_key_is_stable_across_resume_and_differs_per_step() -> None:
     keys: list[str] = []

@@ -29,7 +29,7 @@ from ._explain import Explanation, explain
 from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
-from ._run import _UNSET, Run
+from ._run import _UNSET, Run, executing
 from ._runtime import (
     Spec,
     begin_run,
@@ -742,8 +742,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return store, rec, args, kwargs
 
     def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any) -> Any:
-        _, rec, args, kwargs = self._self_stored_call(run_id, "resume")
-        _require_interrupted(rec)
+        store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
+        _require_interrupted(rec, store)
 
         def answer(store: Store, current: RunRecord | None) -> None:
             # under the run's lease: a second resumer waits for nothing and answers nothing
@@ -860,9 +860,15 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
     return ep._self_fork(ep.__wrapped__, None, run_id, at, update, cache, st)  # type: ignore[no-any-return]
 
 
-def _require_interrupted(rec: RunRecord) -> None:
+def _require_interrupted(rec: RunRecord, store: Store | None = None) -> None:
     if rec.status == "interrupted":
         return
+    if rec.status == "running" and store is not None and not executing(store, rec.run_id):
+        raise RunStateError(
+            f"run {rec.run_id!r} crashed (its process is gone) while running, so it is not "
+            "waiting for an answer: resume() answers an interrupt(). An answer the crashed "
+            "attempt was given is recorded. Fix: call the entrypoint again with the same "
+            "arguments (a graph: app.invoke(None, run_id=...)) to continue it.")
     raise RunStateError(
         f"run {rec.run_id!r} is {rec.status}, not interrupted: resume() answers an "
         "interrupt(), and this run is not waiting for one"
