@@ -1501,3 +1501,24 @@ def test_update_state_with_a_pydantic_instance_writes_the_fields_set_in_it() -> 
     run = app.run({"topic": "owls"})
     fork = app.update_state(run.id, S(n=5))
     assert app.get_state(fork).values == S(topic="owls", n=5)
+
+
+def test_an_update_a_pydantic_state_rejects_fails_its_super_step_naming_the_node() -> None:
+    """A node's dict update skips the model's validators: the state it makes is validated
+    before it is checkpointed, and the run fails naming the node (it used to finish with
+    the invalid state)."""
+    class S(pydantic.BaseModel):
+        x: int = 1
+
+        @pydantic.field_validator("x")
+        @classmethod
+        def positive(cls, v: int) -> int:
+            if v < 0:
+                raise ValueError("x must be >= 0")
+            return v
+
+    g = StateGraph(S, name="validated")
+    g.add_node("neg", lambda s: {"x": -5}).add_edge(START, "neg").add_edge("neg", END)
+    with pytest.raises(InvalidUpdateError, match=r"(?s)node 'neg'\) is not a valid S:.*x must be"):
+        g.compile().invoke({})
+    assert durably.list_runs()[0].status == "failed"

@@ -698,6 +698,8 @@ class CompiledGraph(Generic[S]):
             else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
             for n in order}
         state = self._apply(state, updates)
+        if self.schema.kind == "pydantic" and not _namespace.get():
+            self._validate(state, index, order)  # (a subgraph's state is the parent's to keep)
         frontier_next, joins = self._advance(order, state, joins)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
@@ -716,6 +718,24 @@ class CompiledGraph(Generic[S]):
         journaled.update(next=frontier_next, joins=joins, updates=updates,
                          fingerprint=self.fingerprint_digest, nodes=order)
         return journaled
+
+    def _validate(self, state: dict[str, Any], index: int, order: list[str]) -> None:
+        """A pydantic state's validators run on the state a super-step's updates made (a
+        node returning a dict skips them), before it is checkpointed: an invalid update
+        fails the super-step, naming its nodes, instead of ending the run with it. (Not in
+        a subgraph: the parent takes only its writes, and validates its own state.)
+
+        Raises:
+            InvalidUpdateError: the state is not valid for the state type."""
+        try:
+            self.schema.build(state)
+        except Exception as exc:
+            nodes = " and ".join(map(repr, order))
+            raise InvalidUpdateError(
+                f"the state after super-step {index} of graph {self.name!r} (the updates of "
+                f"node{'s' if len(order) > 1 else ''} {nodes}) is not a valid "
+                f"{self.schema.type.__name__}: {exc}. Fix: return values the state "
+                "type accepts.") from exc
 
     def _call_node(self, node: str, view: Any) -> Any:
         """Call a node's task; inside it, the node is the innermost part of the namespace
