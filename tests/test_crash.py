@@ -795,3 +795,53 @@ def test_callers_of_an_answered_step_are_never_cached(tmp_path: Path,
         _run_phase(script, env, name, 3 if name.startswith("kill") else 0)
     assert _run_phase(script, env, "last") == "ANS!acp\n"
     assert _run_phase(script, env, "outside") == "p asks again\nc asks again\n"
+
+
+def test_process_pool_workers_exit_when_their_run_s_process_is_killed(tmp_path: Path) -> None:
+    """A process map's workers hold both ends of the pool's queue: with the process that
+    made the pool killed (SIGKILL), they used to wait for work forever. They exit."""
+    import time
+
+    script = write_script(tmp_path / "fanout.py", """
+        import os, time
+        import durably
+
+        @durably.task
+        def slow(x):
+            with open(f"worker-{os.getpid()}", "w"):
+                pass
+            time.sleep(60)
+            return x
+
+        @durably.entrypoint
+        def main():
+            return slow.map(range(4), executor="process", max_workers=2)
+
+        if __name__ == "__main__":
+            main()
+    """)
+    proc = subprocess.Popen([sys.executable, str(script)], env=script_env(tmp_path / "store"),
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = [int(p.name.split("-")[1]) for p in tmp_path.glob("worker-*")]
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        status = Path(f"/proc/{pid}/stat")
+        return not (status.exists() and status.read_text().split(") ")[1][0] == "Z")
+
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:  # (never leave them behind, even when the test fails)
+        os.kill(pid, signal.SIGKILL)
+    assert left == []

@@ -42,6 +42,7 @@ import concurrent.futures as cf
 import contextlib
 import contextvars
 import logging
+import os
 import queue
 import threading
 import uuid
@@ -351,8 +352,12 @@ class Process(_Pooled):
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         import multiprocessing
 
+        from ._worker import watch_parent
+
+        # each worker exits once this process is gone (killed, it cannot stop them itself)
         pool = cf.ProcessPoolExecutor(
-            self.max_workers, mp_context=multiprocessing.get_context(self.start_method))
+            self.max_workers, mp_context=multiprocessing.get_context(self.start_method),
+            initializer=watch_parent, initargs=(os.getpid(),))
         # stop the workers at exit (or when this executor is dropped), while the interpreter
         # can still run the pool's own cleanup
         weakref.finalize(self, pool.shutdown, wait=False, cancel_futures=True)

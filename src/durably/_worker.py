@@ -337,6 +337,24 @@ def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
         in_worker.reset(token)
 
 
+def watch_parent(pid: int, every: float = 1.0) -> None:
+    """A pool worker's initializer: exit once the process that made the pool (``pid``) is
+    gone. A pool's workers hold both ends of its queue, so a parent killed with SIGKILL
+    (or out of memory) would leave them waiting for work forever; the item a worker runs
+    then is the dead parent's, whose run executes it again when resumed."""
+    def watch() -> None:
+        while True:
+            time.sleep(every)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except OSError:  # (another user's process by now: the parent is gone too)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="durably-watch-parent", daemon=True).start()
+
+
 def _run_job(head: bytes, body: bytes) -> bytes:
     """Run one item's body in a worker; return its outcome, pickled (never raises)."""
     started = time.time()
