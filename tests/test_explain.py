@@ -185,12 +185,14 @@ def test_an_argument_mutated_by_the_body_is_recorded_as_it_was_passed() -> None:
 _PARAMS = """
     import dataclasses
 
+    WEIGHT = 1
+
     @dataclasses.dataclass
     class Params:
         lr: float
 
         def effective_lr(self):
-            return self.lr * $V
+            return self.lr * $V * WEIGHT
 
     @durably.task
     def train(p, steps):
@@ -208,7 +210,8 @@ _PARAMS = """
 
 def test_an_argument_whose_class_code_changed_names_the_class() -> None:
     """An argument's digest covers the code of its user class: explain says it was the
-    class's code that changed, not the value (and names the class among changed_code)."""
+    class's code that changed, and what in it (a method, a constant a method uses), not
+    the value, and lists them among changed_code."""
     ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
     _cell(ns, _PARAMS.replace("$V", "2"))
     ns["train"](ns["Params"](0.1), 3)
@@ -219,16 +222,23 @@ def test_an_argument_whose_class_code_changed_names_the_class() -> None:
     assert "class" not in str(other_value)
 
     _cell(ns, _PARAMS.replace("$V", "4"))  # only the method changed
+    method = ("__main__.Params", "__main__.Params.effective_lr")
     why = ns["train"].explain(ns["Params"](0.1), 3)
     assert not why.hit and why.changed_arguments == ("p",)
-    assert why.changed_code == ("__main__.Params",)
+    assert why.changed_code == method
     assert "argument 'p' differs" in str(why)
-    assert "the code of its class __main__.Params changed" in str(why)
+    assert ("the code of its class __main__.Params (__main__.Params.effective_lr) changed"
+            in str(why))
     nested = ns["train_all"].explain([ns["Params"](0.1), ns["Params"](0.2)], 3)
-    assert nested.changed_code == ("__main__.Params",)
+    assert nested.changed_code == method
     in_run = ns["train"].explain(ns["Params"](0.5), 3)
-    assert in_run.changed_arguments == ("p",) and in_run.changed_code == ("__main__.Params",)
+    assert in_run.changed_arguments == ("p",) and in_run.changed_code == method
     # the steps argument unchanged is not blamed; a changed one is, without a class
     both = ns["train"].explain(ns["Params"](0.1), 4)
     assert both.changed_arguments == ("p", "steps")
     assert "argument 'steps' differs" in str(both) and str(both).count("its class") == 1
+
+    _cell(ns, _PARAMS.replace("$V", "2").replace("WEIGHT = 1", "WEIGHT = 11"))
+    constant = ns["train"].explain(ns["Params"](0.1), 3)
+    assert constant.changed_code == ("__main__.Params", "__main__.WEIGHT")
+    assert "its class __main__.Params (__main__.WEIGHT) changed" in str(constant)

@@ -23,7 +23,7 @@ from ._origin import is_user_module
 from ._revalidate import _WALKING
 from .exceptions import SerializationError
 
-__all__ = ["class_code"]
+__all__ = ["class_code", "class_parts"]
 
 _CONSTANT_TYPES = frozenset(
     {type(None), bool, int, float, complex, str, bytes, decimal.Decimal, fractions.Fraction}
@@ -34,7 +34,8 @@ class _Layout:
     """What the code of a user class is made of, computed once per class and revalidated
     (see :func:`class_code`)."""
 
-    __slots__ = ("entries", "fingerprints", "functions", "made", "sizes", "static", "values")
+    __slots__ = ("entries", "fingerprints", "functions", "made", "parts", "sizes", "static",
+                 "values")
 
     def __init__(self) -> None:
         self.static = b""  # names, kinds, constants and plain member values, encoded
@@ -45,6 +46,8 @@ class _Layout:
         self.fingerprints: list[Any] = []  # Fingerprint of each function, outside a walk
         # the class code and the fingerprints it was made from (kept when values is empty)
         self.made: tuple[list[Any], bytes] | None = None
+        # what its functions' fingerprints cover (see class_parts), and from which ones
+        self.parts: tuple[list[Any], dict[str, str]] | None = None
 
     def valid(self) -> bool:
         """True while no attribute of the classes was added, removed or rebound."""
@@ -148,6 +151,24 @@ def class_code(e: Encoder, t: type) -> bytes:
         raise
     e.codes[t] = code
     return code
+
+
+def class_parts(t: type) -> dict[str, str]:
+    """The digest of each function, class or constant of the user's code that the methods
+    of ``t`` cover, by qualified name (their fingerprints' parts), as of the last time its
+    code was made; empty when it has none or it was made inside a fingerprint walk. What a
+    key record keeps so that ``explain`` can name what changed in an argument's class."""
+    layout = _LAYOUTS.get(t)
+    if not isinstance(layout, _Layout) or not layout.fingerprints:
+        return {}
+    kept = layout.parts
+    if kept is not None and kept[0] is layout.fingerprints:
+        return kept[1]
+    merged: dict[str, str] = {}
+    for fp in layout.fingerprints:
+        merged.update(fp.changed_by)
+    layout.parts = (layout.fingerprints, merged)
+    return merged
 
 
 def _encode_class_code(e: Encoder, layout: _Layout) -> bytes:

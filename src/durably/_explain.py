@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ._config import default_store
-from ._hashing import digest_each
+from ._hashing import CLASS_USES, digest_each
 from ._runtime import CLASS_PART, Spec
 from ._store import KeyRecord, Store
 
@@ -70,15 +70,25 @@ def _differs(old: dict[str, str], new: dict[str, str]) -> tuple[str, ...]:
 
 
 def _moved_classes(arguments: dict[str, Any], name: str, before: dict[str, str]
-                   ) -> list[str]:
+                   ) -> list[tuple[str, list[str]]]:
     """The user classes met in argument ``name`` whose code digest differs from the one
     recorded with the earlier entry (``before``; classes it has no record of are left
-    out: an entry written by an older durably records none)."""
+    out: an entry written by an older durably records none), each with what changed among
+    the functions, classes and constants its methods use (when the record has them)."""
     if name not in arguments or not before:
         return []
     now: dict[str, str] = {}
     digest_each({name: arguments[name]}, classes=now)
-    return sorted(path for path, d in now.items() if before.get(path, d) != d)
+    moved = []
+    for path, digest in sorted(now.items()):
+        if CLASS_USES in path or before.get(path, digest) == digest:
+            continue
+        prefix = path + CLASS_USES
+        had = {k for k in before if k.startswith(prefix)}
+        used = sorted({k[len(prefix):] for k in had | {k for k in now if k.startswith(prefix)}
+                       if before.get(k) != now.get(k)}) if had else []
+        moved.append((path, used))
+    return moved
 
 
 def _when(t: float) -> str:
@@ -131,10 +141,12 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
     moved_classes: list[str] = []
     for arg in changed_args:
         moved = _moved_classes(arguments, arg, old_classes)
-        moved_classes += [c for c in moved if c not in moved_classes]
-        because = (f": the code of its class {', '.join(moved)} changed" if len(moved) == 1
-                   else f": the code of its classes {', '.join(moved)} changed" if moved
-                   else "")
+        for path, used in moved:
+            moved_classes += [c for c in (path, *used) if c not in moved_classes]
+        named = ", ".join(f"{path} ({', '.join(used)})" if used else path
+                          for path, used in moved)
+        because = (f": the code of its class {named} changed" if len(moved) == 1
+                   else f": the code of its classes {named} changed" if moved else "")
         why.append(f"argument {arg!r} differs ({_short(nearest.inputs.get(arg))} before, "
                    f"{_short(inputs.get(arg))} now){because}")
     changed_code += tuple(c for c in moved_classes if c not in changed_code)

@@ -1040,11 +1040,22 @@ def digest_each(arguments: Mapping[str, Any], known: Mapping[str, str] | None = 
     return each
 
 
+#: between a class's path and the name of something its methods use, in class_digests' keys
+CLASS_USES = " uses "
+
+
 def class_digests(codes: Mapping[Any, bytes], into: dict[str, str]) -> None:
     """Put in ``into`` the digest of the code of each user class in ``codes`` (an
-    Encoder's: :func:`~durably._class_code.class_code`), by its type path: what a key
-    record keeps so that ``explain`` can say an argument differs because its class's
-    code changed. Classes that are not the user's (no code) are left out."""
+    Encoder's: :func:`~durably._class_code.class_code`), by its type path, and of what its
+    methods use (``<path> uses <name>``: :func:`~durably._class_code.class_parts`): what a
+    key record keeps so that ``explain`` can say an argument differs because its class's
+    code changed, and what in it. Classes that are not the user's (no code) are left out."""
+    from ._class_code import class_parts
+
     for t, code in codes.items():
         if code and code[:1] != b"J" and isinstance(t, type) and t is not _ENTANGLED:
-            into[type_path(t).decode()] = xxhash.xxh3_64_hexdigest(code)
+            path = type_path(t).decode()
+            into[path] = xxhash.xxh3_64_hexdigest(code)
+            # and what its methods use (a constant, a helper): named when it changed
+            for name, digest in class_parts(t).items():
+                into[f"{path}{CLASS_USES}{name}"] = digest
