@@ -242,3 +242,24 @@ def test_an_argument_whose_class_code_changed_names_the_class() -> None:
     constant = ns["train"].explain(ns["Params"](0.1), 3)
     assert constant.changed_code == ("__main__.Params", "__main__.WEIGHT")
     assert "its class __main__.Params (__main__.WEIGHT) changed" in str(constant)
+
+
+def test_the_nearest_entry_is_the_one_whose_code_differs_least() -> None:
+    """Of earlier entries with the same arguments, explain compares with the one whose code
+    differs in the fewest parts: an edit reverted since is not named."""
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    cell = """
+        A = $A
+        B = $B
+
+        @durably.task
+        def f(x):
+            return x + A + B
+    """
+    _cell(ns, cell.replace("$A", "1").replace("$B", "1"))
+    ns["f"](5)
+    _cell(ns, cell.replace("$A", "2").replace("$B", "1"))  # A edited...
+    ns["f"](5)
+    _cell(ns, cell.replace("$A", "1").replace("$B", "2"))  # ...reverted; B edited
+    why = ns["f"].explain(5)
+    assert why.changed_code == ("__main__.B",)

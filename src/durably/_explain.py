@@ -116,9 +116,13 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
         return Explanation(name, key, False, f"{name}(...) would execute: the store has no "
                            f"earlier entry of task {spec.identity!r}.")
 
-    def closeness(r: KeyRecord) -> tuple[int, int, float]:
+    def closeness(r: KeyRecord) -> tuple[int, int, int, float]:
+        # the same code first, then the most arguments alike, then the fewest parts of the
+        # code changed (an edit reverted since is not named), then the newest
         same_args = sum(1 for k, v in inputs.items() if r.inputs.get(k) == v)
-        return (r.code == code, same_args, r.created)
+        differing = sum(1 for k in r.parts.keys() | parts.keys()
+                        if not k.startswith(CLASS_PART) and r.parts.get(k) != parts.get(k))
+        return (r.code == code, same_args, -differing, r.created)
 
     nearest = max(records, key=closeness)
     changed_args = _differs(nearest.inputs, inputs)
