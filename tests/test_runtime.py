@@ -602,6 +602,34 @@ def test_bound_task_methods_pickle_as_their_object_s_attribute(tmp_path: Path) -
                         "executed 2.0 3"], done.stdout
 
 
+def test_a_script_s_tasks_keep_their_identity_in_spawned_workers(tmp_path: Path) -> None:
+    """A worker process multiprocessing spawns runs the script again as __mp_main__: its
+    tasks are the script's (the same identity and cache keys as in the parent), so a pool
+    shares the parent's cache entries."""
+    import subprocess
+
+    script = tmp_path / "spawned.py"
+    script.write_text(
+        "import multiprocessing as mp\nfrom concurrent.futures import ProcessPoolExecutor\n"
+        "import durably\n\n"
+        "@durably.task\ndef plain(x):\n    return x * 2\n\n"
+        "def keys(x):\n    return plain.spec.identity, plain.cache_key(x), plain.explain(x).hit\n\n"
+        "if __name__ == '__main__':\n"
+        "    plain(100)\n"
+        "    print('parent', keys(100))\n"
+        "    for method in ('spawn', 'forkserver'):\n"
+        "        with ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:\n"
+        "            print(method, pool.submit(keys, 100).result())\n"
+    )
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines())
+    assert "'__main__.spawned:plain'" in lines["parent"] and "True)" in lines["parent"]
+    assert lines["spawn"] == lines["forkserver"] == lines["parent"]
+
+
 def test_a_run_in_progress_in_another_thread_is_busy() -> None:
     started, release = threading.Event(), threading.Event()
 

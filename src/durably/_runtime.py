@@ -86,10 +86,11 @@ def is_cancelled(exc: BaseException | None) -> bool:
 
 
 def module_identity(module: str | None) -> str:
-    """A stable name for a function's module; ``__main__`` becomes the script's name."""
-    if module != "__main__":
+    """A stable name for a function's module; ``__main__`` becomes the script's name (and so
+    does ``__mp_main__``: the script again, in a worker process multiprocessing spawned)."""
+    if module != "__main__" and module != "__mp_main__":
         return module or "<unknown>"
-    main = sys.modules.get("__main__")
+    main = sys.modules.get(module)  # (__mp_main__: the script, while it is being run again)
     spec = getattr(main, "__spec__", None)
     if spec is not None and getattr(spec, "name", None):
         return str(spec.name)
