@@ -630,6 +630,49 @@ def test_a_script_s_tasks_keep_their_identity_in_spawned_workers(tmp_path: Path)
     assert lines["spawn"] == lines["forkserver"] == lines["parent"]
 
 
+def test_a_script_s_tasks_stay_tasks_through_cloudpickle_and_joblib(tmp_path: Path) -> None:
+    """cloudpickle copies functions of __main__ by value, and took a task for the function
+    it wraps: handed to joblib's workers it ran there undecorated (never cached), and an
+    instance of a script's class coming back stripped the class's task methods in the
+    parent. A script's task now travels as itself (rebuilt with its identity and code
+    where it is not defined), so the workers' calls are cached in the shared store."""
+    import subprocess
+
+    script = tmp_path / "par.py"
+    script.write_text(
+        "import os\nimport cloudpickle\nimport durably\n"
+        "from joblib import Parallel, delayed\n\n"
+        "class Model:\n    def __init__(self, w):\n        self.w = w\n\n"
+        "    @durably.task\n    def predict(self, x):\n"
+        "        open(f'predict-{x}-{os.getpid()}', 'w').close()\n        return self.w * x\n\n"
+        "@durably.task\ndef square(x):\n"
+        "    open(f'square-{x}-{os.getpid()}', 'w').close()\n    return x * x\n\n"
+        "def make(w):\n    return Model(w)\n\n"
+        "if __name__ == '__main__':\n"
+        "    print('SQUARES', Parallel(n_jobs=2)(delayed(square)(i) for i in range(4)))\n"
+        "    models = Parallel(n_jobs=2)(delayed(make)(w) for w in (1, 2))\n"
+        "    cloudpickle.loads(cloudpickle.dumps(Model(3)))\n"
+        "    print('KEPT', type(Model.__dict__['predict']).__name__, models[1].predict(5))\n"
+        "    print('HIT', square.explain(3).hit)\n"
+    )
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = run()
+    assert "SQUARES [0, 1, 4, 9]" in first and "KEPT Task 10" in first and "HIT True" in first
+    assert len(list(tmp_path.glob("square-*"))) == 4
+    assert len(list(tmp_path.glob("predict-*"))) == 1
+    second = run()  # every call a cache hit: nothing executes again
+    assert second == first
+    assert len(list(tmp_path.glob("square-*"))) == 4
+    assert len(list(tmp_path.glob("predict-*"))) == 1
+
+
 def test_a_run_in_progress_in_another_thread_is_busy() -> None:
     started, release = threading.Event(), threading.Event()
 

@@ -15,6 +15,7 @@ import importlib
 import pickle
 import queue
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -71,15 +72,71 @@ def _resolve(module: str, qualname: str) -> Any:
     return obj
 
 
+#: the tasks of scripts and notebooks (``__main__``) alive in this process, by identity: a
+#: task of one pickled here is unpickled as itself (see _reduce)
+_MAIN_TASKS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+_pickling = threading.local()  # ids of the tasks this thread is pickling by value
+
+
 def _reduce(wrapper: Any) -> tuple[Any, ...]:
     raw = wrapper._self_spec.raw
     module, qualname = getattr(raw, "__module__", None), raw.__qualname__
+    if module in ("__main__", "__mp_main__") and "<locals>" not in qualname:
+        reduced = _reduce_main_task(wrapper)
+        if reduced is not None:
+            return reduced
     if module is None or "<locals>" in qualname:
         raise pickle.PicklingError(
             f"cannot pickle {qualname!r}: it is defined inside a function. Fix: define it at "
             "module level so other processes can import it."
         )
     return (_resolve, (module, qualname))
+
+
+def _reduce_main_task(task: Any) -> tuple[Any, ...] | None:
+    """A task of a script or a notebook (``__main__``), pickled for any process: in this
+    one (a class of ``__main__`` rebuilt by cloudpickle keeps its task methods), in a
+    worker that runs the script again, it is the task of that identity and code alive
+    there; anywhere else (a Dask or joblib worker), it is rebuilt from its function, with
+    its identity and fingerprint, so its calls there use the same cache keys. None for an
+    entrypoint, or a task that refers to itself (it is being pickled: by name)."""
+    if type(task) is not Task:
+        return None
+    ids = _pickling.__dict__.setdefault("ids", set())
+    if id(task) in ids:
+        return None
+    ids.add(id(task))
+    try:
+        from ._worker import _task_by_value
+
+        reduced = _task_by_value(task)
+        if reduced is None:
+            return None
+        import cloudpickle
+
+        payload = cloudpickle.dumps(reduced[1])
+    except Exception:  # noqa: BLE001 - not by value: by name, as before
+        return None
+    finally:
+        ids.discard(id(task))
+    spec = task._self_spec
+    return (_main_task, (spec.identity, spec.code_version(), payload))
+
+
+def _main_task(identity: str, code: str, payload: bytes) -> Any:
+    """The inverse of :func:`_reduce_main_task`."""
+    live = _MAIN_TASKS.get(identity)
+    if live is not None:
+        try:
+            if live._self_spec.code_version() == code:
+                return live
+        except Exception:  # noqa: BLE001 - rebuilt from what was sent
+            pass
+    import cloudpickle
+
+    from ._worker import _rebuild_task
+
+    return _rebuild_task(*cloudpickle.loads(payload))
 
 
 def _instance_of(bound: Any) -> Any:
@@ -112,7 +169,26 @@ def _reduce_bound(bound: Any) -> tuple[Any, ...]:
         "(@durably.task above its def).")
 
 
-class _ByReference:
+class _OwnClass:
+    """A wrapper of a function that says its own class: ``isinstance(task,
+    types.FunctionType)`` is False (wrapt's proxies answer with the wrapped function's).
+    Serializers that copy functions by value (cloudpickle, for ``__main__`` and notebooks:
+    Dask, joblib, Ray) would otherwise copy the function a task wraps and drop the task,
+    even out of a class they rebuild in this process. ``inspect.signature`` and
+    ``iscoroutinefunction`` still see through it (the code, defaults and annotations are
+    the function's). A wrapper of anything else (a classmethod, a staticmethod) answers
+    with its class, as wrapt's do: serializers do not copy those.
+    """
+
+    __slots__ = ()
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        wrapped = self.__wrapped__  # type: ignore[attr-defined]
+        return type(self) if isinstance(wrapped, types.FunctionType) else wrapped.__class__
+
+
+class _ByReference(_OwnClass):
     """Pickled by module and name, copied as itself: like a plain function."""
 
     __slots__ = ()
@@ -227,6 +303,8 @@ class Task(_ByReference, _Wrapper[P, R]):
         # a cache hit)
         self._self_direct: Any = functools.partial(call, func, None) if (
             self._self_binding == "function" and not hasattr(func, "__self__")) else None
+        if getattr(spec.raw, "__module__", None) in ("__main__", "__mp_main__"):
+            _MAIN_TASKS[spec.identity] = self
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         direct = self._self_direct
