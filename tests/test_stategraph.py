@@ -1522,3 +1522,92 @@ def test_an_update_a_pydantic_state_rejects_fails_its_super_step_naming_the_node
     with pytest.raises(InvalidUpdateError, match=r"(?s)node 'neg'\) is not a valid S:.*x must be"):
         g.compile().invoke({})
     assert durably.list_runs()[0].status == "failed"
+
+
+def test_a_default_factory_field_left_out_of_the_input_is_made_once() -> None:
+    """A field the input leaves out gets its default once, at the first super-step: every
+    node and every read see the same value (a default factory made a new one each time)."""
+    import itertools
+
+    counter = itertools.count()
+
+    class P(pydantic.BaseModel):
+        topic: str
+        request_id: int = pydantic.Field(default_factory=lambda: next(counter))
+        notes: list[str] = pydantic.Field(default_factory=list)
+        seen: list[int] = []
+
+    def s1(s: P) -> P:
+        s.notes.append("from s1")  # in place, on a field the input left out
+        s.seen = [s.request_id]
+        return s
+
+    g = StateGraph(P, name="factory_once")
+    g.add_node("s1", s1).add_node("s2", lambda s: {"seen": [*s.seen, s.request_id]})
+    g.add_edge(START, "s1").add_edge("s1", "s2").add_edge("s2", END)
+    app = g.compile()
+    run = app.run({"topic": "t"})
+    made = run.result["request_id"]
+    assert run.result["seen"] == [made, made] and run.result["notes"] == ["from s1"]
+    assert app.get_state(run.id).values.request_id == made
+    assert app.get_state(run.id).values.request_id == made
+
+
+def test_a_pydantic_state_is_kept_as_its_type_validates_it() -> None:
+    """A nested model given as a dict, a tuple given as a list, a validator's rewrite: the
+    state keeps the validated values the nodes see, so a node returning its state object
+    unchanged writes nothing there (parallel nodes did clash on it)."""
+    class Config(pydantic.BaseModel):
+        depth: int = 1
+
+    class S(pydantic.BaseModel):
+        config: Config = Config()
+        tags: tuple[str, ...] = ()
+        name: str = ""
+        a: bool = False
+        b: bool = False
+
+        @pydantic.field_validator("name")
+        @classmethod
+        def lower(cls, v: str) -> str:
+            return v.lower()
+
+    def flag(name: str) -> Callable[[S], S]:
+        def node(s: S) -> S:
+            setattr(s, name, True)
+            return s
+        return node
+
+    g = StateGraph(S, name="validated_values")
+    g.add_node("name", lambda s: {"name": "HELLO"})
+    g.add_node("a", flag("a")).add_node("b", flag("b"))
+    g.add_edge(START, "name").add_edge("name", "a").add_edge("name", "b")
+    g.add_edge(["a", "b"], END)
+    out = g.compile().invoke({"config": {"depth": 3}, "tags": ["x", "y"]})
+    assert out == S(config=Config(depth=3), tags=("x", "y"), name="hello", a=True, b=True)
+
+
+def test_a_node_that_finished_in_a_super_step_a_sibling_failed_may_not_change() -> None:
+    """Its result is in the journal: edited, the run is refused (it would replay the old
+    result silently); the sibling that failed may change."""
+    class S(TypedDict, total=False):
+        a_out: str
+        b_out: str
+
+    def build(a_version: str, fail: bool) -> Any:
+        def b(s: S) -> dict[str, str]:
+            if fail:
+                raise RuntimeError("b failed")
+            return {"b_out": "b-ok"}
+
+        g = StateGraph(S, name="sibling_failed")
+        g.add_node("a", eval(f"lambda s: {{'a_out': 'a-{a_version}'}}"))
+        g.add_node("b", b).add_edge(START, "a").add_edge(START, "b")
+        g.add_edge(["a", "b"], END)
+        return g.compile()
+
+    with pytest.raises(RuntimeError, match="b failed"):
+        build("v1", True).invoke({})
+    with pytest.raises(GraphChangedError, match="the code of node 'a' changed"):
+        build("v2", False).invoke({})
+    assert build("v1", False).invoke({}) == {"a_out": "a-v1", "b_out": "b-ok"}

@@ -65,7 +65,7 @@ class Schema:
         if self.kind == "dataclass" and isinstance(value, self.type):
             return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         if self.kind == "pydantic" and isinstance(value, self.type):
-            return {k: getattr(value, k) for k in self.fields}
+            return self.fields_of(value)  # (model_construct may leave fields unset)
         raise InvalidUpdateError(
             f"{what} must be a dict of state keys (or a {self.type.__qualname__}), not "
             f"{type(value).__qualname__}: {value!r:.80}")
@@ -94,6 +94,28 @@ class Schema:
         # their state object would both write it)
         return {k: v for k, v in fields.items()
                 if not _same(v, state[k] if k in state else self.default(k))}
+
+    def complete(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` with the default of each field it leaves out (a default factory
+        called once: a super-step's nodes see one value, and its checkpoint keeps it)."""
+        if self.kind == "typeddict":
+            return values
+        missing = [k for k in self.fields if k not in values]
+        if not missing:
+            return values
+        out = dict(values)
+        for k in missing:
+            try:
+                value = self.default(k)
+            except Exception:  # noqa: BLE001 - a factory that needs the other fields: left out
+                continue
+            if value is not _NOTHING:
+                out[k] = value
+        return out
+
+    def fields_of(self, instance: Any) -> dict[str, Any]:
+        """The values of an instance of the state type, by field name."""
+        return {k: getattr(instance, k) for k in self.fields if hasattr(instance, k)}
 
     def default(self, name: str) -> Any:
         """The value the state type gives field ``name`` when it is left out (a new object

@@ -611,18 +611,20 @@ class CompiledGraph(Generic[S]):
         return at
 
     def _untouched(self, old: Mapping[str, Any], finished: set[str]) -> bool:
-        """Whether the run's checkpoints are unaffected by the change from the recorded
+        """Whether the run's journal is unaffected by the change from the recorded
         fingerprint ``old`` to this graph's (``finished``: the tasks of the run's finished
-        steps): no super-step finished yet, or only nodes that never finished in the run
-        changed (a fix to the node that failed, then a rerun, as for any task)."""
-        if self._superstep.spec.name not in finished:
-            return True
+        steps): only nodes that never finished in the run changed (a fix to the node that
+        failed, then a rerun, as for any task), and the structure too only while no
+        super-step has finished (no checkpoint). A node that finished, even in a super-step
+        a sibling failed, would be replayed with its old code's result."""
         new = self.fingerprint
-        if any(old.get(k) != new.get(k) for k in {*old, *new} - {"nodes"}):
-            return False
         on, nn = old.get("nodes", {}), new.get("nodes", {})
         changed = {n for n in {*on, *nn} if on.get(n) != nn.get(n)}
-        return not any(f"{self.name}.{n}" in finished for n in changed)
+        if any(f"{self.name}.{n}" in finished for n in changed):
+            return False
+        if self._superstep.spec.name not in finished:
+            return True
+        return all(old.get(k) == new.get(k) for k in {*old, *new} - {"nodes"})
 
     def _next_from(self, node: str, state: dict[str, Any]) -> list[str]:
         """The targets of ``node``'s plain edges and routers (joins are handled apart)."""
@@ -661,9 +663,20 @@ class CompiledGraph(Generic[S]):
     def _run_superstep(self, index: int, frontier: list[str], state: dict[str, Any],
                        joins: dict[str, list[str]]) -> dict[str, Any]:
         order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
-        # each node gets its own copy: mutating it in place cannot leak into a sibling, the
-        # checkpoint, or a replay (which would not repeat the mutation)
-        views = {n: self.schema.build(_deepcopy(state)) for n in order}
+        # the fields the state leaves out get their defaults once, here (journaled with the
+        # super-step: a default factory's value is the same for every node and every read)
+        state = self.schema.complete(state)
+        top = not _namespace.get()
+        if self.schema.kind == "pydantic" and top:
+            # the validated values, as the nodes see them (a nested model given as a dict,
+            # a tuple given as a list): what a node returns is compared with those
+            model = self._validate(state, index, order, before=True)
+            state = self.schema.fields_of(model)
+            views = {n: _deepcopy(model) for n in order}
+        else:
+            # each node gets its own copy: mutating it in place cannot leak into a sibling,
+            # the checkpoint, or a replay (which would not repeat the mutation)
+            views = {n: self.schema.build(_deepcopy(state)) for n in order}
         results: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         if len(order) == 1:
@@ -698,8 +711,8 @@ class CompiledGraph(Generic[S]):
             else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
             for n in order}
         state = self._apply(state, updates)
-        if self.schema.kind == "pydantic" and not _namespace.get():
-            self._validate(state, index, order)  # (a subgraph's state is the parent's to keep)
+        if self.schema.kind == "pydantic" and top:  # (a subgraph's is the parent's to keep)
+            state = self.schema.fields_of(self._validate(state, index, order))
         frontier_next, joins = self._advance(order, state, joins)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
@@ -719,23 +732,28 @@ class CompiledGraph(Generic[S]):
                          fingerprint=self.fingerprint_digest, nodes=order)
         return journaled
 
-    def _validate(self, state: dict[str, Any], index: int, order: list[str]) -> None:
-        """A pydantic state's validators run on the state a super-step's updates made (a
-        node returning a dict skips them), before it is checkpointed: an invalid update
+    def _validate(self, state: dict[str, Any], index: int, order: list[str],
+                  before: bool = False) -> Any:
+        """The pydantic state as its type validates it: at the start of a super-step (the
+        input, a migrated or older checkpoint), and on the state its updates made (a node
+        returning a dict skips the validators), before it is checkpointed: an invalid update
         fails the super-step, naming its nodes, instead of ending the run with it. (Not in
         a subgraph: the parent takes only its writes, and validates its own state.)
 
         Raises:
             InvalidUpdateError: the state is not valid for the state type."""
         try:
-            self.schema.build(state)
+            return self.schema.build(state)
         except Exception as exc:
             nodes = " and ".join(map(repr, order))
+            made = (f"the state super-step {index} of graph {self.name!r} starts from"
+                    if before else
+                    f"the state after super-step {index} of graph {self.name!r} (the "
+                    f"updates of node{'s' if len(order) > 1 else ''} {nodes})")
             raise InvalidUpdateError(
-                f"the state after super-step {index} of graph {self.name!r} (the updates of "
-                f"node{'s' if len(order) > 1 else ''} {nodes}) is not a valid "
-                f"{self.schema.type.__name__}: {exc}. Fix: return values the state "
-                "type accepts.") from exc
+                f"{made} is not a valid {self.schema.type.__name__}: {exc}. Fix: "
+                + ("give an input the state type accepts." if before else
+                   "return values the state type accepts.")) from exc
 
     def _call_node(self, node: str, view: Any) -> Any:
         """Call a node's task; inside it, the node is the innermost part of the namespace
