@@ -1018,14 +1018,15 @@ def test_a_result_s_element_digests_taken_in_one_pass_equal_trace_digest_s(value
     """trace_digests (a result's digest and its elements', for fan-out edges) equals
     trace_digest of the whole and of each element (a dict's values in its order), with
     cycles, large buffers, the strings block, common values and non-str keys."""
-    from durably._hashing import MAX_FLOW_ELEMENTS, trace_digest, trace_digests
+    from durably._hashing import MAX_RESULT_ELEMENTS, trace_digest, trace_digests
 
     whole, elements = trace_digests(value)
     assert whole == trace_digest(value)
     t = type(value)
-    if whole and t in (list, tuple, dict) and len(value) <= MAX_FLOW_ELEMENTS:
+    if whole and t in (list, tuple, dict):
         items = list(value.values()) if t is dict else list(value)
-        assert elements == tuple(trace_digest(item) for item in items)
+        assert elements == tuple(trace_digest(item)[:16]
+                                 for item in items[:MAX_RESULT_ELEMENTS])
     else:
         assert elements == ()
 

@@ -28,7 +28,7 @@ import struct
 import sys
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
-from itertools import chain, repeat
+from itertools import chain, islice, repeat
 from typing import Any
 
 import xxhash
@@ -635,6 +635,8 @@ _TAP_LARGEST = 1 << 20
 _ENTANGLED: Any = type("_Entangled", (), {})
 #: containers longer than this are not searched for the tracer's data-flow edges
 MAX_FLOW_ELEMENTS = 10_000
+#: the elements of a list, tuple or dict result whose digests the tracer keeps (the first)
+MAX_RESULT_ELEMENTS = 1_000
 
 
 def digest(obj: Any) -> str:
@@ -717,7 +719,8 @@ def locate_undigestable(name: str, value: Any, limit: int = 10_000) -> str | Non
 
 def too_common(obj: Any) -> bool:
     """Values equal by coincidence far too often to mean a data flow: None, booleans, small
-    numbers (-1 to 16), strings and bytes of 0 or 1 characters, empty containers."""
+    numbers (-1 to 16; numpy's scalars too), strings and bytes of 0 or 1 characters, empty
+    containers."""
     t = type(obj)
     if obj is None or t is bool:
         return True
@@ -725,6 +728,11 @@ def too_common(obj: Any) -> bool:
         return bool(-1 <= obj <= 16 and obj == int(obj))
     if t is str or t is bytes or t is list or t is tuple or t is dict or t is set:
         return len(obj) <= (1 if t is str or t is bytes else 0)
+    if t.__module__ == "numpy" and getattr(obj, "shape", None) == ():  # np.int64(0), np.True_
+        try:
+            return too_common(obj.item())
+        except Exception:  # noqa: BLE001 - not a scalar after all
+            return False
     return False
 
 
@@ -744,17 +752,24 @@ def trace_digest(obj: Any) -> str:
 
 
 def trace_digests(obj: Any) -> tuple[str, tuple[str, ...]]:
-    """:func:`trace_digest` of a value, and for an exact list, tuple or dict of at most
-    ``MAX_FLOW_ELEMENTS`` elements the ``trace_digest`` of each element (the dict's values,
-    in its order; "" for one too common to mean a flow), taken in the same pass where the
-    encoding allows (see :meth:`Encoder.element`): the digests a result offers the tracer,
-    so that a later step given one of its elements is drawn as receiving it (a fan-out).
-    Never warns or raises."""
+    """:func:`trace_digest` of a value, and for an exact list, tuple or dict the
+    ``trace_digest`` of each of its first ``MAX_RESULT_ELEMENTS`` elements (the dict's
+    values, in its order; "" for one too common to mean a flow), cut to their first 16 hex
+    digits (what the tracer compares): the digests a result offers the tracer, so that a
+    later step given one of its elements is drawn as receiving it (a fan-out). Taken in the
+    same pass where the encoding allows (see :meth:`Encoder.element`). Never warns or
+    raises."""
     if too_common(obj):
         return "", ()
     t = type(obj)
-    if not ((t is list or t is tuple or t is dict) and len(obj) <= MAX_FLOW_ELEMENTS):
+    if not (t is list or t is tuple or t is dict):
         return trace_digest(obj), ()
+    if len(obj) > MAX_RESULT_ELEMENTS:  # the first ones alone (a bounded cost and size)
+        whole = trace_digest(obj)
+        if not whole:
+            return "", ()
+        first = islice(obj.values() if t is dict else obj, MAX_RESULT_ELEMENTS)
+        return whole, tuple(trace_digest(item)[:16] for item in first)
     e = Encoder(quiet=True)
     e.buf += _HEADER
     e.collect = obj
@@ -766,8 +781,8 @@ def trace_digests(obj: Any) -> tuple[str, tuple[str, ...]]:
     items = list(obj.values() if t is dict else obj)
     taken = e.elements if e.elements is not None and len(e.elements) == len(items) else None
     if taken is None:
-        return whole, tuple(trace_digest(item) for item in items)
-    return whole, tuple(trace_digest(item) if d is None else d
+        return whole, tuple(trace_digest(item)[:16] for item in items)
+    return whole, tuple((trace_digest(item) if d is None else d)[:16]
                         for item, d in zip(items, taken, strict=True))
 
 

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._hashing import MAX_FLOW_ELEMENTS, trace_digest
 
+_SHORT = 16  # hex digits of a digest compared for a data-flow edge
+
 if TYPE_CHECKING:
     from ._store import StepRecord
 
@@ -350,28 +352,49 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
             if s.status not in ("failed", "interrupted") else None,
             error=s.error, statuses={s.status: 1}, steps=(s.step_id,),
         ))
-    # data flow: earlier result digest -> later argument digest
-    # data flow: a later argument (or element) equal to an earlier result; of several equal
-    # results, the most recent ones (a pass-through step is the source, not the step before)
+    # data flow: a later argument (or element) equal to an earlier result (or an element of
+    # it); of several equal results, the most recent ones (a pass-through step is the
+    # source, not the step before). A result is there once its step returned: after the
+    # steps it called (a step is not drawn as the source of its own children). Digests are
+    # compared by their first 16 hex digits (results' elements are kept that long).
     producers: dict[str, list[str]] = collections.defaultdict(list)
     edges: list[Edge] = []
     seen: set[tuple[str, str]] = set()
+    parent_of = {s.step_id: s.parent_id for s in ordered}
+    returning: list[tuple[str, str, tuple[str, ...]]] = []  # steps whose results wait
+
+    def returned(step: str, out: str, elements: tuple[str, ...]) -> None:
+        producers[out[:_SHORT]].append(step)
+        # and each element of a list, tuple or dict result: a later step given one of
+        # them received a part of it (a fan-out: rows = load(); process(row) per row)
+        for d in dict.fromkeys(d[:_SHORT] for d in elements if d):
+            if d != out[:_SHORT]:
+                producers[d].append(step)
+
     for s in ordered:
         origin = first.get(s.step_id, s)
+        if returning:
+            callers: set[str] = set()  # the steps s was called inside (still running)
+            up = s.parent_id
+            while up is not None and up not in callers:
+                callers.add(up)
+                up = parent_of.get(up)
+            waiting = []
+            for item in returning:
+                if item[0] in callers:
+                    waiting.append(item)
+                else:
+                    returned(*item)
+            returning = waiting
         digests = s.input_digests or origin.input_digests
-        for d, times in collections.Counter(digests).items():
+        for d, times in collections.Counter(d[:_SHORT] for d in digests).items():
             for source in producers.get(d, ())[-times:]:
                 if source != s.step_id and (source, s.step_id) not in seen:
                     seen.add((source, s.step_id))
                     edges.append(Edge(source, s.step_id))
         out = s.result_digest or origin.result_digest
         if out and s.status not in ("failed", "interrupted", "started"):
-            producers[out].append(s.step_id)
-            # and each element of a list, tuple or dict result: a later step given one of
-            # them received a part of it (a fan-out: rows = load(); process(row) per row)
-            for d in dict.fromkeys(s.output_digests or origin.output_digests):
-                if d and d != out:
-                    producers[d].append(s.step_id)
+            returning.append((s.step_id, out, s.output_digests or origin.output_digests))
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
                      sum(saved.values()))
     if collapse:
