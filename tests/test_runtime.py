@@ -648,8 +648,17 @@ def test_a_script_s_tasks_stay_tasks_through_cloudpickle_and_joblib(tmp_path: Pa
         "@durably.task\ndef square(x):\n"
         "    open(f'square-{x}-{os.getpid()}', 'w').close()\n    return x * x\n\n"
         "def make(w):\n    return Model(w)\n\n"
+        "@durably.task\ndef fact(n):\n"
+        "    open(f'fact-{n}-{os.getpid()}', 'w').close()\n"
+        "    return 1 if n <= 1 else n * fact(n - 1)\n\n"
+        "class C:\n    @durably.task\n    @staticmethod\n    def twice(x):\n"
+        "        open(f'twice-{x}-{os.getpid()}', 'w').close()\n        return 2 * x\n\n"
+        "@durably.entrypoint\ndef ep(x):\n    return x + 1\n\n"
         "if __name__ == '__main__':\n"
         "    print('SQUARES', Parallel(n_jobs=2)(delayed(square)(i) for i in range(4)))\n"
+        "    print('FACTS', [Parallel(n_jobs=2)(delayed(fact)(n) for n in (k,)) for k in (3, 4)])\n"
+        "    print('TWICE', Parallel(n_jobs=2)(delayed(C.twice)(x) for x in (3, 4)))\n"
+        "    print('EP', Parallel(n_jobs=2)(delayed(ep)(x) for x in (3, 4)))\n"
         "    models = Parallel(n_jobs=2)(delayed(make)(w) for w in (1, 2))\n"
         "    cloudpickle.loads(cloudpickle.dumps(Model(3)))\n"
         "    print('KEPT', type(Model.__dict__['predict']).__name__, models[1].predict(5))\n"
@@ -663,14 +672,73 @@ def test_a_script_s_tasks_stay_tasks_through_cloudpickle_and_joblib(tmp_path: Pa
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    def executed(kind: str) -> list[str]:  # each execution, without the process
+        return sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob(f"{kind}-*"))
+
     first = run()
     assert "SQUARES [0, 1, 4, 9]" in first and "KEPT Task 10" in first and "HIT True" in first
-    assert len(list(tmp_path.glob("square-*"))) == 4
-    assert len(list(tmp_path.glob("predict-*"))) == 1
+    assert "FACTS [[6], [24]]" in first and "TWICE [6, 8]" in first and "EP [4, 5]" in first
+    assert executed("square") == ["square-0", "square-1", "square-2", "square-3"]
+    assert executed("predict") == ["predict-5"]
+    # a recursive task: each n executed once across the workers (fact(4) in a worker finds
+    # fact(3) in the cache: the inner calls are the task too); a staticmethod task is one
+    assert len(set(executed("fact"))) == len(executed("fact")) == 4
+    assert executed("twice") == ["twice-3", "twice-4"]
     second = run()  # every call a cache hit: nothing executes again
     assert second == first
-    assert len(list(tmp_path.glob("square-*"))) == 4
-    assert len(list(tmp_path.glob("predict-*"))) == 1
+    assert len(executed("square")) == 4 and len(executed("fact")) == 4
+    assert len(executed("predict")) == 1 and len(executed("twice")) == 2
+
+
+def test_a_script_s_task_kept_in_a_journaled_value_is_today_s_task_on_resume(
+        tmp_path: Path) -> None:
+    """A task of a script inside a step's result (pickled by name, or with cloudpickle
+    when the value needs it) is, when the run resumes after an edit, the task as the
+    script defines it now: never a frozen copy of the old code."""
+    import subprocess
+
+    script = tmp_path / "job.py"
+    source = (
+        "import os\nimport durably\n\n"
+        "@durably.task\ndef lookup(i):\n    return i + 1\n\n"
+        "@durably.task(cache=False)\ndef choose():\n"
+        "    return {'fn': lookup, 'other': lambda: 0}  # (a lambda: cloudpickle)\n\n"
+        "@durably.entrypoint\ndef ep():\n    fn = choose()['fn']\n"
+        "    if os.environ.get('CRASH'):\n        raise SystemExit('crash')\n"
+        "    return fn(1), fn is lookup\n\n"
+        "if __name__ == '__main__':\n    print(ep())\n")
+    script.write_text(source)
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    crashed = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
+                             env={**env, "CRASH": "1"}, capture_output=True, text=True,
+                             timeout=120)
+    assert crashed.returncode != 0
+    script.write_text(source.replace("i + 1", "i + 100"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(101, True)"
+
+
+def test_a_recursive_script_task_shares_its_entries_with_process_workers(
+        tmp_path: Path) -> None:
+    """A task that calls itself names itself in its fingerprint: the same whether the
+    script runs as __main__ or again in a worker (__mp_main__), so a worker serves the
+    calls the parent made from the cache."""
+    import subprocess
+
+    script = tmp_path / "rec.py"
+    script.write_text(
+        "import os\nimport durably\n\n"
+        "@durably.task\ndef fact(n):\n    print('EXEC', n, flush=True)\n"
+        "    return 1 if n <= 1 else n * fact(n - 1)\n\n"
+        "if __name__ == '__main__':\n    fact(3)\n"
+        "    print(fact.map([4], executor='process', progress=False))\n")
+    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["EXEC", "3", "EXEC", "2", "EXEC", "1", "EXEC", "4", "[24]"]
 
 
 def test_a_run_in_progress_in_another_thread_is_busy() -> None:

@@ -14,6 +14,7 @@ import functools
 import importlib
 import pickle
 import queue
+import sys
 import threading
 import types
 import warnings
@@ -93,18 +94,32 @@ def _reduce(wrapper: Any) -> tuple[Any, ...]:
     return (_resolve, (module, qualname))
 
 
+def _under_cloudpickle(depth: int) -> bool:
+    """Whether the frame ``depth`` levels up (or one of the two above it) is cloudpickle's
+    (the package, or a copy of it such as joblib's)."""
+    f: Any = sys._getframe(depth + 1)
+    for _ in range(3):
+        if f is None:
+            return False
+        if "cloudpickle" in f.f_code.co_filename:
+            return True
+        f = f.f_back
+    return False
+
+
 def _reduce_main_task(task: Any) -> tuple[Any, ...] | None:
-    """A task of a script or a notebook (``__main__``), pickled for any process: in this
-    one (a class of ``__main__`` rebuilt by cloudpickle keeps its task methods), in a
-    worker that runs the script again, it is the task of that identity and code alive
-    there; anywhere else (a Dask or joblib worker), it is rebuilt from its function, with
-    its identity and fingerprint, so its calls there use the same cache keys. None for an
-    entrypoint, or a task that refers to itself (it is being pickled: by name)."""
-    if type(task) is not Task:
+    """A task of a script or a notebook (``__main__``), pickled by cloudpickle (Dask,
+    joblib): in this process, or a worker that runs the script again, it is the task of
+    that identity alive there (today's code, as a task pickled by name); anywhere else, it
+    is rebuilt from its function with its identity and fingerprint, so its calls there use
+    the caller's cache keys. A task met again while it is being pickled (a recursive one)
+    is found by its identity when called. None for anything else (pickled by name)."""
+    if type(task) is not Task or not _under_cloudpickle(3):
         return None
+    spec = task._self_spec
     ids = _pickling.__dict__.setdefault("ids", set())
     if id(task) in ids:
-        return None
+        return (_main_task_later, (spec.identity,))
     ids.add(id(task))
     try:
         from ._worker import _task_by_value
@@ -119,24 +134,40 @@ def _reduce_main_task(task: Any) -> tuple[Any, ...] | None:
         return None
     finally:
         ids.discard(id(task))
-    spec = task._self_spec
-    return (_main_task, (spec.identity, spec.code_version(), payload))
+    return (_main_task, (spec.identity, payload))
 
 
-def _main_task(identity: str, code: str, payload: bytes) -> Any:
-    """The inverse of :func:`_reduce_main_task`."""
+def _main_task(identity: str, payload: bytes) -> Any:
+    """The inverse of :func:`_reduce_main_task`: the task alive here, else rebuilt."""
     live = _MAIN_TASKS.get(identity)
     if live is not None:
-        try:
-            if live._self_spec.code_version() == code:
-                return live
-        except Exception:  # noqa: BLE001 - rebuilt from what was sent
-            pass
+        return live
     import cloudpickle
 
     from ._worker import _rebuild_task
 
     return _rebuild_task(*cloudpickle.loads(payload))
+
+
+class _LaterTask:
+    """A task referred to inside its own pickled function (a recursive task): the one of
+    its identity alive when it is called (rebuilt by then)."""
+
+    __slots__ = ("identity",)
+
+    def __init__(self, identity: str) -> None:
+        self.identity = identity
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _MAIN_TASKS[self.identity](*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_main_task_later, (self.identity,))
+
+
+def _main_task_later(identity: str) -> Any:
+    live = _MAIN_TASKS.get(identity)
+    return live if live is not None else _LaterTask(identity)
 
 
 def _instance_of(bound: Any) -> Any:
@@ -170,25 +201,25 @@ def _reduce_bound(bound: Any) -> tuple[Any, ...]:
 
 
 class _OwnClass:
-    """A wrapper of a function that says its own class: ``isinstance(task,
-    types.FunctionType)`` is False (wrapt's proxies answer with the wrapped function's).
-    Serializers that copy functions by value (cloudpickle, for ``__main__`` and notebooks:
-    Dask, joblib, Ray) would otherwise copy the function a task wraps and drop the task,
-    even out of a class they rebuild in this process. ``inspect.signature`` and
-    ``iscoroutinefunction`` still see through it (the code, defaults and annotations are
-    the function's). A wrapper of anything else (a classmethod, a staticmethod) answers
-    with its class, as wrapt's do: serializers do not copy those.
-    """
+    """A wrapper of a function that tells cloudpickle its own class: to everyone else it is
+    the function it wraps (wrapt's proxy: ``inspect.isfunction`` and ``getfile`` work), but
+    cloudpickle copies functions of ``__main__`` (scripts, notebooks) by value, and would
+    copy the function a task wraps and drop the task: in a Dask or joblib worker, and in a
+    class of ``__main__`` it rebuilds in this process (its task methods stripped)."""
 
     __slots__ = ()
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
         wrapped = self.__wrapped__  # type: ignore[attr-defined]
-        return type(self) if isinstance(wrapped, types.FunctionType) else wrapped.__class__
+        if isinstance(wrapped, types.FunctionType):
+            f = sys._getframe(1)
+            if f.f_code.co_name == "reducer_override" and "cloudpickle" in f.f_code.co_filename:
+                return type(self)
+        return wrapped.__class__  # type: ignore[no-any-return]
 
 
-class _ByReference(_OwnClass):
+class _ByReference:
     """Pickled by module and name, copied as itself: like a plain function."""
 
     __slots__ = ()
@@ -203,7 +234,7 @@ class _ByReference(_OwnClass):
         return self
 
 
-class BoundTask(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
+class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     """A task bound to an instance or class (``obj.method``); same methods as :class:`Task`."""
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
@@ -282,7 +313,7 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return graph
 
 
-class Task(_ByReference, _Wrapper[P, R]):
+class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
     """A function whose calls are cached by input and journaled inside runs.
 
     Made by :func:`task`; call it exactly like the function it wraps. It pickles by

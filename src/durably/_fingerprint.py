@@ -227,7 +227,7 @@ class _Walker(_StateFinder):
         done = self.done.get(key)
         if done is not None:
             return done
-        name = f"{f.__module__}.{f.__qualname__}"
+        name = f"{_module_of(f)}.{f.__qualname__}"
         if key in self.active:
             return "recursive:" + name
         self.active.add(key)
@@ -264,7 +264,7 @@ class _Walker(_StateFinder):
                 value = self.lookup(e, b"g", ns, gname)
                 if value is _MISSING:
                     continue  # state, a builtin, or a name not defined yet
-                self.where = (name, f"{f.__module__}.{gname}")
+                self.where = (name, f"{_module_of(f)}.{gname}")
                 if _is_code(value):
                     self.value(e, value, refs.names)
                 else:  # a module-level value: a part of its own, so explain can name it
@@ -272,7 +272,7 @@ class _Walker(_StateFinder):
                     self.value(sub, value, refs.names)
                     digest = sub.hexdigest()
                     e.text(b"k", digest)
-                    self.parts.setdefault(f"{f.__module__}.{gname}", digest)
+                    self.parts.setdefault(f"{_module_of(f)}.{gname}", digest)
             for module, level, fromlist in sorted(refs.imports):
                 self.imported(e, module, level, fromlist, ns, refs.names)
             result = e.hexdigest()
@@ -428,7 +428,7 @@ class _Walker(_StateFinder):
         done = self.done.get(key)
         if done is not None:
             return done
-        name = f"{c.__module__}.{c.__qualname__}"
+        name = f"{_module_of(c)}.{c.__qualname__}"
         if key in self.active:
             return "recursive:" + name
         self.active.add(key)
@@ -632,6 +632,14 @@ class _Walker(_StateFinder):
 
 
 _PASSES = 3  # a second pass when state was found after it was encoded as configuration
+
+
+def _module_of(obj: Any) -> str:
+    """The module name of a function or class as fingerprints write it: a script's, whether
+    it runs as ``__main__`` or again in a worker multiprocessing spawned (``__mp_main__``),
+    so both give one fingerprint (a recursive task names itself)."""
+    module = obj.__module__
+    return "__main__" if module == "__mp_main__" else str(module)
 
 
 def fingerprint_function(func: Any) -> Fingerprint:
