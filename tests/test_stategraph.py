@@ -1611,3 +1611,41 @@ def test_a_node_that_finished_in_a_super_step_a_sibling_failed_may_not_change() 
     with pytest.raises(GraphChangedError, match="the code of node 'a' changed"):
         build("v2", False).invoke({})
     assert build("v1", False).invoke({}) == {"a_out": "a-v1", "b_out": "b-ok"}
+
+
+def test_a_default_factory_field_is_the_same_when_the_first_super_step_resumes() -> None:
+    """The defaults of the fields the input leaves out are made by a journaled step: a
+    node interrupted in the first super-step sees the same value when the run resumes, so
+    its question is the one answered (it used to ask again with a new id, forever)."""
+    import itertools
+
+    counter = itertools.count(100)
+
+    class P(pydantic.BaseModel):
+        question: str
+        request_id: int = pydantic.Field(default_factory=lambda: next(counter))
+        answer: str = ""
+
+    def approve(s: P) -> dict[str, Any]:
+        return {"answer": str(durably.interrupt(f"approve {s.request_id}?"))}
+
+    g = StateGraph(P, name="approve_defaults")
+    g.add_node("approve", approve).add_edge(START, "approve").add_edge("approve", END)
+    app = g.compile()
+    with pytest.raises(durably.RunInterrupted) as paused:
+        app.invoke({"question": "q"})
+    assert paused.value.interrupts[0].payload == "approve 100?"
+    assert app.resume(paused.value.run_id, "yes") == P(question="q", request_id=100,
+                                                        answer="yes")
+
+
+def test_update_state_refuses_values_a_pydantic_state_rejects() -> None:
+    class S(pydantic.BaseModel):
+        n: int = 0
+
+    g = StateGraph(S, name="update_invalid")
+    g.add_node("inc", lambda s: {"n": s.n + 1}).add_edge(START, "inc").add_edge("inc", END)
+    app = g.compile()
+    run = app.run({})
+    with pytest.raises(InvalidUpdateError, match=r"update_state\(\{'n': 'zzz'\}\) makes a state"):
+        app.update_state(run.id, {"n": "zzz"})

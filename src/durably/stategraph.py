@@ -352,6 +352,7 @@ class CompiledGraph(Generic[S]):
         self._tasks = {n: self._node_task(n, fn) for n, fn in graph.nodes.items()}
         self._superstep = self._superstep_task()
         self._migration = self._migration_task()
+        self._defaults = self._defaults_task()
         self._entry = self._entrypoint(store)
 
     def __durably_digest__(self) -> str:
@@ -437,6 +438,18 @@ class CompiledGraph(Generic[S]):
                     cache=False, ignore=("state",))
         return Task(migrate, spec)
 
+    def _defaults_task(self) -> Task[Any, Any]:
+        schema = self.schema
+
+        def defaults(state: dict[str, Any]) -> dict[str, Any]:
+            return schema.complete(state)
+
+        defaults.__qualname__ = defaults.__name__ = f"{self.name}::defaults"
+        defaults.__module__ = self.graph.module
+        spec = Spec(defaults, kind="task", name=f"{self.name}::defaults", version="1",
+                    cache=False)
+        return Task(defaults, spec)
+
     def _entrypoint(self, store: Store | None) -> Entrypoint[Any, Any]:
         app = self
 
@@ -469,6 +482,11 @@ class CompiledGraph(Generic[S]):
         # migrated by a journaled step before the first super-step that had not finished
         migrate_at = self._check_fingerprint(ctx) if top and ctx is not None else None
         state = dict(values)
+        if self.schema.kind != "typeddict" and any(k not in state for k in self.schema.fields):
+            # the defaults of the fields the input leaves out, made once by a journaled step
+            # (a default factory's value is the same for every node, and when the run resumes:
+            # an interrupt in the first super-step would otherwise ask again and again)
+            state = self._defaults(state)
         blob: bytes | None = None  # the pickled state, as the last checkpoint journaled it
         frontier = self._next_from(START, state)
         joins: dict[str, list[str]] = {}
@@ -1322,6 +1340,14 @@ class CompiledGraph(Generic[S]):
         # read as a node's return is: a pydantic instance writes the fields set in it
         update = self.schema.update_of(values, base, "values")
         state = self._apply(base, {as_node or "update_state": update})
+        if self.schema.kind == "pydantic":
+            try:  # refused here, not when the fork is read or continued
+                state = self.schema.fields_of(self.schema.build(state))
+            except Exception as exc:
+                raise InvalidUpdateError(
+                    f"update_state({values!r:.80}) makes a state that is not a valid "
+                    f"{self.schema.type.__name__}: {exc}. Fix: give values the state type "
+                    "accepts.") from exc
         nxt, joins = list(snapshot.next), dict(old["joins"])
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
             nxt, joins = self._advance([as_node], state, joins,
