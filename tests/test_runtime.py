@@ -17,6 +17,8 @@ import durably
 from durably import entrypoint, task
 from durably.testing import MemoryStore
 
+from .conftest import run_script, script_env
+
 pytestmark = pytest.mark.usefixtures("store")
 
 
@@ -530,7 +532,6 @@ def test_explain_cache_key_and_run_on_bound_methods() -> None:
 
 def test_tasks_pickle_by_reference_for_worker_processes(tmp_path: Path) -> None:
     import pickle
-    import subprocess
 
     (tmp_path / "work_mod.py").write_text(
         "import durably\n\n@durably.task\ndef square(x):\n    return x * x\n\n"
@@ -546,10 +547,7 @@ def test_tasks_pickle_by_reference_for_worker_processes(tmp_path: Path) -> None:
         "    with ProcessPoolExecutor(2) as pool:\n"
         "        print(list(pool.map(work_mod.square, range(5))))\n"
     )
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, script_env(tmp_path / "store"))
     assert done.stdout.strip() == "[0, 1, 4, 9, 16]"
 
     @task
@@ -564,7 +562,6 @@ def test_bound_task_methods_pickle_as_their_object_s_attribute(tmp_path: Path) -
     """``obj.method`` of a task method pickles as a bound method does (the object by value,
     the method by name): a process pool maps it, and its cache entries are the ones the
     parent process wrote (the same object digests alike in every process)."""
-    import subprocess
 
     (tmp_path / "model_mod.py").write_text(
         "import dataclasses\nimport durably\n\n"
@@ -590,10 +587,7 @@ def test_bound_task_methods_pickle_as_their_object_s_attribute(tmp_path: Path) -
         "        print(list(pool.map(m.predict, [1, 2, 3])))\n"
         "    print(again.explain(2).hit, again.explain(1).hit)\n"
     )
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, script_env(tmp_path / "store"))
     lines = done.stdout.split("\n")
     assert "[2.0, 4.0, 6.0]" in lines and "True True" in lines
     # each input executed once, across the pool's processes (x=1 in the parent first)
@@ -606,7 +600,6 @@ def test_a_script_s_tasks_keep_their_identity_in_spawned_workers(tmp_path: Path)
     """A worker process multiprocessing spawns runs the script again as __mp_main__: its
     tasks are the script's (the same identity and cache keys as in the parent), so a pool
     shares the parent's cache entries."""
-    import subprocess
 
     script = tmp_path / "spawned.py"
     script.write_text(
@@ -621,10 +614,7 @@ def test_a_script_s_tasks_keep_their_identity_in_spawned_workers(tmp_path: Path)
         "        with ProcessPoolExecutor(1, mp_context=mp.get_context(method)) as pool:\n"
         "            print(method, pool.submit(keys, 100).result())\n"
     )
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, script_env(tmp_path / "store"))
     lines = dict(line.split(" ", 1) for line in done.stdout.strip().splitlines())
     assert "'__main__.spawned:plain'" in lines["parent"] and "True)" in lines["parent"]
     assert lines["spawn"] == lines["forkserver"] == lines["parent"]
@@ -636,7 +626,6 @@ def test_a_script_s_tasks_stay_tasks_through_cloudpickle_and_joblib(tmp_path: Pa
     instance of a script's class coming back stripped the class's task methods in the
     parent. A script's task now travels as itself (rebuilt with its identity and code
     where it is not defined), so the workers' calls are cached in the shared store."""
-    import subprocess
 
     script = tmp_path / "par.py"
     script.write_text(
@@ -664,13 +653,8 @@ def test_a_script_s_tasks_stay_tasks_through_cloudpickle_and_joblib(tmp_path: Pa
         "    print('KEPT', type(Model.__dict__['predict']).__name__, models[1].predict(5))\n"
         "    print('HIT', square.explain(3).hit)\n"
     )
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
-
     def run() -> str:
-        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=180)
-        assert done.returncode == 0, done.stderr
-        return done.stdout
+        return run_script(script, script_env(tmp_path / "store"), timeout=180).stdout
 
     def executed(kind: str) -> list[str]:  # each execution, without the process
         return sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.glob(f"{kind}-*"))
@@ -708,16 +692,13 @@ def test_a_script_s_task_kept_in_a_journaled_value_is_today_s_task_on_resume(
         "    return fn(1), fn is lookup\n\n"
         "if __name__ == '__main__':\n    print(ep())\n")
     script.write_text(source)
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
+    env = script_env(tmp_path / "store")
     crashed = subprocess.run([sys.executable, str(script)], cwd=tmp_path,
                              env={**env, "CRASH": "1"}, capture_output=True, text=True,
                              timeout=120)
     assert crashed.returncode != 0
     script.write_text(source.replace("i + 1", "i + 100"))
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "(101, True)"
+    assert run_script(script, env).stdout.strip() == "(101, True)"
 
 
 def test_a_recursive_script_task_shares_its_entries_with_process_workers(
@@ -725,7 +706,6 @@ def test_a_recursive_script_task_shares_its_entries_with_process_workers(
     """A task that calls itself names itself in its fingerprint: the same whether the
     script runs as __main__ or again in a worker (__mp_main__), so a worker serves the
     calls the parent made from the cache."""
-    import subprocess
 
     script = tmp_path / "rec.py"
     script.write_text(
@@ -734,10 +714,7 @@ def test_a_recursive_script_task_shares_its_entries_with_process_workers(
         "    return 1 if n <= 1 else n * fact(n - 1)\n\n"
         "if __name__ == '__main__':\n    fact(3)\n"
         "    print(fact.map([4], executor='process', progress=False))\n")
-    env = {**__import__("os").environ, "DURABLY_DIR": str(tmp_path / "store")}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = run_script(script, script_env(tmp_path / "store"))
     assert done.stdout.split() == ["EXEC", "3", "EXEC", "2", "EXEC", "1", "EXEC", "4", "[24]"]
 
 
