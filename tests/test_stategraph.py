@@ -1649,3 +1649,15 @@ def test_update_state_refuses_values_a_pydantic_state_rejects() -> None:
     run = app.run({})
     with pytest.raises(InvalidUpdateError, match=r"update_state\(\{'n': 'zzz'\}\) makes a state"):
         app.update_state(run.id, {"n": "zzz"})
+
+
+def test_an_invalid_update_of_one_of_parallel_nodes_names_that_node() -> None:
+    class S(pydantic.BaseModel):
+        note: str = ""
+        count: int = 0
+
+    g = StateGraph(S, name="one_bad_of_two")
+    g.add_node("good", lambda s: {"count": 1}).add_node("bad", lambda s: {"note": 5})
+    g.add_edge(START, "good").add_edge(START, "bad").add_edge(["good", "bad"], END)
+    with pytest.raises(InvalidUpdateError, match=r"\(the updates of node 'bad'\)"):
+        g.compile().invoke({})

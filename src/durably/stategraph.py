@@ -728,9 +728,11 @@ class CompiledGraph(Generic[S]):
             n: list(results[n]) if isinstance(results[n], Writes)
             else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
             for n in order}
+        started_from = state
         state = self._apply(state, updates)
         if self.schema.kind == "pydantic" and top:  # (a subgraph's is the parent's to keep)
-            state = self.schema.fields_of(self._validate(state, index, order))
+            state = self.schema.fields_of(self._validate(
+                state, index, self._culprits(started_from, updates, order)))
         frontier_next, joins = self._advance(order, state, joins)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
@@ -750,8 +752,26 @@ class CompiledGraph(Generic[S]):
                          fingerprint=self.fingerprint_digest, nodes=order)
         return journaled
 
-    def _validate(self, state: dict[str, Any], index: int, order: list[str],
-                  before: bool = False) -> Any:
+    def _culprits(self, state: dict[str, Any],
+                  updates: Mapping[str, dict[str, Any] | list[dict[str, Any]]],
+                  order: list[str]) -> Callable[[], list[str]]:
+        """The nodes of a super-step whose update alone makes ``state`` invalid (all of
+        them when none does alone), found only when asked (after the combined state
+        failed)."""
+        def find() -> list[str]:
+            if len(order) < 2:
+                return order
+            alone = []
+            for n in order:
+                try:
+                    self.schema.build(self._apply(state, {n: updates[n]}))
+                except Exception:  # noqa: BLE001 - this node's update is refused
+                    alone.append(n)
+            return alone or order
+        return find
+
+    def _validate(self, state: dict[str, Any], index: int,
+                  order: list[str] | Callable[[], list[str]], before: bool = False) -> Any:
         """The pydantic state as its type validates it: at the start of a super-step (the
         input, a migrated or older checkpoint), and on the state its updates made (a node
         returning a dict skips the validators), before it is checkpointed: an invalid update
@@ -763,6 +783,7 @@ class CompiledGraph(Generic[S]):
         try:
             return self.schema.build(state)
         except Exception as exc:
+            order = order() if callable(order) else order
             nodes = " and ".join(map(repr, order))
             made = (f"the state super-step {index} of graph {self.name!r} starts from"
                     if before else
