@@ -1337,19 +1337,24 @@ class S(TypedDict):
 def grow(s):
     return {"n": clip(s["n"] * 10)}
 
+def route(s):
+    return "ask" if s["n"] < LIMIT * 2 else END
+
 def ask(s):
     return {"n": s["n"] + int(durably.interrupt("more?"))}
 
 b = StateGraph(S, name="limits")
 b.add_node("ask", ask).add_node("grow", grow)
-b.add_edge(START, "grow").add_edge("grow", "ask").add_edge("ask", END)
+b.add_edge(START, "grow").add_conditional_edges("grow", route, ["ask", END])
+b.add_edge("ask", END)
 app = b.compile()
 """
 
 
 def test_a_changed_graph_names_the_helper_or_constant_that_changed_in_a_node() -> None:
-    """GraphChangedError names what changed inside a node's code (a module constant, a
-    helper), not only the node; a change of the node's own body names the node alone."""
+    """GraphChangedError names what changed inside a node's or a router's code (a module
+    constant, a helper), not only the node; a change of the node's own body names the node
+    alone."""
     ns: dict[str, Any] = {"__name__": "__main__"}
     exec(_LIMIT_GRAPH.replace("$V", "100"), ns)
     run = ns["app"].run({"n": 1})
@@ -1357,7 +1362,9 @@ def test_a_changed_graph_names_the_helper_or_constant_that_changed_in_a_node() -
     exec(_LIMIT_GRAPH.replace("$V", "50"), ns)
     with pytest.raises(GraphChangedError) as err:
         ns["app"].resume(run.id, "2")
-    assert err.value.changes == ["the code of node 'grow' changed (__main__.LIMIT)"]
+    assert err.value.changes == [
+        "the code of node 'grow' changed (__main__.LIMIT)",
+        'the code of router ["grow", ["ask", "__end__"]] changed (__main__.LIMIT)']
     exec(_LIMIT_GRAPH.replace("$V", "100").replace("s[\"n\"] * 10", "s[\"n\"] * 20"), ns)
     with pytest.raises(GraphChangedError) as err:
         ns["app"].resume(run.id, "2")

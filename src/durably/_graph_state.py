@@ -176,43 +176,54 @@ def fingerprint_of(graph: Any) -> dict[str, Any]:
     }
 
 
-def parts_of(graph: Any) -> dict[str, dict[str, str]]:
-    """For each node, the digest of each function, class or constant of the user's code its
-    fingerprint covers besides the node's own function, by qualified name (recorded beside
-    the fingerprint, so that a changed node's message names the helper or constant that
-    changed in it)."""
+def parts_of(graph: Any) -> dict[str, dict[str, dict[str, str]]]:
+    """For each node (``"nodes"``) and router (``"routers"``, by its source and names as
+    JSON), the digest of each function, class or constant of the user's code its
+    fingerprint covers besides its own function, by qualified name (recorded beside the
+    fingerprint, so that a changed node's or router's message names the helper or constant
+    that changed in it)."""
     from ._fingerprint import fingerprint_function
 
-    parts: dict[str, dict[str, str]] = {}
-    for n, fn in sorted(graph.nodes.items()):
+    def covered(fn: Any) -> dict[str, str] | None:
         if hasattr(fn, "fingerprint_digest"):
-            continue  # a compiled subgraph: its own nodes say
+            return None  # a compiled subgraph: its own nodes say
         try:
             found = dict(fingerprint_function(fn).changed_by)
         except Exception:  # noqa: BLE001 - a callable object without code
-            continue
+            return None
         found.pop(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}", None)
-        parts[n] = found
-    return parts
+        return found
+
+    nodes = {n: c for n, fn in sorted(graph.nodes.items()) if (c := covered(fn)) is not None}
+    routers = {json.dumps([r.source, r.names]): c for r in graph.routers
+               if (c := covered(r.fn)) is not None}
+    return {"nodes": nodes, "routers": routers}
+
+
+def _what_changed(old_parts: Mapping[str, Any] | None, new_parts: Mapping[str, Any] | None,
+                  kind: str, key: str) -> str:
+    """`` (__main__.LIMIT)``: what differs among the parts recorded for a node or router
+    (empty when a side has no record, or only its own code changed)."""
+    before = (old_parts or {}).get(kind, {}).get(key)
+    now = (new_parts or {}).get(kind, {}).get(key)
+    if before is None or now is None:
+        return ""
+    what = sorted(k for k in {*before, *now} if before.get(k) != now.get(k))
+    return f" ({', '.join(what)})" if what else ""
 
 
 def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any],
-                     old_parts: Mapping[str, Mapping[str, str]] | None = None,
-                     new_parts: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+                     old_parts: Mapping[str, Any] | None = None,
+                     new_parts: Mapping[str, Any] | None = None) -> list[str]:
     """What differs between two graph fingerprints (:func:`fingerprint_of`), in words; with
-    the nodes' parts of both (:func:`parts_of`), a changed node says what changed in it."""
+    the parts of both (:func:`parts_of`), a changed node or router says what changed in it."""
     changes: list[str] = []
     on, nn = old.get("nodes", {}), new.get("nodes", {})
     changes += [f"node {n!r} was removed" for n in on if n not in nn]
     changes += [f"node {n!r} was added" for n in nn if n not in on]
-    for n in nn:
-        if n in on and on[n] != nn[n]:
-            before = (old_parts or {}).get(n)
-            now = (new_parts or {}).get(n)
-            what = sorted(k for k in {*before, *now} if before.get(k) != now.get(k)
-                          ) if before is not None and now is not None else []
-            changes.append(f"the code of node {n!r} changed"
-                           + (f" ({', '.join(what)})" if what else ""))
+    changes += [f"the code of node {n!r} changed"
+                + _what_changed(old_parts, new_parts, "nodes", n)
+                for n in nn if n in on and on[n] != nn[n]]
     oe = {json.dumps(e) for e in old.get("edges", [])}
     ne = {json.dumps(e) for e in new.get("edges", [])}
     changes += [f"edge {e} was removed" for e in sorted(oe - ne)]
@@ -221,7 +232,9 @@ def describe_changes(old: Mapping[str, Any], new: Mapping[str, Any],
     nr = {json.dumps(r[:2]): r[2] for r in new.get("routers", [])}
     changes += [f"router {r} was removed" for r in orr if r not in nr]
     changes += [f"router {r} was added" for r in nr if r not in orr]
-    changes += [f"the code of router {r} changed" for r in nr if r in orr and orr[r] != nr[r]]
+    changes += [f"the code of router {r} changed"
+                + _what_changed(old_parts, new_parts, "routers", r)
+                for r in nr if r in orr and orr[r] != nr[r]]
     ored, nred = old.get("reducers", {}), new.get("reducers", {})
     changes += [f"the reducer of state key {k!r} changed" for k in sorted({*ored, *nred})
                 if ored.get(k) != nred.get(k)]
