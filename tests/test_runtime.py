@@ -564,10 +564,11 @@ def test_bound_task_methods_pickle_as_their_object_s_attribute(tmp_path: Path) -
     parent process wrote (the same object digests alike in every process)."""
 
     (tmp_path / "model_mod.py").write_text(
-        "import dataclasses\nimport durably\n\n"
+        "import dataclasses, os\nimport durably\n\n"
         "@dataclasses.dataclass\nclass Model:\n    w: float\n\n"
         "    @durably.task\n    def predict(self, x):\n"
-        "        print('executed', self.w, x, flush=True)\n        return self.w * x\n\n"
+        "        os.write(1, f'executed {self.w} {x}\\n'.encode())  # one write: no interleaving\n"
+        "        return self.w * x\n\n"
         "    @durably.task\n    @classmethod\n    def unit(cls, x):\n        return x\n\n"
         "    @durably.entrypoint\n    def score(self, n):\n"
         "        return sum(self.predict(i) for i in range(n))\n"
