@@ -33,6 +33,7 @@ from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run, executing
 from ._runtime import (
+    MAIN_MODULES,
     Spec,
     begin_run,
     call_async,
@@ -82,7 +83,7 @@ _pickling = threading.local()  # ids of the tasks this thread is pickling by val
 def _reduce(wrapper: Any) -> tuple[Any, ...]:
     raw = wrapper._self_spec.raw
     module, qualname = getattr(raw, "__module__", None), raw.__qualname__
-    if module in ("__main__", "__mp_main__") and "<locals>" not in qualname:
+    if module in MAIN_MODULES and "<locals>" not in qualname:
         reduced = _reduce_main_task(wrapper)
         if reduced is not None:
             return reduced
@@ -334,7 +335,7 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         # a cache hit)
         self._self_direct: Any = functools.partial(call, func, None) if (
             self._self_binding == "function" and not hasattr(func, "__self__")) else None
-        if getattr(spec.raw, "__module__", None) in ("__main__", "__mp_main__"):
+        if getattr(spec.raw, "__module__", None) in MAIN_MODULES:
             _MAIN_TASKS[spec.identity] = self
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -85,10 +85,15 @@ def is_cancelled(exc: BaseException | None) -> bool:
     return aio is not None and isinstance(exc, aio.CancelledError)
 
 
+#: the names a script's module runs under: ``__main__``, and ``__mp_main__`` when
+#: multiprocessing runs it again in a worker it spawned
+MAIN_MODULES = ("__main__", "__mp_main__")
+
+
 def module_identity(module: str | None) -> str:
     """A stable name for a function's module; ``__main__`` becomes the script's name (and so
     does ``__mp_main__``: the script again, in a worker process multiprocessing spawned)."""
-    if module != "__main__" and module != "__mp_main__":
+    if module not in MAIN_MODULES:
         return module or "<unknown>"
     main = sys.modules.get(module)  # (__mp_main__: the script, while it is being run again)
     spec = getattr(main, "__spec__", None)
