@@ -244,6 +244,59 @@ def test_an_argument_whose_class_code_changed_names_the_class() -> None:
     assert "its class __main__.Params (__main__.WEIGHT) changed" in str(constant)
 
 
+_PLAIN = """
+    WEIGHT = 1
+
+    class Scaler:  # a plain class: its instances are digested by their pickle recipe
+        def __init__(self, k):
+            self.k = k
+
+        def apply(self, x):
+            return x * self.k * $V * WEIGHT
+
+    class Model:
+        def __init__(self, name):
+            self.name = name
+
+        @durably.task
+        def predict(self, x):
+            return x + $V
+
+    @durably.task
+    def run(s, x):
+        return s.apply(x)
+"""
+
+
+def test_a_plain_class_whose_code_changed_is_named() -> None:
+    """An argument of a plain class (no dataclass, no hook: digested by its pickle recipe,
+    which names its class) whose class's code changed: explain names the class and what in
+    it changed, as for a dataclass; so does the ``self`` of a task method."""
+    ns: dict[str, Any] = {"__name__": "__main__", "durably": durably}
+    _cell(ns, _PLAIN.replace("$V", "2"))
+    ns["run"](ns["Scaler"](2), 10)
+    ns["Model"]("m").predict(1)
+    other_value = ns["run"].explain(ns["Scaler"](3), 10)
+    assert other_value.changed_arguments == ("s",) and other_value.changed_code == ()
+    assert "class" not in str(other_value)
+
+    _cell(ns, _PLAIN.replace("$V", "4"))  # the methods changed, not the values
+    why = ns["run"].explain(ns["Scaler"](2), 10)
+    assert not why.hit and why.changed_arguments == ("s",)
+    assert why.changed_code == ("__main__.Scaler", "__main__.Scaler.apply")
+    assert ("argument 's' differs" in str(why) and "the code of its class __main__.Scaler "
+            "(__main__.Scaler.apply) changed" in str(why))
+    method = ns["Model"]("m").predict.explain(1)
+    assert method.changed_arguments == ("self",)
+    assert "__main__.Model" in method.changed_code
+    assert "the code of its class __main__.Model" in str(method)
+
+    _cell(ns, _PLAIN.replace("$V", "2").replace("WEIGHT = 1", "WEIGHT = 5"))
+    constant = ns["run"].explain(ns["Scaler"](2), 10)
+    assert constant.changed_code == ("__main__.Scaler", "__main__.WEIGHT")
+    assert "its class __main__.Scaler (__main__.WEIGHT) changed" in str(constant)
+
+
 def test_the_nearest_entry_is_the_one_whose_code_differs_least() -> None:
     """Of earlier entries with the same arguments, explain compares with the one whose code
     differs in the fewest parts: an edit reverted since is not named."""

@@ -39,6 +39,9 @@ _pack_q = struct.Struct("<q").pack
 _pack_Q = struct.Struct("<Q").pack
 _NAN = _pack_d(float("nan"))
 _TYPE_PATHS: dict[type, bytes] = {}
+#: with a class of the user's code met as a value (an instance digested by its pickle recipe
+#: names its class), the key it is noted under in Encoder.codes: ``(PLAIN_CLASS, cls)``
+PLAIN_CLASS = "plain class"
 _UNSET = object()
 
 
@@ -532,6 +535,10 @@ def _probe_callable(e: Encoder, o: Any, t: type) -> bool:
     if fp is None:
         return False
     e.text(b"L", fp)
+    if isinstance(o, type) and "@" not in fp:  # (a library's class: "module.name@version")
+        # a class of the user's code (an instance digested by its pickle recipe names it):
+        # noted for explain, which names it when its code changed (see class_digests)
+        e.codes[(PLAIN_CLASS, o)] = fp.encode()
     return True
 
 

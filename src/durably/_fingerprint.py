@@ -667,6 +667,14 @@ def fingerprint_function(func: Any) -> Fingerprint:
 _ARG_CACHE: weakref.WeakKeyDictionary[Any, Fingerprint] = weakref.WeakKeyDictionary()
 
 
+def class_fingerprint_parts(cls: type) -> dict[str, str]:
+    """The parts (digest of each function, class or constant of the user's code it covers,
+    by qualified name) of the fingerprint :func:`fingerprint_of` last took of a class passed
+    as a value; empty when it took none outside a fingerprint walk."""
+    fp = _ARG_CACHE.get(cls)
+    return fp.changed_by if fp is not None else {}
+
+
 def fingerprint_of(obj: Any) -> str | None:
     """Digest of a function, method or class passed as an argument; None for other values."""
     walker = _WALKING.get()

@@ -132,7 +132,9 @@ class Encoder:
         self.cycles = 0  # back-references written (the bytes of an element then depend on
         # where it is encoded: its digest is not taken in the pass)
         self.active: dict[int, int] = {}
-        self.codes: dict[type, bytes] = {}  # class code of each record type met (see class_code)
+        #: class code of each record type met (see class_code), and the fingerprint of each
+        #: class of the user's code met as a value, under ``(PLAIN_CLASS, cls)``
+        self.codes: dict[Any, bytes] = {}
         self.path = path
 
     # -- output -------------------------------------------------------------------------
@@ -1064,13 +1066,27 @@ def class_digests(codes: Mapping[Any, bytes], into: dict[str, str]) -> None:
     Encoder's: :func:`~durably._class_code.class_code`), by its type path, and of what its
     methods use (``<path> uses <name>``: :func:`~durably._class_code.class_parts`): what a
     key record keeps so that ``explain`` can say an argument differs because its class's
-    code changed, and what in it. Classes that are not the user's (no code) are left out."""
+    code changed, and what in it. A class met as a value (a plain object's pickle recipe
+    names its class) is there by its fingerprint, with that fingerprint's parts. Classes
+    that are not the user's (no code) are left out."""
     from ._class_code import class_parts
+    from ._fingerprint import class_fingerprint_parts
 
+    plain = []
     for t, code in codes.items():
-        if code and code[:1] != b"J" and isinstance(t, type) and t is not _ENTANGLED:
+        if type(t) is tuple:  # (PLAIN_CLASS, cls): a class met as a value, by fingerprint
+            plain.append((t[1], code))
+        elif code and code[:1] != b"J" and isinstance(t, type) and t is not _ENTANGLED:
             path = type_path(t).decode()
             into[path] = xxhash.xxh3_64_hexdigest(code)
             # and what its methods use (a constant, a helper): named when it changed
             for name, digest in class_parts(t).items():
+                into[f"{path}{CLASS_USES}{name}"] = digest
+    for t, code in plain:
+        path = type_path(t).decode()
+        if path in into:  # its instances' record code is there: the record type's own
+            continue
+        into[path] = xxhash.xxh3_64_hexdigest(code)
+        for name, digest in class_fingerprint_parts(t).items():
+            if name != path:  # (the class itself: named as the class)
                 into[f"{path}{CLASS_USES}{name}"] = digest
