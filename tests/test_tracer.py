@@ -740,6 +740,63 @@ def test_short_repr_of_plain_values_is_reprlibs(value: Any, limit: int) -> None:
     assert short_repr(value, limit) == expected
 
 
+class _Counted:
+    """An element that counts how often its repr is written."""
+
+    calls = 0
+
+    def __repr__(self) -> str:
+        _Counted.calls += 1
+        return "c"
+
+
+def test_short_repr_of_a_record_writes_only_what_it_shows() -> None:
+    """A dataclass or pydantic model with its generated repr is described field by field, as
+    reprlib describes a dict: its whole repr is never written (a graph's state holds a list
+    that grows at every super-step). The text is the record's own repr when that is short;
+    fields with repr=False stay out; a class's own __repr__ is used as before."""
+    import dataclasses
+
+    import pydantic
+
+    from durably._tracer import short_repr
+
+    @dataclasses.dataclass
+    class Chat:
+        messages: list[Any]
+        n: int = 0
+        token: str = dataclasses.field(default="secret", repr=False)
+
+    class Model(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(arbitrary_types_allowed=True)
+        messages: list[Any] = []
+        n: int = 0
+        token: str = pydantic.Field(default="secret", repr=False)
+        inner: Chat | None = None
+
+    for record in (Chat([_Counted() for _ in range(10_000)], 3),
+                   Model(messages=[_Counted() for _ in range(10_000)], n=3)):
+        _Counted.calls = 0
+        text = short_repr(record)
+        assert _Counted.calls <= 5, type(record)  # (reprlib shows 5 elements of a list)
+        assert "Chat(messages=[c, c, c, c, c, ...], n=3" in text or text.startswith(
+            "Model(messages=[c, c, c, c, c, ...], n=3, inner=None")
+        assert "secret" not in text
+    small = (Chat(["hi"], 2), Model(messages=["hi"], n=2, inner=Chat([], 1)))
+    for record in small:
+        assert short_repr(record) == repr(record)
+
+    @dataclasses.dataclass
+    class Own:
+        x: int
+
+        def __repr__(self) -> str:
+            return "Own!"
+
+    assert short_repr(Own(1)) == "Own!"
+    assert short_repr([Chat([], 1)]) == f"[{Chat([], 1)!r}]"
+
+
 def test_a_step_given_an_element_of_an_earlier_result_draws_a_fan_out_edge() -> None:
     """rows = load(); process(row) for each row (a loop, or process.map): an edge from load
     to every process, in the live run, read back from the journal, and when replayed."""

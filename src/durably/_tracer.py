@@ -25,7 +25,7 @@ import collections
 import dataclasses
 import itertools
 import reprlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._hashing import MAX_FLOW_ELEMENTS, trace_digest
@@ -53,6 +53,20 @@ class _ShortRepr(reprlib.Repr):
                           for k, v in itertools.islice(x.items(), self.maxdict))
         return "{" + shown + (", ..." if len(x) > self.maxdict else "") + "}"
 
+    def repr_instance(self, x: Any, level: int) -> str:
+        # a dataclass or pydantic model with its generated repr, field by field: its repr
+        # is written whole before reprlib cuts it, and a graph's state grows with its run
+        # (a list of messages: a megabyte written at every super-step to keep 80 characters)
+        shown = _record_repr_args(x)
+        if shown is None:
+            return super().repr_instance(x, level)
+        name, pairs = shown
+        if level <= 0:
+            return f"{name}(...)"
+        first = list(itertools.islice(pairs, self.maxdict + 1))
+        text = ", ".join(f"{k}={self.repr1(v, level - 1)}" for k, v in first[:self.maxdict])
+        return f"{name}({text}{', ...' if len(first) > self.maxdict else ''})"
+
     def repr_bytes(self, x: bytes, level: int) -> str:
         if len(x) <= self.maxstring:
             return repr(x)
@@ -61,6 +75,21 @@ class _ShortRepr(reprlib.Repr):
     def repr_bytearray(self, x: bytearray, level: int) -> str:
         return f"bytearray({self.repr_bytes(bytes(x[: self.maxstring + 1]), level)})" \
             if len(x) > self.maxstring else repr(x)
+
+
+def _record_repr_args(x: Any) -> tuple[str, Iterator[tuple[str, Any]]] | None:
+    """The name and (field, value) pairs the repr of ``x`` writes, when it is the repr a
+    dataclass or a pydantic model is generated with (not one of the class's own); else
+    None."""
+    t = type(x)
+    method = t.__repr__
+    if getattr(method, "__module__", None) == "pydantic.main" and hasattr(x, "__repr_args__"):
+        return str(x.__repr_name__()), iter(x.__repr_args__())  # (its fields with repr=True)
+    generated = getattr(getattr(method, "__wrapped__", None), "__qualname__", "")
+    if generated == "__create_fn__.<locals>.__repr__" and dataclasses.is_dataclass(t):
+        return t.__qualname__, ((f.name, getattr(x, f.name))
+                                for f in dataclasses.fields(t) if f.repr)
+    return None
 
 
 _REPR = _ShortRepr()
