@@ -2,6 +2,7 @@
 super-step, durably against LangGraph's StateGraph with its SQLite checkpointer.
 
 Run: python benchmarks/bench_graph_loop.py [--steps 100,400] [--message 1000] [--rounds 3]
+     [--state typeddict|pydantic]
 
 Each round builds both graphs afresh in one process and runs each to ``--steps`` super-steps,
 one after the other; a figure is the median over rounds. Both keep every checkpoint (durably:
@@ -14,6 +15,9 @@ its journal; LangGraph: ``SqliteSaver``), so either can resume after a crash.
   (durably: the store's directory; LangGraph: the SQLite file). durably journals each
   super-step's updates, and the whole state every 64th (``FULL_STATE_EVERY``); LangGraph's
   ``SqliteSaver`` writes the whole checkpoint at every super-step.
+
+``--state pydantic`` runs both with the same state as a pydantic model (``Chat`` as a
+``BaseModel``) instead of a ``TypedDict``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,25 @@ class Chat(TypedDict):
     n: int
 
 
+def chat_model() -> Any:
+    """``Chat`` as a pydantic model (pydantic is imported only for ``--state pydantic``)."""
+    import pydantic
+
+    class ChatModel(pydantic.BaseModel):
+        messages: Annotated[list[str], operator.add] = []
+        n: int = 0
+
+    return ChatModel
+
+
+STATE: dict[str, Any] = {"type": Chat}  # the state class both graphs use (see --state)
+
+
+def field(state: Any, name: str) -> Any:
+    """A field of a state, whether a dict (TypedDict) or a model (pydantic)."""
+    return state[name] if isinstance(state, dict) else getattr(state, name)
+
+
 def message(i: int, size: int) -> str:
     """The i-th message: ``size`` characters of text that does not compress away."""
     seed = hashlib.sha256(str(i).encode()).hexdigest()
@@ -53,16 +76,18 @@ def dir_bytes(path: Path) -> int:
 def run_durably(tmp: Path, steps: int, size: int) -> tuple[float, int]:
     store = durably.DiskStore(tmp / "durably")
     durably.configure(store=store)
-    g = durably.StateGraph(Chat, name="agent")
-    g.add_node("think", lambda s: {"messages": [message(s["n"], size)], "n": s["n"] + 1})
-    g.add_conditional_edges("think", lambda s: durably.END if s["n"] >= steps else "think",
+    g = durably.StateGraph(STATE["type"], name="agent")
+    g.add_node("think", lambda s: {"messages": [message(field(s, "n"), size)],
+                                   "n": field(s, "n") + 1})
+    g.add_conditional_edges("think",
+                            lambda s: durably.END if field(s, "n") >= steps else "think",
                             ["think", durably.END])
     g.add_edge(durably.START, "think")
     app = g.compile(max_steps=steps + 10)
     t = time.perf_counter()
     final = app.invoke({"messages": [], "n": 0})
     elapsed = time.perf_counter() - t
-    assert final["n"] == steps and len(final["messages"]) == steps
+    assert field(final, "n") == steps and len(field(final, "messages")) == steps
     store.close()
     durably.configure()
     return elapsed, dir_bytes(tmp / "durably")
@@ -74,9 +99,10 @@ def run_langgraph(tmp: Path, steps: int, size: int) -> tuple[float, int]:
 
     path = tmp / "langgraph.sqlite"
     con = sqlite3.connect(str(path), check_same_thread=False)
-    g = StateGraph(Chat)
-    g.add_node("think", lambda s: {"messages": [message(s["n"], size)], "n": s["n"] + 1})
-    g.add_conditional_edges("think", lambda s: END if s["n"] >= steps else "think",
+    g = StateGraph(STATE["type"])
+    g.add_node("think", lambda s: {"messages": [message(field(s, "n"), size)],
+                                   "n": field(s, "n") + 1})
+    g.add_conditional_edges("think", lambda s: END if field(s, "n") >= steps else "think",
                             ["think", END])
     g.add_edge(START, "think")
     app = g.compile(checkpointer=SqliteSaver(con))
@@ -84,7 +110,7 @@ def run_langgraph(tmp: Path, steps: int, size: int) -> tuple[float, int]:
     t = time.perf_counter()
     final = app.invoke({"messages": [], "n": 0}, config)
     elapsed = time.perf_counter() - t
-    assert final["n"] == steps and len(final["messages"]) == steps
+    assert field(final, "n") == steps and len(field(final, "messages")) == steps
     con.close()
     return elapsed, sum(p.stat().st_size for p in tmp.glob("langgraph.sqlite*"))
 
@@ -94,7 +120,12 @@ def main() -> None:
     parser.add_argument("--steps", default="100,400", help="super-steps per run, comma-separated")
     parser.add_argument("--message", type=int, default=1000, help="bytes per message")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--state", choices=("typeddict", "pydantic"), default="typeddict",
+                        help="the state: a TypedDict (default) or a pydantic model")
     opts = parser.parse_args()
+    if opts.state == "pydantic":
+        STATE["type"] = chat_model()
+    kind = "" if opts.state == "typeddict" else f" ({opts.state} state)"
     rows: list[dict[str, Any]] = []
     for steps in (int(s) for s in opts.steps.split(",")):
         got: dict[str, list[float]] = {"d_s": [], "l_s": [], "d_b": [], "l_b": []}
@@ -109,13 +140,14 @@ def main() -> None:
             got["d_b"].append(d_b)
             got["l_b"].append(l_b)
         med = {k: statistics.median(v) for k, v in got.items()}
-        rows.append({"measure": f"agent loop, {steps} super-steps: time per super-step",
+        rows.append({"measure": f"agent loop{kind}, {steps} super-steps: time per super-step",
                      "durably_s": med["d_s"], "other_s": med["l_s"],
                      "ratio": med["d_s"] / med["l_s"], "target": "(info) vs LangGraph"})
-        rows.append({"measure": f"agent loop, {steps} super-steps: checkpoint storage",
+        rows.append({"measure": f"agent loop{kind}, {steps} super-steps: checkpoint storage",
                      "durably_mb": med["d_b"] / 1e6, "other_mb": med["l_b"] / 1e6,
                      "ratio": med["d_b"] / med["l_b"], "target": "(info) vs SqliteSaver"})
-    report("graph_loop", rows, message_bytes=opts.message, rounds=opts.rounds)
+    report("graph_loop", rows, message_bytes=opts.message, rounds=opts.rounds,
+           state=opts.state)
 
 
 if __name__ == "__main__":

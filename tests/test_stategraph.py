@@ -666,6 +666,45 @@ def test_a_node_s_copy_is_deepcopy_s_copy(data: st.DataObject) -> None:
     assert ours == theirs or repr(ours) == repr(theirs)  # (NaN is never equal to itself)
 
 
+def test_a_node_s_copy_of_a_pydantic_state_is_deepcopy_s_copy() -> None:
+    """A pydantic model (a state, a message in it) is copied as copy.deepcopy copies it (its
+    __dict__ by the fast path): equal, independent, with its private attributes, extra
+    fields and set fields; a model with its own __deepcopy__ keeps it."""
+    from durably.stategraph import _deepcopy
+
+    class Message(pydantic.BaseModel):
+        role: str
+        content: list[dict[str, Any]]
+
+    class State(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="allow")
+        messages: list[Message] = []
+        n: int = 0
+        _seen: set[str] = pydantic.PrivateAttr(default_factory=set)
+
+    class Pinned(pydantic.BaseModel):
+        n: int = 0
+
+        def __deepcopy__(self, memo: Any = None) -> Pinned:
+            return self
+
+    state = State(messages=[Message(role="user", content=[{"t": "hi"}])], note="x")
+    state._seen.add("a")
+    pinned = Pinned()
+    for value in (state, {"s": state, "again": state, "p": pinned}):
+        ours, theirs = _deepcopy(value), copy.deepcopy(value)
+        assert ours == theirs
+    ours = _deepcopy({"s": state, "again": state, "p": pinned})
+    assert ours["s"] is ours["again"] is not state and ours["p"] is pinned
+    copied = ours["s"]
+    assert copied.model_fields_set == state.model_fields_set == {"messages", "note"}
+    assert copied._seen == {"a"} and copied._seen is not state._seen
+    assert copied.model_extra == {"note": "x"}
+    copied.messages[0].content[0]["t"] = "changed"
+    copied.messages.append(Message(role="ai", content=[]))
+    assert state.messages == [Message(role="user", content=[{"t": "hi"}])]
+
+
 def test_node_names_never_collide_with_internal_steps() -> None:
     app = _one("superstep", lambda s: {"log": ["x"]}, "named")
     app.invoke({"log": [], "count": 0})

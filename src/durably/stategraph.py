@@ -238,6 +238,11 @@ def _deepcopy(value: Any) -> Any:
             memo[id(v)] = items
             items.extend([x if type(x) in atomic else copied(x) for x in v])
             return items
+        if getattr(t.__deepcopy__ if hasattr(t, "__deepcopy__") else None, "__module__",
+                   None) == "pydantic.main" and type(getattr(v, "__dict__", None)) is dict:
+            # a pydantic model (a state, a message): its __deepcopy__ copies its __dict__
+            # with deepcopy, which finds the copy made here in the memo
+            copied(v.__dict__)
         return deepcopy(v, memo)
 
     return value if type(value) in atomic else copied(value)
