@@ -61,6 +61,33 @@ def test_categoricals_timestamps_and_missing_values() -> None:
     assert digest(aware) != digest(pd.DatetimeIndex(["2026-01-01"], tz="UTC"))
 
 
+def test_what_pandas_values_carry_besides_their_values_counts() -> None:
+    """What code reads besides the values: a Timestamp's or Timedelta's resolution
+    (``as_unit``: arithmetic keeps it), a DatetimeIndex's frequency (``shift`` needs it), a
+    frame's or series' ``attrs`` and ``flags``. The defaults keep the digests they had."""
+    t = pd.Timestamp("2020-01-01 00:00:00")
+    units = {digest(t.as_unit(u)) for u in ("s", "ms", "us", "ns")}
+    assert len(units) == 4
+    assert digest(pd.Timedelta(1, "s")) != digest(pd.Timedelta(1, "s").as_unit("s"))
+    daily = pd.date_range("2020-01-01", periods=3, freq="D")
+    assert digest(daily) != digest(pd.DatetimeIndex(list(daily)))
+    assert digest(pd.timedelta_range("1D", periods=2, freq="D")) != digest(
+        pd.TimedeltaIndex(list(pd.timedelta_range("1D", periods=2, freq="D"))))
+    frame = pd.DataFrame({"w": [1.0, 2.0]})
+    labelled = frame.copy()
+    labelled.attrs["unit"] = "kg"
+    assert digest(labelled) != digest(frame) == digest(frame.copy())
+    assert digest(frame.set_flags(allows_duplicate_labels=False)) != digest(frame)
+    series = frame["w"].copy()
+    named = series.copy()
+    named.attrs["unit"] = "kg"
+    assert digest(named) != digest(series)
+    mixed = pd.DataFrame({"w": [1.0], "n": ["a"]})
+    mixed_labelled = mixed.copy()
+    mixed_labelled.attrs["unit"] = "kg"
+    assert digest(mixed_labelled) != digest(mixed)
+
+
 @attrs.define
 class Point:
     x: int

@@ -460,12 +460,13 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
             e.encode(o.columns)
             e.encode(o.index)
             e.encode(np.asarray(o.to_numpy()).T)
-            return True
-        e.encode([str(c) for c in dtypes])
-        e.encode(o.columns)
-        e.encode(o.index)
-        for i in range(o.shape[1]):  # by position: column names may repeat
-            _pandas_values(e, o.iloc[:, i])
+        else:
+            e.encode([str(c) for c in dtypes])
+            e.encode(o.columns)
+            e.encode(o.index)
+            for i in range(o.shape[1]):  # by position: column names may repeat
+                _pandas_values(e, o.iloc[:, i])
+        _pandas_metadata(e, o)
         return True
     if isinstance(o, pd.Series):
         e.record_type(b"p", t)
@@ -473,6 +474,7 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
         e.encode(o.name)
         e.encode(o.index)
         _pandas_values(e, o)
+        _pandas_metadata(e, o)
         return True
     if isinstance(o, pd.Index):
         e.record_type(b"p", t)
@@ -488,12 +490,20 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
             if any(c is not None for c in cats):
                 e.buf += b"+"
                 e.encode(cats)
+        freq = getattr(o, "freqstr", None)  # a DatetimeIndex's or TimedeltaIndex's (shift)
+        if freq is not None and not isinstance(o, pd.PeriodIndex):  # (its dtype has it)
+            e.buf += b"+"
+            e.encode(("freq", freq))
         return True
     if isinstance(o, (pd.Timestamp, pd.Timedelta)):
         # nanoseconds count (a datetime would drop them); the zone is part of the value
         e.record_type(b"p", t)
         e.encode(int(o.value))
         e.encode(str(getattr(o, "tz", None)))
+        unit = getattr(o, "unit", "ns")  # its resolution: arithmetic and .value keep it
+        if unit != "ns":
+            e.buf += b"+"
+            e.encode(unit)
         return True
     if o is pd.NaT or o is pd.NA:
         e.record_type(b"p", t)
@@ -503,6 +513,20 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
         e.encode((str(o), o.freqstr))
         return True
     return False
+
+
+def _pandas_metadata(e: Encoder, o: Any) -> None:
+    """What a DataFrame or Series carries besides its values, when it is not the default:
+    ``attrs`` (units, a source: code may read them) and ``flags`` (duplicate labels refused).
+    Nothing is written for the defaults, so such frames keep the digests they had."""
+    attrs = getattr(o, "attrs", None)
+    if attrs:
+        e.buf += b"+"
+        e.encode(("attrs", dict(attrs)))
+    flags = getattr(o, "flags", None)
+    if flags is not None and not getattr(flags, "allows_duplicate_labels", True):
+        e.buf += b"+"
+        e.encode(("flags", "no duplicate labels"))
 
 
 def _pandas_values(e: Encoder, o: Any) -> None:
