@@ -4,10 +4,13 @@ modules."""
 from __future__ import annotations
 
 import sys
+import textwrap
 import types
 from pathlib import Path
 
 import pytest
+
+from durably._fingerprint import fingerprint_function
 
 from .conftest import define, fp, load_source
 
@@ -31,6 +34,38 @@ def test_singledispatch_implementations_count() -> None:
     three = fp(define(src.replace("$V", "3"))["task"])
     assert two != three
     assert two == fp(define(src.replace("$V", "2"))["task"])
+
+
+def test_an_overload_registered_or_redefined_later_is_noticed() -> None:
+    """An overload registered after the fingerprint was taken (a later notebook cell), or
+    registered again with another body, makes the fingerprint invalid: no stale result."""
+    ns = define("""
+        import functools
+
+        @functools.singledispatch
+        def fmt(v):
+            return f"generic {v}"
+
+        def task(v):
+            return fmt(v)
+        """)
+    first = fingerprint_function(ns["task"])
+    assert first.valid()
+    exec(textwrap.dedent("""
+        @fmt.register(float)
+        def _(v):
+            return f"{v:.2f}"
+        """), ns)
+    assert not first.valid()
+    second = fingerprint_function(ns["task"])
+    assert second.digest != first.digest and second.valid()
+    exec(textwrap.dedent("""
+        @fmt.register(float)
+        def _(v):
+            return f"float {v}"
+        """), ns)
+    assert not second.valid()
+    assert fingerprint_function(ns["task"]).digest not in (first.digest, second.digest)
 
 
 def test_plugin_classes_in_a_registry_filled_by_init_subclass_count(

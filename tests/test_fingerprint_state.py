@@ -22,7 +22,7 @@ import pytest
 import durably
 from durably._fingerprint import fingerprint_function
 
-from .conftest import define, fp, variant
+from .conftest import define, fp, script_env, variant, write_script
 
 # -- configuration: changed in place, noticed ------------------------------------------------
 # Each case: a source defining `task` with the value `$V`, and a statement that changes that
@@ -291,6 +291,61 @@ def test_a_large_value_is_revalidated_by_identity() -> None:
     assert first.valid()  # in place: not seen (use version= or rebind the name)
     ns["BIG"] = list(ns["BIG"])
     assert not first.valid()
+
+
+def test_a_large_value_changed_in_place_is_seen_before_a_result_is_cached(
+        tmp_path: Path) -> None:
+    """A value checked by identity on each call (over 64 KiB; or slow to digest: a list of
+    objects) edited in place: the result computed after the edit is not cached under the key
+    of the value before it (a warning names the value), so a new process with the original
+    value never gets it; the fingerprint is taken again, so later calls see the edit."""
+    script = write_script(tmp_path / "job.py", """
+        import sys, time, warnings
+        import numpy as np, pandas as pd
+        import durably
+
+        DF = pd.DataFrame({"a": np.arange(20_000)})  # 160 kB
+
+        class Item:
+            def __init__(self, w):
+                self.w = w
+
+        ITEMS = [Item(1.0) for _ in range(3_000)]  # slow to digest (about 5 ms)
+
+        @durably.task
+        def total(n):
+            return int(DF["a"].head(n).sum())
+
+        @durably.task
+        def weight(n):
+            return sum(item.w for item in ITEMS[:n])
+
+        if sys.argv[1] == "edit":
+            print(total(3), weight(3))
+            DF.loc[0, "a"] = 1000
+            ITEMS[0].w = 100.0
+            time.sleep(0.3)  # (a notebook's next cell: a tenth of it covers the check)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                after = total(4), weight(4)
+            for w in said:
+                print("warned:", str(w.message).split(" was changed in place")[0])
+            print(*after, total(4), total(3), weight(4), weight(3))
+        else:
+            print(total(4), weight(4))
+        """)
+    env = script_env(tmp_path / "store")
+    edit = subprocess.run([sys.executable, str(script), "edit"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert edit.returncode == 0, edit.stderr
+    lines = edit.stdout.splitlines()
+    assert lines[:3] == ["3 3.0", "warned: durably: task 'total': __main__.DF",
+                         "warned: durably: task 'weight': __main__.ITEMS"]
+    assert lines[3] == "1006 103.0 1006 1003 103.0 102.0"  # the edit seen from then on
+    fresh = subprocess.run([sys.executable, str(script), "fresh"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.split() == ["6", "4.0"]  # computed from the original values
 
 
 def test_a_mutation_by_code_the_task_does_not_reach_keeps_the_value_configuration() -> None:

@@ -98,7 +98,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import wrapt
@@ -113,8 +113,12 @@ from ._revalidate import (
     _RECHECK_SECONDS,
     _WALKING,
     Fingerprint,
+    _ByIdentity,
     _Check,
     _check_of,
+    full_digest,
+    pickled_digest,
+    registry_ids,
 )
 from ._state import _is_atom, _is_code, _is_stateful, _StateFinder, _wrapped_of
 from .exceptions import SerializationError
@@ -214,6 +218,9 @@ class _Walker(_StateFinder):
         self.seen: set[int] = set()
         self.seen_names: set[tuple[int, str]] = set()
         self.checks: dict[int, _Check] = {}  # configuration checked on revalidation
+        #: configuration too large or too slow to check on every call, by id: checked before
+        #: a result is cached (see Fingerprint.changed_in_place)
+        self.unchecked: dict[int, list[Any]] = {}
         self.hits = 0  # functions and classes digested inside values so far
         self.where = ("", "")  # (function or class, name) of the value being encoded
 
@@ -381,6 +388,8 @@ class _Walker(_StateFinder):
         if check and small:
             # without functions or classes inside, the contents digest is the check digest
             self.check(value, digest if cheap else None)
+        if check and id(value) not in self.checks:
+            self.uncheck(value, where[1])
 
     def opaque(self, e: Encoder, value: Any, where: tuple[str, str]) -> None:
         """A value that cannot be digested: by its pickle, else by its type, with a warning
@@ -420,6 +429,33 @@ class _Walker(_StateFinder):
         if found is not None:
             self.keep.append(value)
             self.checks[id(value)] = found
+
+    def uncheck(self, value: Any, name: str) -> None:
+        """A configuration value too large or too slow to check on every call: checked by
+        identity, and by its contents before a result is cached, so that a result computed
+        after an in-place edit is never stored under the key of the value before it."""
+        if id(value) in self.unchecked:
+            return
+        nested = _ByIdentity(self.keep)  # (keeps what it names alive: ids are not reused)
+        found: list[tuple[float, Callable[[Any], str], str]] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for how in (pickled_digest, full_digest):  # the quicker one is kept
+                start = time.perf_counter()
+                try:
+                    digest = full_digest(value, nested) if how is full_digest else how(value)
+                    cost = time.perf_counter() - start
+                    # a pickle that differs for an unchanged value (a set rebuilt): not used
+                    if how is pickled_digest and how(value) != digest:
+                        continue
+                except Exception:  # noqa: BLE001 - not this way
+                    continue
+                found.append((cost, how, digest))
+        if found:
+            cost, chosen, digest = min(found, key=lambda f: f[0])
+            self.keep.append(value)
+            self.unchecked[id(value)] = [value, name or "a value", chosen, digest, cost,
+                                         time.monotonic()]
 
     def klass(self, c: type) -> str:
         from ._class_code import _generated  # lazily: it imports this module
@@ -549,6 +585,9 @@ class _Walker(_StateFinder):
             for cls, impl in sorted(registry.items(), key=lambda kv: type_path(kv[0])):
                 e.raw(b"t", type_path(cls))
                 self.value(e, impl, names)
+            if id(registry) not in self.checks:  # an overload registered later is noticed
+                self.keep.extend((registry, *registry.values()))  # (ids never reused)
+                self.checks[id(registry)] = (registry, registry_ids, registry_ids(registry))
             return
         if isinstance(v, types.FunctionType):
             if is_user_module(v.__module__):
@@ -661,7 +700,7 @@ def fingerprint_function(func: Any) -> Fingerprint:
             break
     assert w is not None
     return Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
-                       w.functions)
+                       w.functions, list(w.unchecked.values()))
 
 
 _ARG_CACHE: weakref.WeakKeyDictionary[Any, Fingerprint] = weakref.WeakKeyDictionary()

@@ -18,10 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import wrapt
+import xxhash
 
 from ._hashing import _ENCODERS, Encoder
 
-__all__ = ["Fingerprint"]
+__all__ = ["Fingerprint", "full_digest", "pickled_digest", "registry_ids"]
 
 #: stands for a name, attribute or closure cell that was not there when the walk read it
 _MISSING = object()
@@ -188,6 +189,34 @@ def _check_of(value: Any, keep: list[Any], digest: str | None) -> _Check | None:
         return (value, _digest_again, digest)
 
 
+def full_digest(value: Any, nested: _Nested | None = None) -> str:
+    """The digest of a configuration value however large, functions and classes inside it
+    by identity: what is compared when a value too large or too slow to check on every call
+    is checked before a result is cached (see :meth:`Fingerprint.changed_in_place`)."""
+    e = Encoder()
+    token = _WALKING.set(nested or _BY_IDENTITY)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            e.encode(value)
+    finally:
+        _WALKING.reset(token)
+    return e.hexdigest()
+
+
+def registry_ids(registry: Mapping[Any, Any]) -> tuple[tuple[int, int], ...]:
+    """Which implementation each type has in a ``functools.singledispatch`` registry, by
+    identity: an overload registered or redefined after the fingerprint was taken changes
+    it (the implementations' code counts through the walk that read them)."""
+    return tuple((id(k), id(v)) for k, v in registry.items())
+
+
+def pickled_digest(value: Any) -> str:
+    """The digest of a value's pickle, functions, classes and modules by identity: often
+    faster than :func:`full_digest` (objects, dicts), never for large arrays (copied)."""
+    return xxhash.xxh3_128_hexdigest(_pickled(value))
+
+
 def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
     e = Encoder()
     token = _WALKING.set(nested or _BY_IDENTITY)
@@ -204,7 +233,7 @@ class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
     __slots__ = ("_attrs", "_checks", "_functions", "_globals", "_keep", "changed_by",
-                 "digest")
+                 "digest", "unchecked")
 
     def __init__(
         self,
@@ -215,8 +244,13 @@ class Fingerprint:
         checks: list[_Check] | None = None,
         keep: list[Any] | None = None,
         functions: list[tuple[Any, Any, Any, Any]] | None = None,
+        unchecked: list[list[Any]] | None = None,
     ) -> None:
         self.digest = digest
+        #: configuration values too large or too slow to check on every call: [value, its
+        #: name, how to digest it, that digest, seconds it took, when it was last checked
+        #: (time.monotonic)], checked before a result is cached (see changed_in_place)
+        self.unchecked = unchecked or []
         self._globals = globals_
         # each function's code, defaults and keyword defaults, compared in one condition (the
         # test of every call of a task); other attributes (closure cells) one by one
@@ -252,11 +286,32 @@ class Fingerprint:
             return False
         return True
 
+    def changed_in_place(self, budget: float) -> str | None:
+        """The name of a configuration value too large or too slow to check on every call
+        (by identity only) whose contents changed since the fingerprint was taken: an
+        in-place edit (``DF.loc[0, "a"] = 1``) the key does not show. A value is digested
+        again when that takes at most ``budget`` seconds, or a tenth of the time since it
+        was last digested; None if none changed."""
+        clock = time.monotonic()
+        for entry in self.unchecked:
+            value, name, how, expected, cost, last = entry
+            # within the budget, or when a tenth of the time since its last check covers it
+            # (a loop of quick steps spends at most about a tenth of its time on this)
+            if cost <= budget or cost <= (clock - last) / 10:
+                entry[5] = clock
+                try:
+                    now = how(value)
+                except Exception:  # noqa: BLE001 - no longer digestible: it changed
+                    now = None
+                if now != expected:
+                    return str(name)
+        return None
+
 
 def _grouped(checks: list[_Check]) -> list[_Check]:
     """The checks, with all plain values in one pickle and all other pickled ones in another:
     one pickler per revalidation instead of one per value."""
-    out = [c for c in checks if c[1] is _digest_again]
+    out = [c for c in checks if c[1] is not _plain and c[1] is not _pickled]
     for how in (_plain, _pickled):
         values = tuple(c[0] for c in checks if c[1] is how)
         if len(values) == 1:

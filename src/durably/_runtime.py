@@ -27,6 +27,7 @@ import sys
 import time
 import types
 import uuid
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,9 @@ _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the r
 #: (other processes' journal writes wait for that transaction)
 _BATCHED_RESULT = LARGE_ROW
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
+#: seconds: a configuration value checked by identity on each call is digested again before
+#: a result is cached when that takes at most this long, or a tenth of the step's time
+_RECHECK_FLOOR = 0.002
 
 
 def is_cancelled(exc: BaseException | None) -> bool:
@@ -283,6 +287,29 @@ class Spec:
         if fp is None or not fp.valid():
             fp = self._fingerprint = fingerprint_function(self.raw)
         return fp.digest
+
+    def changed_in_place(self, seconds: float) -> bool:
+        """Whether a configuration value of the code fingerprint that is checked by identity
+        only on each call (over 64 KiB, or slow to digest) was edited in place since the
+        fingerprint was taken: then a result just computed must not be cached under a key
+        made with the value before the edit (it would be served to every later process, and
+        after a restart), and the fingerprint is taken again at the next call. A value is
+        digested again when that takes at most a tenth of the step's ``seconds`` (or 2 ms)."""
+        fp = self._fingerprint
+        if fp is None or not fp.unchecked or self.version is not None:
+            return False
+        name = fp.changed_in_place(max(_RECHECK_FLOOR, seconds / 10))
+        if name is None:
+            return False
+        self._fingerprint = None  # taken again at the next call
+        warnings.warn(
+            f"durably: {self.kind} {self.name!r}: {name} was changed in place since durably "
+            "read it (a value over 64 KiB, or slow to digest, is checked only by identity on "
+            "each call), so this result is not cached, and calls made since the change may "
+            "have been served results computed before it. Fix: rebind the name to a new "
+            "value instead of editing it in place (DF = DF.assign(...)), or pass the value "
+            "as an argument.", stacklevel=5)
+        return True
 
     def digest_inputs(self, arguments: Any) -> str:
         """The input digest of bound arguments.
@@ -569,12 +596,16 @@ class Call:
             raise
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
-            if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable):
+            if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
+                    spec._fingerprint is not None and spec._fingerprint.unchecked
+                    and spec.changed_in_place(now() - self.started)):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
-        cacheable = spec.cache
+        cacheable = spec.cache and not (
+            spec._fingerprint is not None and spec._fingerprint.unchecked
+            and spec.changed_in_place(record.ended - record.started))
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:
@@ -653,6 +684,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 return _load(data, spec, "cached"), outside
             if arguments is None:
                 arguments = spec.arguments(instance, args, kwargs)
+            outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
         return _MISS, outside
