@@ -651,6 +651,31 @@ def test_a_stale_interrupt_id_is_refused_even_with_one_pending() -> None:
     assert two.resume(run.id, {second[:8]: "go"}) == {"budget": "yes", "launch": "go"}
 
 
+def test_a_mistyped_interrupt_id_is_refused_never_taken_as_the_answer() -> None:
+    """With one interrupt pending, a mapping is the answer itself, unless a key names the
+    interrupt or was meant to: an id in upper case or with spaces is taken as the id; one
+    with a character too many, or mistyped after its first 6, is refused naming the id it
+    was likely meant to be (before, it was journaled as the answer). A mapping whose keys
+    only look like ids is refused with how to answer with it."""
+    @entrypoint
+    def one(tag: str) -> Any:
+        return durably.interrupt("approve?")
+
+    run = one.run("x")
+    pending = run.interrupts[0].id
+    for typo in (pending + "x", pending[:6] + ("0" if pending[6] != "0" else "1") * 10):
+        with pytest.raises(durably.RunStateError,
+                           match=f"not an interrupt of this run \\(did you mean '{pending}'"):
+            one.resume(run.id, {typo: "yes"})
+    with pytest.raises(durably.RunStateError, match="wrap it"):
+        one.resume(run.id, {"a1b2c3d4e5": True, "0123456789abcdef": False})
+    assert durably.get_run(run.id).status == "interrupted"  # nothing was journaled
+    assert one.resume(run.id, {f" {pending.upper()} ": {"ok": 1}}) == {"ok": 1}
+    run2 = one.run("y")
+    answer = {"reviewer": "ana", "notes": "fine"}  # keys that are not ids: the answer
+    assert one.resume(run2.id, answer) == answer
+
+
 def test_an_answer_is_not_used_for_a_changed_question(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:

@@ -276,6 +276,23 @@ def pending_interrupts(store: Store, run_id: str, attempt: int) -> list[Interrup
     return list(found.values())
 
 
+def _id_key(key: Any) -> str:
+    """A mapping's key as an interrupt id is compared: trimmed, lower case ("" for a key
+    that is not a string)."""
+    return key.strip().lower() if isinstance(key, str) else ""
+
+
+def _near_id(key: Any, ids: list[str]) -> str | None:
+    """The pending interrupt id ``key`` names or was likely meant to name: one it is a
+    prefix of (6 characters or more, whatever the case and surrounding spaces), else one
+    with the same first 6 characters (mistyped, or a character too many); None otherwise."""
+    k = _id_key(key)
+    if len(k) < 6:
+        return None
+    close = [i for i in ids if i.startswith(k)] or [i for i in ids if i[:6] == k[:6]]
+    return close[0] if len(close) == 1 else None
+
+
 def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interrupt],
                    value: Any) -> None:
     """Match ``value`` to the pending interrupts and journal the answers (committed before
@@ -290,21 +307,29 @@ def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interr
     from .exceptions import RunStateError
 
     ids = [i.id for i in pending]
-    if isinstance(value, Mapping) and value and all(
-            isinstance(k, str) and _ID_PREFIX.fullmatch(k) for k in value):
-        # keys that look like interrupt ids (or unique prefixes of 6+ characters) are ids:
-        # a stale or unknown one is an error, never an answer
+    if isinstance(value, Mapping) and value and (
+            all(isinstance(k, str) and _ID_PREFIX.fullmatch(k) for k in value)
+            or any(_near_id(k, ids) is not None for k in value)):
+        # keys that look like interrupt ids (or unique prefixes of 6+ characters) are ids, and
+        # so is a mapping with a key close to a pending id (a typo, upper case, a character
+        # too many): a stale, unknown or mistyped one is an error, never an answer
         answers = {}
         for key, answer in value.items():
-            matches = [i for i in ids if i.startswith(key)]
+            k = _id_key(key)
+            matches = [i for i in ids if len(k) >= 6 and i.startswith(k)]
             if len(matches) != 1:
                 answered = {e.key for e in store.list_events(run_id, ("answer",))}
-                why = ("was already answered" if any(a.startswith(key) for a in answered)
+                near = _near_id(key, ids)
+                why = ("was already answered" if len(k) >= 6 and any(
+                           a.startswith(k) for a in answered)
                        else "names several pending interrupts" if matches
+                       else f"is not an interrupt of this run (did you mean {near!r}?)" if near
                        else "is not an interrupt of this run")
+                wrap = (f" To answer with this mapping itself, wrap it: {{{ids[0]!r}: {{...}}}}."
+                        if len(ids) == 1 and not near else "")
                 raise RunStateError(
                     f"run {run_id!r}: interrupt {key!r} {why}; pending: {ids}. Fix: answer "
-                    "with a mapping of pending interrupt ids to values.")
+                    f"with a mapping of pending interrupt ids to values.{wrap}")
             answers[matches[0]] = answer
     elif len(pending) == 1:
         answers = {ids[0]: value}
