@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -419,6 +420,38 @@ def test_a_long_step_keeps_the_runs_lease_alive(tmp_path: Path,
         assert run.status == "running"
         out, err = proc.communicate(timeout=60)
     assert out.strip() == "result 3", err
+
+
+def test_a_lease_of_another_host_or_container_says_when_it_expires() -> None:
+    """A run held by a process this one cannot look at (another machine, or a container's
+    own pid namespace: its pid means nothing here) is judged by its lease's heartbeat: the
+    message says so and how long until the lease expires, not that it runs "right now"."""
+    import durably
+    from durably import _lease
+    from durably._config import default_store
+
+    fail = {"on": True}
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        if fail["on"]:
+            raise RuntimeError("stop")
+        return n
+
+    with pytest.raises(RuntimeError):
+        job(1)
+    run = durably.list_runs()[0]
+    store = default_store()
+    other = _lease.Owner("vm (pid namespace 4026532178)", 1, None, "their-token")
+    assert store.acquire_run(run.id, other) is None
+    fail["on"] = False
+    with pytest.raises(durably.RunStateError) as err:
+        job(1)
+    text = str(err.value)
+    assert "process 1 on vm (pid namespace 4026532178)" in text
+    assert "cannot look at" in text and "renewed 0 s ago" in text
+    assert re.search(r"once its lease expires, in 1[12]\d s", text), text
+    assert "right now" not in text
 
 
 TAKEN_OVER = """

@@ -995,6 +995,19 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                         "thread, or a stream() that is still open: close it with .close(), or "
                         "finish iterating it). Fix: wait for it, or start a separate run with "
                         "fresh=True or another run_id.")
+                if holder.host != owner.host:
+                    # another machine, or another pid namespace (a container): its process
+                    # cannot be looked at from here, only its lease's heartbeat
+                    age = max(0.0, time.time() - holder.heartbeat)
+                    left = max(0.0, LEASE_SECONDS - age)
+                    raise RunStateError(
+                        f"run {run_id!r} is held by {holder.describe()}, which this process "
+                        "cannot look at (another machine, or another container's pid namespace)"
+                        f": its lease was renewed {age:.0f} s ago. If that process is executing "
+                        "the run, two processes must not. If it died, the run can be resumed "
+                        f"once its lease expires, in {left:.0f} s (a lease not renewed for "
+                        f"{LEASE_SECONDS:.0f} s). Fix: wait for it to finish or expire (then "
+                        "rerun), or start a separate run with fresh=True or another run_id.")
                 raise RunStateError(
                     f"run {run_id!r} is being executed by {holder.describe()} right now; two "
                     "processes must not execute one run. Fix: wait for it to finish (then rerun to "
