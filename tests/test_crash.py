@@ -878,3 +878,85 @@ def test_process_pool_workers_exit_when_their_run_s_process_is_killed(tmp_path: 
     for pid in left:  # (never leave them behind, even when the test fails)
         os.kill(pid, signal.SIGKILL)
     assert left == []
+
+
+DAMAGED_WAL = """
+import os, sys, time
+import durably
+
+@durably.task(cache=False)
+def effect(i):
+    with open(os.environ["LOG"], "a") as f:
+        f.write(f"effect {i}\\n")
+    return i
+
+@durably.entrypoint
+def job(n):
+    total = sum(effect(i) for i in range(n))
+    if os.environ.get("HOLD"):
+        print("paused", flush=True)
+        time.sleep(60)
+    return total
+
+try:
+    print("result", job(200), flush=True)
+except durably.StoreError as exc:
+    print("refused:", exc, flush=True)
+"""
+
+
+def _garble(path: Path, at: int, size: int = 16) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"\xde\xad\xbe\xef" * (size // 4))
+
+
+@pytest.mark.parametrize("where", ["middle", "last commit"])
+def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
+        tmp_path: Path, where: str) -> None:
+    """SIGKILLed after 200 side-effect steps, all committed to the journal's write-ahead log;
+    then bytes of the log are garbled. SQLite stops reading at the damaged frame, so the
+    commits after it would vanish and their steps execute again: the store is refused
+    instead, with the fix, also after the last connection closed (a copy of the damaged
+    log is kept), until the user accepts the loss. A damaged last commit reads as the
+    commit a killed process was writing (no refusal: only that step executes again)."""
+    import signal
+
+    script = write_script(tmp_path / "job.py", DAMAGED_WAL)
+    log = tmp_path / "effects.log"
+    store = tmp_path / "store"
+    env = script_env(store, LOG=str(log), HOLD="1")
+    proc = _paused([sys.executable, str(script)], env)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert len(log.read_text().splitlines()) == 200
+    wal = store / "journal.sqlite3-wal"
+    size = wal.stat().st_size
+    if where == "middle":
+        _garble(wal, size // 3)
+    else:  # the page of the last frame: the last commit's
+        page = int.from_bytes(wal.read_bytes()[8:12], "big")
+        _garble(wal, size - page // 2)
+    log.write_text("")
+    env.pop("HOLD")
+    again = run_script(script, env)
+    if where == "last commit":
+        assert again.stdout.strip() == "result 19900"
+        assert len(log.read_text().splitlines()) <= 1  # at most the step of that commit
+        return
+    assert again.stdout.startswith("refused:"), again.stdout
+    assert "is damaged at frame" in again.stdout and "PRAGMA wal_checkpoint" in again.stdout
+    assert log.read_text() == ""  # no step executed again
+    kept = store / "journal.sqlite3-wal.damaged"
+    assert kept.exists()
+    cli = subprocess.run([str(Path(sys.executable).parent / "durably"), "runs"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode != 0 and "was found damaged" in cli.stderr  # still refused
+    # the user accepts the loss: the fix the message gives
+    import sqlite3
+
+    sqlite3.connect(str(store / "journal.sqlite3")).execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    kept.unlink()
+    done = run_script(script, env)
+    assert done.stdout.strip() == "result 19900"
+    assert 0 < len(log.read_text().splitlines()) < 200  # the lost commits' steps only

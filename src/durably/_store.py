@@ -33,6 +33,7 @@ import json
 import logging
 import operator
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -108,6 +109,7 @@ from ._seal import (
     unseal,
 )
 from ._serde import Spilled, Unreadable
+from ._wal import lost_commits
 from .exceptions import CorruptJournalError, DefinitionError, StoreError
 
 __all__ = [
@@ -441,6 +443,7 @@ class DiskStore:
         self.allow_shared = allow_shared
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._cache: Any = None
         self._root: Path | None = None
         self._pid = 0
@@ -705,6 +708,8 @@ class DiskStore:
                 _wal_mode(con)
                 con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
                 con.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+                if not self._wal_sound:
+                    self._check_wal(con, path)  # (before anything is written after a crash)
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
                 if not marker.exists():  # from now on a lost journal is noticed
@@ -716,6 +721,38 @@ class DiskStore:
                 raise
         self._local.con = con
         return con
+
+    def _check_wal(self, con: sqlite3.Connection, path: Path) -> None:
+        """Refuse a journal whose write-ahead log lost commits behind a damaged frame (see
+        :mod:`durably._wal`): read as it is, its runs' latest steps would look unfinished
+        and execute again. The damaged log is copied aside first (``-wal.damaged``): the
+        last connection to close checkpoints the log and deletes it, so that copy is what
+        keeps the journal refused until the user decides. Once per store object, until
+        the log is found sound."""
+        wal = path.with_name(path.name + "-wal")
+        kept = path.with_name(path.name + "-wal.damaged")
+        lost = lost_commits(con, path)
+        if lost is None and not kept.exists():
+            self._wal_sound = True
+            return
+        if lost is not None and not kept.exists():
+            with contextlib.suppress(OSError):  # (a full disk: refused all the same)
+                tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+                shutil.copyfile(wal, tmp)
+                os.replace(tmp, kept)
+        where = (f"is damaged at frame {lost[0]}: the {lost[1]} commits written after that "
+                 "frame cannot be read" if lost is not None else "was found damaged: the "
+                 "commits written after the damaged frame cannot be read")
+        raise StoreError(
+            f"the journal {path} cannot be read whole: its write-ahead log {wal} {where} "
+            "(SQLite stops at the first damaged frame; a copy of the damaged log is kept at "
+            f"{kept}). Read as it is, the latest steps of the runs written then would "
+            "look unfinished, and steps with side effects (cache=False) would execute again. "
+            "Fix: restore journal.sqlite3 and journal.sqlite3-wal together from a backup of "
+            f"the store, then delete {kept.name}; or, to go on without those commits (their "
+            "steps execute again when their runs resume), stop the processes using the store, "
+            "run: python -c \"import sqlite3; sqlite3.connect("
+            f"'{path}').execute('PRAGMA wal_checkpoint(TRUNCATE)')\", then delete {kept.name}.")
 
     def _upgrade(self, con: sqlite3.Connection) -> None:
         """Create the journal's tables, or upgrade them from an older format, in one

@@ -1,0 +1,85 @@
+"""Commits SQLite cannot read back from a damaged write-ahead log.
+
+A journal's latest commits live in ``journal.sqlite3-wal`` until a checkpoint copies them
+into the database file. SQLite reads that log frame by frame and stops at the first frame
+whose checksum fails: everything written after it is ignored, silently, and the journal
+reads as it was before. A finished step committed there would look unfinished, and a
+``cache=False`` step (a side effect) would execute again.
+
+The log's format is documented (https://www.sqlite.org/fileformat2.html#walformat): a
+32-byte header, whose two salts every frame of the current log repeats, then frames of a
+24-byte header (page number, the database size for the last frame of a commit, 0 for
+others, the salts, a checksum) and a page. The wal-index (``-shm``) says how many frames
+SQLite accepted (``mxFrame``). Frames of the current log past that point are either the
+unfinished commit of a process killed while writing it (at most one commit frame), or commits
+lost behind a damaged frame: two commit frames or more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import sqlite3
+import struct
+from pathlib import Path
+
+__all__ = ["lost_commits"]
+
+_MAGICS = (0x377F0682, 0x377F0683)
+_HEADER = 32
+_FRAME_HEADER = 24
+#: the wal-index header: mxFrame at byte 16 (native order), the log's salts at 32 (as in it)
+_MX_FRAME = struct.Struct("=I")
+_NOT_COMMIT = bytes(4)  # a frame header's database size: 0 for a frame that ends no commit
+
+
+def lost_commits(con: sqlite3.Connection, journal: Path) -> tuple[int, int] | None:
+    """``(frame, commits)`` when the write-ahead log of ``journal`` holds ``commits`` commits
+    SQLite stopped reading at ``frame`` (the first frame it did not accept), counting from
+    1; None when it holds none, or when that cannot be told (no log, a log another
+    connection is writing, an index in another format).
+
+    Takes the journal's write lock for the time it reads (``BEGIN IMMEDIATE``): no commit
+    can be appended while the frames past the accepted ones are counted. Never raises for
+    a journal it cannot lock or read: that is for the caller's own statements to say.
+    """
+    wal = journal.with_name(journal.name + "-wal")
+    shm = journal.with_name(journal.name + "-shm")
+    try:
+        if os.path.getsize(wal) <= _HEADER:
+            return None
+        con.execute("BEGIN IMMEDIATE")
+    except (OSError, sqlite3.Error):
+        return None
+    try:
+        with open(wal, "rb") as log, open(shm, "rb") as index:
+            header = log.read(_HEADER)
+            head = index.read(48)
+            if len(header) < _HEADER or len(head) < 48:
+                return None
+            magic, _version, page_size = struct.unpack_from(">III", header)
+            if magic not in _MAGICS or page_size < 512 or page_size & (page_size - 1):
+                return None
+            salts = header[16:24]
+            if head[32:40] != salts:
+                return None  # the index describes another log (one being restarted)
+            accepted = _MX_FRAME.unpack_from(head, 16)[0]
+            frame_size = _FRAME_HEADER + page_size
+            frames = (os.fstat(log.fileno()).st_size - _HEADER) // frame_size
+            commits = 0
+            if frames > accepted:
+                # (mapped: a log keeps its size when it restarts, thousands of stale frames)
+                with mmap.mmap(log.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    for at in range(_HEADER + accepted * frame_size,
+                                    _HEADER + frames * frame_size, frame_size):
+                        # a frame of the current log (its salts) that ends a commit
+                        if view[at + 8:at + 16] == salts and view[at + 4:at + 8] != _NOT_COMMIT:
+                            commits += 1
+        # one commit frame past the accepted ones: the commit a killed process was writing
+        return (accepted + 1, commits) if commits >= 2 else None
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            con.execute("ROLLBACK")
