@@ -368,6 +368,16 @@ def test_a_garbage_journal_file_stops_runs_not_the_cache(
     assert c.calls == [("square", 7)]
     assert square(7) == 49 and c.calls == [("square", 7)]
     assert "key records" in caplog.text
+    # the fix the message gives, followed as written: a new journal, the cache kept
+    text = str(info.value)
+    assert "JOURNAL" in text and "move" in text
+    store.close()
+    (root / "journal.sqlite3").rename(tmp_path / "journal.sqlite3.damaged")
+    (root / "JOURNAL").unlink()
+    store = durably.DiskStore(root)
+    durably.configure(store=store)
+    job(3)  # a new run in a new journal
+    assert [r.status for r in durably.list_runs()] == ["finished"]
     store.close()
     durably.configure()
 

@@ -607,8 +607,10 @@ class DiskStore:
             if path.name.startswith("journal"):
                 return CorruptJournalError(
                     f"cannot {action} at {path}: {exc}: the journal file is damaged. Fix: "
-                    f"move {path} aside (its runs are lost; the cache keeps working), or "
-                    f"restore it from a backup; 'sqlite3 {path} .recover' may salvage rows."
+                    f"restore it (with its -wal file) from a backup; 'sqlite3 {path} .recover' "
+                    f"may salvage rows. Or start a new journal: move {path} (and its -wal, "
+                    f"-shm files) aside and delete {path.with_name('JOURNAL')}, which marks "
+                    "that the store had one (its runs are lost; the cache keeps working)."
                 )
             hint = f"the cache index is damaged: move {path} aside; the cache starts empty."
         elif "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
