@@ -661,3 +661,25 @@ def test_key_records_write_the_json_that_json_dumps_writes(d: dict[str, Any]) ->
     from durably._records import _sorted_json
 
     assert _sorted_json(d) == json.dumps(d, sort_keys=True)
+
+
+def test_a_size_limit_below_the_cache_s_own_files_is_refused_not_a_wipe(
+        tmp_path: Path) -> None:
+    """prune(max_size=...) below what the cache takes with no entry (its SQLite index) could
+    never be reached: every entry was removed and nothing shrank. It is refused, naming that
+    size; 0 still removes every entry, and a reachable limit keeps the newest."""
+    from durably._maintenance import prune
+
+    store = durably.DiskStore(tmp_path / "s")
+    for i in range(12):
+        store.cache_put(f"k{i}", b"x" * 17)
+    with pytest.raises(ValueError, match="below what the cache takes with no entry"):
+        prune(store, max_size=1_000)
+    assert all(store.cache_get(f"k{i}") is not None for i in range(12))  # nothing removed
+    volume = int(store.cache.volume())
+    big = b"y" * 100_000
+    store.cache_put("big-old", big)
+    store.cache_put("big-new", big)
+    assert prune(store, max_size=volume + 150_000) >= 1  # the oldest first, until it fits
+    assert store.cache_get("big-new") == big
+    assert prune(store, max_size=0) > 0 and store.cache_get("big-new") is None

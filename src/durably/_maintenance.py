@@ -250,14 +250,16 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
         older_than: Remove the entries stored more than this many seconds ago. None: no
             age limit.
         max_size: Then remove the oldest remaining entries until the cache's volume on disk
-            is at most this many bytes. None: no size limit.
+            is at most this many bytes. None: no size limit; 0: every entry.
         dry_run: Count what would be removed, and remove nothing.
 
     Returns:
         How many entries were removed (with ``dry_run``: would be).
 
     Raises:
-        ValueError: both limits are None, or one is negative.
+        ValueError: both limits are None, or one is negative, or ``max_size`` is below
+            what the cache's files take with no entry (its index: removing every entry
+            would not reach it; 0 removes them all).
         StoreError: the store cannot be opened, read or written.
 
     Example:
@@ -277,6 +279,13 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
         with store._translate("cache", "read the cache"):
             entries = _entries(store)
             volume = int(store.cache.volume())
+        floor = volume - sum(e.size for e in entries)  # the index and files, no entry
+        if max_size and max_size < floor and removed == 0:
+            raise ValueError(
+                f"a cache size limit of {max_size:,} bytes is below what the cache takes with no "
+                f"entry ({floor:,} bytes: its index); removing every entry would not reach it. "
+                "Fix: give a larger size, or 0 to remove every entry (durably cache clear "
+                "does the same).")
         doomed: list[Any] = []
         rest = entries
         if older_than is not None:

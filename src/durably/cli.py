@@ -744,7 +744,10 @@ def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: st
     size = _parse_size("--max-size", max_size) if max_size is not None else None
     store = _store(ctx)
     before = int(store.cache.volume())
-    removed = _maintenance.prune(store, age, size, dry_run=dry_run)
+    try:
+        removed = _maintenance.prune(store, age, size, dry_run=dry_run)
+    except ValueError as exc:
+        _fail(str(exc).replace("a cache size limit", "--max-size"))
     _report(store, removed, before, dry_run)
 
 
