@@ -181,6 +181,7 @@ def test_get_run_and_list_runs(store: Any) -> None:
     with pytest.raises(durably.NotFoundError, match="no run 'nope'") as info:
         durably.get_run("nope")
     assert isinstance(info.value, LookupError)
+    assert "PosixPath" not in str(info.value)  # the path as it reads: '/tmp/...'
 
 
 def test_explicit_run_id_is_bound_to_its_entrypoint_and_arguments() -> None:

@@ -758,8 +758,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         if not runs:
             raise NotFoundError(
                 f"entrypoint {spec.name!r} has no run in the store at "
-                f"{getattr(store, 'path', store)!r} yet. Fix: call it first, or pass store=... "
-                "to read another store.")
+                f"{str(getattr(store, 'path', store))!r} yet. Fix: call it first, or pass "
+                "store=... to read another store.")
         return Run(runs[0], store).graph(collapse=collapse)
 
     # -- machinery -----------------------------------------------------------------------
@@ -836,7 +836,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         rec = store.find_run(validate_run_id(run_id))
         if rec is None:
             raise NotFoundError(
-                f"no run {run_id!r} in the store at {getattr(store, 'path', store)!r}. Fix: "
+                f"no run {run_id!r} in the store at {str(getattr(store, 'path', store))!r}. Fix: "
                 "check the id with durably.list_runs(), or set DURABLY_DIR for the store "
                 "that holds it.")
         if rec.entrypoint != spec.identity:
@@ -954,8 +954,8 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
     rec = st.find_run(validate_run_id(run_id))
     if rec is None:
         raise NotFoundError(
-            f"no run {run_id!r} in the store at {getattr(st, 'path', st)!r}. Fix: check the id "
-            "with durably.list_runs(), or pass store=... (or set DURABLY_DIR).")
+            f"no run {run_id!r} in the store at {str(getattr(st, 'path', st))!r}. Fix: check "
+            "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR).")
     ep = _ENTRYPOINTS.get(rec.entrypoint)
     if ep is None:
         module = rec.entrypoint.rpartition(":")[0]

@@ -364,9 +364,9 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
     rec = st.find_run(run_id)
     if rec is None:
         raise NotFoundError(
-            f"no run {run_id!r} in the store at {getattr(st, 'path', st)!r}. Fix: check the id "
-            "with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the store "
-            "that holds it."
+            f"no run {run_id!r} in the store at {str(getattr(st, 'path', st))!r}. Fix: check "
+            "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the "
+            "store that holds it."
         )
     return Run(rec, st)
 
