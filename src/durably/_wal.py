@@ -13,6 +13,12 @@ others, the salts, a checksum) and a page. The wal-index (``-shm``) says how man
 SQLite accepted (``mxFrame``). Frames of the current log past that point are either the
 unfinished commit of a process killed while writing it (at most one commit frame), or commits
 lost behind a damaged frame: two commit frames or more.
+
+One sequence reads as damage without being one: two processes each killed in the
+microseconds between writing a commit's last frame and publishing it in the wal-index, while
+another connection kept the journal open (so no recovery read them back), with no restart of
+the log in between. Those commits were never visible to anyone; accepting the "loss" (the fix
+the error gives) loses nothing.
 """
 
 from __future__ import annotations
