@@ -88,6 +88,7 @@ from installed packages and finds their versions.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import os
@@ -381,7 +382,8 @@ class _Walker(_StateFinder):
             return
         finally:
             _WALKING.reset(token)
-        cheap = time.perf_counter() - start <= _RECHECK_SECONDS and self.hits == hits
+        took = time.perf_counter() - start
+        cheap = took <= _RECHECK_SECONDS and self.hits == hits
         small = sub.hasher is None and len(sub.buf) <= _RECHECK_BYTES
         digest = sub.hexdigest()
         e.raw(b"k", bytes.fromhex(digest))
@@ -389,7 +391,8 @@ class _Walker(_StateFinder):
             # without functions or classes inside, the contents digest is the check digest
             self.check(value, digest if cheap else None)
         if check and id(value) not in self.checks:
-            self.uncheck(value, where[1])
+            # (without functions or classes inside, the walk's digest is the full digest)
+            self.uncheck(value, where[1], (digest, took) if self.hits == hits else None)
 
     def opaque(self, e: Encoder, value: Any, where: tuple[str, str]) -> None:
         """A value that cannot be digested: by its pickle, else by its type, with a warning
@@ -430,27 +433,37 @@ class _Walker(_StateFinder):
             self.keep.append(value)
             self.checks[id(value)] = found
 
-    def uncheck(self, value: Any, name: str) -> None:
+    def uncheck(self, value: Any, name: str, taken: tuple[str, float] | None) -> None:
         """A configuration value too large or too slow to check on every call: checked by
         identity, and by its contents before a result is cached, so that a result computed
-        after an in-place edit is never stored under the key of the value before it."""
+        after an in-place edit is never stored under the key of the value before it.
+        ``taken``: its full digest and the seconds it took, when the walk's is one."""
         if id(value) in self.unchecked:
             return
         nested = _ByIdentity(self.keep)  # (keeps what it names alive: ids are not reused)
         found: list[tuple[float, Callable[[Any], str], str]] = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for how in (pickled_digest, full_digest):  # the quicker one is kept
+            if taken is None:
                 start = time.perf_counter()
                 try:
-                    digest = full_digest(value, nested) if how is full_digest else how(value)
+                    digest = full_digest(value, nested)
+                except Exception:  # noqa: BLE001 - not this way (a pickle may do)
+                    pass
+                else:
+                    found.append((time.perf_counter() - start, full_digest, digest))
+            else:
+                found.append((taken[1], full_digest, taken[0]))
+            # a pickle is often quicker for objects and dicts (never for arrays and frames,
+            # which the encoder hashes in place): tried when the digest was slow
+            top = type(value).__module__.partition(".")[0]
+            if (not found or found[0][0] > _RECHECK_SECONDS) and top not in ("numpy", "pandas"):
+                start = time.perf_counter()
+                with contextlib.suppress(Exception):
+                    pickled = pickled_digest(value)
                     cost = time.perf_counter() - start
-                    # a pickle that differs for an unchanged value (a set rebuilt): not used
-                    if how is pickled_digest and how(value) != digest:
-                        continue
-                except Exception:  # noqa: BLE001 - not this way
-                    continue
-                found.append((cost, how, digest))
+                    if pickled_digest(value) == pickled:  # (stable: not a set rebuilt)
+                        found.append((cost, pickled_digest, pickled))
         if found:
             cost, chosen, digest = min(found, key=lambda f: f[0])
             self.keep.append(value)
