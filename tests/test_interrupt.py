@@ -703,6 +703,71 @@ def deploy(env):
     assert "the question of interrupt" in caplog.text
 
 
+def test_an_answer_finds_its_question_after_the_asking_task_was_edited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A task edited while its run waits for an answer (a deploy) asks under a new id: its
+    step id follows its code. The answer to the same question, which no call of the
+    attempt reached, is taken (once, with a warning) instead of asking again; it is
+    journaled for the new id, so later attempts find it there. Two answered questions
+    alike are ambiguous: the question is asked again."""
+    from tests.conftest import load_source
+
+    flow = """
+import durably
+@durably.task
+def write(topic):
+    return f"draft on {topic}"
+@durably.task
+def ask(draft):
+    $EDIT
+    return durably.interrupt({"question": "Publish?", "draft": draft})
+@durably.entrypoint
+def newsletter(topic):
+    draft = write(topic)
+    return f"published={ask(draft)}"
+"""
+    v1 = load_source(tmp_path, monkeypatch, "news_flow", flow.replace("$EDIT", "pass"))
+    run = v1.newsletter.run("owls")
+    (first,) = run.interrupts
+    v2 = load_source(tmp_path, monkeypatch, "news_flow", flow.replace("$EDIT", "x = 1"))
+    assert v2.newsletter.resume(run.id, "yes") == "published=yes"
+    assert "takes that answer" in caplog.text and first.id in caplog.text
+    done = durably.get_run(run.id)
+    assert done.status == "finished" and [s.task for s in done.steps if s.status == "ran"] \
+        == ["ask"]  # the edited task ran again; write was replayed
+    assert v2.newsletter("owls") == "published=yes"  # (finished: its result)
+
+    twice = """
+import durably
+@durably.task
+def ask(n):
+    $EDIT
+    return durably.interrupt("Approve?")
+@durably.entrypoint
+def approvals(tag):
+    return [ask(1), ask(2), ask(2)]
+"""
+    # the same question three times: told apart by the asking step's inputs; the two
+    # calls with the same inputs cannot be told apart, and their question is asked again
+    w1 = load_source(tmp_path, monkeypatch, "twice_flow", twice.replace("$EDIT", "pass"))
+    run = w1.approvals.run("t")
+    for answer in ("first", "second"):
+        with pytest.raises(durably.RunInterrupted):
+            w1.approvals.resume(run.id, answer)
+    (last,) = durably.get_run(run.id).interrupts
+    w2 = load_source(tmp_path, monkeypatch, "twice_flow", twice.replace("$EDIT", "y = 2"))
+    caplog.clear()
+    with pytest.raises(durably.RunInterrupted) as again:
+        w2.approvals.resume(run.id, {last.id: "third"})
+    assert caplog.text.count("takes that answer") == 1  # ask(1): its answer, "first"
+    (asked,) = again.value.interrupts
+    assert asked.payload == "Approve?" and asked.id != last.id
+    with pytest.raises(durably.RunInterrupted):  # (the other call with those inputs)
+        w2.approvals.resume(run.id, "again")
+    assert w2.approvals.resume(run.id, "and again") == ["first", "again", "and again"]
+
+
 def test_an_edited_side_effect_does_not_happen_again_in_its_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.conftest import load_source

@@ -54,6 +54,7 @@ class RunContext:
         "answers",
         "asked",
         "attempt",
+        "consumed",
         "counts",
         "ended",
         "halting",
@@ -104,6 +105,8 @@ class RunContext:
         #: digest of the payload each interrupt id was last asked with (an answer is used
         #: only while the question is the same)
         self.asked: dict[str, str] = {}
+        #: interrupt ids reached in this attempt (an answer is used by one call only)
+        self.consumed: set[str] = set()
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []

@@ -143,7 +143,10 @@ def interrupt(payload: Any = None) -> Any:
     interrupt_id = xxhash.xxh3_64_hexdigest(f"{step or ''}/interrupt/{n}".encode())
     if step is not None:
         ctx.uncacheable.add(step)  # its result depends on a person's answer: never cached
+    ctx.consumed.add(interrupt_id)
     answer = ctx.answers.get(interrupt_id)
+    if answer is None and ctx.asked:
+        answer = _answer_of_a_changed_step(ctx, interrupt_id, step, payload)
     if answer is not None:
         asked = ctx.asked.get(interrupt_id)
         if not asked or asked == trace_digest(payload):
@@ -158,6 +161,54 @@ def interrupt(payload: Any = None) -> Any:
     pending = Interrupt(interrupt_id, payload, step, "" if step else ctx.name)
     ctx.raised.append(pending)
     raise InterruptSignal([pending])
+
+
+def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
+                              payload: Any) -> bytes | None:
+    """The answer to the same question asked by the step this one replaces, if there is
+    exactly one. An interrupt id follows its step's id, which follows the task's code: a
+    task edited while its run waited for an answer (a deploy) asks under a new id. An
+    answered question that no call of this attempt reached, with the same payload, asked
+    by a step of the same task, caller and inputs (its code alone changed) is that
+    question: its answer is journaled for the new id too (later attempts find it there),
+    with a warning. A step given other inputs (a migrated graph state) asks again. None
+    when there is no such answer, or several."""
+    from ._hashing import trace_digest
+    from ._store import EventRecord, now
+
+    call = ctx.open.get(step) if step is not None else None
+    if call is None:
+        return None
+    digest = trace_digest(payload)
+    same = [i for i, d in ctx.asked.items()
+            if d == digest and i in ctx.answers and i not in ctx.consumed]
+    if not same:
+        return None
+    store = ctx.store
+    asked = {e.key: e for e in store.list_events(ctx.run_id, ("interrupt",)) if e.key in same}
+    found = []
+    for key, event in asked.items():
+        if event.step_id is None:
+            continue
+        old = next((r for r in store.list_steps(ctx.run_id, attempt=event.attempt)
+                    if r.step_id == event.step_id and r.status == "interrupted"), None)
+        if old is not None and (old.task, old.parent_id, tuple(old.input_digests)) == (
+                call.spec.name, call.parent, tuple(call.flow)):
+            found.append(key)
+    if len(found) != 1:
+        return None
+    old_id = found[0]
+    ctx.consumed.add(old_id)
+    answer: bytes = ctx.answers[old_id]
+    store.append_events([EventRecord(ctx.run_id, "answer", now(), ctx.attempt, step,
+                                     interrupt_id, answer)])
+    ctx.answers[interrupt_id] = answer
+    ctx.asked[interrupt_id] = digest
+    log.warning(
+        "durably: run %r: interrupt %s was answered, but the step that asked it changed since "
+        "(its code was edited?): it asks the same question with the same inputs as interrupt "
+        "%s, which takes that answer", ctx.run_id, old_id, interrupt_id)
+    return answer
 
 
 def idempotency_key() -> str:
