@@ -207,3 +207,33 @@ def test_processes_resuming_one_run_at_once_never_both_execute_it(tmp_path: Path
                 and int(line.split()[1]) >= 6}
     assert len(resumers) == 1
     _assert_sound(tmp_path / "store")
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads Linux's /proc/locks")
+def test_a_second_store_object_on_a_path_keeps_sqlite_s_locks(tmp_path: Path) -> None:
+    """On Linux, closing any descriptor of a file drops every POSIX lock the process holds
+    on it. The journal's check of its write-ahead log (at a store object's first access)
+    reads the wal-index: through a descriptor it never closes, so a second DiskStore on the
+    same path (a notebook cell configuring the store again) leaves the first's SQLite
+    locks in place (a review saw readers die of SIGBUS once they were dropped)."""
+    import os
+
+    first = durably.DiskStore(tmp_path / "s")
+
+    @durably.entrypoint(store=first)
+    def hello(x: int) -> int:
+        return x
+
+    hello(1)
+    shm = os.stat(tmp_path / "s" / "journal.sqlite3-shm").st_ino
+
+    def held() -> list[str]:
+        return [line for line in Path("/proc/locks").read_text().splitlines()
+                if line.split()[4] == str(os.getpid()) and line.split()[5].endswith(f":{shm}")]
+
+    before = held()
+    assert before  # SQLite's lock on the wal-index, while the first store is open
+    for _ in range(2):
+        durably.DiskStore(tmp_path / "s").list_runs()
+        assert held() == before
+    assert hello(2) == 2

@@ -40,6 +40,24 @@ _MX_FRAME = struct.Struct("=I")
 _NOT_COMMIT = bytes(4)  # a frame header's database size: 0 for a frame that ends no commit
 
 
+#: a descriptor of each wal-index read, by (device, inode), never closed: on Linux (POSIX
+#: locks), closing any descriptor of a file drops every lock this process holds on it,
+#: SQLite's own locks on the wal-index included (a reader then sees a torn index: SIGBUS)
+_INDEX_FDS: dict[tuple[int, int], int] = {}
+
+
+def _index_header(shm: Path) -> bytes:
+    """The first 48 bytes of the wal-index (its header), read through a descriptor kept
+    open for the life of the process."""
+    st = os.stat(shm)
+    fd = _INDEX_FDS.get((st.st_dev, st.st_ino))
+    if fd is None:
+        fd = os.open(shm, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        opened = os.fstat(fd)
+        _INDEX_FDS[(opened.st_dev, opened.st_ino)] = fd
+    return os.pread(fd, 48, 0)
+
+
 def lost_commits(con: sqlite3.Connection, journal: Path) -> tuple[int, int] | None:
     """``(frame, commits)`` when the write-ahead log of ``journal`` holds ``commits`` commits
     SQLite stopped reading at ``frame`` (the first frame it did not accept), counting from
@@ -59,9 +77,9 @@ def lost_commits(con: sqlite3.Connection, journal: Path) -> tuple[int, int] | No
     except (OSError, sqlite3.Error):
         return None
     try:
-        with open(wal, "rb") as log, open(shm, "rb") as index:
+        with open(wal, "rb") as log:  # (SQLite takes no lock on the log: closing it is safe)
             header = log.read(_HEADER)
-            head = index.read(48)
+            head = _index_header(shm)
             if len(header) < _HEADER or len(head) < 48:
                 return None
             magic, _version, page_size = struct.unpack_from(">III", header)
