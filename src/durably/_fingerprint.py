@@ -88,7 +88,6 @@ from installed packages and finds their versions.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import functools
 import os
@@ -99,7 +98,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import wrapt
@@ -114,11 +113,8 @@ from ._revalidate import (
     _RECHECK_SECONDS,
     _WALKING,
     Fingerprint,
-    _ByIdentity,
     _Check,
     _check_of,
-    full_digest,
-    pickled_digest,
     registry_ids,
 )
 from ._state import _is_atom, _is_code, _is_stateful, _StateFinder, _wrapped_of
@@ -222,6 +218,9 @@ class _Walker(_StateFinder):
         #: configuration too large or too slow to check on every call, by id: checked before
         #: a result is cached (see Fingerprint.changed_in_place)
         self.unchecked: dict[int, list[Any]] = {}
+        #: while a configuration value is encoded: the digest given to each function and
+        #: class met inside it, by id (its check before caching gives them the same)
+        self.met: dict[int, str] | None = None
         self.hits = 0  # functions and classes digested inside values so far
         self.where = ("", "")  # (function or class, name) of the value being encoded
 
@@ -373,6 +372,7 @@ class _Walker(_StateFinder):
         where = self.where
         start = time.perf_counter()
         token = _WALKING.set(self)  # functions inside the value are walked by this walk
+        outer, self.met = self.met, {}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -382,6 +382,9 @@ class _Walker(_StateFinder):
             return
         finally:
             _WALKING.reset(token)
+            met, self.met = self.met, outer
+            if outer is not None:
+                outer.update(met)
         took = time.perf_counter() - start
         cheap = took <= _RECHECK_SECONDS and self.hits == hits
         small = sub.hasher is None and len(sub.buf) <= _RECHECK_BYTES
@@ -391,8 +394,7 @@ class _Walker(_StateFinder):
             # without functions or classes inside, the contents digest is the check digest
             self.check(value, digest if cheap else None)
         if check and id(value) not in self.checks:
-            # (without functions or classes inside, the walk's digest is the full digest)
-            self.uncheck(value, where[1], (digest, took) if self.hits == hits else None)
+            self.uncheck(value, where[1], digest, took, met)
 
     def opaque(self, e: Encoder, value: Any, where: tuple[str, str]) -> None:
         """A value that cannot be digested: by its pickle, else by its type, with a warning
@@ -433,41 +435,15 @@ class _Walker(_StateFinder):
             self.keep.append(value)
             self.checks[id(value)] = found
 
-    def uncheck(self, value: Any, name: str, taken: tuple[str, float] | None) -> None:
+    def uncheck(self, value: Any, name: str, digest: str, took: float,
+                met: dict[int, str]) -> None:
         """A configuration value too large or too slow to check on every call: checked by
-        identity, and by its contents before a result is cached, so that a result computed
-        after an in-place edit is never stored under the key of the value before it.
-        ``taken``: its full digest and the seconds it took, when the walk's is one."""
-        if id(value) in self.unchecked:
-            return
-        nested = _ByIdentity(self.keep)  # (keeps what it names alive: ids are not reused)
-        found: list[tuple[float, Callable[[Any], str], str]] = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if taken is None:
-                start = time.perf_counter()
-                try:
-                    digest = full_digest(value, nested)
-                except Exception:  # noqa: BLE001 - not this way (a pickle may do)
-                    pass
-                else:
-                    found.append((time.perf_counter() - start, full_digest, digest))
-            else:
-                found.append((taken[1], full_digest, taken[0]))
-            # a pickle is often quicker for objects and dicts (never for arrays and frames,
-            # which the encoder hashes in place): tried when the digest was slow
-            top = type(value).__module__.partition(".")[0]
-            if (not found or found[0][0] > _RECHECK_SECONDS) and top not in ("numpy", "pandas"):
-                start = time.perf_counter()
-                with contextlib.suppress(Exception):
-                    pickled = pickled_digest(value)
-                    cost = time.perf_counter() - start
-                    if pickled_digest(value) == pickled:  # (stable: not a set rebuilt)
-                        found.append((cost, pickled_digest, pickled))
-        if found:
-            cost, chosen, digest = min(found, key=lambda f: f[0])
+        identity, and by its contents before a result is cached (see
+        :meth:`Fingerprint.changed_in_place`), with the digest this walk gave it (``took``
+        seconds) and the digests it gave the functions and classes inside (``met``)."""
+        if id(value) not in self.unchecked:
             self.keep.append(value)
-            self.unchecked[id(value)] = [value, name or "a value", chosen, digest, cost,
+            self.unchecked[id(value)] = [value, name or "a value", met, digest, took,
                                          time.monotonic()]
 
     def klass(self, c: type) -> str:
@@ -680,7 +656,10 @@ class _Walker(_StateFinder):
         self.hits += 1
         e = Encoder()
         self.value(e, obj, set())
-        return e.hexdigest()
+        digest = e.hexdigest()
+        if self.met is not None:
+            self.met[id(obj)] = digest
+        return digest
 
 
 _PASSES = 3  # a second pass when state was found after it was encoded as configuration

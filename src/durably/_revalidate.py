@@ -18,11 +18,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import wrapt
-import xxhash
 
 from ._hashing import _ENCODERS, Encoder
 
-__all__ = ["Fingerprint", "full_digest", "pickled_digest", "registry_ids"]
+__all__ = ["Fingerprint", "full_digest", "registry_ids"]
 
 #: stands for a name, attribute or closure cell that was not there when the walk read it
 _MISSING = object()
@@ -189,10 +188,28 @@ def _check_of(value: Any, keep: list[Any], digest: str | None) -> _Check | None:
         return (value, _digest_again, digest)
 
 
+class _AsWalked:
+    """Functions and classes inside a configuration value, given the digests the walk that
+    took the fingerprint gave them (by identity); one it did not meet stands for a change."""
+
+    __slots__ = ("met",)
+
+    def __init__(self, met: dict[int, str]) -> None:
+        self.met = met
+
+    def nested(self, obj: Any) -> str | None:
+        if not isinstance(
+            obj, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper, types.FunctionType, type)
+        ):
+            return None
+        return self.met.get(id(obj), f"new:{id(obj):x}")
+
+
 def full_digest(value: Any, nested: _Nested | None = None) -> str:
-    """The digest of a configuration value however large, functions and classes inside it
-    by identity: what is compared when a value too large or too slow to check on every call
-    is checked before a result is cached (see :meth:`Fingerprint.changed_in_place`)."""
+    """The digest of a configuration value however large, as the encoder gives it (cached
+    properties left out), functions and classes inside it by ``nested`` (by identity when
+    None): compared when a value too large or too slow to check on every call is checked
+    before a result is cached (see :meth:`Fingerprint.changed_in_place`)."""
     e = Encoder()
     token = _WALKING.set(nested or _BY_IDENTITY)
     try:
@@ -209,12 +226,6 @@ def registry_ids(registry: Mapping[Any, Any]) -> tuple[tuple[int, int], ...]:
     identity: an overload registered or redefined after the fingerprint was taken changes
     it (the implementations' code counts through the walk that read them)."""
     return tuple((id(k), id(v)) for k, v in registry.items())
-
-
-def pickled_digest(value: Any) -> str:
-    """The digest of a value's pickle, functions, classes and modules by identity: often
-    faster than :func:`full_digest` (objects, dicts), never for large arrays (copied)."""
-    return xxhash.xxh3_128_hexdigest(_pickled(value))
 
 
 def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
@@ -248,8 +259,9 @@ class Fingerprint:
     ) -> None:
         self.digest = digest
         #: configuration values too large or too slow to check on every call: [value, its
-        #: name, how to digest it, that digest, seconds it took, when it was last checked
-        #: (time.monotonic)], checked before a result is cached (see changed_in_place)
+        #: name, the digests of the functions and classes met inside it by id, its digest,
+        #: seconds it took, when it was last checked (time.monotonic)], checked before a
+        #: result is cached (see changed_in_place)
         self.unchecked = unchecked or []
         self._globals = globals_
         # each function's code, defaults and keyword defaults, compared in one condition (the
@@ -294,13 +306,13 @@ class Fingerprint:
         was last digested; None if none changed."""
         clock = time.monotonic()
         for entry in self.unchecked:
-            value, name, how, expected, cost, last = entry
+            value, name, met, expected, cost, last = entry
             # within the budget, or when a tenth of the time since its last check covers it
             # (a loop of quick steps spends at most about a tenth of its time on this)
             if cost <= budget or cost <= (clock - last) / 10:
                 entry[5] = clock
                 try:
-                    now = how(value)
+                    now = full_digest(value, _AsWalked(met))
                 except Exception:  # noqa: BLE001 - no longer digestible: it changed
                     now = None
                 if now != expected:

@@ -78,7 +78,7 @@ _BATCHED_RESULT = LARGE_ROW
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
 #: seconds: a configuration value checked by identity on each call is digested again before
 #: a result is cached when that takes at most this long, or a tenth of the step's time
-_RECHECK_FLOOR = 0.002
+_RECHECK_FLOOR = 0.01
 
 
 def is_cancelled(exc: BaseException | None) -> bool:
@@ -294,7 +294,8 @@ class Spec:
         fingerprint was taken: then a result just computed must not be cached under a key
         made with the value before the edit (it would be served to every later process, and
         after a restart), and the fingerprint is taken again at the next call. A value is
-        digested again when that takes at most a tenth of the step's ``seconds`` (or 2 ms)."""
+        digested again when that takes at most a tenth of the step's ``seconds`` (or 10 ms),
+        or a tenth of the time since it was last checked."""
         fp = self._fingerprint
         if fp is None or not fp.unchecked or self.version is not None:
             return False
