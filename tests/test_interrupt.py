@@ -663,7 +663,11 @@ def test_a_mistyped_interrupt_id_is_refused_never_taken_as_the_answer() -> None:
 
     run = one.run("x")
     pending = run.interrupts[0].id
-    for typo in (pending + "x", pending[:6] + ("0" if pending[6] != "0" else "1") * 10):
+    other = {c: "0" if c != "0" else "1" for c in pending}
+    typos = (pending + "x", pending[:6] + other[pending[6]] * 10,
+             (pending[:2] + other[pending[2]] + pending[3:]).upper(),  # upper case, mistyped
+             pending[1:], "id:" + pending, pending[:3] + "-" + pending[3:])
+    for typo in typos:
         with pytest.raises(durably.RunStateError,
                            match=f"not an interrupt of this run \\(did you mean '{pending}'"):
             one.resume(run.id, {typo: "yes"})

@@ -10,6 +10,7 @@ interrupts by their order within a task in the same way).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -335,12 +336,16 @@ def _id_key(key: Any) -> str:
 
 def _near_id(key: Any, ids: list[str]) -> str | None:
     """The pending interrupt id ``key`` names or was likely meant to name: one it is a
-    prefix of (6 characters or more, whatever the case and surrounding spaces), else one
-    with the same first 6 characters (mistyped, or a character too many); None otherwise."""
+    prefix of (6 characters or more, whatever the case and surrounding spaces), one it
+    contains (``"id:<id>"``), else the one it is close to (a character or two mistyped,
+    dropped, added); None otherwise."""
     k = _id_key(key)
     if len(k) < 6:
         return None
-    close = [i for i in ids if i.startswith(k)] or [i for i in ids if i[:6] == k[:6]]
+    close = ([i for i in ids if i.startswith(k)] or [i for i in ids if i in k]
+             or [i for i in ids if i[:6] == k[:6]]
+             or ([i for i in ids if difflib.SequenceMatcher(None, k, i).ratio() >= 0.8]
+                 if len(k) >= 10 else []))
     return close[0] if len(close) == 1 else None
 
 
@@ -359,7 +364,7 @@ def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interr
 
     ids = [i.id for i in pending]
     if isinstance(value, Mapping) and value and (
-            all(isinstance(k, str) and _ID_PREFIX.fullmatch(k) for k in value)
+            all(_ID_PREFIX.fullmatch(_id_key(k)) for k in value)
             or any(_near_id(k, ids) is not None for k in value)):
         # keys that look like interrupt ids (or unique prefixes of 6+ characters) are ids, and
         # so is a mapping with a key close to a pending id (a typo, upper case, a character
