@@ -241,6 +241,17 @@ def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
     return removed
 
 
+def _empty_volume(store: DiskStore) -> int:
+    """What the cache's index takes on disk with no entry: a page for each of its tables
+    and indexes, the header page and, when it frees pages as it goes (auto_vacuum), a
+    pointer-map page."""
+    sql = store.cache._sql
+    page = int(sql("PRAGMA page_size").fetchone()[0])
+    trees = int(sql("SELECT count(*) FROM sqlite_master WHERE rootpage > 0").fetchone()[0])
+    vacuum = int(sql("PRAGMA auto_vacuum").fetchone()[0]) != 0
+    return page * (trees + 1 + vacuum)
+
+
 def prune(store: DiskStore, older_than: float | None = None, max_size: int | None = None, *,
           dry_run: bool = False) -> int:
     """Remove cache entries by age and by size, oldest first; journals are never touched.
@@ -279,7 +290,7 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
         with store._translate("cache", "read the cache"):
             entries = _entries(store)
             volume = int(store.cache.volume())
-        floor = volume - sum(e.size for e in entries)  # the index and files, no entry
+        floor = _empty_volume(store)
         if max_size and max_size < floor and removed == 0:
             raise ValueError(
                 f"a cache size limit of {max_size:,} bytes is below what the cache takes with no "
