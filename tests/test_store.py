@@ -683,3 +683,7 @@ def test_a_size_limit_below_the_cache_s_own_files_is_refused_not_a_wipe(
     assert prune(store, max_size=volume + 150_000) >= 1  # the oldest first, until it fits
     assert store.cache_get("big-new") == big
     assert prune(store, max_size=0) > 0 and store.cache_get("big-new") is None
+    # a limit above the empty index, below the index of many entries: reachable, so done
+    for i in range(300):
+        store.cache_put(f"m{i}", bytes([i % 256]) * 3_000)
+    assert prune(store, max_size=100_000) > 0 and store.cache.volume() <= 100_000
