@@ -149,8 +149,10 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
             moved_classes += [c for c in (path, *used) if c not in moved_classes]
         named = ", ".join(f"{path} ({', '.join(used)})" if used else path
                           for path, used in moved)
-        because = (f": the code of its class {named} changed" if len(moved) == 1
-                   else f": the code of its classes {named} changed" if moved else "")
+        # (the class's code is part of the argument's digest: whether its data changed
+        # too cannot be told apart, so this says both, not which caused the miss)
+        because = (f", and the code of its class {named} changed" if len(moved) == 1
+                   else f", and the code of its classes {named} changed" if moved else "")
         why.append(f"argument {arg!r} differs ({_short(nearest.inputs.get(arg))} before, "
                    f"{_short(inputs.get(arg))} now){because}")
     changed_code += tuple(c for c in moved_classes if c not in changed_code)
