@@ -1327,3 +1327,28 @@ def test_the_idle_lease_thread_does_not_spin(monkeypatch: pytest.MonkeyPatch) ->
     cpu = time.process_time()
     time.sleep(1.2)
     assert time.process_time() - cpu < 0.3
+
+
+def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
+    """``task.clear()`` (joblib's ``f.clear()``): this task's entries, every code version
+    and input, and none of another task's; a run still replays its finished steps."""
+    calls: list[int] = []
+
+    @task
+    def square(x: int) -> int:
+        calls.append(x)
+        return x * x
+
+    @task
+    def cube(x: int) -> int:
+        return x ** 3
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(square(i) for i in range(n))
+
+    assert job(3) == 5 and cube(2) == 8
+    assert square.clear() == 3 and square.clear() == 0
+    assert cube.explain(2).hit and not square.explain(1).hit
+    assert job(3) == 5 and calls == [0, 1, 2]  # (finished: its run's result)
+    assert square(1) == 1 and calls == [0, 1, 2, 1]  # outside the run: executed again

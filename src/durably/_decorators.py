@@ -44,7 +44,13 @@ from ._runtime import (
 )
 from ._store import RunRecord, Store, now
 from ._tracer import Event, RunGraph
-from .exceptions import DefinitionError, NotFoundError, RunInterrupted, RunStateError
+from .exceptions import (
+    DefinitionError,
+    NotFoundError,
+    RunInterrupted,
+    RunStateError,
+    StoreError,
+)
 
 __all__ = ["Entrypoint", "Task", "entrypoint", "fork", "task"]
 
@@ -64,6 +70,24 @@ else:
     # wrapt < 2.5 cannot subscript FunctionWrapper at run time: add the generic parameters here
     class _Wrapper(wrapt.FunctionWrapper, Generic[P, R]):
         pass
+
+
+def _clear_task(spec: Spec) -> int:
+    """Remove the cache entries of the task ``spec`` describes (see :meth:`Task.clear`)."""
+    store = spec.store or default_store()
+    clear = getattr(store, "clear_task", None)
+    if clear is not None:  # (a MemoryStore, or a store of one's own)
+        return int(clear(spec.identity))
+    from ._maintenance import clear as clear_cache
+    from ._store import DiskStore
+
+    if not isinstance(store, DiskStore):
+        raise StoreError(f"task {spec.name!r}: clear() needs a DiskStore or a store with a "
+                         f"clear_task(identity) method; {type(store).__name__} has neither.")
+    try:
+        return clear_cache(store, spec.identity)
+    except NotFoundError:
+        return 0  # it never wrote to this cache
 
 
 def _resolve(module: str, qualname: str) -> Any:
@@ -245,6 +269,10 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
         """See :meth:`Task.explain`."""
         return explain(self._self_parent._self_spec, None, _instance_of(self), args, kwargs)
 
+    def clear(self) -> int:
+        """See :meth:`Task.clear`."""
+        return _clear_task(self._self_parent._self_spec)
+
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """See :meth:`Task.cache_key`."""
         return str(self._self_parent._self_spec.key_for(_instance_of(self), args, kwargs))
@@ -382,6 +410,29 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
             >>> durably.configure()
         """
         return explain(self._self_spec, None, None, args, kwargs)
+
+    def clear(self) -> int:
+        """Remove this task's entries from the cross-run cache, whatever their code version
+        and inputs (joblib's ``f.clear()``); runs' journals are kept, so a run still replays
+        its finished steps. The next call with any arguments executes.
+
+        Returns:
+            How many entries were removed.
+
+        Raises:
+            StoreError: the store cannot be read or written.
+
+        Example:
+            >>> import durably, tempfile
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def square(x):
+            ...     return x * x
+            >>> square(2), square(3), square.clear(), square.explain(2).hit, square.clear()
+            (4, 9, 2, False, 0)
+            >>> durably.configure()
+        """
+        return _clear_task(self._self_spec)
 
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """The cache key (32 hex characters) a call with these arguments would use.

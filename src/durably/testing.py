@@ -59,6 +59,15 @@ class MemoryStore:
                 if info is not None:
                     self._keys[key] = info
 
+    def clear_task(self, task: str) -> int:
+        """Remove the cache entries of the task of this identity (see ``Task.clear``)."""
+        with self._lock:
+            keys = [k for k, info in self._keys.items() if info.task == task]
+            for k in keys:
+                self._keys.pop(k, None)
+                self._cache.pop(k, None)
+            return len(keys)
+
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._lock:
             found = [k for k in self._keys.values() if k.task == task]
