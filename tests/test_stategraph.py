@@ -1707,3 +1707,37 @@ def test_an_invalid_update_of_one_of_parallel_nodes_names_that_node() -> None:
     g.add_edge(START, "good").add_edge(START, "bad").add_edge(["good", "bad"], END)
     with pytest.raises(InvalidUpdateError, match=r"\(the updates of node 'bad'\)"):
         g.compile().invoke({})
+
+
+def test_langgraph_s_builder_shortcuts_and_send_s_message() -> None:
+    """What code ported from LangGraph reaches for: add_node(fn) named by the function,
+    add_sequence, set_entry_point / set_finish_point; and a router returning LangGraph's
+    Send is told Send is not there, and what to do instead (not to declare it)."""
+    def fetch(s: Log) -> dict[str, Any]:
+        return {"log": ["fetch"], "count": s["count"] + 1}
+
+    def clean(s: Log) -> dict[str, Any]:
+        return {"log": ["clean"]}
+
+    def report(s: Log) -> dict[str, Any]:
+        return {"log": [f"report {s['count']}"]}
+
+    g = StateGraph(Log, name="shortcuts")
+    g.add_sequence([fetch, ("tidy", clean)]).add_node(report)
+    g.set_entry_point("fetch").add_edge("tidy", "report").set_finish_point("report")
+    assert g.compile().invoke({"log": [], "count": 0}) == {
+        "log": ["fetch", "clean", "report 1"], "count": 1}
+
+    class Send:  # (as langgraph.types.Send is: a node and its input)
+        def __init__(self, node: str, arg: Any) -> None:
+            self.node, self.arg = node, arg
+
+        def __repr__(self) -> str:
+            return f"Send(node={self.node!r}, arg={self.arg!r})"
+
+    h = StateGraph(Log, name="sends")
+    h.add_node("gen", lambda s: {"log": ["gen"]})
+    h.add_conditional_edges(START, lambda s: [Send("gen", x) for x in (1, 2)], ["gen"])
+    h.add_edge("gen", END)
+    with pytest.raises(InvalidRouteError, match="Send .* is not part of durably"):
+        h.compile().invoke({"log": [], "count": 0})

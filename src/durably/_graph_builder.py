@@ -4,6 +4,7 @@ Public names are re-exported by :mod:`durably.stategraph`."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -113,13 +114,14 @@ class StateGraph(Generic[S]):
         self.problems: list[str] = []
         self.module = _caller_module()
 
-    def add_node(self, name: str, fn: Any, *, cache: bool = False) -> StateGraph[S]:
+    def add_node(self, name: Any, fn: Any = None, *, cache: bool = False) -> StateGraph[S]:
         """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
         subgraph: it runs on the current state, and its update is what its own nodes wrote,
         applied in order through this graph's reducers).
 
         Args:
-            name: Unique node name (not ``START``/``END``).
+            name: Unique node name (not ``START``/``END``); or the function alone, named by
+                its ``__name__`` (``add_node(fetch)``, as LangGraph allows).
             fn: The node function, or a :class:`CompiledGraph`.
             cache: True to also serve the node from the cross-run cache when its code and
                 input state are unchanged. Default False: a node is journaled in its run
@@ -129,6 +131,8 @@ class StateGraph(Generic[S]):
         Returns:
             The builder (calls chain).
         """
+        if fn is None and not isinstance(name, str) and callable(name):
+            fn, name = name, getattr(name, "__name__", None)
         if not isinstance(name, str) or not name:
             self.problems.append(f"a node name must be a non-empty string, not {name!r}")
             return self
@@ -144,6 +148,32 @@ class StateGraph(Generic[S]):
         self.nodes[name] = fn
         self.node_options[name] = {"cache": cache}
         return self
+
+    def add_sequence(self, nodes: Sequence[Any]) -> StateGraph[S]:
+        """Add nodes that run one after the other, each a function (named by its
+        ``__name__``) or a ``(name, function)`` pair, with an edge from each to the next
+        (LangGraph's ``add_sequence``); the first still needs an edge into it.
+
+        Returns:
+            The builder.
+        """
+        names: list[str] = []
+        for node in nodes:
+            name, fn = node if isinstance(node, tuple) else (getattr(node, "__name__", node),
+                                                            node)
+            self.add_node(name, fn)
+            names.append(name)
+        for a, b in itertools.pairwise(names):
+            self.add_edge(a, b)
+        return self
+
+    def set_entry_point(self, name: str) -> StateGraph[S]:
+        """``add_edge(START, name)`` (LangGraph's name for it)."""
+        return self.add_edge(START, name)
+
+    def set_finish_point(self, name: str) -> StateGraph[S]:
+        """``add_edge(name, END)`` (LangGraph's name for it)."""
+        return self.add_edge(name, END)
 
     def add_edge(self, source: str | Sequence[str], target: str) -> StateGraph[S]:
         """Add an edge. ``add_edge([a, b], c)`` is a join: ``c`` runs once both ``a`` and

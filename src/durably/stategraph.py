@@ -675,6 +675,13 @@ class CompiledGraph(Generic[S]):
                         "one of them, or declare it in add_conditional_edges.")
                 targets.append(r.mapping[v])
             else:
+                if type(v).__name__ == "Send" and hasattr(v, "node"):
+                    raise InvalidRouteError(
+                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}: "
+                        "LangGraph's Send (one node run per item, each with its own input) "
+                        "is not part of durably's StateGraph. Fix: route to a node that fans "
+                        "out inside itself (a task's .map over the items), or keep the items "
+                        "in the state and route to the node that handles them.")
                 if v not in r.names:
                     raise InvalidRouteError(
                         f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
