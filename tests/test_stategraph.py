@@ -1739,5 +1739,5 @@ def test_langgraph_s_builder_shortcuts_and_send_s_message() -> None:
     h.add_node("gen", lambda s: {"log": ["gen"]})
     h.add_conditional_edges(START, lambda s: [Send("gen", x) for x in (1, 2)], ["gen"])
     h.add_edge("gen", END)
-    with pytest.raises(InvalidRouteError, match="Send .* is not part of durably"):
+    with pytest.raises(InvalidRouteError, match=r"Send .* is not part of durably"):
         h.compile().invoke({"log": [], "count": 0})
