@@ -305,3 +305,37 @@ def test_a_user_module_named_like_a_standard_one_is_user_code(user_modules: Load
     mod = user_modules({**files, "tabnanny.py": helper.replace("$V", "2")}, "fpm_stdname")
     assert fp(mod.task) != one
     assert not _origin.is_user_module("json")
+
+
+def test_the_methods_of_a_user_metaclass_count_for_its_classes() -> None:
+    """A class's code covers its metaclass's when that is the user's (``type(s).tag()``
+    calls it): editing the metaclass changes the fingerprint of code using the class, and
+    of the class given as a value. A library's metaclass (ABCMeta) counts by name only."""
+    src = """
+        import abc
+
+        class Meta(type):
+            def tag(cls):
+                return "m$V"
+
+        class WithMeta(metaclass=Meta):
+            def __init__(self):
+                self.x = 1
+
+        class Abstract(abc.ABC):
+            pass
+
+        def task(s):
+            return type(s).tag()
+
+        def uses_class():
+            return WithMeta.tag()
+        """
+    one, two = (define(src.replace("$V", v)) for v in ("1", "2"))
+    assert fp(one["task"]) == fp(two["task"])  # (s is an argument: not the task's code)
+    assert fp(one["uses_class"]) != fp(two["uses_class"])
+    from durably import digest
+
+    assert digest(one["WithMeta"]) != digest(two["WithMeta"])
+    assert digest(one["WithMeta"]()) != digest(two["WithMeta"]())  # an instance too
+    assert digest(one["Abstract"]) == digest(define(src.replace("$V", "3"))["Abstract"])

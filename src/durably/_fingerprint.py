@@ -467,6 +467,11 @@ class _Walker(_StateFinder):
             for base in c.__bases__:
                 self.value(e, base, names)
                 own.text(b"B", f"{base.__module__}.{base.__qualname__}")
+            meta = type(c)
+            if meta is not type and is_user_module(meta.__module__):
+                # a metaclass of the user's: its methods are the class's (type(s).tag())
+                e.text(b"M", "")
+                self.value(e, meta, names)
             self.class_mutations(c)  # before its attributes are encoded
             is_enum = issubclass(c, enum.Enum)
             ns = vars(c)
