@@ -772,6 +772,60 @@ def approvals(tag):
     assert w2.approvals.resume(run.id, "and again") == ["first", "again", "and again"]
 
 
+def test_a_side_effect_given_another_input_after_an_edit_upstream_is_warned_of(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run fails after a side effect; the fix edits a helper that a task upstream uses
+    too, and that task (like an LLM) gives another result: on resume the side effect
+    receives it and executes again in the same run. durably cannot tell that call from a
+    new one, but at the end of the attempt it warns, naming the task; a resume that replays
+    the side effect, or a run whose side effects all replay, is not warned of."""
+    import warnings
+
+    from tests.conftest import load_source
+
+    flow = """
+import itertools, durably
+PREFIX = "$P"
+SENT = []
+_replies = itertools.count()
+@durably.task
+def llm(doc):
+    return f"{PREFIX}: {doc} #{next(_replies)}"
+@durably.task(cache=False)
+def send(text):
+    SENT.append(text)
+@durably.task
+def post(text):
+    if FAIL:
+        raise RuntimeError("post failed")
+    return len(text)
+FAIL = True
+@durably.entrypoint
+def flow(doc):
+    s = llm(doc)
+    send(s)
+    return post(s)
+"""
+    v1 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Summarize"))
+    with pytest.raises(RuntimeError):
+        v1.flow("report")
+    v1.FAIL = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # replayed as it was: no warning
+        assert v1.flow("report") > 0
+    assert len(v1.SENT) == 1
+
+    v2 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Summarize"))
+    with pytest.raises(RuntimeError):
+        v2.flow("memo")
+    v3 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Briefly"))
+    v3.FAIL = False
+    with pytest.warns(UserWarning, match=r"task 'send' \(cache=False, a side effect\) "
+                                         r"executed in attempt 2 with other inputs"):
+        assert v3.flow("memo") > 0
+    assert [t.split(":")[0] for t in v2.SENT + v3.SENT] == ["Summarize", "Briefly"]
+
+
 def test_an_edited_side_effect_does_not_happen_again_in_its_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.conftest import load_source

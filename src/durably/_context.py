@@ -56,6 +56,7 @@ class RunContext:
         "attempt",
         "consumed",
         "counts",
+        "effects",
         "ended",
         "halting",
         "inflight",
@@ -107,6 +108,10 @@ class RunContext:
         self.asked: dict[str, str] = {}
         #: interrupt ids reached in this attempt (an answer is used by one call only)
         self.consumed: set[str] = set()
+        #: in an attempt after the first: the side effects (cache=False steps) reached, by
+        #: (parent, task): their step ids, and whether one executed (see note_effect)
+        self.effects: dict[tuple[str | None, str], list[Any]] | None = (
+            {} if attempt >= 2 else None)
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []
@@ -209,6 +214,18 @@ class RunContext:
         if counter is None:
             counter = self._occurrences.setdefault(slot, itertools.count())
         return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, next(counter)))
+
+    def note_effect(self, parent: str | None, task: str, step_id: str, executed: bool) -> None:
+        """A side effect (a ``cache=False`` step) replayed or executed in this attempt: in
+        an attempt after the first, the end of the attempt compares those that executed
+        with the calls of the same task and caller that finished before."""
+        effects = self.effects
+        if effects is None:
+            return
+        entry = effects.setdefault((parent, task), [set(), False])  # (atomic: map threads)
+        entry[0].add(step_id)
+        if executed:
+            entry[1] = True
 
     def next_interrupt(self, parent: str | None) -> int:
         """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""

@@ -620,6 +620,8 @@ class Call:
                 ctx.cache_later(self.key, data, info)
         ctx.journal([(record, data)])
         ctx.count("ran")
+        if not spec.cache:
+            ctx.note_effect(self.parent, spec.name, self.step_id, True)
         if ctx.listener is not None:
             ctx.emit(self.event("step_finished", record))
         return result
@@ -731,6 +733,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             value = _load(data, spec, "journaled")
         if parent is not None and step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
+        if not spec.cache:  # a side effect reached again (see RunContext.effects)
+            ctx.note_effect(parent, spec.name, step_id, False)
         if call is None:
             replays = ctx._replays  # (RunContext.note_replayed, inlined: every replayed step)
             replays.append((position, started, _wall_clock(), step_id, parent,
@@ -1259,6 +1263,8 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             _leave(started)  # (again, if a KeyboardInterrupt landed before it)
         finally:
             let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
+    if ctx.effects is not None:
+        _warn_repeated_effects(ctx)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
@@ -1283,6 +1289,40 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
         )
+
+
+def _warn_repeated_effects(ctx: RunContext) -> None:
+    """Warn when this attempt executed a side effect (a ``cache=False`` task) while calls of
+    the same task from the same caller that finished in an earlier attempt went unreached:
+    it was called with other inputs, most likely because a task upstream executed again
+    (its code changed) and gave another result. Its first execution is not undone."""
+    effects = ctx.effects
+    assert effects is not None
+    ran = {where for where, (_, executed) in effects.items() if executed}
+    if not ran:
+        return
+    try:
+        before: dict[tuple[str | None, str], set[str]] = {}
+        for r in ctx.store.list_steps(ctx.run_id):
+            if (r.status == "ran" and not r.cache_key and r.attempt < ctx.attempt
+                    and (r.parent_id, r.task) in ran):
+                before.setdefault((r.parent_id, r.task), set()).add(r.step_id)
+    except Exception as exc:  # noqa: BLE001 - a warning never fails a run
+        log.debug("durably: run %r: earlier side effects not compared: %s", ctx.run_id, exc)
+        return
+    for (parent, task), done in sorted(before.items(), key=lambda kv: kv[0][1]):
+        missed = done - effects[(parent, task)][0]
+        if missed:
+            where = "the entrypoint" if parent is None else f"step {parent[:12]}"
+            warnings.warn(
+                f"durably: run {ctx.run_id!r}: task {task!r} (cache=False, a side effect) "
+                f"executed in attempt {ctx.attempt} with other inputs than {len(missed)} "
+                f"call(s) from {where} that finished in an earlier attempt and were not "
+                "reached this time: if they are the same calls, their side effects happened "
+                "again. A task upstream most likely executed again (its code changed) and "
+                "gave another result. Fix: keep what a side effect receives stable across "
+                "edits (@task(version=...) on the upstream task), or start a new run for "
+                "changed code.", stacklevel=4)
 
 
 def _leave(started: Started) -> None:
