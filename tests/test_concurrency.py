@@ -237,3 +237,47 @@ def test_a_second_store_object_on_a_path_keeps_sqlite_s_locks(tmp_path: Path) ->
         durably.DiskStore(tmp_path / "s").list_runs()
         assert held() == before
     assert hello(2) == 2
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads Linux's /proc/self/fd")
+def test_a_store_reopened_after_each_crash_keeps_no_descriptor_of_an_old_wal_index(
+        tmp_path: Path) -> None:
+    """A supervisor reopening the store after each SIGKILLed worker: the descriptor the WAL
+    check keeps on a wal-index is closed once that file is deleted (SQLite deletes it when
+    the journal's last connection closes), so descriptors do not pile up, one per crash."""
+    import os
+    import signal
+
+    from durably import _wal
+
+    script = write_script(tmp_path / "worker.py", """
+        import sys, time
+        import durably
+
+        @durably.task(cache=False)
+        def step(i):
+            return i
+
+        @durably.entrypoint
+        def job(n, tag):
+            total = sum(step(i) for i in range(n))
+            print("paused", flush=True)
+            time.sleep(60)
+            return total
+
+        job(50, sys.argv[1])
+        """)
+    env = script_env(tmp_path / "s")
+    for cycle in range(3):
+        proc = subprocess.Popen([sys.executable, str(script), str(cycle)], env=env,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "paused"
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert (tmp_path / "s" / "journal.sqlite3-wal").stat().st_size > 32
+        store = durably.DiskStore(tmp_path / "s")
+        assert len(store.list_runs()) == cycle + 1  # (the check ran: a log was there)
+        store.close()
+        kept = [fd for fd in _wal._INDEX_FDS.values()
+                if os.fstat(fd).st_ino and str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}")]
+        assert len(kept) <= 1, kept

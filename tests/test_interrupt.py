@@ -752,8 +752,8 @@ def ask(n):
 def approvals(tag):
     return [ask(1), ask(2), ask(2)]
 """
-    # the same question three times: told apart by the asking step's inputs; the two
-    # calls with the same inputs cannot be told apart, and their question is asked again
+    # the same question three times: told apart by the asking step's inputs, and calls
+    # alike (the same inputs) take the answers in the order they were asked
     w1 = load_source(tmp_path, monkeypatch, "twice_flow", twice.replace("$EDIT", "pass"))
     run = w1.approvals.run("t")
     for answer in ("first", "second"):
@@ -762,14 +762,24 @@ def approvals(tag):
     (last,) = durably.get_run(run.id).interrupts
     w2 = load_source(tmp_path, monkeypatch, "twice_flow", twice.replace("$EDIT", "y = 2"))
     caplog.clear()
-    with pytest.raises(durably.RunInterrupted) as again:
-        w2.approvals.resume(run.id, {last.id: "third"})
-    assert caplog.text.count("takes that answer") == 1  # ask(1): its answer, "first"
-    (asked,) = again.value.interrupts
-    assert asked.payload == "Approve?" and asked.id != last.id
-    with pytest.raises(durably.RunInterrupted):  # (the other call with those inputs)
-        w2.approvals.resume(run.id, "again")
-    assert w2.approvals.resume(run.id, "and again") == ["first", "again", "and again"]
+    assert w2.approvals.resume(run.id, {last.id: "third"}) == ["first", "second", "third"]
+    assert caplog.text.count("takes that answer") == 3
+
+    fan = """
+import durably
+@durably.task
+def review(item):
+    $EDIT
+    return durably.interrupt({"approve": item})
+@durably.entrypoint
+def reviews(items):
+    return review.map(items)
+"""
+    f1 = load_source(tmp_path, monkeypatch, "fan_flow", fan.replace("$EDIT", "pass"))
+    run = f1.reviews.run(["x", "y"])
+    answers = {i.id: f"ok {i.payload['approve']}" for i in run.interrupts}
+    f2 = load_source(tmp_path, monkeypatch, "fan_flow", fan.replace("$EDIT", "z = 3"))
+    assert f2.reviews.resume(run.id, answers) == ["ok x", "ok y"]  # items of a fan-out too
 
 
 def test_a_side_effect_given_another_input_after_an_edit_upstream_is_warned_of(

@@ -1352,3 +1352,15 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
     assert cube.explain(2).hit and not square.explain(1).hit
     assert job(3) == 5 and calls == [0, 1, 2]  # (finished: its run's result)
     assert square(1) == 1 and calls == [0, 1, 2, 1]  # outside the run: executed again
+
+    @entrypoint
+    def clears(n: int) -> list[Any]:
+        first = [square(i) for i in range(n)]  # (cheap steps: their entries are queued)
+        removed = square.clear()
+        return [first, removed, [square(i) for i in range(n)]]
+
+    square.clear()
+    calls.clear()
+    run = clears.run(3)  # inside a run: the entries it queued are removed too
+    assert run.result == [[0, 1, 4], 3, [0, 1, 4]] and calls == [0, 1, 2, 0, 1, 2]
+    assert [s.status for s in run.steps] == ["ran"] * 6

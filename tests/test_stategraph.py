@@ -1741,3 +1741,24 @@ def test_langgraph_s_builder_shortcuts_and_send_s_message() -> None:
     h.add_edge("gen", END)
     with pytest.raises(InvalidRouteError, match=r"Send .* is not part of durably"):
         h.compile().invoke({"log": [], "count": 0})
+
+
+def test_builder_shortcuts_name_callables_as_langgraph_does() -> None:
+    """add_node(partial) is named 'partial', a callable object by its class; an empty
+    add_sequence is refused when the graph compiles."""
+    import functools
+
+    class Tally:
+        def __call__(self, s: Log) -> dict[str, Any]:
+            return {"count": s["count"] + 1}
+
+    def note(s: Log, text: str) -> dict[str, Any]:
+        return {"log": [text]}
+
+    g = StateGraph(Log, name="named_callables")
+    g.add_node(functools.partial(note, text="hi")).add_node(Tally())
+    g.add_edge(START, "partial").add_edge("partial", "Tally").add_edge("Tally", END)
+    assert g.compile().invoke({"log": [], "count": 0}) == {"log": ["hi"], "count": 1}
+    empty = StateGraph(Log, name="empty_sequence").add_sequence([])
+    with pytest.raises(GraphValidationError, match="names no node"):
+        empty.compile()

@@ -61,6 +61,7 @@ class RunContext:
         "halting",
         "inflight",
         "interrupts",
+        "items",
         "listener",
         "lost",
         "marked",
@@ -108,6 +109,9 @@ class RunContext:
         self.asked: dict[str, str] = {}
         #: interrupt ids reached in this attempt (an answer is used by one call only)
         self.consumed: set[str] = set()
+        #: the items of a fan-out executing on threads now, by step id (steps whose body
+        #: runs in this process without Call.enter: what interrupt() finds the asker by)
+        self.items: dict[str, Any] = {}
         #: in an attempt after the first: the side effects (cache=False steps) reached, by
         #: (parent, task): their step ids, and whether one executed (see note_effect)
         self.effects: dict[tuple[str | None, str], list[Any]] | None = (

@@ -74,7 +74,12 @@ else:
 
 def _clear_task(spec: Spec) -> int:
     """Remove the cache entries of the task ``spec`` describes (see :meth:`Task.clear`)."""
+    from ._context import live_run
+
     store = spec.store or default_store()
+    ctx = live_run()
+    if ctx is not None and ctx.store is store:
+        ctx.flush_cache()  # the entries its cheap steps queued: written now, then removed
     clear = getattr(store, "clear_task", None)
     if clear is not None:  # (a MemoryStore, or a store of one's own)
         return int(clear(spec.identity))

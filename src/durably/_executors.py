@@ -537,19 +537,25 @@ def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
     """The body of one item in a thread, inside a copy of the caller's context: tasks it
     calls are child steps of the item's step."""
-    if call.ctx is not None:
+    ctx = call.ctx
+    if ctx is not None:
         current_step.set(call.step_id)
+        ctx.items[call.step_id] = call  # (for interrupt(): the step asking)
     call.started = now()
     spec = call.spec
-    if spec.retry is not None or spec.timeout is not None:
-        try:
-            return _Journaled(True, _call_with_policy(spec, call, fn, args, kwargs))
-        except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
-            return _Journaled(False, exc)
     try:
-        return fn(*args, **kwargs)
+        if spec.retry is not None or spec.timeout is not None:
+            try:
+                return _Journaled(True, _call_with_policy(spec, call, fn, args, kwargs))
+            except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
+                return _Journaled(False, exc)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            call.ended = now()  # the step's time is the body's, not its wait to be journaled
     finally:
-        call.ended = now()  # the step's time is the body's, not its wait to be journaled
+        if ctx is not None:
+            ctx.items.pop(call.step_id, None)
 
 
 async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],

@@ -132,7 +132,8 @@ class StateGraph(Generic[S]):
             The builder (calls chain).
         """
         if fn is None and not isinstance(name, str) and callable(name):
-            fn, name = name, getattr(name, "__name__", None)
+            # named as LangGraph names it: its __name__ (a partial, an object: its class's)
+            fn, name = name, getattr(name, "__name__", None) or type(name).__name__
         if not isinstance(name, str) or not name:
             self.problems.append(f"a node name must be a non-empty string, not {name!r}")
             return self
@@ -157,10 +158,13 @@ class StateGraph(Generic[S]):
         Returns:
             The builder.
         """
+        if not nodes:
+            self.problems.append("add_sequence([]) names no node: give it at least one")
+            return self
         names: list[str] = []
         for node in nodes:
-            name, fn = node if isinstance(node, tuple) else (getattr(node, "__name__", node),
-                                                            node)
+            name, fn = node if isinstance(node, tuple) else (
+                getattr(node, "__name__", None) or type(node).__name__, node)
             self.add_node(name, fn)
             names.append(name)
         for a, b in itertools.pairwise(names):

@@ -172,12 +172,13 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     answered question that no call of this attempt reached, with the same payload, asked
     by a step of the same task, caller and inputs (its code alone changed) is that
     question: its answer is journaled for the new id too (later attempts find it there),
-    with a warning. A step given other inputs (a migrated graph state) asks again. None
-    when there is no such answer, or several."""
+    with a warning. A step given other inputs (a migrated graph state) asks again; calls
+    alike (a loop's) take those answers in the order they were asked. None when there is
+    no such answer."""
     from ._hashing import trace_digest
     from ._store import EventRecord, now
 
-    call = ctx.open.get(step) if step is not None else None
+    call = (ctx.open.get(step) or ctx.items.get(step)) if step is not None else None
     if call is None:
         return None
     digest = trace_digest(payload)
@@ -186,17 +187,21 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     if not same:
         return None
     store = ctx.store
+    # (in the order they were asked: identical calls, a loop's, take them in that order)
     asked = {e.key: e for e in store.list_events(ctx.run_id, ("interrupt",)) if e.key in same}
+    steps: dict[int, dict[str, Any]] = {}
     found = []
     for key, event in asked.items():
         if event.step_id is None:
             continue
-        old = next((r for r in store.list_steps(ctx.run_id, attempt=event.attempt)
-                    if r.step_id == event.step_id and r.status == "interrupted"), None)
+        if event.attempt not in steps:
+            steps[event.attempt] = {r.step_id: r for r in store.list_steps(
+                ctx.run_id, attempt=event.attempt) if r.status == "interrupted"}
+        old = steps[event.attempt].get(event.step_id)
         if old is not None and (old.task, old.parent_id, tuple(old.input_digests)) == (
                 call.spec.name, call.parent, tuple(call.flow)):
             found.append(key)
-    if len(found) != 1:
+    if not found:
         return None
     old_id = found[0]
     ctx.consumed.add(old_id)
@@ -340,8 +345,9 @@ def _near_id(key: Any, ids: list[str]) -> str | None:
     contains (``"id:<id>"``), else the one it is close to (a character or two mistyped,
     dropped, added); None otherwise."""
     k = _id_key(key)
-    if len(k) < 6:
-        return None
+    if len(k) < 6:  # (an id's first 4 or 5 characters: too short to name it, meant to)
+        short = [i for i in ids if len(k) >= 4 and i.startswith(k)]
+        return short[0] if len(short) == 1 else None
     close = ([i for i in ids if i.startswith(k)] or [i for i in ids if i in k]
              or [i for i in ids if i[:6] == k[:6]]
              or ([i for i in ids if difflib.SequenceMatcher(None, k, i).ratio() >= 0.8]

@@ -40,15 +40,22 @@ _MX_FRAME = struct.Struct("=I")
 _NOT_COMMIT = bytes(4)  # a frame header's database size: 0 for a frame that ends no commit
 
 
-#: a descriptor of each wal-index read, by (device, inode), never closed: on Linux (POSIX
-#: locks), closing any descriptor of a file drops every lock this process holds on it,
-#: SQLite's own locks on the wal-index included (a reader then sees a torn index: SIGBUS)
+#: a descriptor of each wal-index read, by (device, inode), not closed while the file
+#: exists: on Linux (POSIX locks), closing any descriptor of a file drops every lock this
+#: process holds on it, SQLite's own locks on the wal-index included (a reader then sees a
+#: torn index: SIGBUS)
 _INDEX_FDS: dict[tuple[int, int], int] = {}
 
 
 def _index_header(shm: Path) -> bytes:
     """The first 48 bytes of the wal-index (its header), read through a descriptor kept
-    open for the life of the process."""
+    open while the file exists. A descriptor of a wal-index deleted since (its journal's
+    last connection closed: SQLite deletes it) is closed first: nobody holds a lock on a
+    file no connection uses, and its inode number may be given to a new file."""
+    for key, kept in list(_INDEX_FDS.items()):
+        if os.fstat(kept).st_nlink == 0:
+            del _INDEX_FDS[key]
+            os.close(kept)
     st = os.stat(shm)
     fd = _INDEX_FDS.get((st.st_dev, st.st_ino))
     if fd is None:

@@ -37,6 +37,7 @@ import json
 import operator
 import pickle
 import threading
+import types
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -393,6 +394,18 @@ class CompiledGraph(Generic[S]):
             run_async.__qualname__ = run_async.__name__ = getattr(fn, "__qualname__", name)
             run_async.__module__ = getattr(fn, "__module__", self.graph.module)
             target = run_async
+        elif not isinstance(fn, types.FunctionType) and not hasattr(fn, "__qualname__"):
+            # a functools.partial or a callable object: a function of the graph's calls it
+            # (its code, its bound arguments or the object's state are in the fingerprint:
+            # a closure value)
+            call = fn
+
+            def run_callable(state: Any) -> Any:
+                return call(state)
+
+            run_callable.__qualname__ = run_callable.__name__ = f"{self.name}.{name}"
+            run_callable.__module__ = self.graph.module
+            target = run_callable
         else:
             target = fn
         cache = bool(self.graph.node_options[name]["cache"])
