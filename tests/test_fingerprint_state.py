@@ -396,6 +396,42 @@ def test_the_check_before_caching_sees_edits_not_caches_filling(
     assert ns["total"](1) == 1001.0  # the fingerprint taken again
 
 
+def test_a_value_given_as_out_is_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``np.add(ARR, 1, out=ARR)`` writes into ARR: the task changes it, so it is state (its
+    type counts, not its contents) and the check before caching does not take the task's
+    own writes for an edit: no warning, and the result is cached. A value only read, or
+    given under another keyword, stays configuration."""
+    import warnings
+
+    import numpy as np
+
+    ns = define("""
+        import durably
+
+        @durably.task
+        def bump(k):
+            np.add(ARR, 1, out=ARR)
+            np.clip(LIMITS, 0, k, out=LIMITS)
+            return float(ARR[0]) + float(SCALE.sum()) * 0
+
+        def reads(k):
+            return float(np.sum(SCALE, dtype=None)) * k
+        """, {"__name__": "__main__", "np": np})
+    ns.update(ARR=np.zeros(100_000), LIMITS=np.ones(10), SCALE=np.ones(3))
+    first = fingerprint_function(ns["bump"]).digest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ns["bump"](1) == 1.0
+    assert ns["bump"].explain(1).hit
+    ns["ARR"][:] = 7.0  # state: its contents are not in the fingerprint
+    assert fingerprint_function(ns["bump"]).digest == first
+    ns["SCALE"][0] = 5.0  # configuration (read only): noticed
+    assert fingerprint_function(ns["bump"]).digest != first
+    reads = fingerprint_function(ns["reads"])
+    ns["SCALE"][1] = 9.0
+    assert not reads.valid()
+
+
 def test_a_mutation_by_code_the_task_does_not_reach_keeps_the_value_configuration() -> None:
     ns = define("""
         WEIGHTS = {"a": 1}

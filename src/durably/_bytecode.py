@@ -89,6 +89,7 @@ def _scan_code(code: types.CodeType) -> _Scan:
     stack: list[_Sym | None] | None = []
     loads_first = False
     prev: list[Any] = [None, None]
+    keywords: tuple[str, ...] = ()  # the keyword names of the call that comes next
     for ins in bc:
         came = pending.pop(ins.offset, None)
         if came is not None:
@@ -109,6 +110,17 @@ def _scan_code(code: types.CodeType) -> _Scan:
             jumped = _generic(list(stack), ins, jump=True)
             earlier = pending.get(ins.argval)
             pending[ins.argval] = jumped if earlier is None else _merge(earlier, jumped)
+        if op in _CALLS and "out" in keywords and stack is not None:
+            # f(..., out=x) writes its result into x (numpy's ufuncs, np.clip, ...): x
+            # changes; the keyword values are the last arguments (3.13: under the names)
+            at = len(stack) - (op == "CALL_KW") - len(keywords) + keywords.index("out")
+            if 0 <= at < len(stack):
+                _event(scan.events, stack[at], "item", "")
+        named = (code.co_consts[ins.arg] if op == "KW_NAMES" and ins.arg is not None
+                 and ins.arg < len(code.co_consts)  # (3.11's dis gives no argval)
+                 else ins.argval if op == "LOAD_CONST" else None)
+        keywords = named if isinstance(named, tuple) and all(
+            isinstance(k, str) for k in named) else ()
         stack = None if op in _ENDS else _step(stack, ins, scan.events)
     consts = code.co_consts
     scan.docstring = bool(consts) and isinstance(consts[0], str) and not loads_first
