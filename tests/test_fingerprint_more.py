@@ -339,3 +339,9 @@ def test_the_methods_of_a_user_metaclass_count_for_its_classes() -> None:
     assert digest(one["WithMeta"]) != digest(two["WithMeta"])
     assert digest(one["WithMeta"]()) != digest(two["WithMeta"]())  # an instance too
     assert digest(one["Abstract"]) == digest(define(src.replace("$V", "3"))["Abstract"])
+    hooked = src.replace("                self.x = 1\n", "                self.x = 1\n\n"
+                         "            def __durably_digest__(self):\n"
+                         "                return self.x\n")
+    assert "__durably_digest__" in hooked
+    a, b = (define(hooked.replace("$V", v)) for v in ("1", "2"))
+    assert digest(a["WithMeta"]()) != digest(b["WithMeta"]())  # a hooked class: its code too

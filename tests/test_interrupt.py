@@ -781,6 +781,24 @@ def reviews(items):
     f2 = load_source(tmp_path, monkeypatch, "fan_flow", fan.replace("$EDIT", "z = 3"))
     assert f2.reviews.resume(run.id, answers) == ["ok x", "ok y"]  # items of a fan-out too
 
+    nested = '''
+import durably
+@durably.task
+def ask(q):
+    return durably.interrupt(q)
+@durably.task
+def outer(topic):
+    $EDIT
+    return ask(f"Publish {topic}?")
+@durably.entrypoint
+def flow(topic):
+    return outer(topic)
+'''
+    n1 = load_source(tmp_path, monkeypatch, "nested_flow", nested.replace("$EDIT", "pass"))
+    run = n1.flow.run("owls")
+    n2 = load_source(tmp_path, monkeypatch, "nested_flow", nested.replace("$EDIT", "q = 1"))
+    assert n2.flow.resume(run.id, "yes") == "yes"  # the caller edited: the asker's id moved
+
 
 def test_a_side_effect_given_another_input_after_an_edit_upstream_is_warned_of(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -830,10 +848,70 @@ def flow(doc):
         v2.flow("memo")
     v3 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Briefly"))
     v3.FAIL = False
-    with pytest.warns(UserWarning, match=r"task 'send' \(cache=False, a side effect\) "
-                                         r"executed in attempt 2 with other inputs"):
+    with pytest.warns(UserWarning, match=r"1 call\(s\) of task 'send' \(cache=False, a side "
+                                         r"effect\) that executed in an earlier attempt were "
+                                         r"not reached .* executed it again"):
         assert v3.flow("memo") > 0
     assert [t.split(":")[0] for t in v2.SENT + v3.SENT] == ["Summarize", "Briefly"]
+
+    # the caller of a side effect edited (its step id follows its code): warned of too
+    caller = '''
+import durably
+SENT = []
+@durably.task(cache=False)
+def send(team):
+    SENT.append(team)
+@durably.task
+def report(team):
+    $EDIT
+    send(team)
+    return team
+@durably.task
+def archive(team):
+    if FAIL:
+        raise RuntimeError("archive failed")
+    return team
+FAIL = True
+@durably.entrypoint
+def weekly(team):
+    return archive(report(team))
+'''
+    c1 = load_source(tmp_path, monkeypatch, "caller_flow", caller.replace("$EDIT", "pass"))
+    with pytest.raises(RuntimeError):
+        c1.weekly("core")
+    c2 = load_source(tmp_path, monkeypatch, "caller_flow", caller.replace("$EDIT", "x = 1"))
+    c2.FAIL = False
+    with pytest.warns(UserWarning, match="of task 'send'"):
+        assert c2.weekly("core") == "core"
+
+    # calls reached in another order, an attempt that fails before reaching them all: no
+    # warning (the attempt that finishes reaches them), and nothing executed twice
+    order = '''
+import durably
+SENT = []
+ORDER = ["alice", "bob", "carol"]
+@durably.task(cache=False)
+def send(user):
+    if user == "bob" and DOWN:
+        raise ConnectionError("bob's server is down")
+    SENT.append(user)
+DOWN = True
+@durably.entrypoint
+def notify(tag):
+    return [send(u) for u in ORDER]
+'''
+    o1 = load_source(tmp_path, monkeypatch, "order_flow", order)
+    o1.ORDER = ["carol", "bob", "alice"]
+    with pytest.raises(ConnectionError):
+        o1.notify("t")
+    o1.ORDER = ["alice", "bob", "carol"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ConnectionError):
+            o1.notify("t")
+        o1.DOWN = False
+        o1.notify("t")
+    assert sorted(o1.SENT) == ["alice", "bob", "carol"]
 
 
 def test_an_edited_side_effect_does_not_happen_again_in_its_run(

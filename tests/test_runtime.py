@@ -1364,3 +1364,13 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
     run = clears.run(3)  # inside a run: the entries it queued are removed too
     assert run.result == [[0, 1, 4], 3, [0, 1, 4]] and calls == [0, 1, 2, 0, 1, 2]
     assert [s.status for s in run.steps] == ["ran"] * 6
+
+    own = MemoryStore()
+
+    @entrypoint(store=own)
+    def elsewhere(n: int) -> list[Any]:  # a run in a store of its own: clear() clears it
+        first = [square(i) for i in range(n)]
+        return [first, square.clear(), [square(i) for i in range(n)]]
+
+    calls.clear()
+    assert elsewhere(2) == [[0, 1], 2, [0, 1]] and calls == [0, 1, 0, 1]

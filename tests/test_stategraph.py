@@ -1762,3 +1762,38 @@ def test_builder_shortcuts_name_callables_as_langgraph_does() -> None:
     empty = StateGraph(Log, name="empty_sequence").add_sequence([])
     with pytest.raises(GraphValidationError, match="names no node"):
         empty.compile()
+
+
+def test_a_resumed_graph_s_side_effects_of_earlier_super_steps_are_not_warned_of() -> None:
+    """A graph resumes after its last checkpoint: the side effect a node of an earlier
+    super-step made is not reached again, which is no repeat: no warning."""
+    import warnings
+
+    sent: list[str] = []
+    down = {"on": True}
+
+    @durably.task(cache=False)
+    def send(text: str) -> None:
+        sent.append(text)
+
+    def notify(s: Log) -> dict[str, Any]:
+        send(f"start {s['count']}")
+        return {"count": s["count"] + 1}
+
+    def finish(s: Log) -> dict[str, Any]:
+        send("end")  # (reached again on resume: replayed)
+        if down["on"]:
+            raise ConnectionError("down")
+        return {"log": ["done"]}
+
+    g = StateGraph(Log, name="effects_graph")
+    g.add_node("notify", notify).add_node("finish", finish)
+    g.add_edge(START, "notify").add_edge("notify", "finish").add_edge("finish", END)
+    app = g.compile()
+    with pytest.raises(ConnectionError):
+        app.invoke({"log": [], "count": 0})
+    down["on"] = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert app.invoke({"log": [], "count": 0}) == {"log": ["done"], "count": 1}
+    assert sent == ["start 0", "end"]

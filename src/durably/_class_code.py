@@ -72,7 +72,10 @@ def _layout(t: type) -> _Layout | None:
 
 
 def _compute_layout(t: type) -> _Layout | None:
-    own = [k for k in t.__mro__ if is_user_module(k.__module__)]
+    # the user's classes of its MRO, then of its metaclass's (type(x).tag() is its code too)
+    meta: type = type(t)
+    own = [k for k in t.__mro__ if is_user_module(k.__module__)] + [
+        m for m in meta.__mro__ if m is not type and is_user_module(m.__module__)]
     if not own:
         return None
     layout = _Layout()

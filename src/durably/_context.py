@@ -113,8 +113,8 @@ class RunContext:
         #: runs in this process without Call.enter: what interrupt() finds the asker by)
         self.items: dict[str, Any] = {}
         #: in an attempt after the first: the side effects (cache=False steps) reached, by
-        #: (parent, task): their step ids, and whether one executed (see note_effect)
-        self.effects: dict[tuple[str | None, str], list[Any]] | None = (
+        #: task: their step ids, and whether one executed (see note_effect)
+        self.effects: dict[str, list[Any]] | None = (
             {} if attempt >= 2 else None)
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
@@ -219,14 +219,14 @@ class RunContext:
             counter = self._occurrences.setdefault(slot, itertools.count())
         return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, next(counter)))
 
-    def note_effect(self, parent: str | None, task: str, step_id: str, executed: bool) -> None:
+    def note_effect(self, task: str, step_id: str, executed: bool) -> None:
         """A side effect (a ``cache=False`` step) replayed or executed in this attempt: in
-        an attempt after the first, the end of the attempt compares those that executed
-        with the calls of the same task and caller that finished before."""
+        an attempt after the first that finishes the run, the end compares them with the
+        calls of the same task that executed before."""
         effects = self.effects
         if effects is None:
             return
-        entry = effects.setdefault((parent, task), [set(), False])  # (atomic: map threads)
+        entry = effects.setdefault(task, [set(), False])  # (atomic: map threads)
         entry[0].add(step_id)
         if executed:
             entry[1] = True

@@ -76,10 +76,12 @@ def _clear_task(spec: Spec) -> int:
     """Remove the cache entries of the task ``spec`` describes (see :meth:`Task.clear`)."""
     from ._context import live_run
 
-    store = spec.store or default_store()
     ctx = live_run()
-    if ctx is not None and ctx.store is store:
+    if ctx is not None:  # inside a run: its store (the task's calls use it), its queue too
+        store = ctx.store
         ctx.flush_cache()  # the entries its cheap steps queued: written now, then removed
+    else:
+        store = spec.store or default_store()
     clear = getattr(store, "clear_task", None)
     if clear is not None:  # (a MemoryStore, or a store of one's own)
         return int(clear(spec.identity))
@@ -419,7 +421,9 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
     def clear(self) -> int:
         """Remove this task's entries from the cross-run cache, whatever their code version
         and inputs (joblib's ``f.clear()``); runs' journals are kept, so a run still replays
-        its finished steps. The next call with any arguments executes.
+        its finished steps. The next call with any arguments executes. The store is the one
+        its calls use: inside a run, the run's; else the task's (``store=``, or the
+        default).
 
         Returns:
             How many entries were removed.

@@ -170,7 +170,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     exactly one. An interrupt id follows its step's id, which follows the task's code: a
     task edited while its run waited for an answer (a deploy) asks under a new id. An
     answered question that no call of this attempt reached, with the same payload, asked
-    by a step of the same task, caller and inputs (its code alone changed) is that
+    by a step of the same task and inputs (its code, or its caller's, changed) is that
     question: its answer is journaled for the new id too (later attempts find it there),
     with a warning. A step given other inputs (a migrated graph state) asks again; calls
     alike (a loop's) take those answers in the order they were asked. None when there is
@@ -198,8 +198,10 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
             steps[event.attempt] = {r.step_id: r for r in store.list_steps(
                 ctx.run_id, attempt=event.attempt) if r.status == "interrupted"}
         old = steps[event.attempt].get(event.step_id)
-        if old is not None and (old.task, old.parent_id, tuple(old.input_digests)) == (
-                call.spec.name, call.parent, tuple(call.flow)):
+        # (not its caller: a caller edited too has a new step id, and the question is
+        # the same question)
+        if old is not None and (old.task, tuple(old.input_digests)) == (
+                call.spec.name, tuple(call.flow)):
             found.append(key)
     if not found:
         return None

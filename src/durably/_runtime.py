@@ -21,6 +21,7 @@ import functools
 import inspect
 import itertools
 import logging
+import os
 import pickle
 import re
 import sys
@@ -125,6 +126,7 @@ class Spec:
         "_prepend_instance",
         "_version_code",
         "cache",
+        "effect",
         "func",
         "identity",
         "ignore",
@@ -211,6 +213,9 @@ class Spec:
         self.identity = f"{module_identity(getattr(raw, '__module__', None))}:{self.name}"
         self.version = version
         self.cache = cache
+        #: a side effect whose calls an attempt compares with earlier ones (a cache=False
+        #: task; not a graph's node, whose super-steps a resume starts after)
+        self.effect = not cache
         self.ignore = frozenset(ignore)
         self.signature = signature
         self.is_async = inspect.iscoroutinefunction(raw)
@@ -309,7 +314,7 @@ class Spec:
             "each call), so this result is not cached, and calls made since the change may "
             "have been served results computed before it. Fix: rebind the name to a new "
             "value instead of editing it in place (DF = DF.assign(...)), or pass the value "
-            "as an argument.", stacklevel=5)
+            "as an argument.", stacklevel=_user_stacklevel())
         return True
 
     def digest_inputs(self, arguments: Any) -> str:
@@ -620,8 +625,8 @@ class Call:
                 ctx.cache_later(self.key, data, info)
         ctx.journal([(record, data)])
         ctx.count("ran")
-        if not spec.cache:
-            ctx.note_effect(self.parent, spec.name, self.step_id, True)
+        if spec.effect:
+            ctx.note_effect(spec.name, self.step_id, True)
         if ctx.listener is not None:
             ctx.emit(self.event("step_finished", record))
         return result
@@ -733,8 +738,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             value = _load(data, spec, "journaled")
         if parent is not None and step_id in ctx.uncacheable:
             ctx.uncacheable.add(parent)
-        if not spec.cache:  # a side effect reached again (see RunContext.effects)
-            ctx.note_effect(parent, spec.name, step_id, False)
+        if spec.effect:  # a side effect reached again (see RunContext.effects)
+            ctx.note_effect(spec.name, step_id, False)
         if call is None:
             replays = ctx._replays  # (RunContext.note_replayed, inlined: every replayed step)
             replays.append((position, started, _wall_clock(), step_id, parent,
@@ -1263,7 +1268,7 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             _leave(started)  # (again, if a KeyboardInterrupt landed before it)
         finally:
             let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
-    if ctx.effects is not None:
+    if ctx.effects and record.status == "finished":
         _warn_repeated_effects(ctx)
     if ctx.listener is not None:
         ctx.emit(Event(
@@ -1292,37 +1297,47 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
 
 
 def _warn_repeated_effects(ctx: RunContext) -> None:
-    """Warn when this attempt executed a side effect (a ``cache=False`` task) while calls of
-    the same task from the same caller that finished in an earlier attempt went unreached:
-    it was called with other inputs, most likely because a task upstream executed again
-    (its code changed) and gave another result. Its first execution is not undone."""
+    """At the end of an attempt that finished the run (every call it makes was reached),
+    after a first attempt: warn when side effects (``cache=False`` steps) that executed in
+    an earlier attempt were not reached by this one. They were called with other inputs,
+    or from a caller given another step (its code, or a task upstream, changed), or not at
+    all: if this attempt executed them again under their new identity, their effect
+    happened twice; it is not undone."""
     effects = ctx.effects
     assert effects is not None
-    ran = {where for where, (_, executed) in effects.items() if executed}
-    if not ran:
-        return
     try:
-        before: dict[tuple[str | None, str], set[str]] = {}
+        missed: dict[str, int] = {}
         for r in ctx.store.list_steps(ctx.run_id):
-            if (r.status == "ran" and not r.cache_key and r.attempt < ctx.attempt
-                    and (r.parent_id, r.task) in ran):
-                before.setdefault((r.parent_id, r.task), set()).add(r.step_id)
+            if (r.status == "ran" and r.attempt < ctx.attempt and r.task in effects
+                    and r.step_id not in effects[r.task][0]):
+                missed[r.task] = missed.get(r.task, 0) + 1
     except Exception as exc:  # noqa: BLE001 - a warning never fails a run
         log.debug("durably: run %r: earlier side effects not compared: %s", ctx.run_id, exc)
         return
-    for (parent, task), done in sorted(before.items(), key=lambda kv: kv[0][1]):
-        missed = done - effects[(parent, task)][0]
-        if missed:
-            where = "the entrypoint" if parent is None else f"step {parent[:12]}"
-            warnings.warn(
-                f"durably: run {ctx.run_id!r}: task {task!r} (cache=False, a side effect) "
-                f"executed in attempt {ctx.attempt} with other inputs than {len(missed)} "
-                f"call(s) from {where} that finished in an earlier attempt and were not "
-                "reached this time: if they are the same calls, their side effects happened "
-                "again. A task upstream most likely executed again (its code changed) and "
-                "gave another result. Fix: keep what a side effect receives stable across "
-                "edits (@task(version=...) on the upstream task), or start a new run for "
-                "changed code.", stacklevel=4)
+    for task, count in sorted(missed.items()):
+        again = ("; this attempt executed it again with other inputs"
+                 if effects[task][1] else "")
+        warnings.warn(
+            f"durably: run {ctx.run_id!r}: {count} call(s) of task {task!r} (cache=False, a "
+            "side effect) that executed in an earlier attempt were not reached by the "
+            f"attempt that finished the run{again}: if those are the same calls, their side "
+            "effects happened twice. A task they depend on (their caller, or one whose "
+            "result they receive) executed again (its code changed) and gave them another "
+            "identity. Fix: keep what a side effect receives stable across edits "
+            "(@task(version=...) upstream), or start a new run for changed code.",
+            stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning that names the first frame outside durably (the
+    user's call), counted from the caller of ``warnings.warn``."""
+    here = os.path.dirname(__file__)
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(here):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 def _leave(started: Started) -> None:
