@@ -800,118 +800,33 @@ def flow(topic):
     assert n2.flow.resume(run.id, "yes") == "yes"  # the caller edited: the asker's id moved
 
 
-def test_a_side_effect_given_another_input_after_an_edit_upstream_is_warned_of(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run fails after a side effect; the fix edits a helper that a task upstream uses
-    too, and that task (like an LLM) gives another result: on resume the side effect
-    receives it and executes again in the same run. durably cannot tell that call from a
-    new one, but at the end of the attempt it warns, naming the task; a resume that replays
-    the side effect, or a run whose side effects all replay, is not warned of."""
-    import warnings
+def test_an_answer_spent_by_a_replay_is_never_given_to_another_question() -> None:
+    """Without any edit, the same question asked for two invoices (or by two callers):
+    once the first is answered, calling the entrypoint again replays the first asker, and
+    the second question stays pending; its id is new, but the first answer is spent."""
+    @task
+    def approve(amount: int) -> Any:
+        return durably.interrupt(f"approve payment of {amount}?")
 
-    from tests.conftest import load_source
+    @entrypoint
+    def pay(invoices: list[str]) -> list[Any]:
+        return [approve(100) if inv else None for inv in invoices]
 
-    flow = """
-import itertools, durably
-PREFIX = "$P"
-SENT = []
-_replies = itertools.count()
-@durably.task
-def llm(doc):
-    return f"{PREFIX}: {doc} #{next(_replies)}"
-@durably.task(cache=False)
-def send(text):
-    SENT.append(text)
-@durably.task
-def post(text):
-    if FAIL:
-        raise RuntimeError("post failed")
-    return len(text)
-FAIL = True
-@durably.entrypoint
-def flow(doc):
-    s = llm(doc)
-    send(s)
-    return post(s)
-"""
-    v1 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Summarize"))
-    with pytest.raises(RuntimeError):
-        v1.flow("report")
-    v1.FAIL = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # replayed as it was: no warning
-        assert v1.flow("report") > 0
-    assert len(v1.SENT) == 1
+    @task
+    def charge(user: str) -> Any:
+        return approve(100)
 
-    v2 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Summarize"))
-    with pytest.raises(RuntimeError):
-        v2.flow("memo")
-    v3 = load_source(tmp_path, monkeypatch, "effects_flow", flow.replace("$P", "Briefly"))
-    v3.FAIL = False
-    with pytest.warns(UserWarning, match=r"1 call\(s\) of task 'send' \(cache=False, a side "
-                                         r"effect\) that executed in an earlier attempt were "
-                                         r"not reached .* executed it again"):
-        assert v3.flow("memo") > 0
-    assert [t.split(":")[0] for t in v2.SENT + v3.SENT] == ["Summarize", "Briefly"]
+    @entrypoint
+    def billing(users: list[str]) -> list[Any]:
+        return [charge(u) for u in users]
 
-    # the caller of a side effect edited (its step id follows its code): warned of too
-    caller = '''
-import durably
-SENT = []
-@durably.task(cache=False)
-def send(team):
-    SENT.append(team)
-@durably.task
-def report(team):
-    $EDIT
-    send(team)
-    return team
-@durably.task
-def archive(team):
-    if FAIL:
-        raise RuntimeError("archive failed")
-    return team
-FAIL = True
-@durably.entrypoint
-def weekly(team):
-    return archive(report(team))
-'''
-    c1 = load_source(tmp_path, monkeypatch, "caller_flow", caller.replace("$EDIT", "pass"))
-    with pytest.raises(RuntimeError):
-        c1.weekly("core")
-    c2 = load_source(tmp_path, monkeypatch, "caller_flow", caller.replace("$EDIT", "x = 1"))
-    c2.FAIL = False
-    with pytest.warns(UserWarning, match="of task 'send'"):
-        assert c2.weekly("core") == "core"
-
-    # calls reached in another order, an attempt that fails before reaching them all: no
-    # warning (the attempt that finishes reaches them), and nothing executed twice
-    order = '''
-import durably
-SENT = []
-ORDER = ["alice", "bob", "carol"]
-@durably.task(cache=False)
-def send(user):
-    if user == "bob" and DOWN:
-        raise ConnectionError("bob's server is down")
-    SENT.append(user)
-DOWN = True
-@durably.entrypoint
-def notify(tag):
-    return [send(u) for u in ORDER]
-'''
-    o1 = load_source(tmp_path, monkeypatch, "order_flow", order)
-    o1.ORDER = ["carol", "bob", "alice"]
-    with pytest.raises(ConnectionError):
-        o1.notify("t")
-    o1.ORDER = ["alice", "bob", "carol"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with pytest.raises(ConnectionError):
-            o1.notify("t")
-        o1.DOWN = False
-        o1.notify("t")
-    assert sorted(o1.SENT) == ["alice", "bob", "carol"]
+    for flow, arg in ((pay, ["inv-1", "inv-2"]), (billing, ["alice", "bob"])):
+        run = flow.run(arg)
+        with pytest.raises(durably.RunInterrupted):
+            flow.resume(run.id, "yes")
+        again = flow.run(arg)  # a retry, cron, another process: no answer given
+        assert again.status == "interrupted", flow
+        assert flow.resume(run.id, "no") == ["yes", "no"]
 
 
 def test_an_edited_side_effect_does_not_happen_again_in_its_run(

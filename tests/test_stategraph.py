@@ -1764,9 +1764,10 @@ def test_builder_shortcuts_name_callables_as_langgraph_does() -> None:
         empty.compile()
 
 
-def test_a_resumed_graph_s_side_effects_of_earlier_super_steps_are_not_warned_of() -> None:
+def test_a_resumed_graph_does_not_repeat_the_side_effects_of_earlier_super_steps() -> None:
     """A graph resumes after its last checkpoint: the side effect a node of an earlier
-    super-step made is not reached again, which is no repeat: no warning."""
+    super-step made is not reached again, and the one the failed node made is replayed;
+    nothing is sent twice, and nothing warns."""
     import warnings
 
     sent: list[str] = []

@@ -56,7 +56,6 @@ class RunContext:
         "attempt",
         "consumed",
         "counts",
-        "effects",
         "ended",
         "halting",
         "inflight",
@@ -76,6 +75,7 @@ class RunContext:
         "renew_at",
         "replaying",
         "run_id",
+        "spent",
         "stop",
         "store",
         "uncacheable",
@@ -109,13 +109,12 @@ class RunContext:
         self.asked: dict[str, str] = {}
         #: interrupt ids reached in this attempt (an answer is used by one call only)
         self.consumed: set[str] = set()
+        #: steps that depend on an answer and were replayed in this attempt: the answers
+        #: they and the steps they called used are spent (interrupt() is not reached again)
+        self.spent: set[str] = set()
         #: the items of a fan-out executing on threads now, by step id (steps whose body
         #: runs in this process without Call.enter: what interrupt() finds the asker by)
         self.items: dict[str, Any] = {}
-        #: in an attempt after the first: the side effects (cache=False steps) reached, by
-        #: task: their step ids, and whether one executed (see note_effect)
-        self.effects: dict[str, list[Any]] | None = (
-            {} if attempt >= 2 else None)
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []
@@ -218,18 +217,6 @@ class RunContext:
         if counter is None:
             counter = self._occurrences.setdefault(slot, itertools.count())
         return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, next(counter)))
-
-    def note_effect(self, task: str, step_id: str, executed: bool) -> None:
-        """A side effect (a ``cache=False`` step) replayed or executed in this attempt: in
-        an attempt after the first that finishes the run, the end compares them with the
-        calls of the same task that executed before."""
-        effects = self.effects
-        if effects is None:
-            return
-        entry = effects.setdefault(task, [set(), False])  # (atomic: map threads)
-        entry[0].add(step_id)
-        if executed:
-            entry[1] = True
 
     def next_interrupt(self, parent: str | None) -> int:
         """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""

@@ -170,9 +170,10 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     exactly one. An interrupt id follows its step's id, which follows the task's code: a
     task edited while its run waited for an answer (a deploy) asks under a new id. An
     answered question that no call of this attempt reached, with the same payload, asked
-    by a step of the same task and inputs (its code, or its caller's, changed) is that
-    question: its answer is journaled for the new id too (later attempts find it there),
-    with a warning. A step given other inputs (a migrated graph state) asks again; calls
+    by a step of the same task and inputs, called by a step of the same task and inputs
+    (their code changed), whose answer no replay of this attempt spent, is that question:
+    its answer is journaled for the new id too (later attempts find it there), with a
+    warning. A step given other inputs (a migrated graph state) asks again; calls
     alike (a loop's) take those answers in the order they were asked. None when there is
     no such answer."""
     from ._hashing import trace_digest
@@ -187,22 +188,42 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     if not same:
         return None
     store = ctx.store
+    # every step of the run: which finished (an answer its asker used is spent, even when
+    # that asker is replayed now and calls interrupt() no more), and who called each
+    records = store.list_steps(ctx.run_id)
+    interrupted = {(r.attempt, r.step_id): r for r in records if r.status == "interrupted"}
+    parents = {r.step_id: r.parent_id for r in records}
+
+    def spent(asker: str | None) -> bool:  # it, or a step above it, replayed this attempt
+        seen = 0
+        while asker is not None and seen < 1000:
+            if asker in ctx.spent:
+                return True
+            asker, seen = parents.get(asker), seen + 1
+        return False
+
+    def caller(parent: str | None, attempt: int) -> tuple[str, tuple[str, ...]] | None:
+        if parent is None:
+            return None
+        r = interrupted.get((attempt, parent))  # (it unwound with the question)
+        return ("?", ()) if r is None else (r.task, tuple(r.input_digests))
+
+    here = None
+    if call.parent is not None:
+        up = ctx.open.get(call.parent) or ctx.items.get(call.parent)
+        here = ("!", ()) if up is None else (up.spec.name, tuple(up.flow))
     # (in the order they were asked: identical calls, a loop's, take them in that order)
-    asked = {e.key: e for e in store.list_events(ctx.run_id, ("interrupt",)) if e.key in same}
-    steps: dict[int, dict[str, Any]] = {}
     found = []
-    for key, event in asked.items():
-        if event.step_id is None:
+    for e in store.list_events(ctx.run_id, ("interrupt",)):
+        if e.key not in same or e.key in found or e.step_id is None:
             continue
-        if event.attempt not in steps:
-            steps[event.attempt] = {r.step_id: r for r in store.list_steps(
-                ctx.run_id, attempt=event.attempt) if r.status == "interrupted"}
-        old = steps[event.attempt].get(event.step_id)
-        # (not its caller: a caller edited too has a new step id, and the question is
-        # the same question)
-        if old is not None and (old.task, tuple(old.input_digests)) == (
-                call.spec.name, tuple(call.flow)):
-            found.append(key)
+        old = interrupted.get((e.attempt, e.step_id))
+        # the same task and inputs, its caller the same task and inputs (not the same step
+        # ids: an edit moves those), and an answer not spent by a replay in this attempt
+        if (old is not None and not spent(e.step_id)
+                and (old.task, tuple(old.input_digests)) == (call.spec.name, tuple(call.flow))
+                and caller(old.parent_id, e.attempt) == here):
+            found.append(e.key)
     if not found:
         return None
     old_id = found[0]

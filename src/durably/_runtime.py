@@ -126,7 +126,6 @@ class Spec:
         "_prepend_instance",
         "_version_code",
         "cache",
-        "effect",
         "func",
         "identity",
         "ignore",
@@ -213,9 +212,6 @@ class Spec:
         self.identity = f"{module_identity(getattr(raw, '__module__', None))}:{self.name}"
         self.version = version
         self.cache = cache
-        #: a side effect whose calls an attempt compares with earlier ones (a cache=False
-        #: task; not a graph's node, whose super-steps a resume starts after)
-        self.effect = not cache
         self.ignore = frozenset(ignore)
         self.signature = signature
         self.is_async = inspect.iscoroutinefunction(raw)
@@ -625,8 +621,6 @@ class Call:
                 ctx.cache_later(self.key, data, info)
         ctx.journal([(record, data)])
         ctx.count("ran")
-        if spec.effect:
-            ctx.note_effect(spec.name, self.step_id, True)
         if ctx.listener is not None:
             ctx.emit(self.event("step_finished", record))
         return result
@@ -736,10 +730,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             value = pickle.loads(data)  # (_load, inlined for the common case)
         except Exception:  # noqa: BLE001 - not a plain pickle, or it fails: said by _load
             value = _load(data, spec, "journaled")
-        if parent is not None and step_id in ctx.uncacheable:
-            ctx.uncacheable.add(parent)
-        if spec.effect:  # a side effect reached again (see RunContext.effects)
-            ctx.note_effect(spec.name, step_id, False)
+        if step_id in ctx.uncacheable:  # (it used an answer: spent, see interrupt())
+            ctx.spent.add(step_id)
+            if parent is not None:
+                ctx.uncacheable.add(parent)
         if call is None:
             replays = ctx._replays  # (RunContext.note_replayed, inlined: every replayed step)
             replays.append((position, started, _wall_clock(), step_id, parent,
@@ -1268,8 +1262,6 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             _leave(started)  # (again, if a KeyboardInterrupt landed before it)
         finally:
             let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
-    if ctx.effects and record.status == "finished":
-        _warn_repeated_effects(ctx)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
@@ -1294,38 +1286,6 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
         )
-
-
-def _warn_repeated_effects(ctx: RunContext) -> None:
-    """At the end of an attempt that finished the run (every call it makes was reached),
-    after a first attempt: warn when side effects (``cache=False`` steps) that executed in
-    an earlier attempt were not reached by this one. They were called with other inputs,
-    or from a caller given another step (its code, or a task upstream, changed), or not at
-    all: if this attempt executed them again under their new identity, their effect
-    happened twice; it is not undone."""
-    effects = ctx.effects
-    assert effects is not None
-    try:
-        missed: dict[str, int] = {}
-        for r in ctx.store.list_steps(ctx.run_id):
-            if (r.status == "ran" and r.attempt < ctx.attempt and r.task in effects
-                    and r.step_id not in effects[r.task][0]):
-                missed[r.task] = missed.get(r.task, 0) + 1
-    except Exception as exc:  # noqa: BLE001 - a warning never fails a run
-        log.debug("durably: run %r: earlier side effects not compared: %s", ctx.run_id, exc)
-        return
-    for task, count in sorted(missed.items()):
-        again = ("; this attempt executed it again with other inputs"
-                 if effects[task][1] else "")
-        warnings.warn(
-            f"durably: run {ctx.run_id!r}: {count} call(s) of task {task!r} (cache=False, a "
-            "side effect) that executed in an earlier attempt were not reached by the "
-            f"attempt that finished the run{again}: if those are the same calls, their side "
-            "effects happened twice. A task they depend on (their caller, or one whose "
-            "result they receive) executed again (its code changed) and gave them another "
-            "identity. Fix: keep what a side effect receives stable across edits "
-            "(@task(version=...) upstream), or start a new run for changed code.",
-            stacklevel=_user_stacklevel())
 
 
 def _user_stacklevel() -> int:

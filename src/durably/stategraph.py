@@ -410,7 +410,6 @@ class CompiledGraph(Generic[S]):
             target = fn
         cache = bool(self.graph.node_options[name]["cache"])
         spec = Spec(target, kind="task", name=f"{self.name}.{name}", cache=cache)
-        spec.effect = False  # (a resume starts after the last checkpoint, not at its calls)
         return Task(target, spec)
 
     def _superstep_task(self) -> Task[Any, Any]:
@@ -424,7 +423,6 @@ class CompiledGraph(Generic[S]):
         superstep.__module__ = self.graph.module
         spec = Spec(superstep, kind="task", name=f"{self.name}::superstep", version="1",
                     cache=False, ignore=("frontier", "state", "joins"))
-        spec.effect = False  # (the graph's own step)
         return Task(superstep, spec)
 
     def _migration_task(self) -> Task[Any, Any]:
@@ -456,7 +454,6 @@ class CompiledGraph(Generic[S]):
         migrate.__module__ = self.graph.module
         spec = Spec(migrate, kind="task", name=f"{self.name}::migrate", version="1",
                     cache=False, ignore=("state",))
-        spec.effect = False  # (the graph's own step)
         return Task(migrate, spec)
 
     def _defaults_task(self) -> Task[Any, Any]:
@@ -469,18 +466,12 @@ class CompiledGraph(Generic[S]):
         defaults.__module__ = self.graph.module
         spec = Spec(defaults, kind="task", name=f"{self.name}::defaults", version="1",
                     cache=False)
-        spec.effect = False  # (the graph's own step)
         return Task(defaults, spec)
 
     def _entrypoint(self, store: Store | None) -> Entrypoint[Any, Any]:
         app = self
 
         def run_graph(input: dict[str, Any]) -> dict[str, Any]:
-            ctx = current_run.get()
-            if ctx is not None:
-                # a resume starts after the last checkpoint: the side effects of earlier
-                # super-steps are not reached again, which is no sign of a repeat
-                ctx.effects = None
             return app._execute(input, top=True)
 
         run_graph.__qualname__ = run_graph.__name__ = self.name
