@@ -1028,3 +1028,30 @@ def test_a_class_keeps_its_fingerprint_after_its_instances_were_digested() -> No
     ns = define(src)
     durably.digest(ns["SETTINGS"])
     assert fp(ns["task"]) == before
+
+
+def test_the_in_place_warning_names_the_user_s_line(tmp_path: Path) -> None:
+    """The warning that a large global changed in place points at the call in the user's
+    code, not at durably's own files."""
+    script = write_script(tmp_path / "edit.py", """
+        import warnings
+        import numpy as np
+        import durably
+
+        BIG = np.zeros(100_000)
+
+        @durably.task
+        def total(k):
+            return float(BIG.sum()) + k
+
+        total(1)
+        BIG[0] = 5.0
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            total(2)  # the line the warning names
+        print([(w.filename.endswith("edit.py"), w.lineno) for w in said])
+        """)
+    out = subprocess.run([sys.executable, str(script)], env=script_env(tmp_path / "s"),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[(True, 16)]"

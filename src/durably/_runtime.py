@@ -1291,7 +1291,7 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of a warning that names the first frame outside durably (the
     user's call), counted from the caller of ``warnings.warn``."""
-    here = os.path.dirname(__file__)
+    here = os.path.dirname(__file__) + os.sep  # (not a package named durably_something)
     frame = sys._getframe(1)
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(here):
