@@ -82,19 +82,11 @@ def _clear_task(spec: Spec) -> int:
         ctx.flush_cache()  # the entries its cheap steps queued: written now, then removed
     else:
         store = spec.store or default_store()
-    clear = getattr(store, "clear_task", None)
-    if clear is not None:  # (a MemoryStore, or a store of one's own)
-        return int(clear(spec.identity))
-    from ._maintenance import clear as clear_cache
-    from ._store import DiskStore
-
-    if not isinstance(store, DiskStore):
-        raise StoreError(f"task {spec.name!r}: clear() needs a DiskStore or a store with a "
-                         f"clear_task(identity) method; {type(store).__name__} has neither.")
-    try:
-        return clear_cache(store, spec.identity)
-    except NotFoundError:
-        return 0  # it never wrote to this cache
+    clear = getattr(store, "clear_task", None)  # (DiskStore, MemoryStore)
+    if clear is None:
+        raise StoreError(f"task {spec.name!r}: clear() needs a store with a "
+                         f"clear_task(identity) method; {type(store).__name__} has none.")
+    return int(clear(spec.identity))
 
 
 def _resolve(module: str, qualname: str) -> Any:

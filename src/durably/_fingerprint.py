@@ -113,6 +113,7 @@ from ._revalidate import (
     _RECHECK_SECONDS,
     _WALKING,
     Fingerprint,
+    Unchecked,
     _Check,
     _check_of,
     registry_ids,
@@ -217,7 +218,7 @@ class _Walker(_StateFinder):
         self.checks: dict[int, _Check] = {}  # configuration checked on revalidation
         #: configuration too large or too slow to check on every call, by id: checked before
         #: a result is cached (see Fingerprint.changed_in_place)
-        self.unchecked: dict[int, list[Any]] = {}
+        self.unchecked: dict[int, Unchecked] = {}
         #: while a configuration value is encoded: the digest given to each function and
         #: class met inside it, by id (its check before caching gives them the same)
         self.met: dict[int, str] | None = None
@@ -443,8 +444,7 @@ class _Walker(_StateFinder):
         seconds) and the digests it gave the functions and classes inside (``met``)."""
         if id(value) not in self.unchecked:
             self.keep.append(value)
-            self.unchecked[id(value)] = [value, name or "a value", met, digest, took,
-                                         time.monotonic()]
+            self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, took)
 
     def klass(self, c: type) -> str:
         from ._class_code import _generated  # lazily: it imports this module

@@ -167,7 +167,7 @@ def interrupt(payload: Any = None) -> Any:
 def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
                               payload: Any) -> bytes | None:
     """The answer to the same question asked by the step this one replaces, if there is
-    exactly one. An interrupt id follows its step's id, which follows the task's code: a
+    one. An interrupt id follows its step's id, which follows the task's code: a
     task edited while its run waited for an answer (a deploy) asks under a new id. An
     answered question that no call of this attempt reached, with the same payload, asked
     by a step of the same task and inputs, called by a step of the same task and inputs
@@ -202,16 +202,18 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
             asker, seen = parents.get(asker), seen + 1
         return False
 
-    def caller(parent: str | None, attempt: int) -> tuple[str, tuple[str, ...]] | None:
+    # a caller as its task and inputs (None: the entrypoint's body); a caller whose record
+    # or call is not found stands for itself alone (object()), so it matches nothing
+    def caller(parent: str | None, attempt: int) -> Any:
         if parent is None:
             return None
         r = interrupted.get((attempt, parent))  # (it unwound with the question)
-        return ("?", ()) if r is None else (r.task, tuple(r.input_digests))
+        return object() if r is None else (r.task, tuple(r.input_digests))
 
-    here = None
+    here: Any = None
     if call.parent is not None:
         up = ctx.open.get(call.parent) or ctx.items.get(call.parent)
-        here = ("!", ()) if up is None else (up.spec.name, tuple(up.flow))
+        here = object() if up is None else (up.spec.name, tuple(up.flow))
     # (in the order they were asked: identical calls, a loop's, take them in that order)
     found = []
     for e in store.list_events(ctx.run_id, ("interrupt",)):

@@ -21,7 +21,7 @@ import wrapt
 
 from ._hashing import _ENCODERS, Encoder
 
-__all__ = ["Fingerprint", "full_digest", "registry_ids"]
+__all__ = ["Fingerprint", "Unchecked", "full_digest", "registry_ids"]
 
 #: stands for a name, attribute or closure cell that was not there when the walk read it
 _MISSING = object()
@@ -205,20 +205,42 @@ class _AsWalked:
         return self.met.get(id(obj), f"new:{id(obj):x}")
 
 
+def _encoded(value: Any, nested: _Nested | None) -> Encoder:
+    """``value`` encoded, functions and classes inside it by ``nested`` (by identity when
+    None)."""
+    e = Encoder()
+    token = _WALKING.set(nested or _BY_IDENTITY)
+    try:
+        e.encode(value)
+    finally:
+        _WALKING.reset(token)
+    return e
+
+
+class Unchecked:
+    """A configuration value too large or too slow to check on every call (by identity
+    only), checked by its contents before a result is cached (see
+    :meth:`Fingerprint.changed_in_place`)."""
+
+    __slots__ = ("checked", "cost", "digest", "met", "name", "value")
+
+    def __init__(self, value: Any, name: str, met: dict[int, str], digest: str,
+                 cost: float) -> None:
+        self.value, self.name = value, name
+        self.met = met  # the digests the walk gave the functions and classes inside, by id
+        self.digest = digest  # its digest when the fingerprint was taken
+        self.cost = cost  # seconds that digest took
+        self.checked = time.monotonic()  # when it was last digested
+
+
 def full_digest(value: Any, nested: _Nested | None = None) -> str:
     """The digest of a configuration value however large, as the encoder gives it (cached
     properties left out), functions and classes inside it by ``nested`` (by identity when
     None): compared when a value too large or too slow to check on every call is checked
     before a result is cached (see :meth:`Fingerprint.changed_in_place`)."""
-    e = Encoder()
-    token = _WALKING.set(nested or _BY_IDENTITY)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            e.encode(value)
-    finally:
-        _WALKING.reset(token)
-    return e.hexdigest()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _encoded(value, nested).hexdigest()
 
 
 def registry_ids(registry: Mapping[Any, Any]) -> tuple[tuple[int, int], ...]:
@@ -229,12 +251,7 @@ def registry_ids(registry: Mapping[Any, Any]) -> tuple[tuple[int, int], ...]:
 
 
 def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
-    e = Encoder()
-    token = _WALKING.set(nested or _BY_IDENTITY)
-    try:
-        e.encode(value)
-    finally:
-        _WALKING.reset(token)
+    e = _encoded(value, nested)
     if e.hasher is not None or len(e.buf) > _RECHECK_BYTES:
         return None
     return e.hexdigest()
@@ -255,13 +272,11 @@ class Fingerprint:
         checks: list[_Check] | None = None,
         keep: list[Any] | None = None,
         functions: list[tuple[Any, Any, Any, Any]] | None = None,
-        unchecked: list[list[Any]] | None = None,
+        unchecked: list[Unchecked] | None = None,
     ) -> None:
         self.digest = digest
-        #: configuration values too large or too slow to check on every call: [value, its
-        #: name, the digests of the functions and classes met inside it by id, its digest,
-        #: seconds it took, when it was last checked (time.monotonic)], checked before a
-        #: result is cached (see changed_in_place)
+        #: configuration values too large or too slow to check on every call: checked
+        #: before a result is cached (see changed_in_place)
         self.unchecked = unchecked or []
         self._globals = globals_
         # each function's code, defaults and keyword defaults, compared in one condition (the
@@ -305,18 +320,17 @@ class Fingerprint:
         again when that takes at most ``budget`` seconds, or a tenth of the time since it
         was last digested; None if none changed."""
         clock = time.monotonic()
-        for entry in self.unchecked:
-            value, name, met, expected, cost, last = entry
+        for u in self.unchecked:
             # within the budget, or when a tenth of the time since its last check covers it
             # (a loop of quick steps spends at most about a tenth of its time on this)
-            if cost <= budget or cost <= (clock - last) / 10:
-                entry[5] = clock
+            if u.cost <= budget or u.cost <= (clock - u.checked) / 10:
+                u.checked = clock
                 try:
-                    now = full_digest(value, _AsWalked(met))
+                    now = full_digest(u.value, _AsWalked(u.met))
                 except Exception:  # noqa: BLE001 - no longer digestible: it changed
                     now = None
-                if now != expected:
-                    return str(name)
+                if now != u.digest:
+                    return u.name
         return None
 
 

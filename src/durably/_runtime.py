@@ -599,15 +599,12 @@ class Call:
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
-                    spec._fingerprint is not None and spec._fingerprint.unchecked
-                    and spec.changed_in_place(now() - self.started)):
+                    spec.changed_in_place(now() - self.started)):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
-        cacheable = spec.cache and not (
-            spec._fingerprint is not None and spec._fingerprint.unchecked
-            and spec.changed_in_place(record.ended - record.started))
+        cacheable = spec.cache and not spec.changed_in_place(record.ended - record.started)
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:

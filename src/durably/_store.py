@@ -110,7 +110,7 @@ from ._seal import (
 )
 from ._serde import Spilled, Unreadable
 from ._wal import lost_commits
-from .exceptions import CorruptJournalError, DefinitionError, StoreError
+from .exceptions import CorruptJournalError, DefinitionError, NotFoundError, StoreError
 
 __all__ = [
     "FINISHED_STEP",
@@ -723,6 +723,16 @@ class DiskStore:
                 raise
         self._local.con = con
         return con
+
+    def clear_task(self, task: str) -> int:
+        """Remove the cache entries of the task of this identity (see ``Task.clear``); 0
+        when it never wrote to this cache."""
+        from ._maintenance import clear
+
+        try:
+            return clear(self, task)
+        except NotFoundError:
+            return 0
 
     def _check_wal(self, con: sqlite3.Connection, path: Path) -> None:
         """Refuse a journal whose write-ahead log lost commits behind a damaged frame (see
