@@ -1709,10 +1709,9 @@ def test_an_invalid_update_of_one_of_parallel_nodes_names_that_node() -> None:
         g.compile().invoke({})
 
 
-def test_langgraph_s_builder_shortcuts_and_send_s_message() -> None:
+def test_langgraph_s_builder_shortcuts() -> None:
     """What code ported from LangGraph reaches for: add_node(fn) named by the function,
-    add_sequence, set_entry_point / set_finish_point; and a router returning LangGraph's
-    Send is told Send is not there, and what to do instead (not to declare it)."""
+    add_sequence, set_entry_point / set_finish_point."""
     def fetch(s: Log) -> dict[str, Any]:
         return {"log": ["fetch"], "count": s["count"] + 1}
 
@@ -1728,19 +1727,175 @@ def test_langgraph_s_builder_shortcuts_and_send_s_message() -> None:
     assert g.compile().invoke({"log": [], "count": 0}) == {
         "log": ["fetch", "clean", "report 1"], "count": 1}
 
+
+# -- Send: one node called once per item, each with its own input ---------------------------
+class Jokes(TypedDict):
+    subjects: list[str]
+    jokes: Annotated[list[str], operator.add]
+    best: str
+
+
+def _joke_graph(name: str, joke: Callable[[dict[str, str]], Any],
+                send: Callable[[str, Any], Any] = durably.Send) -> Any:
+    def plan(s: Jokes) -> dict[str, Any]:
+        return {"subjects": ["cats", "dogs", "owls"]}
+
+    def fan_out(s: Jokes) -> list[Any]:
+        return [send("joke", {"subject": x}) for x in s["subjects"]]
+
+    def pick(s: Jokes) -> dict[str, Any]:
+        return {"best": s["jokes"][-1]}
+
+    b = StateGraph(Jokes, name=name)
+    b.add_node("plan", plan).add_node("joke", joke).add_node("pick", pick)
+    b.add_edge(START, "plan").add_conditional_edges("plan", fan_out, ["joke"])
+    b.add_edge("joke", "pick").add_edge("pick", END)
+    return b.compile()
+
+
+def test_send_calls_a_node_once_per_item_with_its_own_input() -> None:
+    """Each Send is one call of its node in the next super-step, given the Send's input
+    instead of the state; the calls' updates go through the reducers in the order sent,
+    and the node's edges lead on once (``pick`` runs once, after every call)."""
+    seen: list[Any] = []
+
+    def joke(arg: dict[str, str]) -> dict[str, Any]:
+        seen.append(arg)
+        return {"jokes": [f"joke about {arg['subject']}"]}
+
+    app = _joke_graph("jokes", joke)
+    out = app.invoke({"subjects": [], "jokes": []})
+    assert out["jokes"] == ["joke about cats", "joke about dogs", "joke about owls"]
+    assert out["best"] == "joke about owls"
+    assert sorted(a["subject"] for a in seen) == ["cats", "dogs", "owls"]
+    run = app.run({"subjects": [], "jokes": []}, fresh=True)
+    history = app.get_state_history(run.id)
+    assert [h.next for h in history] == [(), ("pick",), ("joke", "joke", "joke"), ("plan",)]
+    assert app.get_graph(run.id).visits == {"plan": 1, "joke": 3, "pick": 1}
+    chunks = list(app.stream({"subjects": [], "jokes": []}, mode="updates", fresh=True))
+    assert chunks[1] == {"joke": {"jokes": ["joke about cats", "joke about dogs",
+                                            "joke about owls"]}}
+
+
+def test_a_send_call_interrupted_resumes_alone() -> None:
+    """One of three Send calls asks a human: on resume with the answer, the two that
+    finished replay from the journal and only the asking one executes again."""
+    calls: list[str] = []
+
+    def joke(arg: dict[str, str]) -> dict[str, Any]:
+        calls.append(arg["subject"])
+        if arg["subject"] == "owls":
+            answer = durably.interrupt("a joke about owls?")
+            return {"jokes": [f"owls ({answer})"]}
+        return {"jokes": [arg["subject"]]}
+
+    app = _joke_graph("asking_jokes", joke)
+    run = app.run({"subjects": [], "jokes": []})
+    assert run.status == "interrupted"
+    assert [i.payload for i in run.interrupts] == ["a joke about owls?"]
+    assert app.get_state(run.id).next == ("joke", "joke", "joke")
+    calls.clear()
+    out = app.resume(run.id, "yes")
+    assert out["jokes"] == ["cats", "dogs", "owls (yes)"] and calls == ["owls"]
+
+
+def test_langgraph_s_send_is_taken_as_durably_s() -> None:
+    """Code ported from LangGraph keeps its ``langgraph.types.Send``: the same call."""
     class Send:  # (as langgraph.types.Send is: a node and its input)
         def __init__(self, node: str, arg: Any) -> None:
             self.node, self.arg = node, arg
 
-        def __repr__(self) -> str:
-            return f"Send(node={self.node!r}, arg={self.arg!r})"
+    app = _joke_graph("ported_jokes", lambda a: {"jokes": [a["subject"]]}, send=Send)
+    assert app.invoke({"subjects": [], "jokes": []})["jokes"] == ["cats", "dogs", "owls"]
 
-    h = StateGraph(Log, name="sends")
-    h.add_node("gen", lambda s: {"log": ["gen"]})
-    h.add_conditional_edges(START, lambda s: [Send("gen", x) for x in (1, 2)], ["gen"])
-    h.add_edge("gen", END)
-    with pytest.raises(InvalidRouteError, match=r"Send .* is not part of durably"):
+
+def test_send_mistakes_are_named() -> None:
+    """A Send to a node the router did not declare is refused naming the router; two calls
+    writing a key without a reducer are refused naming both calls (a write would be lost)."""
+    g = StateGraph(Log, name="bad_send")
+    g.add_node("gen", lambda s: {"log": ["gen"]})
+    g.add_conditional_edges(START, lambda s: [durably.Send("ghost", 1)], ["gen"])
+    g.add_edge("gen", END)
+    with pytest.raises(InvalidRouteError, match=r"returned Send\(node='ghost', arg=1\), whose "
+                       r"node is not among its declared destinations \['gen'\]"):
+        g.compile().invoke({"log": [], "count": 0})
+    h = StateGraph(Log, name="clashing_sends")
+    h.add_node("count", lambda n: {"count": n})
+    h.add_conditional_edges(START, lambda s: [durably.Send("count", n) for n in (1, 2)],
+                            ["count"])
+    h.add_edge("count", END)
+    with pytest.raises(InvalidUpdateError, match=r"'count \(Send call 1\)' and 'count \(Send "
+                       r"call 2\)' both wrote state key 'count'"):
         h.compile().invoke({"log": [], "count": 0})
+    lock = threading.Lock()
+    k = StateGraph(Log, name="unpicklable_send")
+    k.add_node("gen", lambda x: {"log": ["gen"]})
+    k.add_conditional_edges(START, lambda s: [durably.Send("gen", lock)], ["gen"])
+    k.add_edge("gen", END)
+    with pytest.raises(durably.SerializationError, match=r"the input of 'gen' sent by router "
+                       r"'<lambda>' \(after '__start__'\)"):
+        k.compile().invoke({"log": [], "count": 0})
+
+
+def test_update_state_keeps_the_inputs_of_pending_sends() -> None:
+    """A fork made by update_state at a checkpoint whose next super-step holds Send calls
+    continues with those calls and their inputs (not with the node given the state)."""
+    def joke(arg: dict[str, str]) -> dict[str, Any]:
+        if arg["subject"] == "owls":
+            durably.interrupt("owls?")
+        return {"jokes": [arg["subject"]]}
+
+    app = _joke_graph("forked_jokes", joke)
+    run = app.run({"subjects": [], "jokes": []})
+    assert run.status == "interrupted"
+    fork = app.update_state(run.id, {"jokes": ["seed"]})
+    assert app.get_state(fork).next == ("joke", "joke", "joke")
+    forked = app.run(None, run_id=fork)
+    assert forked.status == "interrupted"
+    assert app.resume(fork, "ok")["jokes"] == ["seed", "cats", "dogs", "owls"]
+
+
+def test_a_killed_run_resumes_its_send_calls_without_repeating_them(tmp_path: Path) -> None:
+    """A process killed while three Send calls run (two finished, the third kills it):
+    the next process executes only the unfinished call, then the rest of the graph."""
+    script = write_script(tmp_path / "send_job.py", """
+        import operator, os, signal
+        from typing import Annotated, TypedDict
+        from durably import StateGraph, Send, START, END
+
+        class S(TypedDict):
+            items: list[int]
+            squares: Annotated[list[int], operator.add]
+
+        def square(n):
+            if n == 3 and os.environ.get("KILL"):
+                import time
+                time.sleep(1.0)  # the other two calls finish and are journaled first
+                os.kill(os.getpid(), signal.SIGKILL)
+            with open(os.environ["LOG"], "a") as log:
+                log.write(f"{n}\\n")
+            return {"squares": [n * n]}
+
+        b = StateGraph(S, name="squares")
+        b.add_node("square", square)
+        b.add_conditional_edges(START, lambda s: [Send("square", n) for n in s["items"]],
+                                ["square"])
+        b.add_edge("square", END)
+        if __name__ == "__main__":
+            print(b.compile().invoke({"items": [1, 2, 3], "squares": []})["squares"])
+    """)
+    log = tmp_path / "log.txt"
+    env = script_env(tmp_path / "store", LOG=str(log), KILL="1")
+    killed = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert sorted(log.read_text().split()) == ["1", "2"]
+    env.pop("KILL")
+    again = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == "[1, 4, 9]"
+    assert sorted(log.read_text().split()) == ["1", "2", "3"]  # 1 and 2 not again
 
 
 def test_builder_shortcuts_name_callables_as_langgraph_does() -> None:

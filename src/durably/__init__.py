@@ -36,15 +36,16 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from . import executors as executors
-    from .stategraph import END, START, StateGraph
+    from .stategraph import END, START, Send, StateGraph
 
 __version__ = "0.1.0"
 
-_LAZY = {"StateGraph": "stategraph", "START": "stategraph", "END": "stategraph"}
+_LAZY = {"StateGraph": "stategraph", "START": "stategraph", "END": "stategraph",
+         "Send": "stategraph"}
 
 
 def __getattr__(name: str) -> Any:
-    """StateGraph, START, END and the executors module are imported on first use, so
+    """StateGraph, START, END, Send and the executors module are imported on first use, so
     ``import durably`` stays fast for scripts that only decorate functions."""
     import importlib
 
@@ -76,6 +77,7 @@ __all__ = [
     "RunGraph",
     "RunInterrupted",
     "RunStateError",
+    "Send",
     "SerializationError",
     "StateGraph",
     "StepRecord",

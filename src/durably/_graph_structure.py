@@ -5,13 +5,43 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-__all__ = ["END", "START", "GraphStructure"]
+__all__ = ["END", "START", "GraphStructure", "Send"]
 
 #: The virtual node every graph starts from.
 START = "__start__"
 #: The virtual node a path ends at.
 END = "__end__"
 RESERVED = {START, END}
+
+
+class Send:
+    """One call of a node with an input of its own, returned by a router (LangGraph's
+    ``Send``): a router returning ``[Send("grade", doc) for doc in state["docs"]]`` runs
+    node ``grade`` once per document, all in the next super-step (in parallel, with the
+    other nodes of that super-step), each given its ``doc`` instead of the state. Each
+    call's update is applied to the state through the reducers, in the order the router
+    returned them; two calls writing one key need a reducer on it.
+
+    Args:
+        node: The node to call: one of the router's declared destinations.
+        arg: The node's input (picklable: it is journaled with the super-step before).
+
+    Example:
+        >>> Send("grade", {"doc": "a.txt"})
+        Send(node='grade', arg={'doc': 'a.txt'})
+    """
+
+    __slots__ = ("arg", "node")
+
+    def __init__(self, node: str, arg: object) -> None:
+        self.node = node
+        self.arg = arg
+
+    def __repr__(self) -> str:
+        return f"Send(node={self.node!r}, arg={self.arg!r})"
+
+    def __reduce__(self) -> tuple[type[Send], tuple[str, object]]:
+        return Send, (self.node, self.arg)
 
 
 @dataclasses.dataclass(frozen=True)

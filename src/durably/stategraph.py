@@ -60,7 +60,7 @@ from ._graph_state import (
     fingerprint_of,
     parts_of,
 )
-from ._graph_structure import END, START, GraphStructure
+from ._graph_structure import END, START, GraphStructure, Send
 from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
@@ -77,6 +77,7 @@ __all__ = [
     "GraphValidationError",
     "InvalidRouteError",
     "InvalidUpdateError",
+    "Send",
     "StateGraph",
     "StateSnapshot",
     "StepLimitError",
@@ -282,6 +283,29 @@ class Writes(list):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+class Sent(list):  # type: ignore[type-arg]
+    """The updates of a node's calls by :class:`Send` in one super-step, one per call in the
+    order the routers returned them (each a dict, or a subgraph's :class:`Writes`)."""
+
+    __slots__ = ()
+
+
+#: what a super-step runs: a node's name (given the state), or a Send (given its input)
+Target = str | Send
+
+
+def _target_name(t: Target) -> str:
+    """The node a frontier entry calls."""
+    return t.node if isinstance(t, Send) else t
+
+
+def _writes(update: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
+    """A node's update as the writes applied in turn (a subgraph's writes, Send calls')."""
+    if not isinstance(update, list):
+        return [update]
+    return [w for one in update for w in _writes(one)]
+
+
 #: the nodes (names) whose subgraphs the code running now is inside, outermost first: () in
 #: the top graph's own super-steps; ("research",) inside the subgraph node "research"
 _namespace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
@@ -296,6 +320,7 @@ def _merged(update: dict[str, Any] | list[dict[str, Any]],
     reducer that changes its argument in place never touches the run's writes); a key
     without one, or whose reducer cannot combine two writes, shows the later write."""
     if isinstance(update, list):
+        update = _writes(update)
         if len(update) > 1:
             with contextlib.suppress(Exception):  # (uncopyable: shown from the writes)
                 update = copy.deepcopy(update)
@@ -415,7 +440,7 @@ class CompiledGraph(Generic[S]):
     def _superstep_task(self) -> Task[Any, Any]:
         app = self
 
-        def superstep(index: int, frontier: list[str], state: dict[str, Any],
+        def superstep(index: int, frontier: list[Target], state: dict[str, Any],
                       joins: dict[str, list[str]]) -> dict[str, Any]:
             return app._run_superstep(index, frontier, state, joins)
 
@@ -517,7 +542,7 @@ class CompiledGraph(Generic[S]):
                     f"without reaching END; path: {' → '.join('+'.join(p) for p in path)}. "
                     "Fix: keep a counter in the state and route to an explicit node (for "
                     "example 'escalate') before the limit, or raise max_steps.", path)
-            path.append(list(frontier))
+            path.append(list(dict.fromkeys(map(_target_name, frontier))))
             if index == migrate_at:
                 state = self._migration(index, state)
                 blob = None  # (the migrated state's bytes: the next checkpoint holds them)
@@ -534,8 +559,7 @@ class CompiledGraph(Generic[S]):
             frontier, joins = result["next"], result["joins"]
             if writes is not None:
                 for node in result["nodes"]:
-                    update = result["updates"][node]
-                    writes.extend(update if isinstance(update, list) else [update])
+                    writes.extend(_writes(result["updates"][node]))
             if ctx is not None and ctx.listener is not None:
                 from ._store import now
 
@@ -548,7 +572,8 @@ class CompiledGraph(Generic[S]):
                                data={"step": index, "values": shown,
                                      "updates": {n: _merged(u, reducers) for n, u in
                                                  result["updates"].items()},
-                                     "next": list(frontier), "namespace": _namespace.get()},
+                                     "next": list(dict.fromkeys(map(_target_name, frontier))),
+                                     "namespace": _namespace.get()},
                                attempt=ctx.attempt))
             index += 1
         return state
@@ -662,24 +687,42 @@ class CompiledGraph(Generic[S]):
             return True
         return all(old.get(k) == new.get(k) for k in {*old, *new} - {"nodes"})
 
-    def _next_from(self, node: str, state: dict[str, Any]) -> list[str]:
-        """The targets of ``node``'s plain edges and routers (joins are handled apart)."""
-        targets: list[str] = []
+    def _next_from(self, node: str, state: dict[str, Any]) -> list[Target]:
+        """The targets of ``node``'s plain edges and routers (joins are handled apart): node
+        names, once each, and every :class:`Send` its routers returned."""
+        targets: list[Target] = []
         for sources, target in self.graph.edges:
             if sources == (node,) and target not in targets:
                 targets.append(target)
         for r in self.graph.routers:
             if r.source == node:
                 for t in self._route(r, state):
-                    if t not in targets:
+                    if isinstance(t, Send) or t not in targets:
                         targets.append(t)
-        return [t for t in targets if t != END]
+        return [t for t in targets if isinstance(t, Send) or t != END]
 
-    def _route(self, r: _Router, state: dict[str, Any]) -> list[str]:
+    def _route(self, r: _Router, state: dict[str, Any]) -> list[Target]:
         out = r.fn(self.schema.build(state))
         values = list(out) if isinstance(out, (list, tuple)) else [out]
-        targets = []
+        targets: list[Target] = []
         for v in values:
+            if not isinstance(v, Send) and type(v).__name__ == "Send" and hasattr(
+                    v, "node") and hasattr(v, "arg"):
+                v = Send(v.node, v.arg)  # LangGraph's (langgraph.types.Send): the same call
+            if isinstance(v, Send):
+                if not isinstance(v.node, str) or v.node not in r.names or v.node == END:
+                    raise InvalidRouteError(
+                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}, "
+                        f"whose node is not among its declared destinations "
+                        f"{[n for n in r.names if n != END]}. Fix: send to one of them, or "
+                        "declare the node in add_conditional_edges.")
+                from . import _serde
+
+                # journaled with the super-step: refused here, naming the router
+                _serde.dumps(v.arg, what=f"the input of {v.node!r} sent by router "
+                             f"{r.fn.__name__!r} (after {r.source!r})")
+                targets.append(v)
+                continue
             if r.mapping is not None:
                 if v not in r.mapping:
                     raise InvalidRouteError(
@@ -688,13 +731,6 @@ class CompiledGraph(Generic[S]):
                         "one of them, or declare it in add_conditional_edges.")
                 targets.append(r.mapping[v])
             else:
-                if type(v).__name__ == "Send" and hasattr(v, "node"):
-                    raise InvalidRouteError(
-                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}: "
-                        "LangGraph's Send (one node run per item, each with its own input) "
-                        "is not part of durably's StateGraph. Fix: route to a node that fans "
-                        "out inside itself (a task's .map over the items), or keep the items "
-                        "in the state and route to the node that handles them.")
                 if v not in r.names:
                     raise InvalidRouteError(
                         f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
@@ -703,9 +739,10 @@ class CompiledGraph(Generic[S]):
                 targets.append(v)
         return targets
 
-    def _run_superstep(self, index: int, frontier: list[str], state: dict[str, Any],
+    def _run_superstep(self, index: int, frontier: list[Target], state: dict[str, Any],
                        joins: dict[str, list[str]]) -> dict[str, Any]:
         order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
+        sends = [t for t in frontier if isinstance(t, Send)]  # in the order routed
         # the fields the state leaves out get their defaults once, here (journaled with the
         # super-step: a default factory's value is the same for every node and every read)
         state = self.schema.complete(state)
@@ -720,22 +757,25 @@ class CompiledGraph(Generic[S]):
             # each node gets its own copy: mutating it in place cannot leak into a sibling,
             # the checkpoint, or a replay (which would not repeat the mutation)
             views = {n: self.schema.build(_deepcopy(state)) for n in order}
-        results: dict[str, Any] = {}
-        errors: dict[str, BaseException] = {}
-        if len(order) == 1:
+        # the calls: each node of the frontier given its view of the state, then each Send's
+        # node given its own input (a copy: the journaled frontier keeps the original)
+        calls = [(n, views[n]) for n in order] + [(t.node, _deepcopy(t.arg)) for t in sends]
+        results: list[Any] = [None] * len(calls)
+        errors: dict[int, BaseException] = {}
+        if len(calls) == 1:
             try:
-                results[order[0]] = self._call_node(order[0], views[order[0]])
+                results[0] = self._call_node(*calls[0])
             except BaseException as exc:  # noqa: BLE001 - sorted out below
-                errors[order[0]] = exc
+                errors[0] = exc
         else:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(order)) as pool:
-                futures = {n: pool.submit(contextvars.copy_context().run, self._call_node,
-                                          n, views[n]) for n in order}
-                for n in order:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
+                futures = [pool.submit(contextvars.copy_context().run, self._call_node, n, v)
+                           for n, v in calls]
+                for i, future in enumerate(futures):
                     try:
-                        results[n] = futures[n].result()
+                        results[i] = future.result()
                     except BaseException as exc:  # noqa: BLE001 - sorted out below
-                        errors[n] = exc
+                        errors[i] = exc
         if errors:
             signals = [e for e in errors.values() if isinstance(e, InterruptSignal)]
             others = {n: e for n, e in errors.items() if not isinstance(e, InterruptSignal)}
@@ -749,16 +789,29 @@ class CompiledGraph(Generic[S]):
                     f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed",
                     [e for e in others.values() if isinstance(e, Exception)])
             raise InterruptSignal([i for s in signals for i in s.interrupts])
-        updates: dict[str, dict[str, Any] | list[dict[str, Any]]] = {
-            n: list(results[n]) if isinstance(results[n], Writes)
-            else self.schema.update_of(results[n], state, f"the update returned by node {n!r}")
-            for n in order}
+        updates: dict[str, Any] = {}
+        for i, (n, _) in enumerate(calls):
+            result = results[i]
+            if isinstance(result, Writes):
+                update: Any = list(result)
+            else:
+                what = (f"the update returned by node {n!r}" if i < len(order) else
+                        f"the update returned by node {n!r} (called by Send)")
+                update = self.schema.update_of(result, state, what)
+            if i < len(order):
+                updates[n] = update
+            else:  # a Send's call: its node's updates, one per call
+                sent = updates.setdefault(n, Sent())
+                if not isinstance(sent, Sent):  # the node ran from the frontier too
+                    sent = updates[n] = Sent([sent])
+                sent.append(update)
+        ran = list(updates)  # each node that ran, once (node order, then sends' order)
         started_from = state
         state = self._apply(state, updates)
         if self.schema.kind == "pydantic" and top:  # (a subgraph's is the parent's to keep)
             state = self.schema.fields_of(self._validate(
-                state, index, self._culprits(started_from, updates, order)))
-        frontier_next, joins = self._advance(order, state, joins)
+                state, index, self._culprits(started_from, updates, ran)))
+        frontier_next, joins = self._advance(ran, state, joins)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
         handoff = _handoff.get()
@@ -774,7 +827,7 @@ class CompiledGraph(Generic[S]):
         if handoff is not None:
             handoff.state, handoff.blob = state, pickled
         journaled.update(next=frontier_next, joins=joins, updates=updates,
-                         fingerprint=self.fingerprint_digest, nodes=order)
+                         fingerprint=self.fingerprint_digest, nodes=ran)
         return journaled
 
     def _culprits(self, state: dict[str, Any],
@@ -829,15 +882,15 @@ class CompiledGraph(Generic[S]):
             _namespace.reset(token)
 
     def _advance(self, finished: list[str], state: dict[str, Any],
-                 joins: dict[str, list[str]], frontier: Sequence[str] = ()
-                 ) -> tuple[list[str], dict[str, list[str]]]:
+                 joins: dict[str, list[str]], frontier: Sequence[Target] = ()
+                 ) -> tuple[list[Target], dict[str, list[str]]]:
         """The next frontier once ``finished`` have run (starting from ``frontier``): their
-        edges and routers, and the joins they complete."""
+        edges and routers (node names once each, every Send), and the joins they complete."""
         frontier_next = list(frontier)
         joins = {k: list(v) for k, v in joins.items()}
         for n in finished:
             for t in self._next_from(n, state):
-                if t not in frontier_next:
+                if isinstance(t, Send) or t not in frontier_next:
                     frontier_next.append(t)
             for sources, target in self.graph.edges:
                 if len(sources) > 1 and n in sources:
@@ -851,14 +904,21 @@ class CompiledGraph(Generic[S]):
                             frontier_next.append(target)
         return frontier_next, joins
 
-    def _apply(self, state: dict[str, Any],
-               updates: Mapping[str, dict[str, Any] | list[dict[str, Any]]]) -> dict[str, Any]:
+    def _apply(self, state: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
         """Apply the updates of one super-step in node order through the reducers. A
-        subgraph's update is the list of its nodes' writes, applied in turn."""
+        subgraph's update is the list of its nodes' writes, applied in turn; a node called
+        by :class:`Send` has one update per call (:class:`Sent`), each call a writer of its
+        own."""
         writers: dict[str, list[str]] = {}
         new = dict(state)
+        calls: list[tuple[str, Any]] = []
         for node, update in updates.items():
-            for one in update if isinstance(update, list) else [update]:
+            if isinstance(update, Sent):
+                calls.extend((f"{node} (Send call {j})", one) for j, one in enumerate(update, 1))
+            else:
+                calls.append((node, update))
+        for node, update in calls:
+            for one in _writes(update):
                 for key, value in one.items():
                     reducer = self.schema.reducers.get(key)
                     if reducer is None:
@@ -1312,9 +1372,9 @@ class CompiledGraph(Generic[S]):
         if run._record.args is not None:
             args, _ = _serde.loads(run._record.args)
             first = dict(args[0])
-        snapshots.append(StateSnapshot(self.schema.build(first),
-                                       tuple(self._next_from(START, first)), -1, "", run.id,
-                                       run.status))
+        snapshots.append(StateSnapshot(
+            self.schema.build(first), tuple(map(_target_name, self._next_from(START, first))),
+            -1, "", run.id, run.status))
         found: list[tuple[int, str, dict[str, Any]]] = []
         for s in store.list_steps(run.id):
             if (s.task != name or s.parent_id is not None  # not a subgraph's super-steps
@@ -1342,7 +1402,7 @@ class CompiledGraph(Generic[S]):
             previous = index
             if state is not None:
                 snapshots.append(StateSnapshot(
-                    self.schema.build(state), tuple(result["next"]), index,
+                    self.schema.build(state), tuple(map(_target_name, result["next"])), index,
                     step_id, run.id, run.status))
         last = snapshots[-1]
         if run.status == "interrupted" and last.step == previous:
@@ -1394,7 +1454,10 @@ class CompiledGraph(Generic[S]):
                     f"update_state({values!r:.80}) makes a state that is not a valid "
                     f"{self.schema.type.__name__}: {exc}. Fix: give values the state type "
                     "accepts.") from exc
-        nxt, joins = list(snapshot.next), dict(old["joins"])
+        # the checkpoint's frontier as journaled (a Send keeps its input), not the names
+        nxt: list[Target] = list(old["next"]) if snapshot.checkpoint_id else self._next_from(
+            START, base)
+        joins = dict(old["joins"])
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
             nxt, joins = self._advance([as_node], state, joins,
                                        [n for n in nxt if n != as_node])
