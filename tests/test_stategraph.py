@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 import pydantic
 import pytest
@@ -1953,3 +1953,98 @@ def test_a_resumed_graph_does_not_repeat_the_side_effects_of_earlier_super_steps
         warnings.simplefilter("error")
         assert app.invoke({"log": [], "count": 0}) == {"log": ["done"], "count": 1}
     assert sent == ["start 0", "end"]
+
+
+# -- Command: a node that chooses where to go; Command(resume=...) as an input -------------
+class Loop(TypedDict):
+    n: int
+    log: Annotated[list[str], operator.add]
+
+
+def test_a_node_returning_command_updates_and_goes_where_it_says() -> None:
+    """The destinations come from the return annotation (validated and drawn like a
+    router's); goto=END ends the path; the node's edges still lead on."""
+    def agent(s: Loop) -> durably.Command[Literal["tool", "__end__"]]:
+        if s["n"] >= 2:
+            return durably.Command(update={"log": ["done"]}, goto=END)
+        return durably.Command(update={"log": [f"agent {s['n']}"]}, goto="tool")
+
+    def tool(s: Loop) -> dict[str, Any]:
+        return {"n": s["n"] + 1, "log": ["tool"]}
+
+    g = StateGraph(Loop, name="commands")
+    g.add_node("agent", agent).add_node("tool", tool)
+    g.add_edge(START, "agent").add_edge("tool", "agent")
+    app = g.compile()
+    assert app.invoke({"n": 0, "log": []}) == {
+        "n": 2, "log": ["agent 0", "tool", "agent 1", "tool", "done"]}
+    mermaid = app.get_graph().to_mermaid()
+    assert 'n1 -.->|"tool"| n2' in mermaid and 'n1 -.->|"END"| n3' in mermaid
+
+
+def test_command_destinations_are_declared_and_checked() -> None:
+    """Without a declaration the node has no way out (the message says how to declare
+    one); add_node(destinations=...) declares them; a goto elsewhere is refused naming the
+    node; LangGraph's Command and Send are taken as durably's."""
+    def free(s: Loop) -> Any:
+        return durably.Command(update={"log": ["free"]}, goto="tool")
+
+    def tool(s: Loop) -> dict[str, Any]:
+        return {"log": ["tool"]}
+
+    def build(name: str, node: Any, **options: Any) -> Any:
+        g = StateGraph(Loop, name=name)
+        g.add_node("agent", node, **options).add_node("tool", tool)
+        return g.add_edge(START, "agent").add_edge("tool", END)
+
+    with pytest.raises(GraphValidationError, match=r"node 'agent' has no way out.*"
+                       r"add_node\('agent', fn, destinations=\[\.\.\.\]\)"):
+        build("undeclared", free).compile()
+    assert build("declared", free, destinations=["tool"]).compile().invoke(
+        {"n": 0, "log": []})["log"] == ["free", "tool"]
+    with pytest.raises(InvalidRouteError, match=r"node 'agent' returned a Command going to "
+                       r"'agent', which is not among its declared destinations \['tool'\]"):
+        build("elsewhere", lambda s: durably.Command(goto="agent"),
+              destinations=["tool"]).compile().invoke({"n": 0, "log": []})
+    with pytest.raises(GraphValidationError, match=r"declares unknown destination 'ghost'"):
+        build("ghost", free, destinations=["tool", "ghost"]).compile()
+
+    class Command:  # (as langgraph.types.Command is)
+        def __init__(self, update: Any = None, goto: Any = ()) -> None:
+            self.update, self.goto, self.graph, self.resume = update, goto, None, None
+
+    class Send:  # (as langgraph.types.Send is)
+        def __init__(self, node: str, arg: Any) -> None:
+            self.node, self.arg = node, arg
+
+    ported = build("ported", lambda s: Command({"log": ["lg"]}, [Send("tool", s)]),
+                   destinations=["tool"])
+    assert ported.compile().invoke({"n": 0, "log": []})["log"] == ["lg", "tool"]
+    with pytest.raises(InvalidRouteError, match=r"Command\(graph=\.\.\.\) .* is not supported"):
+        build("parent", lambda s: durably.Command(goto="tool", graph=durably.Command.PARENT),
+              destinations=["tool"]).compile().invoke({"n": 0, "log": []})
+
+
+def test_command_resume_answers_an_interrupt_in_invoke_run_and_stream() -> None:
+    """LangGraph's way of answering: invoke / run / stream(Command(resume=answer),
+    run_id=...); stream shows the resumed run's updates (resume() alone cannot)."""
+    def ask(s: Loop) -> dict[str, Any]:
+        return {"log": [f"answer {durably.interrupt('ok?')}"]}
+
+    g = StateGraph(Loop, name="answered_by_command")
+    g.add_node("ask", ask).add_edge(START, "ask").add_edge("ask", END)
+    app = g.compile()
+    first = app.run({"n": 0, "log": []})
+    assert first.status == "interrupted"
+    chunks = list(app.stream(durably.Command(resume="yes"), run_id=first.id, mode="updates"))
+    assert chunks == [{"ask": {"log": ["answer yes"]}}]
+    second = app.run({"n": 1, "log": []})
+    assert app.invoke(durably.Command(resume="sure"), run_id=second.id)["log"] == [
+        "answer sure"]
+    third = app.run({"n": 2, "log": []})
+    done = app.run(durably.Command(resume="fine"), run_id=third.id)
+    assert done.status == "finished" and done.result["log"] == ["answer fine"]
+    with pytest.raises(durably.DefinitionError, match=r"needs run_id=\.\.\."):
+        app.invoke(durably.Command(resume="x"))
+    with pytest.raises(durably.DefinitionError, match=r"Command\(resume=answer\) alone"):
+        app.invoke(durably.Command(goto="ask"), run_id=third.id)

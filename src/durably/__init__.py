@@ -36,16 +36,16 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from . import executors as executors
-    from .stategraph import END, START, Send, StateGraph
+    from .stategraph import END, START, Command, Send, StateGraph
 
 __version__ = "0.1.0"
 
 _LAZY = {"StateGraph": "stategraph", "START": "stategraph", "END": "stategraph",
-         "Send": "stategraph"}
+         "Send": "stategraph", "Command": "stategraph"}
 
 
 def __getattr__(name: str) -> Any:
-    """StateGraph, START, END, Send and the executors module are imported on first use, so
+    """StateGraph, START, END, Send, Command and the executors module are imported on first use, so
     ``import durably`` stays fast for scripts that only decorate functions."""
     import importlib
 
@@ -60,6 +60,7 @@ __all__ = [
     "END",
     "START",
     "Checkpoint",
+    "Command",
     "CorruptJournalError",
     "DefinitionError",
     "DiskStore",

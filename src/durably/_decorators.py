@@ -875,10 +875,10 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             raise
 
     def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                     run_id: str | None, fresh: bool) -> Any:
+                     run_id: str | None, fresh: bool, on_lease: Any = None) -> Any:
         if self._self_spec.is_async:
-            return _stream_async(self, wrapped, instance, args, kwargs, run_id, fresh)
-        return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh)
+            return _stream_async(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease)
+        return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease)
 
     def _self_stored_call(self, run_id: str, what: str, store: Store | None = None
                           ) -> tuple[Store, RunRecord, Any, Any]:
@@ -903,7 +903,16 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         args, kwargs = _serde.loads(rec.args)
         return store, rec, args, kwargs
 
-    def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any) -> Any:
+    def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any,
+                     handle: bool = False) -> Any:
+        args, kwargs, answer = self._self_answering(run_id, value)
+        runner = self._self_arun if self._self_spec.is_async else self._self_srun
+        return runner(wrapped, instance, args, kwargs, run_id, False, handle, on_lease=answer)
+
+    def _self_answering(self, run_id: str, value: Any
+                        ) -> tuple[Any, Any, Callable[[Store, RunRecord | None], None]]:
+        """The stored arguments of an interrupted run, and the function that journals
+        ``value`` as its answer once the run's lease is held (``on_lease``)."""
         store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
         _require_interrupted(rec, store)
 
@@ -915,8 +924,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             if pending:
                 record_answers(store, run_id, current.attempt, pending, value)
 
-        runner = self._self_arun if self._self_spec.is_async else self._self_srun
-        return runner(wrapped, instance, args, kwargs, run_id, False, False, on_lease=answer)
+        return args, kwargs, answer
 
     def _self_fork(self, wrapped: Any, instance: Any, run_id: str, at: str | None,
                    update: Any, cache: bool, store: Store | None = None) -> Any:
@@ -1145,14 +1153,16 @@ _DONE: Any = object()
 
 
 def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
-                 kwargs: Any, run_id: str | None, fresh: bool) -> Iterator[Event]:
+                 kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None
+                 ) -> Iterator[Event]:
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
     listener = _Listener(events.put, lockstep=True)
     failure: list[BaseException] = []
 
     def work() -> None:
         try:
-            ep._self_srun(wrapped, instance, args, kwargs, run_id, fresh, True, listener)
+            ep._self_srun(wrapped, instance, args, kwargs, run_id, fresh, True, listener,
+                          on_lease=on_lease)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             failure.append(exc)
         finally:
@@ -1178,7 +1188,8 @@ def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: An
 
 
 async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
-                        kwargs: Any, run_id: str | None, fresh: bool) -> AsyncIterator[Event]:
+                        kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None
+                        ) -> AsyncIterator[Event]:
     import asyncio  # (on a running loop: imported already; not at `import durably`)
 
     loop = asyncio.get_running_loop()
@@ -1187,7 +1198,8 @@ async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, a
 
     async def work() -> None:
         try:
-            await ep._self_arun(wrapped, instance, args, kwargs, run_id, fresh, True, listener)
+            await ep._self_arun(wrapped, instance, args, kwargs, run_id, fresh, True, listener,
+                                on_lease=on_lease)
         finally:
             loop.call_soon_threadsafe(events.put_nowait, _DONE)
 

@@ -3,9 +3,13 @@ Public names are re-exported by :mod:`durably.stategraph`."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import dataclasses
 import itertools
+import re
 import sys
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -114,7 +118,8 @@ class StateGraph(Generic[S]):
         self.problems: list[str] = []
         self.module = _caller_module()
 
-    def add_node(self, name: Any, fn: Any = None, *, cache: bool = False) -> StateGraph[S]:
+    def add_node(self, name: Any, fn: Any = None, *, cache: bool = False,
+                 destinations: Sequence[str] | None = None) -> StateGraph[S]:
         """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
         subgraph: it runs on the current state, and its update is what its own nodes wrote,
         applied in order through this graph's reducers).
@@ -127,6 +132,9 @@ class StateGraph(Generic[S]):
                 input state are unchanged. Default False: a node is journaled in its run
                 (never executed twice there) but executes in every new run, as agents and
                 LLM calls usually should.
+            destinations: The nodes (and/or ``END``) a node returning
+                :class:`~durably.Command` may ``goto``. Default: read from its return
+                annotation (``-> Command[Literal["a", "b"]]``), else none.
 
         Returns:
             The builder (calls chain).
@@ -146,8 +154,15 @@ class StateGraph(Generic[S]):
         if not (callable(fn) or hasattr(fn, 'fingerprint_digest')):
             self.problems.append(f"node {name!r} is not callable: {fn!r}")
             return self
+        if destinations is None:
+            destinations = _command_destinations(fn)
+        elif isinstance(destinations, str) or not all(
+                isinstance(d, str) for d in destinations):
+            self.problems.append(f"add_node({name!r}, destinations={destinations!r}): give a "
+                                 "list of node names (and/or END)")
+            return self
         self.nodes[name] = fn
-        self.node_options[name] = {"cache": cache}
+        self.node_options[name] = {"cache": cache, "destinations": list(destinations or ())}
         return self
 
     def add_sequence(self, nodes: Sequence[Any]) -> StateGraph[S]:
@@ -301,10 +316,19 @@ class StateGraph(Generic[S]):
                     out[r.source].add(d)
         if not out[START]:
             problems.append("no edge from START. Fix: add_edge(START, '<first node>')")
+        for n, options in self.node_options.items():
+            for d in options["destinations"]:
+                if d not in known or d == START:
+                    problems.append(f"node {n!r} declares unknown destination {d!r} (where "
+                                    "its Command may go)")
+                else:
+                    out[n].add(d)
         for n in self.nodes:
             if not out[n]:
                 problems.append(f"node {n!r} has no way out. Fix: add_edge({n!r}, END) or an "
-                                "edge to the next node")
+                                "edge to the next node (a node that returns Command(goto=...) "
+                                f"declares where it may go: add_node({n!r}, fn, "
+                                "destinations=[...]) or -> Command[Literal[...]])")
         seen = _reach(START, out)
         for n in self.nodes:
             if n not in seen:
@@ -312,6 +336,33 @@ class StateGraph(Generic[S]):
         if END not in seen and out[START]:
             problems.append("END is unreachable: every path loops forever")
         return problems
+
+
+def _command_destinations(fn: Any) -> list[str] | None:
+    """The destinations a node function declares in its return annotation,
+    ``Command[Literal["a", "b"]]`` (durably's Command or LangGraph's), else None."""
+    raw = getattr(fn, "__annotations__", {}).get("return") if callable(fn) else None
+    if raw is None:
+        return None
+    if isinstance(raw, str):  # (from __future__ import annotations): resolved if it can be
+        with contextlib.suppress(Exception):  # a name not resolvable here: read as text
+            raw = typing.get_type_hints(fn).get("return", raw)
+    if isinstance(raw, str):
+        found = re.fullmatch(r"\s*(?:\w+\.)*Command\[\s*(?:\w+\.)*Literal\[(.*)\]\s*\]\s*", raw)
+        if found is None:
+            return None
+        try:
+            names = ast.literal_eval(f"({found.group(1)},)")
+        except (ValueError, SyntaxError):
+            return None
+        return [str(n) for n in names]
+    origin = typing.get_origin(raw)
+    if getattr(origin, "__name__", "") != "Command":
+        return None
+    args = typing.get_args(raw)
+    if len(args) != 1 or typing.get_origin(args[0]) is not typing.Literal:
+        return None
+    return [str(n) for n in typing.get_args(args[0])]
 
 
 def _reach(start: str, out: Mapping[str, set[str]]) -> set[str]:

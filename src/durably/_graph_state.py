@@ -173,6 +173,11 @@ def fingerprint_of(graph: Any) -> dict[str, Any]:
         "edges": sorted([[list(s), t] for s, t in graph.edges]),
         "routers": sorted([[r.source, r.names, code(r.fn)] for r in graph.routers]),
         "reducers": {k: code(fn) for k, fn in sorted(graph.schema.reducers.items())},
+        # (only when some node declares any: the fingerprints of graphs without stay as
+        # they were, so their runs resume across an upgrade)
+        **({"destinations": {n: sorted(o["destinations"]) for n, o in
+                             sorted(graph.node_options.items()) if o.get("destinations")}}
+           if any(o.get("destinations") for o in graph.node_options.values()) else {}),
     }
 
 

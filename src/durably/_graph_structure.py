@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any, Generic, TypeVar
 
-__all__ = ["END", "START", "GraphStructure", "Send"]
+N = TypeVar("N")
+
+__all__ = ["END", "START", "Command", "GraphStructure", "Send"]
 
 #: The virtual node every graph starts from.
 START = "__start__"
@@ -42,6 +45,54 @@ class Send:
 
     def __reduce__(self) -> tuple[type[Send], tuple[str, object]]:
         return Send, (self.node, self.arg)
+
+
+class Command(Generic[N]):
+    """What a node returns to update the state and choose the next nodes itself
+    (LangGraph's ``Command``): ``Command(update={...}, goto="review")``.
+
+    The node's ``goto`` targets run in the next super-step, besides the targets of its
+    edges and routers. They must be declared, as a router's are: in the node's return
+    annotation (``-> Command[Literal["review", "__end__"]]``) or with
+    ``add_node(name, fn, destinations=[...])``; the graph is validated and drawn from them.
+
+    Args:
+        update: The node's update (what it would return without a Command), or None.
+        goto: A node name, ``END``, a :class:`Send`, or a list of them. Default: none.
+        resume: Only for :meth:`~durably.stategraph.CompiledGraph.invoke`:
+            ``app.invoke(Command(resume=answer), run_id=...)`` answers the run's pending
+            interrupt, as ``app.resume(run_id, answer)`` does.
+        graph: Not supported (LangGraph's ``Command.PARENT`` moves to a parent graph's
+            node): a node returning it raises ``InvalidRouteError``.
+
+    Example:
+        >>> Command(update={"draft": "v2"}, goto="review")
+        Command(update={'draft': 'v2'}, goto='review')
+    """
+
+    PARENT = "__parent__"
+
+    __slots__ = ("goto", "graph", "resume", "update")
+
+    def __init__(self, *, update: Any = None, goto: Any = (), resume: Any = None,
+                 graph: str | None = None) -> None:
+        self.update = update
+        self.goto = goto
+        self.resume = resume
+        self.graph = graph
+
+    def __repr__(self) -> str:
+        shown = [f"{k}={getattr(self, k)!r}" for k in ("update", "goto", "resume", "graph")
+                 if getattr(self, k) not in (None, ())]
+        return f"Command({', '.join(shown)})"
+
+    def __reduce__(self) -> Any:
+        return _command, (self.update, self.goto, self.resume, self.graph)
+
+
+def _command(update: Any, goto: Any, resume: Any, graph: str | None) -> Command[Any]:
+    """A Command from its fields (unpickling)."""
+    return Command(update=update, goto=goto, resume=resume, graph=graph)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,7 +60,7 @@ from ._graph_state import (
     fingerprint_of,
     parts_of,
 )
-from ._graph_structure import END, START, GraphStructure, Send
+from ._graph_structure import END, START, Command, GraphStructure, Send
 from ._interrupt import InterruptSignal
 from ._run import Run
 from ._runtime import Spec
@@ -71,6 +71,7 @@ from .exceptions import CorruptJournalError, DefinitionError, RunStateError
 __all__ = [
     "END",
     "START",
+    "Command",
     "CompiledGraph",
     "GraphChangedError",
     "GraphStructure",
@@ -292,6 +293,13 @@ class Sent(list):  # type: ignore[type-arg]
 
 #: what a super-step runs: a node's name (given the state), or a Send (given its input)
 Target = str | Send
+
+
+def _is_command(value: Any) -> bool:
+    """A node's Command (durably's, or LangGraph's: ``langgraph.types.Command``)."""
+    return isinstance(value, Command) or (
+        type(value).__name__ == "Command" and hasattr(value, "goto")
+        and hasattr(value, "update") and hasattr(value, "graph"))
 
 
 def _target_name(t: Target) -> str:
@@ -739,6 +747,44 @@ class CompiledGraph(Generic[S]):
                 targets.append(v)
         return targets
 
+    def _gotos(self, node: str, command: Any) -> list[Target]:
+        """Where a node's Command goes: its ``goto`` as a list of node names and Sends
+        (``END`` left out), each checked against the node's declared destinations.
+
+        Raises:
+            InvalidRouteError: an undeclared destination, ``graph=`` or ``resume=``."""
+        declared = self.graph.node_options[node]["destinations"]
+        fix = (f"Fix: declare where it may go: add_node({node!r}, fn, destinations=[...]) or "
+               "annotate the node -> Command[Literal[...]].")
+        if command.graph is not None:
+            raise InvalidRouteError(
+                f"node {node!r} returned {command!r:.200}: Command(graph=...) (going to a "
+                "node of a parent graph) is not supported. Fix: return the update, and route "
+                "in the parent graph on the state it writes.")
+        if getattr(command, "resume", None) is not None:
+            raise InvalidRouteError(
+                f"node {node!r} returned {command!r:.200}: resume= answers an interrupt from "
+                "outside the run (app.invoke(Command(resume=answer), run_id=...)), not from a "
+                "node. Fix: return Command(update=..., goto=...).")
+        goto = command.goto
+        targets = list(goto) if isinstance(goto, (list, tuple)) else [goto]
+        out: list[Target] = []
+        for t in targets:
+            if not isinstance(t, Send) and type(t).__name__ == "Send" and hasattr(
+                    t, "node") and hasattr(t, "arg"):
+                t = Send(t.node, t.arg)  # LangGraph's
+            name = t.node if isinstance(t, Send) else t
+            if not isinstance(name, str) or name not in declared:
+                raise InvalidRouteError(
+                    f"node {node!r} returned a Command going to {t!r:.200}, which is not "
+                    f"among its declared destinations {declared}. {fix}")
+            if isinstance(t, Send) and name == END:
+                raise InvalidRouteError(f"node {node!r} returned a Command sending to END. "
+                                        "Fix: send to a node.")
+            if t != END:
+                out.append(t)
+        return out
+
     def _run_superstep(self, index: int, frontier: list[Target], state: dict[str, Any],
                        joins: dict[str, list[str]]) -> dict[str, Any]:
         order = [n for n in self.graph.nodes if n in frontier]  # node order, not finish order
@@ -790,8 +836,12 @@ class CompiledGraph(Generic[S]):
                     [e for e in others.values() if isinstance(e, Exception)])
             raise InterruptSignal([i for s in signals for i in s.interrupts])
         updates: dict[str, Any] = {}
+        gotos: list[Target] = []  # where nodes returning a Command go (in call order)
         for i, (n, _) in enumerate(calls):
             result = results[i]
+            if _is_command(result):
+                gotos.extend(self._gotos(n, result))
+                result = {} if result.update is None else result.update
             if isinstance(result, Writes):
                 update: Any = list(result)
             else:
@@ -812,6 +862,9 @@ class CompiledGraph(Generic[S]):
             state = self.schema.fields_of(self._validate(
                 state, index, self._culprits(started_from, updates, ran)))
         frontier_next, joins = self._advance(ran, state, joins)
+        for t in gotos:
+            if isinstance(t, Send) or t not in frontier_next:
+                frontier_next.append(t)
         journaled = StepResult(index=index)
         pickled = _pickled_state(state)
         handoff = _handoff.get()
@@ -959,6 +1012,8 @@ class CompiledGraph(Generic[S]):
         Args:
             state: The input state (a dict of keys, or an instance of the state type).
                 None to continue the run ``run_id`` with the input it started with.
+                ``Command(resume=answer)`` with ``run_id`` answers the run's pending
+                interrupt (as :meth:`resume` does).
             run_id: Continue (or start) the run with this id. Default: derived from the
                 graph and the input, so invoking again with the same input continues the
                 same run.
@@ -983,6 +1038,9 @@ class CompiledGraph(Generic[S]):
 
         Exceptions raised by nodes propagate unchanged (several at once: ``ExceptionGroup``).
         """
+        answering, answer = self._answer_in(state, run_id, fresh)
+        if answering:
+            return self.resume(run_id, answer, migrate=migrate)  # type: ignore[arg-type]
         args = self._input(state, run_id)
         token = self._migrate.set(migrate)
         try:
@@ -999,12 +1057,40 @@ class CompiledGraph(Generic[S]):
             migrate: Callable[[Any], Any] | None = None) -> Run[Any]:
         """Like :meth:`invoke`, but return the :class:`~durably.Run` handle (status
         ``interrupted`` instead of raising; ``run.result`` is the final state as a dict)."""
-        args = self._input(state, run_id)
+        answering, answer = self._answer_in(state, run_id, fresh)
         token = self._migrate.set(migrate)
         try:
-            return self._entry.run(args, run_id=run_id, fresh=fresh)
+            if answering:
+                assert run_id is not None
+                self._changes(self._store(), run_id)  # before the answer is journaled
+                entry = self._entry
+                resumed: Run[Any] = entry._self_resume(entry.__wrapped__, None, run_id, answer,
+                                                       handle=True)
+                return resumed
+            return self._entry.run(self._input(state, run_id), run_id=run_id, fresh=fresh)
         finally:
             self._migrate.reset(token)
+
+    def _answer_in(self, state: Any, run_id: str | None, fresh: bool) -> tuple[bool, Any]:
+        """(True, the answer) when the input is LangGraph's way of answering an interrupt,
+        ``Command(resume=answer)`` (with ``run_id``), else (False, None).
+
+        Raises:
+            DefinitionError: a Command input without ``resume=`` or without ``run_id``."""
+        if not _is_command(state):
+            return False, None
+        shown = f"{state!r:.200}"
+        if state.resume is None or state.update is not None or state.goto not in ((), None):
+            raise DefinitionError(
+                f"graph {self.name!r}: the input {shown} is a Command; as an input, a "
+                "Command answers a run's interrupt: Command(resume=answer) alone. Fix: pass "
+                "the input state, or Command(resume=answer) with run_id=...")
+        if run_id is None or fresh:
+            raise DefinitionError(
+                f"graph {self.name!r}: {shown} answers the interrupt of a run, which needs "
+                "run_id=... (and not fresh=True). Fix: app.invoke(Command(resume=answer), "
+                "run_id=run.id)")
+        return True, state.resume
 
     def _input(self, state: Any, run_id: str | None) -> dict[str, Any]:
         if state is None:
@@ -1122,12 +1208,21 @@ class CompiledGraph(Generic[S]):
                                   f"{mode!r}")
         if not isinstance(subgraphs, bool):
             raise DefinitionError(f"stream(subgraphs=...) is True or False, not {subgraphs!r}")
-        args = self._input(state, run_id)
-        events = self._entry.stream(args, run_id=run_id, fresh=fresh)
+        answering, answer = self._answer_in(state, run_id, fresh)
         # the run's thread starts at the first item, with a copy of this context: migrate=
         # is set in it for that moment only (a generator runs in its consumer's context)
         token = self._migrate.set(migrate)
         try:
+            if answering:  # stream(Command(resume=answer), run_id=...): answer, then go on
+                assert run_id is not None
+                self._changes(self._store(), run_id)  # before the answer is journaled
+                entry = self._entry
+                stored, kwargs, on_lease = entry._self_answering(run_id, answer)
+                events = entry._self_stream(entry.__wrapped__, None, stored, kwargs, run_id,
+                                            False, on_lease)
+            else:
+                events = self._entry.stream(self._input(state, run_id), run_id=run_id,
+                                            fresh=fresh)
             first = next(events, None)
         finally:
             self._migrate.reset(token)
@@ -1524,6 +1619,9 @@ class CompiledGraph(Generic[S]):
                 for target in r.names:
                     label = "END" if target == END else target
                     edges.append((r.source, target, label, True))
+        for n, options in self.graph.node_options.items():  # where a Command may go
+            for target in options["destinations"]:
+                edges.append((n, target, "END" if target == END else target, True))
         visits: dict[str, int] = {}
         stopped: tuple[str, ...] = ()
         if run_id is not None:
