@@ -707,6 +707,88 @@ def deploy(env):
     assert "the question of interrupt" in caplog.text
 
 
+def test_a_question_that_changes_on_every_execution_is_an_error_not_a_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A draft made inside the asking task by a call that gives another value each time (a
+    fake LLM): each resume re-executes the task, the question differs, and asking again
+    would never end. The code did not change, so that is said, with both questions and the
+    fix; the answer is never applied to the new question. Once the draft is made by a task
+    of its own, the run asks once more and the answer is used."""
+    from tests.conftest import load_source
+
+    v1 = load_source(tmp_path, monkeypatch, "drafting_flow", """
+import itertools, durably
+_llm = itertools.count(1)
+@durably.task
+def review(topic):
+    draft = f"{topic} draft #{next(_llm)}"     # not a task: another draft on each execution
+    verdict = durably.interrupt({"approve": draft})
+    return f"{verdict}: {draft}"
+@durably.entrypoint
+def post(topic):
+    return review(topic)
+""")
+    run = v1.post.run("owls")
+    assert run.interrupts[0].payload == {"approve": "owls draft #1"}
+    with pytest.raises(durably.NondeterminismError, match=(
+            r"task 'review' asked interrupt \w+ again with another question than the one "
+            r"answered, although its code and inputs are the same.*The question answered: "
+            r"\{'approve': 'owls draft #1'\}; asked now: \{'approve': 'owls draft #2'\}\. "
+            r"Fix: compute that value in a task of its own")):
+        v1.post.resume(run.id, "yes")
+    assert durably.get_run(run.id).status == "failed"
+    v2 = load_source(tmp_path, monkeypatch, "drafting_flow", """
+import itertools, durably
+_llm = itertools.count(10)
+@durably.task
+def write(topic):
+    return f"{topic} draft #{next(_llm)}"
+@durably.task
+def review(topic):
+    draft = write(topic)                      # journaled: the same draft on every replay
+    verdict = durably.interrupt({"approve": draft})
+    return f"{verdict}: {draft}"
+@durably.entrypoint
+def post(topic):
+    return review(topic)
+""")
+    again = v2.post.run("owls")
+    assert again.status == "interrupted"
+    assert again.interrupts[0].payload == {"approve": "owls draft #10"}
+    assert v2.post.resume(run.id, "yes") == "yes: owls draft #10"
+
+
+def test_a_changing_question_in_a_graph_node_and_in_the_entrypoint_body_is_named() -> None:
+    """The same in a StateGraph node (journaled, not cached: its code may change between
+    question and answer, which is told apart) and in the entrypoint's own body."""
+    import itertools
+    from typing import TypedDict
+
+    clock = itertools.count()
+
+    class S(TypedDict):
+        verdict: str
+
+    def review(s: S) -> dict[str, Any]:
+        return {"verdict": durably.interrupt({"approve": "draft", "asked_at": next(clock)})}
+
+    g = durably.StateGraph(S, name="timestamped")
+    g.add_node("review", review).add_edge(durably.START, "review")
+    app = g.add_edge("review", durably.END).compile()
+    run = app.run({"verdict": ""})
+    with pytest.raises(durably.NondeterminismError, match=r"task 'timestamped.review' asked"):
+        app.resume(run.id, "yes")
+
+    @entrypoint
+    def body(topic: str) -> str:
+        return str(durably.interrupt(f"{topic} #{next(clock)}?"))
+
+    first = body.run("x")
+    with pytest.raises(durably.NondeterminismError, match=r"entrypoint '[^']*body' asked"):
+        body.resume(first.id, "yes")
+
+
 def test_an_answer_finds_its_question_after_the_asking_task_was_edited(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -971,3 +1053,17 @@ def test_a_fork_that_fails_after_its_answer_caches_no_caller_when_continued(
     for call in (mid, ask):
         with pytest.raises(durably.NoActiveRunError):
             call(7)
+
+
+def test_resume_without_an_answer_is_refused_and_journals_nothing() -> None:
+    """resume(run_id) (or None) is no answer: an approval is never given by accident (the
+    CLI refuses the same); the question stays pending and answers later."""
+    @entrypoint
+    def approve(item: str) -> str:
+        return f"{item}: {durably.interrupt(f'ship {item}?')}"
+
+    run = approve.run("crate")
+    with pytest.raises(durably.DefinitionError, match=r"was given no answer.*Fix: resume"):
+        approve.resume(run.id)
+    assert durably.get_run(run.id).status == "interrupted"
+    assert approve.resume(run.id, "yes") == "crate: yes"

@@ -53,10 +53,12 @@ class RunContext:
         "_replays",
         "answers",
         "asked",
+        "asked_code",
         "attempt",
         "consumed",
         "counts",
         "ended",
+        "entry",
         "halting",
         "inflight",
         "interrupts",
@@ -107,6 +109,11 @@ class RunContext:
         #: digest of the payload each interrupt id was last asked with (an answer is used
         #: only while the question is the same)
         self.asked: dict[str, str] = {}
+        #: the code version of the step that asked each answered interrupt (when known): a
+        #: question that changed while the code did not is not from an edit
+        self.asked_code: dict[str, str] = {}
+        #: the entrypoint's Spec (the code of interrupt() calls in its own body)
+        self.entry: Any = None
         #: interrupt ids reached in this attempt (an answer is used by one call only)
         self.consumed: set[str] = set()
         #: steps that depend on an answer and were replayed in this attempt: the answers

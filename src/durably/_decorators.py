@@ -732,9 +732,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
 
         Args:
             run_id: The interrupted run (``RunInterrupted.run_id``).
-            value: The answer. When several interrupts are pending (parallel branches),
-                a mapping ``{interrupt_id: value}``; answering only some keeps the rest
-                pending (the run pauses again at them).
+            value: The answer (required: None is refused, so that an approval is never
+                given by accident). When several interrupts are pending (parallel
+                branches), a mapping ``{interrupt_id: value}``; answering only some keeps
+                the rest pending (the run pauses again at them). A web handler answers by
+                id, ``{interrupt_id: value}``, so that a form sent twice cannot answer the
+                run's next question.
 
         Returns:
             The entrypoint's result.
@@ -745,6 +748,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 belongs to another entrypoint, or ``value`` does not say which interrupt it
                 answers.
             NotFoundError: no run with that id.
+            DefinitionError: ``value`` is None (no answer).
 
         Example:
             >>> import durably, tempfile
@@ -913,6 +917,11 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                         ) -> tuple[Any, Any, Callable[[Store, RunRecord | None], None]]:
         """The stored arguments of an interrupted run, and the function that journals
         ``value`` as its answer once the run's lease is held (``on_lease``)."""
+        if value is None:  # an approval is never answered by accident (as the CLI says)
+            raise DefinitionError(
+                f"resume({run_id!r}) was given no answer (None is not one: an approval must "
+                "never be answered by accident). Fix: resume(run_id, answer), for example "
+                "resume(run_id, \"yes\") or resume(run_id, True).")
         store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
         _require_interrupted(rec, store)
 

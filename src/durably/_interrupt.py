@@ -9,6 +9,7 @@ interrupts by their order within a task in the same way).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import logging
@@ -17,6 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import xxhash
+
+from .exceptions import NondeterminismError
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -148,20 +151,64 @@ def interrupt(payload: Any = None) -> Any:
     answer = ctx.answers.get(interrupt_id)
     if answer is None and ctx.asked:
         answer = _answer_of_a_changed_step(ctx, interrupt_id, step, payload)
+    code = _asker_code(ctx, step)
     if answer is not None:
         asked = ctx.asked.get(interrupt_id)
         if not asked or asked == trace_digest(payload):
             return _serde.loads(answer)
+        then = ctx.asked_code.get(interrupt_id)
+        if then is not None and then == code:
+            raise _nondeterministic(ctx, interrupt_id, step, payload)
         log.warning(
-            "durably: run %r: the question of interrupt %s changed since it was answered "
-            "(the code was edited?); the old answer is not used and the question is asked "
-            "again: %s", ctx.run_id, interrupt_id, short_repr(payload))
+            "durably: run %r: the question of interrupt %s changed since it was answered%s; "
+            "the old answer is not used and the question is asked again: %s", ctx.run_id,
+            interrupt_id, " (the code was edited?)" if then is None else
+            ", and so did the code that asks it", short_repr(payload))
     data = _serde.dumps(payload, what="the payload of interrupt()")
-    ctx.store.append_events([EventRecord(ctx.run_id, "interrupt", now(), ctx.attempt, step,
-                                         interrupt_id, data)])
+    t = now()
+    events = [EventRecord(ctx.run_id, "interrupt", t, ctx.attempt, step, interrupt_id, data)]
+    if code is not None:  # (what tells a changed question from an edit, when answered)
+        events.append(EventRecord(ctx.run_id, "interrupt_code", t, ctx.attempt, step,
+                                  interrupt_id, code.encode()))
+    ctx.store.append_events(events)
     pending = Interrupt(interrupt_id, payload, step, "" if step else ctx.name)
     ctx.raised.append(pending)
     raise InterruptSignal([pending])
+
+
+def _asker_code(ctx: Any, step: str | None) -> str | None:
+    """The code version of what calls interrupt(): the step's task (as its key was made),
+    or the entrypoint for its own body; None when not known."""
+    if step is None:
+        return None if ctx.entry is None else str(ctx.entry.code_version())
+    call = ctx.open.get(step) or ctx.items.get(step)
+    code = getattr(call, "code", None)
+    return code if isinstance(code, str) else None
+
+
+def _nondeterministic(ctx: Any, interrupt_id: str, step: str | None, payload: Any
+                      ) -> NondeterminismError:
+    """The error for a question that changed while the code asking it did not."""
+    from . import _serde
+    from ._tracer import short_repr
+
+    before = "?"
+    with contextlib.suppress(Exception):  # (shown if it can be read)
+        for e in ctx.store.list_events(ctx.run_id, ("interrupt",)):
+            if e.key == interrupt_id and e.data is not None:
+                before = short_repr(_serde.loads(e.data))
+    call = (ctx.open.get(step) or ctx.items.get(step)) if step is not None else None
+    who = (f"task {call.spec.name!r}" if call is not None else
+           f"entrypoint {ctx.name!r}" if step is None else "the step")
+    return NondeterminismError(
+        f"run {ctx.run_id!r}: {who} asked interrupt {interrupt_id} again with another "
+        "question than the one answered, although its code and inputs are the same: "
+        "something it computes before interrupt() differs on each execution (a random "
+        "number, the time, an LLM call that is not a task of its own). The answer is not "
+        f"applied to a question nobody saw. The question answered: {before}; asked now: "
+        f"{short_repr(payload)}. Fix: compute that value in a task of its own (it is then "
+        "journaled and replayed, so the question stays the same), or leave it out of the "
+        "payload; then call the entrypoint again: it asks the question again.")
 
 
 def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,

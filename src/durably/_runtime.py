@@ -1040,10 +1040,14 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                 answers: dict[str, bytes] = {}
                 asked: set[str] = set()
                 questions: dict[str, bytes | None] = {}
+                codes: dict[str, str] = {}  # the code that asked each question, if known
                 if existing is not None:
-                    for e in store.list_events(run_id, ("interrupt", "answer")):
+                    for e in store.list_events(run_id, ("interrupt", "answer",
+                                                        "interrupt_code")):
                         if e.kind == "answer" and e.data is not None:
                             answers[e.key] = e.data
+                        elif e.kind == "interrupt_code" and e.data is not None:
+                            codes[e.key] = e.data.decode("ascii", "replace")
                         elif e.kind == "interrupt":
                             questions[e.key] = e.data
                             if e.step_id is not None:
@@ -1091,10 +1095,13 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         renewal.ctx = ctx
         if renewal.lost:  # (found while the attempt was being set up)
             ctx.lose_lease()
+        ctx.entry = spec
         for interrupt_id, payload in questions.items():
             if interrupt_id in answers and payload is not None:
                 with contextlib.suppress(Exception):  # a payload class gone: keep the answer
                     ctx.asked[interrupt_id] = trace_digest(_serde.loads(payload))
+                    if interrupt_id in codes:
+                        ctx.asked_code[interrupt_id] = codes[interrupt_id]
         if listener is not None and hasattr(listener, "ctx"):
             listener.ctx = ctx  # so the consumer of a stream can stop the run
         if listener is not None:

@@ -92,6 +92,14 @@ class NoActiveRunError(RunStateError):
     ``get_writer()``) was called outside one, or outside a task of one."""
 
 
+class NondeterminismError(RunStateError):
+    """A resumed run's step asked ``interrupt()`` a different question than the one that
+    was answered, although the step's code and inputs are the same: something the step
+    computes before ``interrupt()`` differs on each execution (a random number, the time,
+    an LLM call that is not a task of its own). The answer is not applied to a question
+    nobody saw; the message shows both questions and how to make the question stable."""
+
+
 class RunInterrupted(DurablyError):
     """The run paused at ``interrupt()`` and waits for an answer.
 
