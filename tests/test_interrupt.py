@@ -1067,3 +1067,69 @@ def test_resume_without_an_answer_is_refused_and_journals_nothing() -> None:
         approve.resume(run.id)
     assert durably.get_run(run.id).status == "interrupted"
     assert approve.resume(run.id, "yes") == "crate: yes"
+
+
+def test_a_fork_at_the_input_executes_every_step_anew() -> None:
+    """fork(run_id, at='') starts from the run's input (the first snapshot a graph's
+    history shows): nothing replayed; an update there is refused (no step to replace)."""
+    calls: list[int] = []
+
+    @task
+    def double(x: int) -> int:
+        calls.append(x)
+        return 2 * x
+
+    @entrypoint
+    def job(x: int) -> int:
+        return double(x) + 1
+
+    source = job.run(4)
+    anew = job.fork(source.id, at="")
+    assert anew.result == 9 and calls == [4, 4]
+    assert [s.status for s in anew.steps] == ["ran"]
+    with pytest.raises(durably.DefinitionError, match=r"at '' \(its input\): there is no step"):
+        job.fork(source.id, at="", update=5)
+
+
+def test_an_answer_racing_another_attempt_is_told_to_wait_and_answer_again() -> None:
+    """A scheduler calls the waiting run again while a person answers: the answer is not
+    recorded, and the message says to wait for that attempt and resume again (not to call
+    the entrypoint, which would only pause again)."""
+    import threading
+
+    entered, gate, blocking = threading.Event(), threading.Event(), [False]
+
+    @entrypoint
+    def ship(item: str) -> str:
+        if blocking[0]:
+            entered.set()
+            gate.wait(30)
+        return f"{item}: {durably.interrupt('ship it?')}"
+
+    run = ship.run("crate")
+    blocking[0] = True
+    other = threading.Thread(target=ship.run, args=("crate",))
+    other.start()
+    try:
+        assert entered.wait(30)
+        with pytest.raises(durably.RunStateError, match=r"is being executed right now.*this "
+                           r"answer is not recorded.*call resume\(\) again"):
+            ship.resume(run.id, "yes")
+    finally:
+        gate.set()
+        other.join(30)
+    blocking[0] = False
+    assert ship.resume(run.id, "yes") == "crate: yes"
+
+
+def test_two_keys_naming_one_interrupt_are_refused() -> None:
+    """{prefix: a, full id: b} gives one question two answers: refused, nothing recorded."""
+    @entrypoint
+    def pick(item: str) -> str:
+        return f"{item}: {durably.interrupt('which?')}"
+
+    run = pick.run("x")
+    iid = run.interrupts[0].id
+    with pytest.raises(durably.RunStateError, match=r"names interrupt \w+ twice"):
+        pick.resume(run.id, {iid[:6]: "a", iid: "b"})
+    assert pick.resume(run.id, {iid: "b"}) == "x: b"

@@ -7,10 +7,11 @@ import inspect
 import durably
 
 EXPECTED = [
-    "ENCODING_VERSION", "END", "START", "Checkpoint", "CorruptJournalError", "DefinitionError",
-    "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File", "Interrupt",
-    "NoActiveRunError", "NotFoundError", "RenderError", "Retry", "Run", "RunGraph",
-    "RunInterrupted", "RunStateError", "SerializationError", "StateGraph", "StepRecord", "Store",
+    "ENCODING_VERSION", "END", "START", "Checkpoint", "Command", "CorruptJournalError",
+    "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File",
+    "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "RenderError",
+    "Retry", "Run", "RunGraph", "RunInterrupted", "RunStateError", "Send", "SerializationError",
+    "StateGraph", "StepRecord", "Store",
     "StoreError", "Task", "TaskTimeoutError", "configure", "digest", "entrypoint", "file", "fork",
     "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "register_encoder",
     "task",

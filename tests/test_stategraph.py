@@ -2048,3 +2048,52 @@ def test_command_resume_answers_an_interrupt_in_invoke_run_and_stream() -> None:
         app.invoke(durably.Command(resume="x"))
     with pytest.raises(durably.DefinitionError, match=r"Command\(resume=answer\) alone"):
         app.invoke(durably.Command(goto="ask"), run_id=third.id)
+
+
+def test_update_state_at_an_earlier_checkpoint_or_the_input_and_fork_from_the_input() -> None:
+    """update_state(at=...) forks from any checkpoint of get_state_history ('' : the
+    input), fork(at='') runs the input anew; an update given to the generic fork at a
+    super-step (which would replace the graph's checkpoint with it) is refused, naming
+    update_state."""
+    g = StateGraph(Log, name="two_steps")
+    g.add_node("a", lambda s: {"count": s["count"] + 1})
+    g.add_node("b", lambda s: {"count": s["count"] * 10})
+    app = g.add_edge(START, "a").add_edge("a", "b").add_edge("b", END).compile()
+    run = app.run({"log": [], "count": 1})
+    assert run.result["count"] == 20
+    history = app.get_state_history(run.id)
+    assert [(h.step, h.next) for h in history] == [(1, ()), (0, ("b",)), (-1, ("a",))]
+    after_a = history[1].checkpoint_id
+    fork = app.update_state(run.id, {"count": 100}, at=after_a[:8])
+    assert app.invoke(None, run_id=fork)["count"] == 1000
+    fork = app.update_state(run.id, {"count": 7}, at="")
+    assert app.invoke(None, run_id=fork)["count"] == 80
+    anew = app.fork(run.id, at="")
+    assert anew.result["count"] == 20 and anew.counts()["ran"] >= 2
+    with pytest.raises(durably.NotFoundError, match=r"has no checkpoint 'zzzzzz'"):
+        app.update_state(run.id, {"count": 7}, at="zzzzzz")
+    with pytest.raises(durably.DefinitionError, match=r"is a super-step of graph 'two_steps'.*"
+                       r"app\.update_state\(run_id, values, at=checkpoint_id\)"):
+        durably.fork(run.id, at=after_a, update={"count": 100})
+
+
+def test_pending_interrupts_read_back_keep_the_order_the_run_reported() -> None:
+    """Parallel nodes that ask: the run reports them in node order (a fan-out: input
+    order); read back from the journal (get_run, another process) they come in that order
+    too, not in the order the threads happened to ask."""
+    def slow(s: Log) -> dict[str, Any]:
+        time.sleep(0.3)  # asks after "quick", though first in node order
+        return {"log": [durably.interrupt("slow?")]}
+
+    def quick(s: Log) -> dict[str, Any]:
+        return {"log": [durably.interrupt("quick?")]}
+
+    g = StateGraph(Log, name="two_askers")
+    g.add_node("slow", slow).add_node("quick", quick)
+    g.add_edge(START, "slow").add_edge(START, "quick").add_edge(["slow", "quick"], END)
+    app = g.compile()
+    streamed = [c for c in app.stream({"log": [], "count": 0}, mode="updates")]
+    asked = [i.payload for i in streamed[-1]["__interrupt__"]]
+    assert asked == ["slow?", "quick?"]
+    run = durably.list_runs(app._entry)[0]
+    assert [i.payload for i in durably.get_run(run.id).interrupts] == asked

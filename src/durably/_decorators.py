@@ -776,7 +776,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         Args:
             run_id: The source run.
             at: A checkpoint id from ``run.history()`` (or a unique prefix of 6+
-                characters). Default: the latest checkpoint.
+                characters); ``""`` for the run's input, before its first step (every step
+                executes anew). Default: the latest checkpoint.
             update: For a step checkpoint, a new result for that step; for an interrupt
                 checkpoint, the (new) answer to that interrupt. Default: none (an interrupt
                 checkpoint is then pending again, and the fork pauses there). Steps are found
@@ -987,7 +988,8 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
 
     Args:
         run_id: The source run; it is never modified.
-        at: A checkpoint id from ``run.history()`` (or a unique prefix of 6+ characters).
+        at: A checkpoint id from ``run.history()`` (or a unique prefix of 6+ characters);
+            ``""`` for the run's input.
             Default: the latest checkpoint.
         update: A new result for the checkpoint's step, or the answer for an interrupt
             checkpoint. Default: none.
@@ -1042,12 +1044,20 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
 def _require_interrupted(rec: RunRecord, store: Store | None = None) -> None:
     if rec.status == "interrupted":
         return
-    if rec.status == "running" and store is not None and not executing(store, rec.run_id):
+    # (store None: read under the run's lease, so no other attempt executes it now)
+    if rec.status == "running" and (store is None or not executing(store, rec.run_id)):
         raise RunStateError(
             f"run {rec.run_id!r} crashed (its process is gone) while running, so it is not "
             "waiting for an answer: resume() answers an interrupt(). An answer the crashed "
             "attempt was given is recorded. Fix: call the entrypoint again with the same "
             "arguments (a graph: app.invoke(None, run_id=...)) to continue it.")
+    if rec.status == "running":
+        raise RunStateError(
+            f"run {rec.run_id!r} is being executed right now (another process or thread "
+            "called the entrypoint again, or resumed it), so it is not waiting for an answer; "
+            "this answer is not recorded. Fix: wait for that attempt to end: if it pauses at "
+            "the question again (durably.get_run(run_id).status == 'interrupted'), call "
+            "resume() again.")
     raise RunStateError(
         f"run {rec.run_id!r} is {rec.status}, not interrupted: resume() answers an "
         "interrupt(), and this run is not waiting for one"

@@ -17,7 +17,7 @@ from . import _serde
 from ._hashing import trace_digests
 from ._store import EventRecord, RunRecord, StepRecord, Store, now
 from ._tracer import short_repr
-from .exceptions import NotFoundError, RunStateError
+from .exceptions import DefinitionError, NotFoundError, RunStateError
 
 __all__ = ["Checkpoint", "checkpoints", "find_checkpoint", "make_fork", "unused_update"]
 
@@ -123,14 +123,43 @@ def find_checkpoint(points: list[Checkpoint], at: str | None, run_id: str) -> in
     return matches[0]
 
 
-def make_fork(store: Store, source: RunRecord, at: str | None, update: Any) -> str:
+def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
+              graph_state: bool = False) -> str:
     """Write a new run whose journal holds ``source``'s history up to checkpoint ``at``;
     return its id. With ``update``, the checkpoint's step result is replaced by it (a step
-    checkpoint) or the interrupt is answered with it (an interrupt checkpoint)."""
+    checkpoint) or the interrupt is answered with it (an interrupt checkpoint);
+    ``graph_state``: the update is a StateGraph checkpoint (update_state's). ``at=""``:
+    the run's input, before its first step (a fork that executes everything anew).
+
+    Raises:
+        DefinitionError: an update for the input (``at=""``), or for a StateGraph's
+            super-step (whose result is the graph's checkpoint: ``update_state`` is the
+            way to change its state).
+    """
+    fork_id = f"{source.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
+    if at == "":
+        if update is not NO_UPDATE:
+            raise DefinitionError(
+                f"fork of run {source.run_id!r} at '' (its input): there is no step result "
+                "there to replace with the update. Fix: fork at a checkpoint of "
+                "run.history(), or start a new run with other arguments.")
+        t = now()
+        store.put_run(RunRecord(fork_id, source.entrypoint, source.name, "forked", t, t, 0,
+                                source.input_digest, source.args))
+        store.append_events([EventRecord(fork_id, "forked", t, 0, None,
+                                         f"{source.run_id}@")])
+        return fork_id
     points = checkpoints(store, source)
     index = find_checkpoint(points, at, source.run_id)
     target = points[index]
-    fork_id = f"{source.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
+    if (update is not NO_UPDATE and target.kind == "step" and not graph_state
+            and target.task.endswith("::superstep")):
+        graph = target.task[:-len("::superstep")]
+        raise DefinitionError(
+            f"checkpoint {target.id[:12]} of run {source.run_id!r} is a super-step of graph "
+            f"{graph!r}: its result is the graph's checkpoint, which an update cannot "
+            "replace. Fix: app.update_state(run_id, values, at=checkpoint_id) (values as a "
+            "node would return them; or as_node=...), or fork without an update.")
     keep = points[: index + 1] if target.kind == "step" else points[:index]
     records = {s.step_id: s for s in reversed(store.list_steps(source.run_id))
                if s.status in ("ran", "cached")}  # reversed: the first finished record wins

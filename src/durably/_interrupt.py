@@ -385,10 +385,18 @@ def get_writer() -> Callable[[Any], None]:
 
 # -- between attempts ------------------------------------------------------------------------
 def pending_interrupts(store: Store, run_id: str, attempt: int) -> list[Interrupt]:
-    """The interrupts of the run's latest attempt that have no answer yet, in order."""
+    """The interrupts of the run's latest attempt that have no answer yet, in the order the
+    attempt reported them (a fan-out's: input order; parallel nodes': node order; the
+    order asked, which threads make vary, when the attempt's end is not journaled)."""
     from . import _serde
 
-    events = store.list_events(run_id, ("interrupt", "answer"))
+    events = store.list_events(run_id, ("interrupt", "answer", "run_interrupted"))
+    order: dict[str, int] = {}
+    for e in events:
+        if e.kind == "run_interrupted" and e.attempt == attempt and e.data is not None:
+            with contextlib.suppress(Exception):  # (an unreadable end: the order asked)
+                ids = _serde.loads(e.data).get("interrupts") or []
+                order = {i: n for n, i in enumerate(ids) if isinstance(i, str)}
     answered = {e.key for e in events if e.kind == "answer"}
     tasks = {s.step_id: s.task for s in store.list_steps(run_id, attempt=attempt)
              if s.status == "interrupted"}
@@ -402,7 +410,9 @@ def pending_interrupts(store: Store, run_id: str, attempt: int) -> list[Interrup
                 payload = f"<payload not loadable here: {exc}>"
             task = tasks.get(e.step_id or "", "") if e.step_id else (run.name if run else "")
             found.setdefault(e.key, Interrupt(e.key, payload, e.step_id, task))
-    return list(found.values())
+    ranked = sorted(enumerate(found.values()),
+                    key=lambda p: (order.get(p[1].id, len(order)), p[0]))
+    return [i for _, i in ranked]
 
 
 def _id_key(key: Any) -> str:
@@ -448,6 +458,7 @@ def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interr
         # so is a mapping with a key close to a pending id (a typo, upper case, a character
         # too many): a stale, unknown or mistyped one is an error, never an answer
         answers = {}
+        given: dict[str, Any] = {}  # the key each answer was given under
         for key, answer in value.items():
             k = _id_key(key)
             matches = [i for i in ids if len(k) >= 6 and i.startswith(k)]
@@ -464,7 +475,13 @@ def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interr
                 raise RunStateError(
                     f"run {run_id!r}: interrupt {key!r} {why}; pending: {ids}. Fix: answer "
                     f"with a mapping of pending interrupt ids to values.{wrap}")
+            if matches[0] in answers:  # (a prefix and the full id, say: which one is meant?)
+                raise RunStateError(
+                    f"run {run_id!r}: the answer names interrupt {matches[0]} twice (as "
+                    f"{given[matches[0]]!r} and {key!r}), with two answers. Fix: give each "
+                    "pending interrupt one answer.")
             answers[matches[0]] = answer
+            given[matches[0]] = key
     elif len(pending) == 1:
         answers = {ids[0]: value}
     else:

@@ -1504,10 +1504,11 @@ class CompiledGraph(Generic[S]):
             snapshots[-1] = dataclasses.replace(last, interrupts=tuple(run.interrupts))
         return snapshots[::-1], previous
 
-    def update_state(self, run_id: str, values: Any, *, as_node: str | None = None) -> str:
-        """Fork the run at its latest checkpoint with ``values`` applied (through the
-        reducers, as if node ``as_node`` had written them); return the new run's id. The
-        source run's history is never rewritten. Continue the fork with
+    def update_state(self, run_id: str, values: Any, *, as_node: str | None = None,
+                     at: str | None = None) -> str:
+        """Fork the run at its latest checkpoint (or at ``at``) with ``values`` applied
+        (through the reducers, as if node ``as_node`` had written them); return the new
+        run's id. The source run's history is never rewritten. Continue the fork with
         ``app.invoke(None, run_id=new_id)``.
 
         Args:
@@ -1515,18 +1516,21 @@ class CompiledGraph(Generic[S]):
             values: A partial update of the state.
             as_node: Apply it as this node's update: the next super-step runs that node's
                 successors. Default: the next nodes stay those of the checkpoint.
+            at: The checkpoint to fork from: a ``checkpoint_id`` of
+                :meth:`get_state_history` (or a unique prefix of 6+ characters), ``""``
+                for the input. Default: the latest.
 
         Returns:
             The id of the new run (status ``forked``).
 
         Raises:
-            NotFoundError: no such run, or it has no checkpoint yet.
+            NotFoundError: no such run, it has no checkpoint yet, or none is ``at``.
             DefinitionError: ``as_node`` is not a node of the graph.
         """
         from . import _serde
         from ._history import make_fork
 
-        snapshot = self.get_state(run_id)
+        snapshot = self.get_state(run_id) if at is None else self._snapshot_at(run_id, at)
         if as_node is not None and as_node not in self.graph.nodes:
             raise DefinitionError(f"update_state(as_node={as_node!r}): not a node of graph "
                                   f"{self.name!r} ({list(self.graph.nodes)})")
@@ -1561,8 +1565,28 @@ class CompiledGraph(Generic[S]):
         result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
                              "updates": {as_node or "update_state": update}})
         if snapshot.checkpoint_id:
-            return make_fork(store, rec, snapshot.checkpoint_id, result)
+            return make_fork(store, rec, snapshot.checkpoint_id, result, graph_state=True)
         return self._fork_from_input(store, rec, result)
+
+    def _snapshot_at(self, run_id: str, at: str) -> StateSnapshot:
+        """The snapshot of :meth:`get_state_history` whose checkpoint ``at`` names (an id or
+        a unique prefix of 6+ characters; ``""``: the input).
+
+        Raises:
+            NotFoundError: none, or several."""
+        from .exceptions import NotFoundError
+
+        history = self.get_state_history(run_id)
+        found = ([h for h in history if h.checkpoint_id == ""] if at == "" else
+                 [h for h in history if isinstance(at, str) and len(at) >= 6
+                  and h.checkpoint_id.startswith(at)])
+        if len(found) != 1:
+            raise NotFoundError(
+                f"graph {self.name!r}: run {run_id!r} has "
+                f"{'several checkpoints' if found else 'no checkpoint'} {at!r}. Fix: give a "
+                "checkpoint_id of get_state_history() (or 6+ of its first characters), or "
+                f"'' for the input: {[h.checkpoint_id[:12] for h in history]}")
+        return found[0]
 
     def _fork_from_input(self, store: Store, rec: Any, result: dict[str, Any]) -> str:
         """A fork of a run that has no finished super-step: its first super-step is the
