@@ -1516,3 +1516,35 @@ def test_the_stopped_wait_reads_futures_without_taking_their_locks() -> None:
     release.set()
     assert not asker.is_alive(), "the wait blocked on a future's lock"
     assert answers == [[1, 2], [1], [0, 1]]  # the cancelled one is no longer waited for
+
+
+def test_a_process_map_nested_in_a_process_worker_lets_the_job_exit(tmp_path: Path) -> None:
+    """outer.map(executor="process") whose items call inner.map(executor="process"): the
+    nested pool is the item's own and is shut down after it; kept in the worker (as the
+    caller's shared pool is), it kept the worker from exiting and the job hung at exit
+    (found by a user: 3 runs in 4). Run three times: each must exit."""
+    script = write_script(tmp_path / "nested_job.py", """
+        import durably
+
+        @durably.task
+        def inner(x):
+            return x * 2
+
+        @durably.task
+        def outer(i):
+            return sum(inner.map(range(i), executor="process"))
+
+        @durably.entrypoint
+        def njob(n):
+            return outer.map(range(n), executor="process")
+
+        if __name__ == "__main__":
+            print(njob(4))
+    """)
+    for attempt in range(3):
+        env = script_env(tmp_path / f"store{attempt}")
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=90, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "[0, 0, 2, 6]"
+        assert "Error" not in done.stderr, done.stderr

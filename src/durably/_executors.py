@@ -507,6 +507,12 @@ def _resolve_executor(executor: Any, max_workers: int | None) -> tuple[Executor,
     if executor is None or executor == "thread":
         return Thread(max_workers), True
     if executor == "process":
+        from ._worker import IN_WORKER
+
+        if IN_WORKER[0]:
+            # a fan-out nested in an item on a worker process: a pool of its own, shut down
+            # after it (a pool kept in the worker would keep it from ever exiting)
+            return Process(max_workers), True
         with _defaults_lock:
             found = _default_process.get(max_workers)
             if found is None:
@@ -962,13 +968,14 @@ async def map_async(target: Target, iterables: tuple[Iterable[Any], ...], execut
     """``Task.map`` for an async task: see :meth:`durably.Task.map`."""
     enabled = progress_enabled(progress)
     ex: Executor | None
+    owned = False
     if executor is None or executor == "thread" or isinstance(executor, Thread):
         ex = None  # coroutines gathered on this event loop
         window = _check_workers(max_workers)
         if window is None and isinstance(executor, Thread):
             window = executor.max_workers
     else:
-        ex, _ = _resolve_executor(executor, max_workers)
+        ex, owned = _resolve_executor(executor, max_workers)
         window = max_workers if max_workers is not None else ex._window()
     items = _items(iterables, target.spec.name)
     fan = _FanOut(target.spec, len(items), enabled)
@@ -982,6 +989,8 @@ async def map_async(target: Target, iterables: tuple[Iterable[Any], ...], execut
                 await _drive_async(ex, target, missing, fan, window)
     finally:
         fan.bar.close()
+        if owned and ex is not None:
+            ex.shutdown(wait=not fan.abandoned)
     fan.raise_failures()
     return fan.results
 

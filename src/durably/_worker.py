@@ -337,11 +337,17 @@ def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
         in_worker.reset(token)
 
 
+#: this process is a worker of a durably Process pool (set by its initializer)
+IN_WORKER = [False]
+
+
 def watch_parent(pid: int, every: float = 1.0) -> None:
     """A pool worker's initializer: exit once the process that made the pool (``pid``) is
     gone. A pool's workers hold both ends of its queue, so a parent killed with SIGKILL
     (or out of memory) would leave them waiting for work forever; the item a worker runs
     then is the dead parent's, whose run executes it again when resumed."""
+    IN_WORKER[0] = True
+
     def watch() -> None:
         while True:
             time.sleep(every)
