@@ -348,6 +348,48 @@ def test_a_large_value_changed_in_place_is_seen_before_a_result_is_cached(
     assert fresh.stdout.split() == ["6", "4.0"]  # computed from the original values
 
 
+def test_hits_after_a_large_value_or_a_file_changed_in_place_are_not_stale(
+        tmp_path: Path) -> None:
+    """Hits see an in-place edit too: a large global edited in place was served the
+    results from before the edit on every hit until some call missed (a user's sweep of
+    cached calls after `W *= 2` returned the old values); it is now digested again before a
+    key is made once a tenth of the time since its last check covers it (a notebook's next
+    cell, a second later: at once). A durably.file() global is looked at by os.stat() on
+    every call: the call right after the file changed sees it, without a warning."""
+    script = write_script(tmp_path / "hits.py", """
+        import pathlib, time, warnings
+        import numpy as np
+        import durably
+
+        W = np.ones(200_000)  # 1.6 MB: checked by identity on each call
+        pathlib.Path("big.bin").write_bytes(b"A" * 8_000_000)  # slow to digest
+        DATA = durably.file("big.bin")
+
+        @durably.task
+        def dot(x):
+            return float(W.sum() * x)
+
+        @durably.task
+        def first():
+            return pathlib.Path(DATA).read_bytes()[:1]
+
+        warnings.simplefilter("always")
+        print([dot(x) for x in (1, 2)], first())
+        W *= 2
+        with open("big.bin", "r+b") as f:
+            f.write(b"Z")
+        time.sleep(1.0)
+        print([dot(x) for x in (1, 2)], first(), first())
+        """)
+    done = subprocess.run([sys.executable, str(script)], env=script_env(tmp_path / "store"),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[200000.0, 400000.0] b'A'",
+                                        "[400000.0, 800000.0] b'Z' b'Z'"]
+    assert "__main__.W was changed in place" in done.stderr
+    assert "DATA" not in done.stderr  # a data file edited is what durably.file() is for
+
+
 def test_the_check_before_caching_sees_edits_not_caches_filling(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The check of a large value before a result is cached compares its digest as the

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import io
+import os
 import pickle
 import time
 import types
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 
 import wrapt
 
+from ._files import File
 from ._hashing import _ENCODERS, Encoder
 
 __all__ = ["Fingerprint", "Unchecked", "full_digest", "registry_ids"]
@@ -222,7 +224,7 @@ class Unchecked:
     only), checked by its contents before a result is cached (see
     :meth:`Fingerprint.changed_in_place`)."""
 
-    __slots__ = ("checked", "cost", "digest", "met", "name", "value")
+    __slots__ = ("checked", "cost", "digest", "met", "name", "stamp", "value")
 
     def __init__(self, value: Any, name: str, met: dict[int, str], digest: str,
                  cost: float) -> None:
@@ -231,6 +233,18 @@ class Unchecked:
         self.digest = digest  # its digest when the fingerprint was taken
         self.cost = cost  # seconds that digest took
         self.checked = time.monotonic()  # when it was last digested
+        #: a durably.file(): its os.stat() when digested (a stat on every call tells whether
+        #: it may have changed; its contents are read again only then)
+        self.stamp = _file_stamp(value) if isinstance(value, File) else None
+
+
+def _file_stamp(f: File) -> tuple[int, ...] | None:
+    """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
+    try:
+        st = os.stat(f.path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def full_digest(value: Any, nested: _Nested | None = None) -> str:
@@ -313,14 +327,27 @@ class Fingerprint:
             return False
         return True
 
-    def changed_in_place(self, budget: float) -> str | None:
-        """The name of a configuration value too large or too slow to check on every call
+    def changed_in_place(self, budget: float) -> Unchecked | None:
+        """The record of a configuration value too large or too slow to check on every call
         (by identity only) whose contents changed since the fingerprint was taken: an
         in-place edit (``DF.loc[0, "a"] = 1``) the key does not show. A value is digested
         again when that takes at most ``budget`` seconds, or a tenth of the time since it
-        was last digested; None if none changed."""
+        was last digested; a :func:`durably.file` whenever ``os.stat`` says it changed (its
+        size, times or inode); None if none changed."""
         clock = time.monotonic()
         for u in self.unchecked:
+            if isinstance(u.value, File):
+                stamp = _file_stamp(u.value)
+                if stamp is not None and stamp == u.stamp:
+                    continue  # not touched since it was digested
+                u.stamp, u.checked = stamp, clock
+                try:
+                    now_digest: str | None = full_digest(u.value, _AsWalked(u.met))
+                except Exception:  # noqa: BLE001 - gone or unreadable: it changed
+                    now_digest = None
+                if now_digest != u.digest:
+                    return u
+                continue
             # within the budget, or when a tenth of the time since its last check covers it
             # (a loop of quick steps spends at most about a tenth of its time on this)
             if u.cost <= budget or u.cost <= (clock - u.checked) / 10:
@@ -330,7 +357,7 @@ class Fingerprint:
                 except Exception:  # noqa: BLE001 - no longer digestible: it changed
                     now = None
                 if now != u.digest:
-                    return u.name
+                    return u
         return None
 
 

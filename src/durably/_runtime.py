@@ -46,6 +46,7 @@ from ._context import (
     cutoff,
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
+from ._files import File
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import (
     digest_each,
@@ -289,6 +290,31 @@ class Spec:
             fp = self._fingerprint = fingerprint_function(self.raw)
         return fp.digest
 
+    def _edited_in_place(self, fp: Any) -> bool:
+        """Before a call's key is made (a hit, a replay): whether a configuration value
+        checked by identity only was edited in place since the fingerprint was taken, looked
+        at when a tenth of the time since its last check covers digesting it (a loop of
+        quick calls spends at most about a tenth of its time on this), and a
+        :func:`durably.file` whenever ``os.stat`` says it changed. Then the fingerprint is
+        taken again (with a warning): without this, every hit after such an edit was served
+        the result from before it until some call missed."""
+        changed = fp.changed_in_place(0.0)
+        if changed is None:
+            return False
+        self._fingerprint = None
+        if isinstance(changed.value, File):
+            return True  # a data file edited: what durably.file() is for (no warning)
+        warnings.warn(
+            f"durably: {self.kind} {self.name!r}: {changed.name} was changed in place since "
+            "durably "
+            "read it (a value over 64 KiB, or slow to digest, is checked only by identity on "
+            "each call, and by its contents from time to time), so its cache key is made "
+            "anew; calls made right after the change may have been served results computed "
+            "before it. Fix: rebind the name to a new value instead of editing it in place "
+            "(DF = DF.assign(...)), or pass the value as an argument.",
+            stacklevel=_user_stacklevel())
+        return True
+
     def changed_in_place(self, seconds: float) -> bool:
         """Whether a configuration value of the code fingerprint that is checked by identity
         only on each call (over 64 KiB, or slow to digest) was edited in place since the
@@ -300,10 +326,15 @@ class Spec:
         fp = self._fingerprint
         if fp is None or not fp.unchecked or self.version is not None:
             return False
-        name = fp.changed_in_place(max(_RECHECK_FLOOR, seconds / 10))
-        if name is None:
+        changed = fp.changed_in_place(max(_RECHECK_FLOOR, seconds / 10))
+        if changed is None:
             return False
         self._fingerprint = None  # taken again at the next call
+        if isinstance(changed.value, File):
+            log.info("durably: %s %r: %s changed while it executed; its result is not cached",
+                     self.kind, self.name, changed.name)
+            return True
+        name = changed.name
         warnings.warn(
             f"durably: {self.kind} {self.name!r}: {name} was changed in place since durably "
             "read it (a value over 64 KiB, or slow to digest, is checked only by identity on "
@@ -357,7 +388,8 @@ class Spec:
     def key_and_code(self, input_digest: str) -> tuple[str, str]:
         """The cache key of these inputs, and the code version it was made with."""
         fp = self._fingerprint  # (code_version, inlined: this runs on every call)
-        if fp is not None and self.version is None and fp.valid():
+        if fp is not None and self.version is None and fp.valid() and not (
+                fp.unchecked and self._edited_in_place(fp)):
             code = fp.digest
         else:
             code = self.code_version()
