@@ -952,14 +952,22 @@ def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
 
 
 @pytest.mark.slow
-def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) -> None:
+def test_a_second_ctrl_c_on_threads_keeps_the_results_a_third_stops_waiting(
+        tmp_path: Path) -> None:
+    """Bodies on threads cannot be stopped, and the process ends only once they have: a
+    second Ctrl-C says so and goes on waiting, journaling them as they end (a user's second
+    Ctrl-C lost four finished items, executed again by the rerun, without the process
+    ending any sooner); a third stops waiting."""
     script = write_script(tmp_path / "fanout.py", FANOUT)
-    release = tmp_path / "release"
-    env = script_env(tmp_path / "store", COUNT_FILE=str(tmp_path / "count.txt"),
+    release, count = tmp_path / "release", tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count),
                      RELEASE_FILE=str(release), BLOCK_FROM="2", ITEMS="6", EXECUTOR="thread")
     with _blocked_fanout(script, env, release) as (proc, lines):
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # (the stopped wait looks at its futures every 0.5 s: see below)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert lines.empty()  # still waiting for the blocked bodies
         proc.send_signal(signal.SIGINT)
         # the call returns to its caller while the bodies still block
         assert lines.get(timeout=30) == "stopped\n"
@@ -968,6 +976,46 @@ def test_a_second_ctrl_c_stops_waiting_for_the_running_bodies(tmp_path: Path) ->
         # finishing it (joined at exit) blocked for ever
         release.touch()
         assert proc.wait(timeout=30) != 0
+        assert "are on threads, which cannot be stopped" in (proc.stderr.read()
+                                                             if proc.stderr else "")
+
+    # two Ctrl-C: the running bodies are waited for and journaled; the rerun does the rest
+    release.unlink()
+    count.unlink()
+    env["DURABLY_DIR"] = str(tmp_path / "store2")
+    with _blocked_fanout(script, env, release) as (proc, lines):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        release.touch()  # the blocked bodies end: journaled, then the call stops
+        assert lines.get(timeout=30) == "stopped\n"
+        assert proc.wait(timeout=30) != 0
+    first = sorted(int(x) for x in _lines(str(count)))
+    out = run_script(script, {**env, "BLOCK_FROM": "-1"})
+    assert out.stdout == f"result {sum(i * 10 for i in range(6))}\n"
+    again = sorted(int(x) for x in _lines(str(count)))
+    assert sorted(set(again)) == list(range(6)) and len(again) == 6, (first, again)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_on_worker_processes_stops_them_now(tmp_path: Path) -> None:
+    """On worker processes a second Ctrl-C stops the bodies (the workers are killed, as
+    kill -9 would): the process ends at once instead of when they end; those items
+    execute again when the run resumes."""
+    script = write_script(tmp_path / "fanout.py", FANOUT)
+    release, count = tmp_path / "release", tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), RELEASE_FILE=str(release),
+                     BLOCK_FROM="2", ITEMS="6", EXECUTOR="process")
+    with _blocked_fanout(script, env, release) as (proc, lines):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert lines.get(timeout=30) == "stopped\n"
+        assert proc.wait(timeout=30) != 0  # the bodies still block: they were killed
+    out = run_script(script, {**env, "BLOCK_FROM": "-1"})
+    assert out.stdout == f"result {sum(i * 10 for i in range(6))}\n"
+    assert sorted(set(int(x) for x in _lines(str(count)))) == list(range(6))
 
 
 @contextlib.contextmanager

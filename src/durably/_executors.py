@@ -229,6 +229,14 @@ class Executor(abc.ABC):
             if isinstance(item.handle, cf.Future):
                 item.handle.cancel()
 
+    def _stoppable(self) -> bool:
+        """Whether the bodies running now can be stopped (:meth:`_stop_running`); a
+        thread's cannot: the process ends only once they have."""
+        return True
+
+    def _stop_running(self) -> None:  # noqa: B027 - default: nothing to stop
+        """Stop the bodies running now (a second Ctrl-C: the fan-out no longer waits)."""
+
 
 class _Pooled(Executor):
     """An executor over a concurrent.futures pool, started on first use, replaced after
@@ -289,6 +297,9 @@ class Thread(_Pooled):
 
     def _new_pool(self) -> cf.ThreadPoolExecutor:
         return cf.ThreadPoolExecutor(self.max_workers, thread_name_prefix="durably")
+
+    def _stoppable(self) -> bool:
+        return False
 
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         context = contextvars.copy_context()
@@ -382,6 +393,19 @@ class Process(_Pooled):
             outcome = _future_outcome(handle)
             out.append(_unpack_outcome(outcome.value) if outcome.ok else outcome)
         return out
+
+    def _stop_running(self) -> None:
+        """Kill the workers (their bodies end mid-way, as with kill -9: those items execute
+        again when the run resumes); the next fan-out starts a new pool."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        for worker in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(Exception):
+                worker.kill()
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Dask(Executor):
@@ -951,14 +975,29 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         todo.clear()
         marks = _halt(ctx, inflight)
         ex._cancel(list(inflight.values()))
-        try:
-            collect(stopping=True)
-        except Exception as exc:  # noqa: BLE001 - the first error is the one to report
-            log.warning("durably: could not journal the finished items of %r: %s",
-                        target.spec.name, exc)
-        except BaseException:
-            fan.abandoned = True  # (its bodies run on: their marks stay)
-            raise
+        told = False
+        while True:
+            try:
+                collect(stopping=True)
+            except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+                log.warning("durably: could not journal the finished items of %r: %s",
+                            target.spec.name, exc)
+            except BaseException:
+                if not ex._stoppable() and not told and inflight:
+                    # a second Ctrl-C: bodies on threads cannot be stopped, and the process
+                    # ends only once they have; not waiting would only lose their results
+                    # (executed again by the next call). Waited for, and journaled, once more
+                    told = True
+                    log.warning(
+                        "durably: %d running bodies of %r are on threads, which cannot be "
+                        "stopped: waiting for them to finish and journaling them (Ctrl-C "
+                        "again to stop waiting: their results are then lost and they execute "
+                        "again on the next call)", len(inflight), target.spec.name)
+                    continue
+                fan.abandoned = True  # (its bodies run on, or are killed: their marks stay)
+                ex._stop_running()  # worker processes: killed, so the process ends now
+                raise
+            break
         _unhalt(ctx, marks)
         raise
 
