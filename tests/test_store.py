@@ -172,9 +172,27 @@ def test_size_limit_evicts_loudly_and_never_touches_journals(
     assert s.evicted > 0 and s.stats()["evicted"] == s.evicted
     assert "evicted" in caplog.text
     assert s.cache.volume() <= 200_000
-    # least recently stored go first (diskcache culls in batches of ten)
+    # least recently stored go first
     assert s.cache_get("k99") is not None and s.cache_get("k0") is None
     assert s.find_step("keep", "a") == b"x" * 50_000
+
+
+def test_a_size_limit_evicts_only_what_it_must_never_the_entry_just_written(
+        tmp_path: Path) -> None:
+    """Ten entries of a megabyte in a cache limited to ten megabytes: the oldest one goes,
+    not all ten (diskcache's cull removes ten at a time, the entry just computed among
+    them: a user's next call computed it again); an entry larger than the limit by itself
+    is kept (over the limit) rather than removed as it is written."""
+    s = durably.DiskStore(tmp_path / "s", size_limit=10_000_000)
+    for i in range(10):
+        s.cache_put(f"k{i}", bytes([i]) * 1_000_000)
+    assert s.cache_get("k9") is not None and s.cache_get("k0") is None
+    assert 8 <= s.stats()["cache_entries"] <= 9
+    assert s.cache.volume() <= 10_000_000
+    small = durably.DiskStore(tmp_path / "t", size_limit=500_000)
+    small.cache_put("first", b"a" * 100_000)
+    small.cache_put("huge", b"b" * 2_000_000)
+    assert small.cache_get("huge") == b"b" * 2_000_000 and small.cache_get("first") is None
 
 
 def test_no_size_limit_never_evicts(tmp_path: Path) -> None:

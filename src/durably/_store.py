@@ -1004,7 +1004,7 @@ class DiskStore:
                                 "say why a call misses)", exc)
         with self._write_cache:
             if self.size_limit is not None and cache.volume() > self.size_limit:
-                removed = cache.cull()
+                removed = self._evict(self.size_limit, {key for key, _, _ in items})
                 if removed:
                     self.forget_memo()
                     self.evicted += removed
@@ -1013,6 +1013,36 @@ class DiskStore:
                         "entries (%d this session)",
                         self.path, self.size_limit, removed, self.evicted,
                     )
+
+    def _evict(self, limit: int, keep: set[str]) -> int:
+        """Remove the least recently stored cache entries until the cache's volume is at
+        most ``limit`` bytes, never those in ``keep`` (just written); the number removed.
+        (diskcache's own cull removes ten at a time: ten entries of a megabyte in a cache
+        limited to ten megabytes all went, the one just computed among them.)"""
+        cache = self.cache
+        disk = cache.disk
+        removed = 0
+        for _ in range(10_000):  # (bounded: another process may be filling it meanwhile)
+            over = int(cache.volume()) - limit
+            if over <= 0:
+                break
+            rows = cache._sql(
+                "SELECT key, raw, CASE WHEN filename IS NULL THEN COALESCE(length(value), 0) "
+                "ELSE size END FROM Cache ORDER BY store_time, rowid LIMIT 64").fetchall()
+            doomed = []
+            for key, raw, size in rows:
+                name = disk.get(key, bool(raw))
+                if name in keep:
+                    continue
+                doomed.append(name)
+                over -= max(int(size or 0), 1)
+                if over <= 0:
+                    break
+            if not doomed:
+                break  # only what was just written is left: kept, though over the limit
+            removed += sum(1 for name in doomed if cache.delete(name, retry=True))
+            self.forget_memo(doomed)
+        return removed
 
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._read_journal:
