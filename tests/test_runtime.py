@@ -1374,3 +1374,65 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
 
     calls.clear()
     assert elsewhere(2) == [[0, 1], 2, [0, 1]] and calls == [0, 1, 0, 1]
+
+
+def test_the_summary_counts_a_retried_step_once_and_says_when_nothing_was_replayed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that failed twice and then succeeded counts once, as ran (a user's summary
+    said '6 ran, 7 failed' for seven items); a try that is not retried says why; a rerun
+    after a fix to the task's own code, which replays nothing, says so instead of 'its
+    finished steps were replayed'."""
+    from tests.conftest import load_source
+
+    tries: dict[int, int] = {}
+
+    @durably.task(retry=durably.Retry(attempts=3, backoff=0.0, on=(ConnectionError,)))
+    def fetch(i: int) -> int:
+        tries[i] = tries.get(i, 0) + 1
+        if i == 0 and tries[i] < 3:
+            raise ConnectionError("flaky")
+        if i == 1:
+            raise KeyError("not retried")
+        return i
+
+    @durably.entrypoint
+    def crawl(n: int) -> list[int]:
+        return [fetch(i) if i != 1 else -1 for i in range(n)] + [_safe(fetch, 1)]
+
+    def _safe(f: Any, i: int) -> int:
+        try:
+            return int(f(i))
+        except KeyError:
+            return -1
+
+    run = crawl.run(3)
+    assert run.counts() == {"ran": 2, "cached": 0, "replayed": 0, "failed": 1}
+    errors = [s.error for s in run.steps if s.status == "failed"]
+    assert errors[-1].startswith("try 1 of 3, not retried (KeyError is not in on=)")
+
+    v1 = load_source(tmp_path, monkeypatch, "etl_flow", """
+import durably
+@durably.task
+def item(i):
+    if i == 2:
+        raise ValueError("bad item")
+    return i * 10
+@durably.entrypoint
+def etl(n):
+    return [item(i) for i in range(n)]
+""")
+    with pytest.raises(ValueError):
+        v1.etl(3)
+    v2 = load_source(tmp_path, monkeypatch, "etl_flow", """
+import durably
+@durably.task
+def item(i):
+    return i * 10
+@durably.entrypoint
+def etl(n):
+    return [item(i) for i in range(n)]
+""")
+    fixed = v2.etl.run(3)
+    assert fixed.counts()["ran"] == 3 and fixed.counts()["replayed"] == 0
+    assert "no step was replayed: the steps that had finished are of tasks whose code" in (
+        fixed.summary())

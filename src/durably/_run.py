@@ -276,8 +276,10 @@ class Run(Generic[R]):
 
     def counts(self) -> dict[str, int]:
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
-        ``failed``."""
-        c = collections.Counter(s.status for s in self.steps)
+        ``failed``; a step counts once, by its last record (a try that failed and was
+        retried into a result counts as ``ran``)."""
+        last = {s.step_id: s.status for s in self.steps}
+        c = collections.Counter(last.values())
         return {k: c.get(k, 0) for k in ("ran", "cached", "replayed", "failed")}
 
     def summary(self) -> str:
@@ -301,22 +303,28 @@ class Run(Generic[R]):
             text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
                      f"pipeline.resume({self.id!r}, value)")
         if self.resumed_from == "forked":
-            text += " (first execution of a fork)"
-        elif self.resumed_from == "interrupted":
-            text += " (resumed after an interrupt: its finished steps were replayed)"
-        elif self.resumed_from == "finished":
-            text += " (reran a finished run: unchanged steps replayed from its journal)"
-        elif self.resumed_from == "stopped":
-            text += (" (resumed a run that was stopped by Ctrl-C or a closed stream: its "
-                     "finished steps were replayed)")
-        elif self.resumed_from == "crashed":
-            text += (" (resumed a run whose process had died while executing it: its "
-                     "finished steps were replayed)")
-        elif self.resumed_from == "failed":
-            text += " (resumed a run that had failed: its finished steps were replayed)"
-        elif self.resumed_from is not None:
-            text += (" (resumed a run that had stopped before finishing: its finished steps "
-                     "were replayed)")
+            return text + " (first execution of a fork)"
+        if self.resumed_from == "finished":
+            return text + " (reran a finished run: unchanged steps replayed from its journal)"
+        how = {"interrupted": "resumed after an interrupt",
+               "stopped": "resumed a run that was stopped by Ctrl-C or a closed stream",
+               "crashed": "resumed a run whose process had died while executing it",
+               "failed": "resumed a run that had failed"}.get(
+            self.resumed_from or "", "resumed a run that had stopped before finishing")
+        if self.resumed_from is None:
+            return text
+        if c["replayed"] or not c["ran"]:
+            return text + f" ({how}: its finished steps were replayed)"
+        try:  # did the attempts before have finished steps to replay?
+            had = any(s.status in ("ran", "cached", "replayed") for s in
+                      self._store.list_steps(self.id, attempt=self.attempt - 1))
+        except Exception:  # noqa: BLE001 - a summary never fails
+            had = False
+        if not had:
+            return text + f" ({how}: none of its steps had finished)"
+        return text + (f" ({how}: no step was replayed: the steps that had finished are of "
+                       "tasks whose code or inputs changed since, so they executed again; "
+                       "task.explain(...) says what changed)")
         return text
 
     def refresh(self) -> Run[R]:

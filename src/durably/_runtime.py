@@ -898,6 +898,18 @@ async def _acall_body(call: Call, wrapped: Callable[..., Any], args: tuple[Any, 
 _NEVER_RETRIED = (InterruptSignal, StopRun, KeyboardInterrupt, SystemExit)
 
 
+def _try_label(policy: Retry, tries: int, exc: BaseException) -> str:
+    """What a failed try's error is prefixed with: which try it was, and, when no other
+    follows though tries are left, why ("" without retries)."""
+    if policy.attempts <= 1:
+        return ""
+    label = f"try {tries} of {policy.attempts}"
+    if tries < policy.attempts and not (isinstance(exc, policy.on)
+                                         and not isinstance(exc, _NEVER_RETRIED)):
+        label += f", not retried ({type(exc).__name__} is not in on=)"
+    return label
+
+
 def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Execute a body under ``retry=`` / ``timeout=``: every failed try is journaled."""
@@ -919,7 +931,7 @@ def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
                 call.interrupted(signal)
                 raise
             except BaseException as exc:
-                call.failed(exc, f"try {tries} of {policy.attempts}")
+                call.failed(exc, _try_label(policy, tries, exc))
                 raise
             finally:
                 call.exit()
@@ -947,7 +959,7 @@ async def _acall_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any]
                 call.interrupted(signal)
                 raise
             except BaseException as exc:
-                call.failed(exc, f"try {tries} of {policy.attempts}")
+                call.failed(exc, _try_label(policy, tries, exc))
                 raise
             finally:
                 call.exit()
