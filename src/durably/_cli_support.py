@@ -22,6 +22,7 @@ __all__ = [
     "_describe",
     "_duration",
     "_fail",
+    "_usage",
     "_fields",
     "_jsonable",
     "_one_line",
@@ -60,8 +61,19 @@ class _CtrlC(_CommandError):
     exit_code = _EXIT_CTRL_C
 
 
+class _UsageError(_CommandError):
+    """A value of an option or argument that is not one (exit status 2, as click's own)."""
+
+    exit_code = 2
+
+
 def _fail(message: str) -> NoReturn:
     raise _CommandError(message)
+
+
+def _usage(message: str) -> NoReturn:
+    """Fail as a usage error: an option's value is not one (exit status 2)."""
+    raise _UsageError(message)
 
 
 def _one_line(text: str) -> str:
@@ -100,7 +112,7 @@ def _parse_size(option: str, text: str) -> int:
     m = _SIZE.fullmatch(text)
     unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
     if m is None or unit is None:
-        _fail(f"{option} {text!r} is not a size. Give bytes or a number with a unit, for "
+        _usage(f"{option} {text!r} is not a size. Give bytes or a number with a unit, for "
               f"example {option} 5GB, 500MB, 1.5GiB or 1000000.")
     return int(float(m.group(1)) * unit)
 
@@ -119,7 +131,7 @@ def _parse_duration(option: str, text: str) -> float:
     parts = _DURATION_PART.findall(compact)
     if (not parts or "".join(n + u for n, u in parts) != compact
             or any(u not in _DURATION_UNITS for _, u in parts)):
-        _fail(f"{option} {text!r} is not a duration. Give a number with a unit (s, m, h, d, "
+        _usage(f"{option} {text!r} is not a duration. Give a number with a unit (s, m, h, d, "
               f"w), for example {option} 30d, 12h, 90m or 45s.")
     return float(sum(float(n) * _DURATION_UNITS[u] for n, u in parts))
 
@@ -137,7 +149,7 @@ def _parse_json(option: str, text: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        _fail(f"{option} {text!r} is not valid JSON ({exc.msg} at character {exc.pos + 1}). "
+        _usage(f"{option} {text!r} is not valid JSON ({exc.msg} at character {exc.pos + 1}). "
               f"A string needs JSON quotes inside the shell's: {option} '\"yes\"'; numbers, "
               "true, false, null, [lists] and {objects} are written as in JSON.")
 
@@ -165,9 +177,12 @@ def _parse_call(args: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
     for text in args:
         m = _KEYWORD.fullmatch(text)
         if m:
+            if m.group(1) in keywords:
+                _usage(f"argument {m.group(1)!r} is given twice ({m.group(1)}="
+                       f"{json.dumps(keywords[m.group(1)])} and {text}). Fix: give it once.")
             keywords[m.group(1)] = _parse_argument(m.group(2))
         elif keywords:
-            _fail(f"argument {text!r} comes after keyword arguments "
+            _usage(f"argument {text!r} comes after keyword arguments "
                   f"({', '.join(keywords)}). Fix: put positional arguments first.")
         else:
             positional.append(_parse_argument(text))

@@ -62,6 +62,7 @@ from ._cli_support import (
     _short,
     _size,
     _table,
+    _usage,
     _when,
 )
 from .exceptions import DurablyError
@@ -140,6 +141,8 @@ def _store(ctx: click.Context) -> durably.DiskStore:
 
 def _find_run(store: durably.DiskStore, text: str) -> durably.Run[Any]:
     """The run with this id, or the one run whose id starts with it."""
+    if not text.strip():
+        _usage("RUN is empty: give a run id or the start of one (durably runs lists them).")
     try:
         return durably.get_run(text, store=store)
     except durably.NotFoundError:
@@ -355,7 +358,7 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
                  as_json: bool) -> None:
     """List the runs in the store, most recently updated first."""
     if status is not None and status not in STATUSES:
-        _fail(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
+        _usage(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
     store = _store(ctx)
     runs = durably.list_runs(entrypoint, store=store)
     total = len(runs)
@@ -513,12 +516,12 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
     if fmt is not None:
         kind = _FORMATS.get(fmt.lower())
         if kind is None:
-            _fail(f"--format {fmt!r} is not a graph format. Use one of: mermaid, dot, svg, "
+            _usage(f"--format {fmt!r} is not a graph format. Use one of: mermaid, dot, svg, "
                   "html (for example -f dot).")
     store = _store(ctx)
     run = _find_run(store, run_id)
     if attempt is not None and attempt > run.attempt:
-        _fail(f"--attempt {attempt}: run {run.id!r} has {run.attempt} attempt(s).")
+        _usage(f"--attempt {attempt}: run {run.id!r} has {run.attempt} attempt(s).")
     graph = run.graph(attempt=attempt, collapse=collapse or None)
     if kind is None and output is not None:
         try:
@@ -738,7 +741,7 @@ def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: st
                         dry_run: bool) -> None:
     """Remove cache entries by age and size, oldest first."""
     if older_than is None and max_size is None:
-        _fail("cache prune needs --older-than AGE and/or --max-size SIZE, for example "
+        _usage("cache prune needs --older-than AGE and/or --max-size SIZE, for example "
               "--older-than 30d or --max-size 5GB.")
     age = _parse_duration("--older-than", older_than) if older_than is not None else None
     size = _parse_size("--max-size", max_size) if max_size is not None else None
@@ -747,7 +750,7 @@ def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: st
     try:
         removed = _maintenance.prune(store, age, size, dry_run=dry_run)
     except ValueError as exc:
-        _fail(str(exc).replace("a cache size limit", "--max-size"))
+        _usage(str(exc).replace("a cache size limit", "--max-size"))
     _report(store, removed, before, dry_run)
 
 
