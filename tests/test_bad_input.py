@@ -118,6 +118,13 @@ def _too_deep(c: Ctx) -> None:
 
 Case = tuple[str, Callable[[Ctx], Any], type[BaseException], tuple[str, ...]]
 
+def _an_entrypoint() -> Any:
+    @durably.entrypoint
+    def etl(n: int) -> int:
+        return n
+    return etl
+
+
 CASES: list[Case] = [
     ("resume on a finished run", lambda c: _ep.resume(c.finished, 1),
      durably.RunStateError, ("is finished, not interrupted", "{finished}")),
@@ -163,6 +170,11 @@ CASES: list[Case] = [
      durably.DefinitionError, ("allow_shared", "'yes'")),
     ("DiskStore with a size limit of True", lambda c: durably.DiskStore(size_limit=True),
      ValueError, ("size_limit", "True")),
+    ("a Dask executor given an address instead of a client",
+     lambda c: __import__("durably.executors").executors.Dask("tcp://host:8786"),
+     durably.DefinitionError, ("Dask(client=...)", "tcp://host:8786", "Client(")),
+    ("map() on an entrypoint", lambda c: _an_entrypoint().map([1, 2]),
+     durably.DefinitionError, ("has no map()", "task.map(...)")),
     ("repair_run of an unknown run", lambda c: c.store.repair_run("no-such-run"),
      durably.NotFoundError, ("no-such-run",)),
     ("interrupt() outside a run", lambda c: durably.interrupt("approve?"),

@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -233,10 +234,14 @@ def test_map_returns_results_in_input_order_whatever_finishes_first(store: Any) 
     assert slow_first.map(range(4), max_workers=4) == [0, 10, 20, 30]
 
 
-def test_map_zips_several_iterables_and_stops_at_the_shortest(store: Any) -> None:
-    assert add.map([1, 2, 3], [10, 20, 30, 40]) == [11, 22, 33]
+def test_map_zips_several_iterables_of_one_length_and_refuses_others(store: Any) -> None:
+    """Iterables of different lengths are refused (the built-in map() drops the rest of the
+    longer ones silently: a sweep missing points), naming the task and the lengths."""
     assert add.map(iter([1, 2]), (5, 5)) == [6, 7]
     assert add.map([], []) == []
+    with pytest.raises(durably.DefinitionError, match=r"add\.map\(\) was given iterables of "
+                       r"different lengths \[3, 4\]"):
+        add.map([1, 2, 3], [10, 20, 30, 40])
 
 
 def test_map_outside_a_run_is_cached(store: Any, log: str) -> None:
@@ -735,7 +740,26 @@ def test_arguments_that_cannot_travel_fail_that_item(disk: Any) -> None:
     with pytest.raises(ExceptionGroup) as info:
         locked.map([1, 2], [threading.Lock(), None], executor="process")
     (exc,) = info.value.exceptions
-    assert isinstance(exc, durably.SerializationError) and "worker process" in str(exc)
+    assert isinstance(exc, durably.SerializationError)
+    assert re.search(r"cannot send argument 'lock' of '[^']*locked' to a worker process",
+                     str(exc))
+
+
+@durably.task
+def returns_a_lock(x: int) -> Any:
+    return threading.Lock()
+
+
+@pytest.mark.slow
+def test_a_result_that_cannot_travel_back_names_its_task_and_direction(disk: Any) -> None:
+    """A result that cannot be pickled in the worker: the message says it cannot come back
+    from the worker (it said 'to a worker process', and advised the thread executor, where
+    it cannot be cached either), naming the task."""
+    with pytest.raises(ExceptionGroup) as info:
+        returns_a_lock.map([1], executor="process")
+    (exc,) = info.value.exceptions
+    assert isinstance(exc, durably.SerializationError)
+    assert "cannot send the result of task 'returns_a_lock' back from the worker" in str(exc)
 
 
 @pytest.mark.slow

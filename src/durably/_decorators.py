@@ -20,7 +20,7 @@ import types
 import warnings
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, overload
 
 import wrapt
 
@@ -458,7 +458,9 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
     def map(self, *iterables: Iterable[Any], executor: str | Executor | None = None,
             max_workers: int | None = None, progress: bool | None = None) -> Any:
         """Call the task on every item of ``iterables`` in parallel; the results in input
-        order. Several iterables are zipped, as the built-in :func:`map` does.
+        order. Several iterables are zipped, item by item; they must have the same length
+        (the built-in :func:`map` would drop the rest of the longer ones silently: a sweep
+        missing points).
 
         Each item is a step of the run (or, outside a run, a cached call), and its identity
         is assigned before anything runs, in input order, so it never depends on which item
@@ -504,7 +506,8 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
             ExceptionGroup: some items failed: their exceptions, in input order. The
                 items that finished are journaled and cached, so a rerun executes only the
                 failed and missing ones.
-            DefinitionError: ``executor`` is not one of the above.
+            DefinitionError: ``executor`` is not one of the above, or the iterables have
+                different lengths.
             SerializationError: an argument cannot be digested (raised before anything
                 runs), or cannot be sent to a worker process (that item's failure).
 
@@ -611,6 +614,18 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         """The entrypoint's identity and options."""
         spec: Spec = self._self_spec
         return spec
+
+    def map(self, *iterables: Any, **options: Any) -> NoReturn:
+        """Not available: each call of an entrypoint is a run of its own.
+
+        Raises:
+            DefinitionError: always, saying what to do instead.
+        """
+        raise DefinitionError(
+            f"entrypoint {self._self_spec.name!r} has no map(): each call of an entrypoint "
+            "is a run of its own. Fix: make the per-item work a @durably.task and call "
+            "task.map(...) inside one entrypoint (one run, one journal), or call the "
+            "entrypoint in a loop (one run per item).")
 
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if live_run() is not None:  # inside a run: a plain call

@@ -67,7 +67,15 @@ from ._runtime import (
     serve_cached,
 )
 from ._store import Store, now
-from ._worker import Seceded, _describe_store, _Outcome, _pack, _run_job, _unpack_outcome
+from ._worker import (
+    Seceded,
+    _describe_store,
+    _Outcome,
+    _pack,
+    _pack_arguments,
+    _run_job,
+    _unpack_outcome,
+)
 from .exceptions import DefinitionError
 
 if TYPE_CHECKING:
@@ -378,7 +386,7 @@ class Process(_Pooled):
         from concurrent.futures.process import BrokenProcessPool
 
         head = target.head(item.call.store)
-        body = _pack((item.args, item.kwargs), what=f"the arguments of {target.spec.name!r}")
+        body = _pack_arguments(target.spec, item.args, item.kwargs)
         try:
             future = self._executor().submit(_run_job, head, body)
         except BrokenProcessPool:  # a worker died (killed, out of memory): a new pool
@@ -428,7 +436,7 @@ class Dask(Executor):
 
     Raises:
         ImportError: (at use) ``distributed`` is not installed.
-        DefinitionError: (at use) no client was given and none exists.
+        DefinitionError: ``client`` is not a client; (at use) none was given and none exists.
 
     Example:
         >>> from durably.executors import Dask
@@ -440,6 +448,13 @@ class Dask(Executor):
 
     def __init__(self, client: Any = None, *, max_workers: int | None = None) -> None:
         super().__init__(max_workers)
+        if client is not None and not (callable(getattr(client, "submit", None))
+                                       and callable(getattr(client, "cancel", None))):
+            raise DefinitionError(
+                f"Dask(client=...) takes a distributed.Client (or None: the current one), "
+                f"not {client!r:.80}. Fix: from distributed import Client; "
+                "Dask(Client(...)) (a scheduler address goes to Client: "
+                "Client('tcp://host:8786')).")
         self.client = client
 
     def __repr__(self) -> str:
@@ -469,7 +484,7 @@ class Dask(Executor):
     def _start(self, item: _Item, target: Target, done: Done) -> None:
         client = self._client()
         head = target.head(item.call.store)
-        body = _pack((item.args, item.kwargs), what=f"the arguments of {target.spec.name!r}")
+        body = _pack_arguments(target.spec, item.args, item.kwargs)
         future = client.submit(_run_job, head, body, pure=False,
                                key=f"{target.spec.name}-{uuid.uuid4().hex}")
         item.handle = future
@@ -621,7 +636,17 @@ def _future_outcome(future: Any) -> _Outcome:
 def _items(iterables: tuple[Iterable[Any], ...], name: str) -> list[tuple[Any, ...]]:
     if not iterables:
         raise TypeError(f"{name}.map() needs at least one iterable of inputs")
-    return [tuple(args) for args in zip(*iterables, strict=False)]
+    if len(iterables) == 1:
+        return [(arg,) for arg in iterables[0]]
+    columns = [list(it) for it in iterables]
+    lengths = [len(c) for c in columns]
+    if len(set(lengths)) > 1:
+        raise DefinitionError(
+            f"{name}.map() was given iterables of different lengths {lengths}: the items "
+            "past the shortest would be dropped (the built-in map() and zip() do so "
+            "silently). Fix: give iterables of one length (a constant argument: "
+            "[value] * n, or functools.partial / a default in the task).")
+    return list(zip(*columns, strict=True))
 
 
 

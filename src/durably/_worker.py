@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import io
 import logging
 import os
@@ -176,8 +177,9 @@ class Seceded:
             distributed.rejoin()  # type: ignore[no-untyped-call]
 
 
-def _pack(obj: Any, *, what: str) -> bytes:
-    """Pickle for a worker (cloudpickle; tasks by reference or by value)."""
+def _pack(obj: Any, *, what: str, back: bool = False) -> bytes:
+    """Pickle for a worker (cloudpickle; tasks by reference or by value); ``back``: from a
+    worker to the caller (a result, an exception)."""
     try:
         with io.BytesIO() as file:
             _JobPickler(file, what).dump(obj)
@@ -185,12 +187,38 @@ def _pack(obj: Any, *, what: str) -> bytes:
     except SerializationError:
         raise
     except Exception as exc:  # noqa: BLE001 - report it as ours
+        if back:
+            raise SerializationError(
+                f"cannot send {what} back from the worker process: {type(exc).__name__}: "
+                f"{exc}. Fix: return plain data (a path instead of an open file, no locks "
+                "or connections); the same result could not be cached in the caller's "
+                "process either.") from None
         raise SerializationError(
             f"cannot send {what} to a worker process: {type(exc).__name__}: {exc}. Fix: pass "
             "plain data (a path instead of an open file, no locks or connections), or use "
             "the thread executor. (A body that maps on Dask itself: pass executor='dask', "
             "which finds the worker's own client, not a Dask(client) from a global.)"
         ) from None
+
+
+def _pack_arguments(spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """The arguments of one item, pickled for a worker; when they cannot be, the error
+    names the argument that cannot."""
+    try:
+        return _pack((args, kwargs), what=f"the arguments of {spec.name!r}")
+    except SerializationError as exc:
+        try:  # (by the signature: the arguments left out of the key with ignore= too)
+            bound = dict(inspect.signature(spec.raw).bind_partial(*args, **kwargs).arguments)
+        except Exception:  # noqa: BLE001 - (named by position, then)
+            bound = {**{f"#{i + 1}": a for i, a in enumerate(args)}, **kwargs}
+        for name, value in bound.items():
+            try:
+                _pack(value, what="")
+            except SerializationError:
+                raise SerializationError(
+                    str(exc).replace(f"the arguments of {spec.name!r}",
+                                     f"argument {name!r} of {spec.name!r}", 1)) from None
+        raise
 
 
 class _Unpickler(pickle.Unpickler):
@@ -373,7 +401,8 @@ def _run_job(head: bytes, body: bytes) -> bytes:
         return _pack_failure(started, exc)
     ended = time.time()
     try:
-        return _pack((True, result, started, None, ended), what="the result")
+        return _pack((True, result, started, None, ended),
+                     what=f"the result of task {spec.name!r}", back=True)
     except SerializationError as exc:
         return _pack_failure(started, exc)
 
