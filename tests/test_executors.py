@@ -1620,3 +1620,35 @@ def test_a_process_map_nested_in_a_process_worker_lets_the_job_exit(tmp_path: Pa
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "[0, 0, 2, 6]"
         assert "Error" not in done.stderr, done.stderr
+
+
+@durably.task(cache=False)
+def submitted_failure(x: int) -> int:
+    raise ValueError(f"bad {x}")
+
+
+def test_a_run_that_finishes_without_asking_a_failed_submitted_call_warns(store: Any) -> None:
+    """A submitted call that fails while nobody asks its future: the run finishes without
+    it, and every rerun executes it again: said once, at the end, naming the task and the
+    error. A future that was asked (and its error caught) is no cause for it."""
+    @durably.entrypoint
+    def fire_and_forget(n: int) -> int:
+        submitted_failure.submit(n)
+        return n
+
+    @durably.entrypoint
+    def asked(n: int) -> int:
+        try:
+            submitted_failure.submit(n).result()
+        except ValueError:
+            return -1
+        return n
+
+    with pytest.warns(UserWarning, match=r"finished, but 1 call\(s\) it submitted failed and "
+                      r"nobody asked their futures \([^)]*submitted_failure: ValueError"):
+        assert fire_and_forget(1) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert asked(2) == -1

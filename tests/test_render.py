@@ -178,6 +178,8 @@ def test_exactly_the_graphs_edges_and_nodes_are_drawn(name: str) -> None:
 
 
 def test_labels_show_status_duration_and_group_counts() -> None:
+    """Labels: status and duration (a replayed step: the time it took when it ran, said so:
+    it took none now, as run.steps and durably show say), groups by status."""
     mermaid = render.to_mermaid(collapsed())
     assert 'n2[["parse ×1,200<br/>49 ran · 1,150 cached · 1 failed<br/>1 min 01 s in all<br/>' \
            "KeyError('title')\"]]:::failed" in mermaid
@@ -187,7 +189,7 @@ def test_labels_show_status_duration_and_group_counts() -> None:
     assert 'n2 -> n3 [label="×1,199"];' in dot
     assert "shape=box3d" in dot
     text = render.to_mermaid(cached_rerun())
-    for label in ("load<br/>replayed · 0.42 s", "clean<br/>cached · 1 ms",
+    for label in ("load<br/>replayed · ran in 0.42 s", "clean<br/>cached · 1 ms",
                   "model<br/>ran · 1 min 15 s", "wait_for_review<br/>interrupted · 0 s"):
         assert label in text
     for status in ("replayed", "cached", "ran", "interrupted"):

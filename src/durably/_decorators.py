@@ -853,7 +853,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                     return _paused(started, signal, handle)
                 end_run(started, exc=exc)
                 raise
-            _settle_submitted(started.ctx)
+            _settle_submitted(started.ctx, finished=True)
             signal = _as_interrupt(started.ctx, None)
             if signal is not None:  # the user's code caught the signal: the run still waits
                 end_run(started, exc=signal)
@@ -1112,15 +1112,29 @@ def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
     return found
 
 
-def _settle_submitted(ctx: Any) -> None:
+def _settle_submitted(ctx: Any, finished: bool = False) -> None:
     """Wait for the steps the attempt submitted (``task.submit``) and did not wait for: a
-    run ends when its steps have ended, and their interrupts are reported with it."""
+    run ends when its steps have ended, and their interrupts are reported with it. A run
+    whose body ``finished`` warns of submitted calls that failed while nobody asked their
+    futures: the run finishes without them, and they execute again on every rerun."""
     import concurrent.futures
 
     pending = [f for f in list(ctx.inflight)
                if isinstance(f, concurrent.futures.Future) and not f.done()]
     if pending:
         concurrent.futures.wait(pending)
+    if not finished or not ctx.unwaited:
+        return
+    unseen = [(task, error) for task, ref, error in ctx.unwaited
+              if (f := ref()) is None or not getattr(f, "retrieved", True)]
+    if unseen:
+        shown = "; ".join(f"{task}: {error}" for task, error in unseen[:3])
+        warnings.warn(
+            f"durably: run {ctx.run_id!r} finished, but {len(unseen)} call(s) it submitted "
+            f"failed and nobody asked their futures ({shown}{'; ...' if len(unseen) > 3 else ''}"
+            "): the run finished without their results, and they execute again on every "
+            "rerun. Fix: wait for each future (future.result()), or catch its error.",
+            stacklevel=4)
 
 
 async def _settle(ctx: Any) -> None:

@@ -1161,27 +1161,49 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
 
 
 # -- submit ---------------------------------------------------------------------------------
+class _Submitted(cf.Future):  # type: ignore[type-arg]
+    """The future of a submitted call: it knows whether its outcome was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retrieved = False
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.retrieved = True
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.retrieved = True
+        return super().exception(timeout)
+
+
 def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
                 executor: Executor | None) -> cf.Future[Any]:
     """``Task.submit`` for a sync task: see :meth:`durably.Task.submit`."""
     ex = executor if executor is not None else _shared_thread()
     ex._prepare()
     value, call = begin_step(target.spec, target.instance, args, kwargs)
-    future: cf.Future[Any] = cf.Future()
+    future: cf.Future[Any] = _Submitted()
     future.set_running_or_notify_cancel()  # journaled work cannot be taken back
     if value is not _MISS:
         future.set_result(value)
         return future
+
+    ctx = call.ctx
+
+    def fail(exc: BaseException) -> None:
+        if ctx is not None:  # (before the future is done: the run's end waits for that)
+            ctx.unwaited.append((target.spec.name, weakref.ref(future), repr(exc)[:200]))
+        future.set_exception(exc)
 
     def done(item: _Item, handle: Any) -> None:
         try:
             outcome = _outcomes_of(ex, [(item, handle)])[0]
         except BaseException as exc:  # noqa: BLE001 - that is the outcome
             outcome = _Outcome(False, exc, None)
-        _settle(item, outcome, future.set_result, future.set_exception)
+        _settle(item, outcome, future.set_result, fail)
 
     item = _Item(0, call, args, kwargs)
-    ctx = call.ctx
     if ctx is not None and not isinstance(ex, Thread):
         ctx.flush_cache()  # a worker reads the store: the run's queued results first
     if ctx is not None:  # the run ends only when its submitted steps have ended
@@ -1190,7 +1212,7 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
     try:
         ex._start(item, target, done)
     except Exception as exc:  # noqa: BLE001 - cannot be sent: the future's failure
-        _settle(item, _Outcome(False, exc, None), future.set_result, future.set_exception)
+        _settle(item, _Outcome(False, exc, None), future.set_result, fail)
     return future
 
 

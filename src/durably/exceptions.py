@@ -36,6 +36,7 @@ __all__ = [
     "DefinitionError",
     "DurablyError",
     "NoActiveRunError",
+    "NondeterminismError",
     "NotFoundError",
     "RenderError",
     "RunInterrupted",

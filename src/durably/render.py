@@ -109,11 +109,18 @@ def _counts_text(counts: list[tuple[str, int]]) -> str:
     return " · ".join(f"{n:,} {s}" for s, n in counts)
 
 
+def _duration_text(node: Node) -> str:
+    """A step's duration as drawn: a replayed step's is the time it took when it ran (it
+    took none now: ``run.steps`` and ``durably show`` say 0), and says so."""
+    text = _format_duration(node.duration)
+    return f"ran in {text}" if node.status == "replayed" else text
+
+
 def _label_lines(node: Node) -> list[str]:
     """The lines of a node's label: the task, then status and duration (a group: its calls
     by status, then the total duration), then a failed step's error."""
     if node.count == 1:
-        lines = [node.label, f"{node.status} · {_format_duration(node.duration)}"]
+        lines = [node.label, f"{node.status} · {_duration_text(node)}"]
     else:
         lines = [node.label, _counts_text(_statuses(node)),
                  f"{_format_duration(node.duration)} in all"]
@@ -286,7 +293,7 @@ def _dot_quote(*lines: str) -> str:
 
 def _tooltip(node: Node) -> list[str]:
     if node.count == 1:
-        lines = [f"{node.label}: {node.status}, {_format_duration(node.duration)}"]
+        lines = [f"{node.label}: {node.status}, {_duration_text(node)}"]
     else:
         lines = [f"{node.label}: {_counts_text(_statuses(node))}; "
                  f"{_format_duration(node.duration)} in all"]
