@@ -316,3 +316,29 @@ def test_the_nearest_entry_is_the_one_whose_code_differs_least() -> None:
     _cell(ns, cell.replace("$A", "1").replace("$B", "2"))  # ...reverted; B edited
     why = ns["f"].explain(5)
     assert why.changed_code == ("__main__.B",)
+
+
+def test_a_constant_read_as_a_module_attribute_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`x * cfg.MULT` with cfg.MULT edited: explain named nothing ('the code changed: its
+    fingerprint.'); it names cfg.MULT now, as it does for `from cfg import MULT`."""
+    from .conftest import load_source
+
+    load_source(tmp_path, monkeypatch, "cfg_consts", "MULT = 3\n")
+    job = load_source(tmp_path, monkeypatch, "job_consts", """
+import durably, cfg_consts
+@durably.task
+def via_attr(x):
+    return x * cfg_consts.MULT
+""")
+    job.via_attr(2)
+    load_source(tmp_path, monkeypatch, "cfg_consts", "MULT = 4\n")
+    job = load_source(tmp_path, monkeypatch, "job_consts", """
+import durably, cfg_consts
+@durably.task
+def via_attr(x):
+    return x * cfg_consts.MULT
+""")
+    why = job.via_attr.explain(2)
+    assert not why.hit and why.changed_code == ("cfg_consts.MULT",)
+    assert "the code changed: cfg_consts.MULT" in str(why)

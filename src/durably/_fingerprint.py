@@ -564,7 +564,21 @@ class _Walker(_StateFinder):
                 if sub is _MISSING:
                     continue
                 self.where = (m.__name__, f"{m.__name__}.{attr}")
-                self.value(e, sub, names if isinstance(sub, types.ModuleType) else set())
+                if _is_code(sub):
+                    self.value(e, sub, names if isinstance(sub, types.ModuleType) else set())
+                    continue
+                # a module-level value read as an attribute (`cfg.MULT`): its bytes also go
+                # to a tap, for a part of its own (explain names it), the fingerprint's bytes
+                # unchanged
+                tap = [xxhash.xxh3_128(), len(e.buf)]
+                e.taps.append(tap)
+                try:
+                    self.value(e, sub, set())
+                finally:
+                    e.taps.pop()
+                digest = e.tapped(tap)
+                if digest is not None:
+                    self.parts.setdefault(f"{m.__name__}.{attr}", digest)
         finally:
             self.active.discard(key)
 
