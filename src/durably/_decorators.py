@@ -853,7 +853,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                     return _paused(started, signal, handle)
                 end_run(started, exc=exc)
                 raise
-            _settle_submitted(started.ctx, finished=True)
+            _settle_submitted(started.ctx, True)  # (finished: warns of failures unseen)
             signal = _as_interrupt(started.ctx, None)
             if signal is not None:  # the user's code caught the signal: the run still waits
                 end_run(started, exc=signal)
