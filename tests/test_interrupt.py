@@ -1133,3 +1133,96 @@ def test_two_keys_naming_one_interrupt_are_refused() -> None:
     with pytest.raises(durably.RunStateError, match=r"names interrupt \w+ twice"):
         pick.resume(run.id, {iid[:6]: "a", iid: "b"})
     assert pick.resume(run.id, {iid: "b"}) == "x: b"
+
+
+def test_a_side_effect_inside_an_edited_task_does_not_happen_again_in_its_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A deploy while the run waits: the cached task that sent a notification, then asked,
+    gets a new line. Its step id follows its code, so the notification nested in it was a
+    new step and was sent again (a break-it helper's ledger: NOTIFY twice). A side effect
+    inside another step is now identified by its callers' tasks and inputs, not by their
+    code: replayed. With other inputs it is another call, and happens."""
+    from tests.conftest import load_source
+
+    ledger = tmp_path / "ledger.txt"
+    source = """
+import durably
+@durably.task(cache=False)
+def notify(channel, text):
+    with open(LEDGER, "a") as f:
+        f.write(f"NOTIFY {text}\\n")
+    return "ok"
+@durably.task
+def review(draft):
+    notify("#approvals", f"please review: {draft}")
+    return durably.interrupt({"approve": draft})
+@durably.task
+def outer(draft):
+    return review(draft)
+@durably.entrypoint
+def publish(draft):
+    return outer(draft)
+"""
+    v1 = load_source(tmp_path, monkeypatch, "notify_flow",
+                     f"LEDGER = {str(ledger)!r}\n" + source)
+    run = v1.publish.run("d1")
+    assert run.status == "interrupted"
+    v2 = load_source(tmp_path, monkeypatch, "notify_flow",
+                     f"LEDGER = {str(ledger)!r}\n" + source.replace(
+                         "    return review(draft)", "    review_of = review(draft)\n"
+                         "    return review_of").replace(
+                         "    return durably.interrupt(", "    x = 1\n"
+                         "    return durably.interrupt("))
+    assert v2.publish.resume(run.id, "yes") == "yes"
+    assert ledger.read_text().splitlines() == ["NOTIFY please review: d1"]  # sent once
+    other = v2.publish.run("d2")
+    assert other.status == "interrupted"
+    assert ledger.read_text().splitlines()[-1] == "NOTIFY please review: d2"
+
+
+def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Journals written before nested side effects were identified by their callers'
+    tasks and inputs hold them under their caller's step id: a run resumed after the
+    upgrade finds them there (replayed, not sent again)."""
+    from durably import _runtime
+
+    sent: list[str] = []
+
+    @task(cache=False)
+    def send(x: int) -> int:
+        sent.append(f"send {x}")
+        return x
+
+    @task
+    def step(x: int) -> int:  # asks after its side effect: it runs again on resume
+        sent_value = send(x)
+        return int(durably.interrupt("go?")) + sent_value + 1
+
+    @entrypoint
+    def legacy_job(x: int) -> int:
+        return step(x)
+
+    # the older durably: a nested side effect's id from its caller's step id
+    monkeypatch.setattr(_runtime, "call_path", lambda ctx, step_id: f"{step_id}~legacy")
+    real = _runtime.begin_step
+
+    def older(spec: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        ctx = _runtime.current_run.get()
+        parent = _runtime.current_step.get()
+        if ctx is not None and parent is not None and not spec.cache:
+            # made as before: parent/journal key, its occurrence
+            digest = spec.digest_inputs(spec.arguments(instance, args, kwargs))
+            head = f"{parent}/{spec.side_effect_key(digest)}".encode()
+            value, call = real(spec, instance, args, kwargs)
+            call.step_id = _runtime._xxh3_128_hex(b"%s/%d" % (head, 0))
+            return value, call
+        return real(spec, instance, args, kwargs)
+
+    monkeypatch.setattr(_runtime, "begin_step", older)
+    run = legacy_job.run(3)
+    assert run.status == "interrupted" and sent == ["send 3"]
+    monkeypatch.undo()
+    assert legacy_job.resume(run.id, 10) == 14
+    assert sent == ["send 3"]  # found under the old id: not sent again

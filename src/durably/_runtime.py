@@ -516,6 +516,8 @@ class Call:
         "inputs",
         "key",
         "parent",
+        "path",
+        "path_head",
         "position",
         "spec",
         "started",
@@ -542,6 +544,10 @@ class Call:
         self.args_repr: str | None = None  # tracer: short repr of the arguments
         self.flow: tuple[str, ...] = ()  # tracer: digests a producing step's result may match
         self.ended: float | None = None  # when the body ended, if it ran elsewhere (a fan-out)
+        #: what its call path is made of (see call_path): its input digest and its
+        #: occurrence (its task's identity is its spec's); None outside a run
+        self.path_head: tuple[str, int] | None = None
+        self.path: str | None = None  # its call path, once a nested side effect asked
 
     def record(self, status: str, error: str | None = None, output: str | None = None,
                result_digest: str = "", output_digests: tuple[str, ...] = ()) -> StepRecord:
@@ -674,6 +680,31 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
         ctx.journal([(caller.record("started"), None)])
 
 
+def call_path(ctx: RunContext, step_id: str) -> str:
+    """The call path of a step executing now: a digest of the tasks, inputs and
+    occurrences of it and its callers, without their code (their step ids follow their
+    code). A step not found executing stands for itself (its step id)."""
+    call = ctx.open.get(step_id) or ctx.items.get(step_id)
+    if call is None or call.path_head is None:
+        return step_id
+    if call.path is None:
+        up = call_path(ctx, call.parent) if call.parent is not None else ""
+        input_digest, occurrence = call.path_head
+        task_and_inputs = call.spec.side_effect_key(input_digest)  # (its code left out)
+        call.path = _xxh3_128_hex(f"~{up}/{task_and_inputs}/{occurrence}".encode())
+    return str(call.path)
+
+
+def _occurrence_id(ctx: RunContext, head: bytes) -> str:
+    """The step id ``head`` gives its next occurrence (counted apart from the step ids
+    in use: a legacy identity looked up on replay)."""
+    slot = _xxh3_64(b"legacy:" + head)
+    counter = ctx._occurrences.get(slot)
+    if counter is None:
+        counter = ctx._occurrences.setdefault(slot, itertools.count())
+    return _xxh3_128_hex(b"%s/%d" % (head, next(counter)))
+
+
 def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                ) -> tuple[Any, Call]:
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
@@ -731,13 +762,24 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if parent is not None and parent not in ctx.marked:
         _mark_started(ctx, parent)
     journal_key = key if spec.cache else spec.side_effect_key(input_digest)
-    # (RunContext.step_id, inlined: every call in a run; the same identity)
-    head = f"{parent or ''}/{journal_key}".encode()
+    legacy: str | None = None  # a nested side effect's id as earlier versions made it
+    if parent is not None and not spec.cache:
+        # a side effect inside another step is identified by its callers' tasks and inputs,
+        # not by their step ids, which follow their code: an edit of a caller (a deploy
+        # while the run waits for an answer, a fix) never makes a finished side effect
+        # happen again in its run
+        head = f"~{call_path(ctx, parent)}/{journal_key}".encode()
+        if ctx.replaying:
+            legacy = _occurrence_id(ctx, f"{parent}/{journal_key}".encode())
+    else:
+        # (RunContext.step_id, inlined: every call in a run; the same identity)
+        head = f"{parent or ''}/{journal_key}".encode()
     slot = _xxh3_64(head)
     counter = ctx._occurrences.get(slot)
     if counter is None:
         counter = ctx._occurrences.setdefault(slot, itertools.count())
-    step_id = _xxh3_128_hex(b"%s/%d" % (head, next(counter)))
+    occurrence = next(counter)
+    step_id = _xxh3_128_hex(b"%s/%d" % (head, occurrence))
     position = next(ctx.positions)
     started = _wall_clock()
     call: Call | None = None  # built only when needed: a replayed step does without
@@ -748,6 +790,14 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
     data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
+    if data is None and legacy is not None:
+        # journaled by an older durably under its caller's step id: that record, under
+        # that id (its own nested steps were journaled under it)
+        data = store.find_step(ctx.run_id, legacy)
+        if data is not None:
+            step_id = legacy
+            if call is not None:
+                call.step_id = legacy
     if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
         if ctx._replays or ctx._pending:  # (whole records, with a listener: a stream)
@@ -778,6 +828,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         return value, _SERVED
     if call is None:
         call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
+    call.path_head = (input_digest, occurrence)
     if arguments is None:
         arguments = spec.arguments(instance, args, kwargs)
     if spec.slow and ctx.queued_cache:
