@@ -1097,3 +1097,43 @@ def test_the_in_place_warning_names_the_user_s_line(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[(True, 16)]"
+
+
+def test_editing_the_definition_of_a_state_value_in_its_file_is_noticed(
+        tmp_path: Path) -> None:
+    """A module-level list or dict the task itself mutates (FEATURES.sort(),
+    DEFAULTS.setdefault(...)) is state: its contents do not count, so filling it never
+    changes a key. Editing its literal in the file was then served the old result in every
+    new process (a break-it helper). The source of its top-level definition counts now;
+    running it twice unedited still hits."""
+    script = tmp_path / "state_job.py"
+    source = textwrap.dedent("""
+        import durably
+        FEATURES = ["b", "a"]
+        DEFAULTS = {"lr": 0.1}
+
+        @durably.task
+        def feats(x):
+            FEATURES.sort()
+            return [f + str(x) for f in FEATURES]
+
+        @durably.task
+        def lr(x):
+            DEFAULTS.setdefault("seed", 0)
+            return DEFAULTS["lr"] * x
+
+        print(feats(1), lr(10), feats.explain(1).hit)
+        """)
+    script.write_text(source)
+    env = script_env(tmp_path / "store")
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "['a1', 'b1'] 1.0 True"
+    assert run() == "['a1', 'b1'] 1.0 True"  # the same definitions: hits
+    script.write_text(source.replace('["b", "a"]', '["c", "b", "a"]').replace("0.1", "0.5"))
+    assert run() == "['a1', 'b1', 'c1'] 5.0 True"

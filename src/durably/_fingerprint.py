@@ -31,7 +31,9 @@ or class, a closure cell, a default argument, the instance of a bound method) is
   ``self.attr`` / ``cls.attr`` in the class's own methods, and a default argument its
   function changes (``def f(x, _memo={})``). Only the type of a state value enters the
   fingerprint — nothing at all for a rebound name — so a task's key does not depend on what
-  ran before it in the process.
+  ran before it in the process; and, for a module-level one, the source of the top-level
+  statements that define it in its module's file (:func:`definition_digest`), so that
+  editing ``FEATURES = ["b", "a"]`` in the file is an edit.
 * **configuration** — every other value: its contents enter the fingerprint. Immutable values
   (None, bool, numbers, str, bytes, dates, enum members, tuples and frozensets of those) are
   revalidated by identity, like code. Mutable ones (dicts, lists, sets, user objects, arrays)
@@ -88,6 +90,7 @@ from installed packages and finds their versions.
 
 from __future__ import annotations
 
+import ast
 import enum
 import functools
 import os
@@ -95,6 +98,7 @@ import pickle
 import re
 import sys
 import time
+import tokenize
 import types
 import warnings
 import weakref
@@ -122,6 +126,72 @@ from ._state import _is_atom, _is_code, _is_stateful, _StateFinder, _wrapped_of
 from .exceptions import SerializationError
 
 __all__ = ["Fingerprint", "fingerprint_function", "fingerprint_of", "is_user_module"]
+
+#: when durably was imported: a module file modified since is not what this process loaded
+_STARTED = time.time()
+#: the source digest of each name a module file binds at top level, by path, with the
+#: file's (mtime, size) it was read at
+_DEFINITIONS: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+
+
+def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
+    """A digest of the source of the top-level statements that bind ``name`` in the module
+    whose globals are ``ns`` (``FEATURES = ["b", "a"]``): what a state value (one the code
+    mutates, whose contents do not count) starts from, so that editing it in the file is
+    an edit. None when the module has no source file, the name is bound in none of its
+    top-level statements, or the file was modified since this process started (the source
+    is then not what the module was loaded from)."""
+    path = ns.get("__file__")
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_mtime > _STARTED:
+        return None
+    stamp = (st.st_mtime_ns, st.st_size)
+    found = _DEFINITIONS.get(path)
+    if found is None or found[0] != stamp:
+        found = _DEFINITIONS[path] = (stamp, _read_definitions(path))
+    return found[1].get(name)
+
+
+def _read_definitions(path: str) -> dict[str, str]:
+    """name → digest of the source of the top-level statements binding it (module level,
+    and inside top-level if / try / with blocks; not inside functions or classes)."""
+    try:
+        with tokenize.open(path) as f:
+            source = f.read()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return {}
+    texts: dict[str, list[str]] = {}
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo[:0] = [*node.body, *getattr(node, "orelse", []),
+                        *getattr(node, "finalbody", []),
+                        *(s for h in getattr(node, "handlers", []) for s in h.body)]
+            continue
+        targets: list[ast.expr] = (
+            list(node.targets) if isinstance(node, ast.Assign)
+            else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        if names:
+            text = ast.get_source_segment(source, node) or ""
+            for n in names:
+                texts.setdefault(n, []).append(text)
+    return {n: xxhash.xxh3_64_hexdigest("\n".join(t).encode()) for n, t in texts.items()}
+
+
+def _write_definition(e: Encoder, ns: Mapping[str, Any], name: str) -> None:
+    """The source digest of a state value's definition, when known (see
+    :func:`definition_digest`)."""
+    digest = definition_digest(ns, name)
+    if digest is not None:
+        e.text(b"Q", digest)
 
 _SKIP_CLASS_ATTRS = frozenset(
     {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
@@ -278,6 +348,8 @@ class _Walker(_StateFinder):
                 else:  # a module-level value: a part of its own, so explain can name it
                     sub = Encoder(name)
                     self.value(sub, value, refs.names)
+                    if id(value) in self.state:  # its contents do not count: its source does
+                        _write_definition(sub, ns, gname)
                     digest = sub.hexdigest()
                     e.text(b"k", digest)
                     self.parts.setdefault(f"{_module_of(f)}.{gname}", digest)
@@ -538,6 +610,7 @@ class _Walker(_StateFinder):
         if (id(ns), name) in self.rebound:
             e.text(tag, name)
             e.buf += b"S"
+            _write_definition(e, ns, name)
             return _MISSING
         self.seen_names.add((id(ns), name))
         value = ns.get(name, _MISSING)
@@ -574,6 +647,8 @@ class _Walker(_StateFinder):
                 e.taps.append(tap)
                 try:
                     self.value(e, sub, set())
+                    if id(sub) in self.state:  # its contents do not count: its source does
+                        _write_definition(e, ns, attr)
                 finally:
                     e.taps.pop()
                 digest = e.tapped(tap)
