@@ -1226,3 +1226,31 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
     monkeypatch.undo()
     assert legacy_job.resume(run.id, 10) == 14
     assert sent == ["send 3"]  # found under the old id: not sent again
+
+
+def test_a_question_asked_again_after_a_fix_takes_its_new_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the entrypoint's body (no task: the interrupt id does not follow the code): a
+    question with a random nonce fails as nondeterministic; once the nonce is taken out,
+    the question is asked again, and its new answer is the one used (the old answer,
+    kept under the same id, won: a reviewer's 'NEW-ANSWER' came back 'old-answer')."""
+    from tests.conftest import load_source
+
+    source = """
+import random, durably
+@durably.entrypoint
+def publish(topic):
+    return durably.interrupt({"q": f"publish {topic}?", "nonce": random.random()})
+"""
+    v1 = load_source(tmp_path, monkeypatch, "nonce_flow", source)
+    run = v1.publish.run("owls")
+    with pytest.raises(durably.NondeterminismError):
+        v1.publish.resume(run.id, "old-answer")
+    v2 = load_source(tmp_path, monkeypatch, "nonce_flow",
+                     source.replace(', "nonce": random.random()', ""))
+    again = v2.publish.run("owls")
+    assert again.status == "interrupted"
+    assert [i.payload for i in again.interrupts] == [{"q": "publish owls?"}]
+    assert again.interrupts[0].id != run.interrupts[0].id  # asked under an id of its own
+    assert v2.publish.resume(run.id, "NEW-ANSWER") == "NEW-ANSWER"
+    assert v2.publish("owls") == "NEW-ANSWER"  # and on every later replay

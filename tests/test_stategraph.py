@@ -2097,3 +2097,105 @@ def test_pending_interrupts_read_back_keep_the_order_the_run_reported() -> None:
     assert asked == ["slow?", "quick?"]
     run = durably.list_runs(app._entry)[0]
     assert [i.payload for i in durably.get_run(run.id).interrupts] == asked
+
+
+def test_update_state_as_a_node_reroutes_from_the_new_state() -> None:
+    """update_state(as_node=X) at a checkpoint where X ran: X's routers choose again from
+    the updated state (its old choice, made from the old state, is dropped: a branch the
+    new state rules out ran anyway, and old Sends ran beside the new ones), as LangGraph."""
+    class Scored(TypedDict):
+        score: int
+        log: Annotated[list[str], operator.add]
+
+    g = StateGraph(Scored, name="rerouted")
+    g.add_node("review", lambda s: {"log": ["review"]})
+    g.add_node("revise", lambda s: {"log": ["revise"]})
+    g.add_edge(START, "review").add_edge("revise", END)
+    g.add_conditional_edges("review", lambda s: END if s["score"] >= 5 else "revise",
+                            ["revise", END])
+    app = g.compile()
+    run = app.run({"score": 3, "log": []})
+    after_review = next(h for h in app.get_state_history(run.id) if h.step == 0)
+    assert after_review.next == ("revise",)
+    fork = app.update_state(run.id, {"score": 10}, at=after_review.checkpoint_id,
+                            as_node="review")
+    assert app.get_state(fork).next == ()
+    assert app.invoke(None, run_id=fork) == {"score": 10, "log": ["review"]}
+
+    def grade(doc: str) -> dict[str, Any]:
+        return {"grades": [f"{doc}:ok"]}
+
+    class Docs(TypedDict):
+        docs: list[str]
+        grades: Annotated[list[str], operator.add]
+
+    h = StateGraph(Docs, name="resent")
+    h.add_node("plan", lambda s: {}).add_node("grade", grade)
+    h.add_edge(START, "plan").add_edge("grade", END)
+    h.add_conditional_edges("plan", lambda s: [durably.Send("grade", d) for d in s["docs"]],
+                            ["grade"])
+    docs = h.compile()
+    run = docs.run({"docs": ["a", "b", "c"], "grades": []})
+    after_plan = next(s for s in docs.get_state_history(run.id) if s.step == 0)
+    fork = docs.update_state(run.id, {"docs": ["x", "y"]}, at=after_plan.checkpoint_id,
+                             as_node="plan")
+    assert docs.get_state(fork).next == ("grade", "grade")
+    assert docs.invoke(None, run_id=fork)["grades"] == ["x:ok", "y:ok"]
+
+
+def test_command_corners_from_code_ported_from_langgraph() -> None:
+    """A router returning a Command is told routers return names or Sends; a callable
+    object's __call__ annotation and a partial's function declare destinations; an update
+    given as (key, value) pairs is applied in turn; a Send in a goto that cannot be
+    pickled is named with the node's result."""
+    import functools
+
+    def tool(s: Loop) -> dict[str, Any]:
+        return {"log": ["tool"]}
+
+    bad = StateGraph(Loop, name="router_command")
+    bad.add_node("a", lambda s: {}).add_edge(START, "a").add_edge("a", END)
+    bad.add_conditional_edges("a", lambda s: durably.Command(goto="a"), ["a", END])
+    with pytest.raises(InvalidRouteError, match=r"a router returns node names, END or Sends"):
+        bad.compile().invoke({"n": 0, "log": []})
+
+    class Agent:
+        def __call__(self, s: Loop) -> durably.Command[Literal["tool"]]:
+            return durably.Command(update=[("log", ["a1"]), ("log", ["a2"])], goto="tool")
+
+    def agent(s: Loop, tag: str) -> durably.Command[Literal["tool"]]:
+        return durably.Command(update={"log": [tag]}, goto="tool")
+
+    for name, node, expected in (("callable_agent", Agent(), ["a1", "a2", "tool"]),
+                                 ("partial_agent", functools.partial(agent, tag="p"),
+                                  ["p", "tool"])):
+        g = StateGraph(Loop, name=name)
+        g.add_node("agent", node).add_node("tool", tool)
+        app = g.add_edge(START, "agent").add_edge("tool", END).compile()
+        assert app.invoke({"n": 0, "log": []})["log"] == expected
+        assert 'n1 -.->|"tool"| n2' in app.get_graph().to_mermaid()
+
+    lock = threading.Lock()
+    k = StateGraph(Loop, name="unpicklable_goto")
+    k.add_node("a", lambda s: durably.Command(goto=durably.Send("tool", lock)),
+               destinations=["tool"]).add_node("tool", lambda x: {})
+    k.add_edge(START, "a").add_edge("tool", END)
+    with pytest.raises(durably.SerializationError, match=r"the result of task "
+                       r"'unpicklable_goto\.a'.*Command cannot be pickled.*_thread\.lock"):
+        k.compile().invoke({"n": 0, "log": []})
+
+
+def test_a_stream_that_answers_shows_only_what_executes() -> None:
+    """stream(Command(resume=...)) shows the super-steps that execute, not those replayed
+    from the journal (a chat showed their messages twice), as LangGraph's; a stream of the
+    input still shows them all."""
+    def ask(s: Log) -> dict[str, Any]:
+        return {"log": [f"ask={durably.interrupt('?')}"]}
+
+    g = StateGraph(Log, name="answered_stream")
+    g.add_node("pre", lambda s: {"log": ["pre"]}).add_node("ask", ask)
+    g.add_edge(START, "pre").add_edge("pre", "ask").add_edge("ask", END)
+    app = g.compile()
+    first = app.run({"log": [], "count": 0})
+    chunks = list(app.stream(durably.Command(resume="y"), run_id=first.id, mode="updates"))
+    assert chunks == [{"ask": {"log": ["ask=y"]}}]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import functools
+import inspect
 import itertools
 import re
 import sys
@@ -341,6 +343,11 @@ class StateGraph(Generic[S]):
 def _command_destinations(fn: Any) -> list[str] | None:
     """The destinations a node function declares in its return annotation,
     ``Command[Literal["a", "b"]]`` (durably's Command or LangGraph's), else None."""
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    elif callable(fn) and not isinstance(fn, type) and not inspect.isroutine(fn) and not hasattr(
+            fn, "__annotations__"):
+        fn = type(fn).__call__  # a callable object: its __call__'s annotation
     raw = getattr(fn, "__annotations__", {}).get("return") if callable(fn) else None
     if raw is None:
         return None

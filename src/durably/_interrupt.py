@@ -159,11 +159,21 @@ def interrupt(payload: Any = None) -> Any:
         then = ctx.asked_code.get(interrupt_id)
         if then is not None and then == code:
             raise _nondeterministic(ctx, interrupt_id, step, payload)
+        # the question changed with the code: asked again under an id of its own, so that
+        # the answer to the old question stays with it (under the old id it would be
+        # found again, and used, once the new question is answered)
+        old_id = interrupt_id
+        interrupt_id = xxhash.xxh3_64_hexdigest(
+            f"{old_id}/again/{trace_digest(payload)}".encode())
+        ctx.consumed.add(interrupt_id)
+        again = ctx.answers.get(interrupt_id)
+        if again is not None:
+            return _serde.loads(again)
         log.warning(
             "durably: run %r: the question of interrupt %s changed since it was answered%s; "
-            "the old answer is not used and the question is asked again: %s", ctx.run_id,
-            interrupt_id, " (the code was edited?)" if then is None else
-            ", and so did the code that asks it", short_repr(payload))
+            "the old answer is not used and the question is asked again (as interrupt %s): "
+            "%s", ctx.run_id, old_id, " (the code was edited?)" if then is None else
+            ", and so did the code that asks it", interrupt_id, short_repr(payload))
     data = _serde.dumps(payload, what="the payload of interrupt()")
     t = now()
     events = [EventRecord(ctx.run_id, "interrupt", t, ctx.attempt, step, interrupt_id, data)]

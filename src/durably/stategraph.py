@@ -307,6 +307,22 @@ def _target_name(t: Target) -> str:
     return t.node if isinstance(t, Send) else t
 
 
+def _without(frontier: list[Target], targets: list[Target]) -> list[Target]:
+    """``frontier`` without ``targets``: each node name, and one Send to the same node for
+    each Send among them."""
+    names = {t for t in targets if not isinstance(t, Send)}
+    sends = [t.node for t in targets if isinstance(t, Send)]
+    kept: list[Target] = []
+    for t in frontier:
+        if isinstance(t, Send) and t.node in sends:
+            sends.remove(t.node)
+        elif not isinstance(t, Send) and t in names:
+            pass
+        else:
+            kept.append(t)
+    return kept
+
+
 def _writes(update: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
     """A node's update as the writes applied in turn (a subgraph's writes, Send calls')."""
     if not isinstance(update, list):
@@ -318,6 +334,9 @@ def _writes(update: dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
 #: the top graph's own super-steps; ("research",) inside the subgraph node "research"
 _namespace: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
     "durably_graph_namespace", default=())
+#: the stream being served answers an interrupt: it shows only the super-steps that execute
+_executed_only: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "durably_graph_executed_only", default=False)
 
 
 def _merged(update: dict[str, Any] | list[dict[str, Any]],
@@ -560,7 +579,8 @@ class CompiledGraph(Generic[S]):
                 result = self._superstep(index, frontier, state, joins)
             finally:
                 _handoff.reset(token)
-            if handoff.state is not None:  # executed here
+            executed = handoff.state is not None  # (else replayed from the journal)
+            if handoff.state is not None:
                 state, blob = handoff.state, handoff.blob
             else:
                 state, blob = self._state_after(blob, result, state)
@@ -568,7 +588,12 @@ class CompiledGraph(Generic[S]):
             if writes is not None:
                 for node in result["nodes"]:
                     writes.extend(_writes(result["updates"][node]))
-            if ctx is not None and ctx.listener is not None:
+            # a stream that answers an interrupt (stream(Command(resume=...))) shows what
+            # executes, as LangGraph's does: the super-steps replayed from the journal were
+            # streamed when they executed (a chat showed its messages twice); a stream of
+            # the input shows them all
+            if ctx is not None and ctx.listener is not None and (
+                    executed or not _executed_only.get()):
                 from ._store import now
 
                 reducers = self.schema.reducers
@@ -717,6 +742,12 @@ class CompiledGraph(Generic[S]):
             if not isinstance(v, Send) and type(v).__name__ == "Send" and hasattr(
                     v, "node") and hasattr(v, "arg"):
                 v = Send(v.node, v.arg)  # LangGraph's (langgraph.types.Send): the same call
+            if _is_command(v):
+                raise InvalidRouteError(
+                    f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}: a "
+                    "router returns node names, END or Sends; a Command (an update and where "
+                    "to go) is what a node returns. Fix: return the names (or Sends), or "
+                    "move the decision into the node and return the Command from it.")
             if isinstance(v, Send):
                 if not isinstance(v.node, str) or v.node not in r.names or v.node == END:
                     raise InvalidRouteError(
@@ -839,14 +870,21 @@ class CompiledGraph(Generic[S]):
         gotos: list[Target] = []  # where nodes returning a Command go (in call order)
         for i, (n, _) in enumerate(calls):
             result = results[i]
+            what = (f"the update returned by node {n!r}" if i < len(order) else
+                    f"the update returned by node {n!r} (called by Send)")
+            pairs = None
             if _is_command(result):
                 gotos.extend(self._gotos(n, result))
                 result = {} if result.update is None else result.update
-            if isinstance(result, Writes):
-                update: Any = list(result)
+                if isinstance(result, (list, tuple)) and result and all(
+                        isinstance(w, tuple) and len(w) == 2 and isinstance(w[0], str)
+                        for w in result):
+                    pairs = result  # LangGraph's form: (key, value) writes, in turn
+            if pairs is not None:
+                update: Any = [self.schema.update_of({k: v}, state, what) for k, v in pairs]
+            elif isinstance(result, Writes):
+                update = list(result)
             else:
-                what = (f"the update returned by node {n!r}" if i < len(order) else
-                        f"the update returned by node {n!r} (called by Send)")
                 update = self.schema.update_of(result, state, what)
             if i < len(order):
                 updates[n] = update
@@ -1212,6 +1250,7 @@ class CompiledGraph(Generic[S]):
         # the run's thread starts at the first item, with a copy of this context: migrate=
         # is set in it for that moment only (a generator runs in its consumer's context)
         token = self._migrate.set(migrate)
+        only = _executed_only.set(answering)
         try:
             if answering:  # stream(Command(resume=answer), run_id=...): answer, then go on
                 assert run_id is not None
@@ -1225,6 +1264,7 @@ class CompiledGraph(Generic[S]):
                                             fresh=fresh)
             first = next(events, None)
         finally:
+            _executed_only.reset(only)
             self._migrate.reset(token)
         try:
             for event in itertools.chain(() if first is None else (first,), events):
@@ -1558,8 +1598,13 @@ class CompiledGraph(Generic[S]):
             START, base)
         joins = dict(old["joins"])
         if as_node is not None:  # as if as_node had just run: it leaves the frontier
-            nxt, joins = self._advance([as_node], state, joins,
-                                       [n for n in nxt if n != as_node])
+            nxt = [n for n in nxt if n != as_node]
+            if as_node in old.get("nodes", ()):
+                # it ran in that super-step: what its edges and routers chose from the
+                # state before the update gives way to what they choose from the state
+                # after it (a router that now goes to END; Sends over the new items)
+                nxt = _without(nxt, self._next_from(as_node, base))
+            nxt, joins = self._advance([as_node], state, joins, nxt)
         old.pop("delta", None)  # (this checkpoint holds the whole state, as the object)
         old.pop("blob", None)
         result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
