@@ -1137,3 +1137,38 @@ def test_editing_the_definition_of_a_state_value_in_its_file_is_noticed(
     assert run() == "['a1', 'b1'] 1.0 True"  # the same definitions: hits
     script.write_text(source.replace('["b", "a"]', '["c", "b", "a"]').replace("0.1", "0.5"))
     assert run() == "['a1', 'b1', 'c1'] 5.0 True"
+
+
+def test_a_definition_edited_after_its_module_was_loaded_is_not_read(tmp_path: Path) -> None:
+    """The file of a loaded module edited before the first call (an editor, without a
+    reload): the process's values come from the old source, so the new source must not
+    name its results, or a new process (new source, new values) would be served them."""
+    (tmp_path / "feature_mod.py").write_text(textwrap.dedent("""
+        import durably
+        FEATURES = ["b", "a"]
+
+        @durably.task
+        def feats(x):
+            FEATURES.sort()
+            return [f + str(x) for f in FEATURES]
+        """))
+    script = write_script(tmp_path / "edit_then_call.py", """
+        import pathlib, sys, time
+        import feature_mod
+        if sys.argv[1] == "edit":
+            time.sleep(0.05)
+            path = pathlib.Path(feature_mod.__file__)
+            path.write_text(path.read_text().replace('["b", "a"]', '["c", "b", "a"]'))
+        print(feature_mod.feats(1))
+        """)
+    env = {**script_env(tmp_path / "store"), "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def run(mode: str) -> str:
+        done = subprocess.run([sys.executable, "-B", str(script), mode], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run("edit") == "['a1', 'b1']"  # the values it loaded
+    assert run("fresh") == "['a1', 'b1', 'c1']"  # not served the result above

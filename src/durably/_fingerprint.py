@@ -128,7 +128,22 @@ from .exceptions import SerializationError
 __all__ = ["Fingerprint", "fingerprint_function", "fingerprint_of", "is_user_module"]
 
 #: when durably was imported: a module file modified since is not what this process loaded
+#: (for a module imported before durably, or whose import was not seen)
 _STARTED = time.time()
+#: module name → when this process last looked for it (its import, a reload): its file
+#: modified since is not what it was loaded from
+_LOADED: dict[str, float] = {}
+
+
+class _ImportClock:
+    """A finder that finds nothing: it notes when each module is looked for (imported or
+    reloaded), for :func:`definition_digest`."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        _LOADED[name] = time.time()
+
+
+sys.meta_path.insert(0, _ImportClock())
 #: the source digest of each name a module file binds at top level, by path, with the
 #: file's (mtime, size) it was read at
 _DEFINITIONS: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
@@ -139,8 +154,8 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
     whose globals are ``ns`` (``FEATURES = ["b", "a"]``): what a state value (one the code
     mutates, whose contents do not count) starts from, so that editing it in the file is
     an edit. None when the module has no source file, the name is bound in none of its
-    top-level statements, or the file was modified since this process started (the source
-    is then not what the module was loaded from)."""
+    top-level statements, or the file was modified since the module was loaded (the source
+    is then not what its values were made from)."""
     path = ns.get("__file__")
     if not isinstance(path, str) or not path.endswith(".py"):
         return None
@@ -148,7 +163,7 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
         st = os.stat(path)
     except OSError:
         return None
-    if st.st_mtime > _STARTED:
+    if st.st_mtime > _LOADED.get(str(ns.get("__name__")), _STARTED):
         return None
     stamp = (st.st_mtime_ns, st.st_size)
     found = _DEFINITIONS.get(path)
