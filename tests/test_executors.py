@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -242,6 +243,11 @@ def test_map_zips_several_iterables_of_one_length_and_refuses_others(store: Any)
     with pytest.raises(durably.DefinitionError, match=r"add\.map\(\) was given iterables of "
                        r"different lengths \[3, 4\]"):
         add.map([1, 2, 3], [10, 20, 30, 40])
+    # an endless one (a constant, as with the built-in map) is refused, not read to the end
+    # of memory
+    with pytest.raises(durably.DefinitionError, match=r"different lengths \[2, '\?'\].*"
+                       r"\[value\] \* n rather than itertools\.repeat"):
+        add.map([1, 2], itertools.repeat(5))
 
 
 def test_map_outside_a_run_is_cached(store: Any, log: str) -> None:
@@ -1649,6 +1655,13 @@ def test_a_run_that_finishes_without_asking_a_failed_submitted_call_warns(store:
         assert fire_and_forget(1) == 1
     import warnings
 
+    @durably.entrypoint
+    def asked_then_dropped(n: int) -> list[str]:
+        futures = [submitted_failure.submit(i) for i in range(n)]
+        return [repr(f.exception()) for f in concurrent.futures.as_completed(futures)]
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert asked(2) == -1
+        # asked through as_completed and exception(), then dropped: asked all the same
+        assert len(asked_then_dropped(3)) == 3

@@ -128,8 +128,8 @@ class RunContext:
         self.raised: list[Any] = []
         #: asyncio tasks running a step body now (an async run waits for them before it ends)
         self.inflight: set[Any] = set()
-        #: submitted calls that failed: (task, weak reference to the future, the error), so
-        #: that a run finishing without anyone seeing their failure says so
+        #: submitted calls that failed: (task, the future's "asked" cell, the error), so that
+        #: a run finishing without anyone seeing their failure says so
         self.unwaited: list[tuple[str, Any, str]] = []
         #: steps whose body runs now, by step id; and those journaled as "started" (a step
         #: is marked started when its first nested step begins, so a crash inside it still

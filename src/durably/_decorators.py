@@ -1125,8 +1125,7 @@ def _settle_submitted(ctx: Any, finished: bool = False) -> None:
         concurrent.futures.wait(pending)
     if not finished or not ctx.unwaited:
         return
-    unseen = [(task, error) for task, ref, error in ctx.unwaited
-              if (f := ref()) is None or not getattr(f, "retrieved", True)]
+    unseen = [(task, error) for task, asked, error in ctx.unwaited if not asked[0]]
     if unseen:
         shown = "; ".join(f"{task}: {error}" for task, error in unseen[:3])
         warnings.warn(

@@ -48,7 +48,7 @@ import threading
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 from ._context import RunContext, StopRun, current_step, cutoff
@@ -638,15 +638,16 @@ def _items(iterables: tuple[Iterable[Any], ...], name: str) -> list[tuple[Any, .
         raise TypeError(f"{name}.map() needs at least one iterable of inputs")
     if len(iterables) == 1:
         return [(arg,) for arg in iterables[0]]
-    columns = [list(it) for it in iterables]
-    lengths = [len(c) for c in columns]
-    if len(set(lengths)) > 1:
+    lengths = [len(it) if isinstance(it, Sized) else "?" for it in iterables]
+    try:  # (never reads an endless one, itertools.repeat(x), past the others' end)
+        return list(zip(*iterables, strict=True))
+    except ValueError:
         raise DefinitionError(
-            f"{name}.map() was given iterables of different lengths {lengths}: the items "
-            "past the shortest would be dropped (the built-in map() and zip() do so "
-            "silently). Fix: give iterables of one length (a constant argument: "
-            "[value] * n, or functools.partial / a default in the task).")
-    return list(zip(*columns, strict=True))
+            f"{name}.map() was given iterables of different lengths {lengths} ('?': an "
+            "iterator): the items past the shortest would be dropped (the built-in map() "
+            "and zip() do so silently). Fix: give iterables of one length (a constant "
+            "argument: [value] * n rather than itertools.repeat(value), or "
+            "functools.partial / a default in the task).") from None
 
 
 
@@ -1166,14 +1167,16 @@ class _Submitted(cf.Future):  # type: ignore[type-arg]
 
     def __init__(self) -> None:
         super().__init__()
-        self.retrieved = False
+        #: asked (result() or exception(), by the caller, as_completed, a callback...): a
+        #: cell the run keeps, so a future dropped after it was asked still counts as asked
+        self.asked = [False]
 
     def result(self, timeout: float | None = None) -> Any:
-        self.retrieved = True
+        self.asked[0] = True
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self.retrieved = True
+        self.asked[0] = True
         return super().exception(timeout)
 
 
@@ -1193,7 +1196,8 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
 
     def fail(exc: BaseException) -> None:
         if ctx is not None:  # (before the future is done: the run's end waits for that)
-            ctx.unwaited.append((target.spec.name, weakref.ref(future), repr(exc)[:200]))
+            asked = getattr(future, "asked", [True])
+            ctx.unwaited.append((target.spec.name, asked, repr(exc)[:200]))
         future.set_exception(exc)
 
     def done(item: _Item, handle: Any) -> None:
