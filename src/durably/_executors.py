@@ -993,32 +993,38 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
     try:
         fill()
         collect()
-    except BaseException:
+    except BaseException as stop:
         # Ctrl-C, or the store failed: start nothing more. The bodies already running end
-        # before the attempt does (a thread cannot be stopped), and each one that finishes
-        # is journaled as it ends, so a rerun never executes it again; a second Ctrl-C stops
-        # waiting
+        # before the attempt does, and each one that finishes is journaled as it ends, so a
+        # rerun never executes it again. A second Ctrl-C kills worker processes; bodies on
+        # threads cannot be stopped (the process ends only once they have), so not waiting
+        # would only lose their results: they are waited for whatever comes
         todo.clear()
         marks = _halt(ctx, inflight)
         ex._cancel(list(inflight.values()))
+        name = target.spec.name
+        if isinstance(stop, KeyboardInterrupt) and inflight:
+            log.warning("durably: Ctrl-C: %r starts nothing more; waiting for its %d running "
+                        "bodies to finish, journaling each (%s)", name, len(inflight),
+                        "Ctrl-C again to kill the worker processes" if ex._stoppable() else
+                        "bodies on threads cannot be stopped")
         told = False
         while True:
             try:
                 collect(stopping=True)
             except Exception as exc:  # noqa: BLE001 - the first error is the one to report
                 log.warning("durably: could not journal the finished items of %r: %s",
-                            target.spec.name, exc)
+                            name, exc)
             except BaseException:
-                if not ex._stoppable() and not told and inflight:
-                    # a second Ctrl-C: bodies on threads cannot be stopped, and the process
-                    # ends only once they have; not waiting would only lose their results
-                    # (executed again by the next call). Waited for, and journaled, once more
-                    told = True
-                    log.warning(
-                        "durably: %d running bodies of %r are on threads, which cannot be "
-                        "stopped: waiting for them to finish and journaling them (Ctrl-C "
-                        "again to stop waiting: their results are then lost and they execute "
-                        "again on the next call)", len(inflight), target.spec.name)
+                if not ex._stoppable() and inflight:
+                    if not told:
+                        told = True
+                        log.warning(
+                            "durably: the %d running bodies of %r are on threads, which "
+                            "cannot be stopped: the process ends only once they have, so "
+                            "they are waited for and journaled. To stop now, kill the "
+                            "process (kill -9 %d): those items then execute again on the "
+                            "next call", len(inflight), name, os.getpid())
                     continue
                 fan.abandoned = True  # (its bodies run on, or are killed: their marks stay)
                 ex._stop_running()  # worker processes: killed, so the process ends now

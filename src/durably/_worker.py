@@ -373,20 +373,46 @@ def watch_parent(pid: int, every: float = 1.0) -> None:
     """A pool worker's initializer: exit once the process that made the pool (``pid``) is
     gone. A pool's workers hold both ends of its queue, so a parent killed with SIGKILL
     (or out of memory) would leave them waiting for work forever; the item a worker runs
-    then is the dead parent's, whose run executes it again when resumed."""
+    then is the dead parent's, whose run executes it again when resumed.
+
+    The parent is looked at by its pid, and by its state where the system tells it
+    (``/proc``): a killed caller that nobody has reaped yet (a supervisor reading its
+    output to the end first) still answers to its pid, as a zombie, and its workers kept
+    that output open for ever. This process's own parent changing (the caller, with the
+    fork or spawn start methods) says it too.
+
+    A worker ignores SIGINT: a terminal's Ctrl-C goes to the whole process group, and the
+    caller decides what it means (the first waits for the running bodies and journals them,
+    a second kills the workers); a worker stopped by it lost its item's body half-way."""
+    import signal
+
     IN_WORKER[0] = True
+    with contextlib.suppress(ValueError, OSError):  # (not the main thread: left as it is)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
 
     def watch() -> None:
         while True:
             time.sleep(every)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except OSError:  # (another user's process by now: the parent is gone too)
+            if os.getppid() != parent or _gone(pid):
                 os._exit(1)
 
     threading.Thread(target=watch, name="durably-watch-parent", daemon=True).start()
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended: no such process (or another user's by now), or
+    a zombie (ended, not reaped yet) where ``/proc`` says so."""
+    try:
+        os.kill(pid, 0)
+    except OSError:  # (ProcessLookupError; PermissionError: another user's process by now)
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[:1]
+    except OSError:  # no /proc (macOS): the pid answered
+        return False
+    return state in ([b"Z"], [b"X"])
 
 
 def _run_job(head: bytes, body: bytes) -> bytes:
