@@ -354,7 +354,7 @@ def test_explain_says_hit_or_why_not(sample: Sample) -> None:
     assert data["hit"] is True and data["identity"] == "flows:total"
     assert len(data["cache_key"]) == 32
     fails(durably("explain", "flows:square", "1", "2", cwd=sample.project,
-                  store=sample.store), "do not fit flows:square(x)")
+                  store=sample.store), "do not fit flows:square(x)", code=2)
 
 
 # -- the cache ----------------------------------------------------------------------------------
@@ -437,7 +437,8 @@ def test_errors_are_one_line(sample: Sample, args: list[str], words: list[str]) 
     """Each error is one line; a value of an option or argument that is not one is a usage
     error (exit status 2, as cli.md says and as click's own are), the others exit 1."""
     usage = any(w.startswith(("--format", "--status", "--value", "--update", "--max-size",
-                              "--older-than", "RUN is empty", "argument 'x' is given"))
+                              "--older-than", "RUN is empty", "argument 'x' is given",
+                              "unknown suffix", "is not MODULE:", "file name"))
                 for w in words) or args == ["cache", "prune"]
     args = [a.format(**sample.ids) for a in args]
     fails(durably(*args, cwd=sample.project, store=sample.store), *words,

@@ -1008,11 +1008,13 @@ class DiskStore:
                 if removed:
                     self.forget_memo()
                     self.evicted += removed
-                    log.warning(
+                    # the limit the user set, at work: said once at WARNING, then at INFO
+                    (log.warning if self.evicted == removed else log.info)(
                         "durably: cache at %s is over its size limit (%d bytes): evicted %d "
-                        "entries (%d this session)",
+                        "entries (%d this session)%s",
                         self.path, self.size_limit, removed, self.evicted,
-                    )
+                        "; later evictions are logged at INFO" if self.evicted == removed
+                        else "")
 
     def _evict(self, limit: int, keep: set[str]) -> int:
         """Remove the least recently stored cache entries until the cache's volume is at

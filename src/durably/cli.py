@@ -180,10 +180,10 @@ def _load(target: str, kind: str) -> Any:
     module, sep, name = target.partition(":")
     example = "flows:pipeline" if kind == "entrypoint" else "flows:score"
     if not sep or not module or not name:
-        _fail(f"{target!r} is not MODULE:{kind.upper()}. Fix: name the module and the {kind} "
+        _usage(f"{target!r} is not MODULE:{kind.upper()}. Fix: name the module and the {kind} "
               f"with a colon, for example {example}.")
     if module.endswith(".py") or "/" in module or os.sep in module:
-        _fail(f"{module!r} is a file name; give the module's name instead (job.py -> job, "
+        _usage(f"{module!r} is a file name; give the module's name instead (job.py -> job, "
               f"pkg/flows.py -> pkg.flows) and run durably from the directory that holds it.")
     if module.startswith("__main__"):
         _fail(f"{target!r} names a script that ran as __main__; the command cannot import a "
@@ -528,6 +528,10 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
             written = graph.save(output)
         except OSError as exc:
             _fail(f"cannot write {str(output)!r}: {exc.strerror or exc}")
+        except durably.RenderError as exc:
+            if "unknown suffix" in str(exc):  # (-o g.xyz: a usage error, as -f png is)
+                _usage(str(exc))
+            raise
         click.echo(f"wrote the graph of run {run.id!r} to {written}", err=True)
         return
     render: dict[str, Callable[[], str]] = {
@@ -669,7 +673,7 @@ def explain_command(ctx: click.Context, target: str, args: tuple[str, ...],
     except TypeError as exc:
         if isinstance(exc, DurablyError):
             raise
-        _fail(f"the arguments do not fit {target}{_signature(task)}: {exc}")
+        _usage(f"the arguments do not fit {target}{_signature(task)}: {exc}")
     note = None
     if why.nearest is None and not why.hit:
         identity = task.spec.identity
