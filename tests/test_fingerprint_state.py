@@ -1172,3 +1172,52 @@ def test_a_definition_edited_after_its_module_was_loaded_is_not_read(tmp_path: P
 
     assert run("edit") == "['a1', 'b1']"  # the values it loaded
     assert run("fresh") == "['a1', 'b1', 'c1']"  # not served the result above
+
+
+def test_a_file_rewritten_while_its_task_runs_leaves_no_result_in_the_cache(
+        tmp_path: Path) -> None:
+    """A durably.file() input (an argument, or a global) rewritten while the body runs:
+    the body read the new content, but the key was made from the old one, so a new process
+    with the old content was served the new result (a review). That result stays out of
+    the cache (the run's journal keeps it); the next call computes and caches it."""
+    data = tmp_path / "data.txt"
+    script = write_script(tmp_path / "race.py", f"""
+        import sys, threading, time
+        import durably
+        P = {str(data)!r}
+        DATA = durably.file(P)
+
+        @durably.task
+        def read_global():
+            time.sleep(0.3)
+            return open(DATA).read()
+
+        @durably.task
+        def read_arg(f):
+            time.sleep(0.3)
+            return open(f).read()
+
+        @durably.entrypoint
+        def job(which):
+            return read_global() if which == "g" else read_arg(durably.file(P))
+
+        which, mode, inrun = sys.argv[1:4]
+        if mode == "race":
+            threading.Timer(0.1, lambda: open(P, "w").write("NEW")).start()
+        call = ((lambda: job.run(which, fresh=True).result) if inrun == "run" else
+                read_global if which == "g" else (lambda: read_arg(durably.file(P))))
+        print(call())
+        """)
+    def run(which: str, mode: str, inrun: str) -> str:
+        data.write_text("OLD")
+        done = subprocess.run([sys.executable, str(script), which, mode, inrun],
+                              env=script_env(tmp_path / f"store-{which}-{inrun}"),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    for which in ("g", "a"):
+        for inrun in ("plain", "run"):
+            assert run(which, "race", inrun) == "NEW"  # it read what was there then
+            # not served the racing result
+            assert run(which, "fresh", inrun) == "OLD", (which, inrun)

@@ -238,6 +238,11 @@ class Unchecked:
         self.stamp = _file_stamp(value) if isinstance(value, File) else None
 
 
+def file_stamp(f: File) -> tuple[int, ...] | None:
+    """:func:`_file_stamp` (for the call path)."""
+    return _file_stamp(f)
+
+
 def _file_stamp(f: File) -> tuple[int, ...] | None:
     """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
     try:
@@ -275,7 +280,7 @@ class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
     __slots__ = ("_attrs", "_checks", "_functions", "_globals", "_keep", "changed_by",
-                 "digest", "unchecked")
+                 "digest", "files", "unchecked")
 
     def __init__(
         self,
@@ -298,6 +303,9 @@ class Fingerprint:
         self._functions = functions or []
         self._attrs = attrs
         self._checks = _grouped(checks or [])  # small mutable configuration values
+        #: the durably.file() values among them (checked by contents at each call): a file
+        #: edited while a step runs keeps that step's result out of the cache
+        self.files = [c[0] for c in checks or () if isinstance(c[0], File)]
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts

@@ -29,7 +29,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import xxhash
@@ -61,6 +61,7 @@ from ._hashing import (
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
+from ._revalidate import file_stamp
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
@@ -512,6 +513,7 @@ class Call:
         "code",
         "ctx",
         "ended",
+        "files",
         "flow",
         "inputs",
         "key",
@@ -548,6 +550,20 @@ class Call:
         #: occurrence (its task's identity is its spec's); None outside a run
         self.path_head: tuple[str, int] | None = None
         self.path: str | None = None  # its call path, once a nested side effect asked
+        #: the durably.file() inputs of a body about to run, with their os.stat() then
+        self.files: list[tuple[File, Any]] | None = None
+
+    def files_changed(self) -> bool:
+        """Whether a durably.file() input (an argument, or a global checked by contents)
+        changed on disk while the body ran: then what it read may be either version, and
+        its result is not cached under the key of the version before."""
+        if not self.files:
+            return False
+        changed = [f for f, stamp in self.files if file_stamp(f) != stamp]
+        if changed:
+            log.info("durably: %s %r: %s changed while it executed; its result is not cached",
+                     self.spec.kind, self.spec.name, changed[0])
+        return bool(changed)
 
     def record(self, status: str, error: str | None = None, output: str | None = None,
                result_digest: str = "", output_digests: tuple[str, ...] = ()) -> StepRecord:
@@ -637,12 +653,13 @@ class Call:
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
-                    spec.changed_in_place(now() - self.started)):
+                    spec.changed_in_place(now() - self.started)) and not self.files_changed():
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
-        cacheable = spec.cache and not spec.changed_in_place(record.ended - record.started)
+        cacheable = spec.cache and not spec.changed_in_place(
+            record.ended - record.started) and not self.files_changed()
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:
@@ -678,6 +695,25 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
     caller = ctx.open.get(step_id)
     if caller is not None:
         ctx.journal([(caller.record("started"), None)])
+
+
+def _file_inputs(spec: Spec, arguments: Mapping[str, Any]) -> list[tuple[File, Any]] | None:
+    """The durably.file() inputs of a body about to run, with their os.stat() now: its
+    arguments (and the items of a list, tuple or dict argument, the first 100) and the
+    files among its globals checked by contents. None when it has none."""
+    found: list[File] = []
+    for value in arguments.values():
+        if isinstance(value, File):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            found.extend(v for v in value[:100] if isinstance(v, File))
+        elif isinstance(value, dict):
+            found.extend(v for v in itertools.islice(value.values(), 100)
+                         if isinstance(v, File))
+    fp = spec._fingerprint
+    if fp is not None and fp.files:
+        found.extend(fp.files)
+    return [(f, file_stamp(f)) for f in found] or None
 
 
 def call_path(ctx: RunContext, step_id: str) -> str:
@@ -749,6 +785,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
+            outside.files = _file_inputs(spec, arguments)
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -837,6 +874,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         data = ctx.pending_cache(key) if ctx.read_cache else None
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
+        if data is None:
+            call.files = _file_inputs(spec, arguments)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
         call.trace_inputs(arguments, None, taken)
