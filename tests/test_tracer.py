@@ -939,3 +939,31 @@ def test_a_large_result_keeps_the_digests_of_its_first_elements() -> None:
     assert all(len(d) == 16 for d in produced.output_digests)
     handles = [s.step_id for s in run.steps if _n(s.task) == "handle"]
     assert [e.target for e in run.graph().edges] == handles[:1]  # the first row's step
+
+
+def test_a_list_returned_by_a_step_flows_from_it_not_from_its_last_item() -> None:
+    """report(evaluate()), evaluate returning [score(1), score(2), score(3)]: the edge into
+    report comes from evaluate (the step that handed the scores on), not also from the last
+    score (evaluate's result was taken as returned before the last score's, though it
+    returned after it: a stray edge from one of three scores)."""
+    @durably.task
+    def score(w: float) -> float:
+        return w * 101.5
+
+    @durably.task
+    def evaluate() -> list[float]:
+        return [score(w) for w in (1.0, 2.0, 3.0)]
+
+    @durably.task
+    def report(xs: list[float]) -> float:
+        return max(xs)
+
+    @durably.entrypoint
+    def nested() -> float:
+        return report(evaluate())
+
+    graph = nested.run().graph()
+    task_of = {n.id: n.task.rpartition(".")[2] for n in graph.nodes}
+    into_report = sorted(task_of[e.source] for e in graph.edges
+                         if task_of[e.target] == "report")
+    assert into_report == ["evaluate"]

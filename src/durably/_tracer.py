@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import operator
 import reprlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -390,9 +391,10 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
     edges: list[Edge] = []
     seen: set[tuple[str, str]] = set()
     parent_of = {s.step_id: s.parent_id for s in ordered}
-    returning: list[tuple[str, str, tuple[str, ...]]] = []  # steps whose results wait
+    # steps whose results wait (until the steps they called are past), with their end
+    returning: list[tuple[str, str, tuple[str, ...], float]] = []
 
-    def returned(step: str, out: str, elements: tuple[str, ...]) -> None:
+    def returned(step: str, out: str, elements: tuple[str, ...], ended: float = 0.0) -> None:
         producers[out[:_SHORT]].append(step)
         # and each element of a list, tuple or dict result: a later step given one of
         # them received a part of it (a fan-out: rows = load(); process(row) per row)
@@ -408,12 +410,15 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
             while up is not None and up not in callers:
                 callers.add(up)
                 up = parent_of.get(up)
-            waiting = []
+            waiting: list[tuple[str, str, tuple[str, ...], float]] = []
+            released: list[tuple[str, str, tuple[str, ...], float]] = []
             for item in returning:
-                if item[0] in callers:
-                    waiting.append(item)
-                else:
-                    returned(*item)
+                (waiting if item[0] in callers else released).append(item)
+            # in the order they returned: a step called inside another returned before it
+            # (a list of scores made by evaluate() came from evaluate, not from the last
+            # score, when report() received it)
+            for item in sorted(released, key=operator.itemgetter(3)):
+                returned(*item)
             returning = waiting
         digests = s.input_digests or origin.input_digests
         for d, times in collections.Counter(d[:_SHORT] for d in digests).items():
@@ -423,7 +428,8 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
                     edges.append(Edge(source, s.step_id))
         out = s.result_digest or origin.result_digest
         if out and s.status not in ("failed", "interrupted", "started"):
-            returning.append((s.step_id, out, s.output_digests or origin.output_digests))
+            returning.append((s.step_id, out, s.output_digests or origin.output_digests,
+                              s.ended))
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
                      sum(saved.values()))
     if collapse:
