@@ -973,7 +973,10 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
             try:
                 try:
                     batch.append(inbox.get(timeout=_STOP_WAKE if stopping else _WAKE))
+                    empty = False
                 except queue.Empty:
+                    empty = True
+                if empty:  # (outside the handler: a Ctrl-C here is not "during Empty")
                     if ctx is not None:
                         ctx.keep_lease()
                     if not stopping:
