@@ -429,6 +429,7 @@ ERRORS = [
     (["cache", "clear", "--task", "nope"], ["no task 'nope'", "flows:square"]),
     (["show", ""], ["RUN is empty"]),
     (["explain", "flows:square", "x=1", "x=2"], ["argument 'x' is given twice"]),
+    (["explain", "flows:square", "y=1"], ["has no parameter 'y'"]),
 ]
 
 
@@ -438,7 +439,8 @@ def test_errors_are_one_line(sample: Sample, args: list[str], words: list[str]) 
     error (exit status 2, as cli.md says and as click's own are), the others exit 1."""
     usage = any(w.startswith(("--format", "--status", "--value", "--update", "--max-size",
                               "--older-than", "RUN is empty", "argument 'x' is given",
-                              "unknown suffix", "is not MODULE:", "file name"))
+                              "unknown suffix", "is not MODULE:", "file name",
+                              "has no parameter"))
                 for w in words) or args == ["cache", "prune"]
     args = [a.format(**sample.ids) for a in args]
     fails(durably(*args, cwd=sample.project, store=sample.store), *words,

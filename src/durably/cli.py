@@ -669,6 +669,15 @@ def explain_command(ctx: click.Context, target: str, args: tuple[str, ...],
     task = _load(target, "task")
     durably.configure(store=store)
     try:
+        params = inspect.signature(task.spec.raw).parameters
+    except (TypeError, ValueError):
+        params = None
+    if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        unknown = [k for k in keywords if k not in params]
+        if unknown:  # (said before a missing one: Python names that first)
+            _usage(f"the arguments do not fit {target}{_signature(task)}: "
+                   f"{task.spec.name}() has no parameter {unknown[0]!r}")
+    try:
         why = task.explain(*positional, **keywords)
     except TypeError as exc:
         if isinstance(exc, DurablyError):
