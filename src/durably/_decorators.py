@@ -1156,7 +1156,8 @@ def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:
         run._result = _UNSET
         run._pending = list(signal.interrupts)  # in call order (a fan-out's: input order)
         return run
-    raise RunInterrupted(started.record.run_id, signal.interrupts) from None
+    raise RunInterrupted(started.record.run_id, signal.interrupts,
+                         started.record.name) from None
 
 
 class _Listener:

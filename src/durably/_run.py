@@ -301,7 +301,7 @@ class Run(Generic[R]):
             text += f", {saved:,.2f} s saved by the journal"
         if self.status == "interrupted":
             text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
-                     f"pipeline.resume({self.id!r}, value)")
+                     f"{self.name}.resume({self.id!r}, value)")
         if self.resumed_from == "forked":
             return text + " (first execution of a fork)"
         if self.resumed_from == "finished":

@@ -105,23 +105,24 @@ class RunInterrupted(DurablyError):
     """The run paused at ``interrupt()`` and waits for an answer.
 
     Attributes:
-        run_id: The interrupted run: answer with ``pipeline.resume(run_id, value)``.
+        run_id: The interrupted run: answer with ``<entrypoint>.resume(run_id, value)``.
         interrupts: The pending :class:`~durably.Interrupt` objects (``.id``, ``.payload``).
     """
 
-    def __init__(self, run_id: str, interrupts: list[Interrupt]) -> None:
+    def __init__(self, run_id: str, interrupts: list[Interrupt], name: str = "") -> None:
         self.run_id = run_id
         self.interrupts = list(interrupts)
+        self._name = name
         shown = "; ".join(f"{i.id}: {_short(i.payload)}" for i in self.interrupts[:5])
         more = f" (+{len(self.interrupts) - 5} more)" if len(self.interrupts) > 5 else ""
         super().__init__(
             f"run {run_id!r} is waiting for {len(self.interrupts)} answer(s) — {shown}{more}. "
-            f"Answer with pipeline.resume({run_id!r}, value) (several: a mapping "
-            "{interrupt_id: value})."
+            f"Answer with {name or '<entrypoint>'}.resume({run_id!r}, value) (several: a "
+            "mapping {interrupt_id: value})."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (RunInterrupted, (self.run_id, self.interrupts))
+        return (RunInterrupted, (self.run_id, self.interrupts, self._name))
 
 
 class RenderError(DurablyError):

@@ -1088,7 +1088,7 @@ class CompiledGraph(Generic[S]):
         if run.status == "interrupted":
             from .exceptions import RunInterrupted
 
-            raise RunInterrupted(run.id, run.interrupts)
+            raise RunInterrupted(run.id, run.interrupts, "app")
         return self.schema.build(run.result)
 
     def run(self, state: Any = None, *, run_id: str | None = None, fresh: bool = False,
