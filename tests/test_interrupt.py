@@ -1254,3 +1254,95 @@ def publish(topic):
     assert again.interrupts[0].id != run.interrupts[0].id  # asked under an id of its own
     assert v2.publish.resume(run.id, "NEW-ANSWER") == "NEW-ANSWER"
     assert v2.publish("owls") == "NEW-ANSWER"  # and on every later replay
+
+
+def test_a_side_effect_inside_an_edited_async_map_item_does_not_happen_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async fan-out items were not registered as executing (thread items were): the call
+    path of a side effect inside one fell back to the item's step id, which follows its
+    code, so an edit of the mapped task made it happen again (a review); and an async
+    item's question that changes every time asked for ever instead of raising."""
+    from tests.conftest import load_source
+
+    ledger = tmp_path / "ledger.txt"
+    source = """
+import asyncio, durably
+@durably.task(cache=False)
+def send(x):
+    with open(LEDGER, "a") as f:
+        f.write(f"send {x}\\n")
+    return x
+@durably.task
+async def item(x):
+    return send(x)
+@durably.entrypoint
+def job(n):
+    out = asyncio.run(item.map(range(n)))
+    if FAIL[0]:
+        raise RuntimeError("stop")
+    return out
+FAIL = [True]
+"""
+    head = f"LEDGER = {str(ledger)!r}\n"
+    v1 = load_source(tmp_path, monkeypatch, "async_items", head + source)
+    with pytest.raises(RuntimeError):
+        v1.job(2)
+    v2 = load_source(tmp_path, monkeypatch, "async_items", head + source.replace(
+        "    return send(x)", "    value = send(x)\n    return value").replace(
+        "FAIL = [True]", "FAIL = [False]"))
+    assert v2.job(2) == [0, 1]
+    assert ledger.read_text().splitlines() == ["send 0", "send 1"]  # once each
+
+
+def test_an_async_map_item_whose_question_changes_every_time_raises(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import load_source
+
+    mod = load_source(tmp_path, monkeypatch, "async_askers", """
+import asyncio, itertools, durably
+_n = itertools.count()
+@durably.task
+async def ask(x):
+    return durably.interrupt(f"approve {x}? #{next(_n)}")
+@durably.entrypoint
+def job(n):
+    return asyncio.run(ask.map(range(n)))
+""")
+    run = mod.job.run(1)
+    assert run.status == "interrupted"
+    with pytest.raises(BaseException) as raised:
+        mod.job.resume(run.id, "yes")
+    errors = (raised.value.exceptions if isinstance(raised.value, BaseExceptionGroup)
+              else [raised.value])
+    assert any(isinstance(e, durably.NondeterminismError) for e in errors), errors
+
+
+def test_a_side_effect_asker_given_other_inputs_asks_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache=False task that asks, whose input changed (3 to 5) while the run waited:
+    it is another call, and asks again (the answers to the call with 3 were taken over:
+    small numbers leave no flow digest, so 3 and 5 looked alike)."""
+    from tests.conftest import load_source
+
+    source = """
+import durably
+@durably.task
+def level(ticket):
+    return LEVEL
+@durably.task(cache=False)
+def ask(level):
+    refund = durably.interrupt("Refund the customer?")
+    return (level, refund, durably.interrupt("Confirm?"))
+@durably.entrypoint
+def main(ticket):
+    return ask(level(ticket))
+"""
+    v1 = load_source(tmp_path, monkeypatch, "refunds", source.replace("LEVEL", "3"))
+    run = v1.main.run("T-1")
+    with pytest.raises(durably.RunInterrupted) as paused:
+        v1.main.resume(run.id, "yes-refund")
+    assert [i.payload for i in paused.value.interrupts] == ["Confirm?"]
+    v2 = load_source(tmp_path, monkeypatch, "refunds", source.replace("LEVEL", "5"))
+    again = v2.main.run("T-1")
+    assert again.status == "interrupted"
+    assert [i.payload for i in again.interrupts] == ["Refund the customer?"]  # asked anew

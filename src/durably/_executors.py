@@ -605,19 +605,27 @@ def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
 
 async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
                           kwargs: dict[str, Any]) -> Any:
-    if call.ctx is not None:
+    """The body of one async item, in a task of the caller's event loop: as
+    :func:`_run_here` (registered as executing, for the steps it calls and interrupt())."""
+    ctx = call.ctx
+    if ctx is not None:
         current_step.set(call.step_id)
+        ctx.items[call.step_id] = call
     call.started = now()
     spec = call.spec
-    if spec.retry is not None or spec.timeout is not None:
-        try:
-            return _Journaled(True, await _acall_with_policy(spec, call, fn, args, kwargs))
-        except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
-            return _Journaled(False, exc)
     try:
-        return await fn(*args, **kwargs)
+        if spec.retry is not None or spec.timeout is not None:
+            try:
+                return _Journaled(True, await _acall_with_policy(spec, call, fn, args, kwargs))
+            except BaseException as exc:  # noqa: BLE001 - journaled already: an outcome
+                return _Journaled(False, exc)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            call.ended = now()
     finally:
-        call.ended = now()
+        if ctx is not None:
+            ctx.items.pop(call.step_id, None)
 
 
 def _future_outcome(future: Any) -> _Outcome:
