@@ -1221,3 +1221,46 @@ def test_a_file_rewritten_while_its_task_runs_leaves_no_result_in_the_cache(
             assert run(which, "race", inrun) == "NEW"  # it read what was there then
             # not served the racing result
             assert run(which, "fresh", inrun) == "OLD", (which, inrun)
+
+
+def test_a_file_nested_anywhere_rewritten_by_its_task_is_not_cached(tmp_path: Path) -> None:
+    """The files watched while a body runs are those its arguments' digest and its code
+    fingerprint met, however nested: a dict of lists, a set, a dataclass field, the 151st
+    item of a list, a global list (only bare ones and the first 100 items one level down
+    were watched: a review found the rest cached under the old content's key)."""
+    import dataclasses as dc
+
+    path = tmp_path / "f.txt"
+    path.write_text("v1")
+    f = durably.file(path)
+    ns = define(f"""
+        import dataclasses, durably, pathlib
+        G_LIST = [durably.file({str(path)!r})]
+
+        @dataclasses.dataclass(frozen=True)
+        class Box:
+            f: object
+
+        def read_and_rewrite(f):
+            text = pathlib.Path(f).read_text()
+            pathlib.Path(f).write_text("v2")
+            return text
+
+        @durably.task
+        def via_arg(x):
+            return read_and_rewrite({str(path)!r})
+
+        @durably.task
+        def via_global():
+            return read_and_rewrite(G_LIST[0])
+        """)
+    Box = ns["Box"]
+    for arg in ({"k": [f]}, frozenset([f]), Box(f), [0] * 150 + [f]):
+        path.write_text("v1")
+        assert ns["via_arg"](arg) == "v1"
+        path.write_text("v1")
+        assert ns["via_arg"].explain(arg).hit is False, (dc.is_dataclass(arg), type(arg))
+    path.write_text("v1")
+    assert ns["via_global"]() == "v1"
+    path.write_text("v1")
+    assert ns["via_global"].explain().hit is False

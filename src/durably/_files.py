@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 from pathlib import Path
 from typing import IO, Any
@@ -11,6 +12,10 @@ import xxhash
 __all__ = ["File", "file"]
 
 _CHUNK = 1 << 20
+#: the files digested while it is set (a call's inputs, a fingerprint's values), wherever
+#: they are nested: a file rewritten while its task runs keeps that result out of the cache
+SEEN: contextvars.ContextVar[list[File] | None] = contextvars.ContextVar(
+    "durably_files_seen", default=None)
 
 
 class File(os.PathLike[str]):
@@ -62,6 +67,9 @@ class File(os.PathLike[str]):
         return str(h.hexdigest())
 
     def __durably_digest__(self) -> tuple[str, str]:
+        seen = SEEN.get()
+        if seen is not None:
+            seen.append(self)
         return (str(self.path), self.content_digest())
 
     def read_bytes(self) -> bytes:

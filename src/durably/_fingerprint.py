@@ -109,6 +109,7 @@ import wrapt
 import xxhash
 
 from ._bytecode import _Refs, _scan
+from ._files import SEEN, File
 from ._hashing import Encoder, type_path
 from ._origin import _import_user_module, _package_version, _resolve_import, is_user_module
 from ._revalidate import (
@@ -789,19 +790,26 @@ def fingerprint_function(func: Any) -> Fingerprint:
     if isinstance(func, (staticmethod, classmethod)):
         func = func.__func__
     w: _Walker | None = None
-    for _ in range(_PASSES):
-        w = _Walker(w)
-        if isinstance(func, types.FunctionType):
-            digest = w.function(func)
-        else:
-            e = Encoder()
-            w.value(e, func, set())
-            digest = e.hexdigest()
-        if not w.conflicted():
-            break
+    seen: list[File] = []  # the durably.file() values it meets, however nested
+    token = SEEN.set(seen)
+    try:
+        for _ in range(_PASSES):
+            w = _Walker(w)
+            if isinstance(func, types.FunctionType):
+                digest = w.function(func)
+            else:
+                e = Encoder()
+                w.value(e, func, set())
+                digest = e.hexdigest()
+            if not w.conflicted():
+                break
+    finally:
+        SEEN.reset(token)
     assert w is not None
-    return Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
-                       w.functions, list(w.unchecked.values()))
+    fp = Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
+                     w.functions, list(w.unchecked.values()))
+    fp.files = list(dict.fromkeys(seen))
+    return fp
 
 
 _ARG_CACHE: weakref.WeakKeyDictionary[Any, Fingerprint] = weakref.WeakKeyDictionary()

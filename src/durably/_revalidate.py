@@ -303,9 +303,9 @@ class Fingerprint:
         self._functions = functions or []
         self._attrs = attrs
         self._checks = _grouped(checks or [])  # small mutable configuration values
-        #: the durably.file() values among them (checked by contents at each call): a file
-        #: edited while a step runs keeps that step's result out of the cache
-        self.files = [c[0] for c in checks or () if isinstance(c[0], File)]
+        #: the durably.file() values it depends on, however nested (set by the walk): a
+        #: file edited while a step runs keeps that step's result out of the cache
+        self.files: list[File] = [c[0] for c in checks or () if isinstance(c[0], File)]
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts

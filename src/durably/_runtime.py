@@ -29,7 +29,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import xxhash
@@ -46,6 +46,7 @@ from ._context import (
     cutoff,
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
+from ._files import SEEN as _files_seen
 from ._files import File
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import (
@@ -697,22 +698,14 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
         ctx.journal([(caller.record("started"), None)])
 
 
-def _file_inputs(spec: Spec, arguments: Mapping[str, Any]) -> list[tuple[File, Any]] | None:
-    """The durably.file() inputs of a body about to run, with their os.stat() now: its
-    arguments (and the items of a list, tuple or dict argument, the first 100) and the
-    files among its globals checked by contents. None when it has none."""
-    found: list[File] = []
-    for value in arguments.values():
-        if isinstance(value, File):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value[:100] if isinstance(v, File))
-        elif isinstance(value, dict):
-            found.extend(v for v in itertools.islice(value.values(), 100)
-                         if isinstance(v, File))
+def _file_inputs(spec: Spec, files: list[File] | None) -> list[tuple[File, Any]] | None:
+    """The durably.file() inputs of a body about to run, with their os.stat() now: those
+    its arguments' digest met (``files``), and those of its code fingerprint, however
+    nested. None when it has none."""
+    found = list(dict.fromkeys(files or ()))
     fp = spec._fingerprint
     if fp is not None and fp.files:
-        found.extend(fp.files)
+        found.extend(f for f in fp.files if f not in found)
     return [(f, file_stamp(f)) for f in found] or None
 
 
@@ -757,6 +750,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
     taken: dict[str, list[str | None]] | None = None  # and their elements', for the tracer
     classes: dict[str, str] | None = None  # and their user classes' code, for explain
+    files: list[File] | None = None  # the durably.file() values among them (see below)
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
@@ -769,10 +763,14 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         each = {}
         classes = {}
         taken = {} if ctx is not None and (not ctx.replaying or ctx.past_journal) else None
+        files = []  # the durably.file() values among them, however nested
+        token = _files_seen.set(files)
         try:
             input_digest = encode_arguments(arguments, each, taken, classes)  # (digest_inputs)
         except (SerializationError, RecursionError) as exc:
             raise spec.digest_error(exc, arguments) from None
+        finally:
+            _files_seen.reset(token)
     key, code = spec.key_and_code(input_digest)
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
@@ -785,7 +783,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
-            outside.files = _file_inputs(spec, arguments)
+            outside.files = _file_inputs(spec, files)
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -875,7 +873,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
         if data is None:
-            call.files = _file_inputs(spec, arguments)
+            call.files = _file_inputs(spec, files)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
         call.trace_inputs(arguments, None, taken)
