@@ -164,7 +164,8 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
         st = os.stat(path)
     except OSError:
         return None
-    if st.st_mtime > _LOADED.get(str(ns.get("__name__")), _STARTED):
+    loaded = _LOADED.get(str(ns.get("__name__")), _STARTED)
+    if loaded < st.st_mtime <= time.time():  # (a time ahead of the clock: another host's)
         return None
     stamp = (st.st_mtime_ns, st.st_size)
     found = _DEFINITIONS.get(path)
@@ -174,40 +175,59 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
 
 
 def _read_definitions(path: str) -> dict[str, str]:
-    """name → digest of the source of the top-level statements binding it (module level,
-    and inside top-level if / try / with blocks; not inside functions or classes)."""
+    """name → digest of the source that makes its value at import: the module-level
+    statements that mention it (``FEATURES = [...]``, ``EXTRA.extend([...])``, ``for k in
+    ...: REG[k] = ...``, inside top-level if / try / with blocks too), and the source of the
+    module's functions and classes those statements name (``BUILT = build()``). Not the
+    functions and classes themselves, imports, or an ``if __name__ == "__main__":`` block
+    (what a script does when run, not what it defines)."""
     try:
         with tokenize.open(path) as f:
             source = f.read()
         tree = ast.parse(source)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return {}
+    code_defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    helpers = {node.name: ast.get_source_segment(source, node) or ""
+               for node in tree.body if isinstance(node, code_defs)}
     texts: dict[str, list[str]] = {}
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         node = todo.pop(0)
+        if isinstance(node, (*code_defs, ast.Import, ast.ImportFrom)) or _is_main_block(node):
+            continue
         if isinstance(node, (ast.If, ast.Try, ast.With)):
             todo[:0] = [*node.body, *getattr(node, "orelse", []),
                         *getattr(node, "finalbody", []),
                         *(s for h in getattr(node, "handlers", []) for s in h.body)]
             continue
-        targets: list[ast.expr] = (
-            list(node.targets) if isinstance(node, ast.Assign)
-            else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
-        names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-        if names:
-            text = ast.get_source_segment(source, node) or ""
-            for n in names:
-                texts.setdefault(n, []).append(text)
+        names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)})
+        text = ast.get_source_segment(source, node) or ""
+        called = [helpers[n] for n in names if n in helpers]
+        for n in names:
+            texts.setdefault(n, []).extend([text, *called])
     return {n: xxhash.xxh3_64_hexdigest("\n".join(t).encode()) for n, t in texts.items()}
 
 
+def _is_main_block(node: ast.stmt) -> bool:
+    """``if __name__ == "__main__":``."""
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__" and len(test.comparators) == 1
+            and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
 def _write_definition(e: Encoder, ns: Mapping[str, Any], name: str) -> None:
-    """The source digest of a state value's definition, when known (see
-    :func:`definition_digest`)."""
+    """The source digest of a state value's definition, when it can be read (see
+    :func:`definition_digest`). When it cannot (no file: a notebook; a file edited since
+    the module was loaded), the value counts by its type only, as before: its contents as
+    first seen would make a key depend on what ran before (a side effect's step executed
+    again on resume once did), which matters more than an edit the process cannot see."""
     digest = definition_digest(ns, name)
     if digest is not None:
         e.text(b"Q", digest)
+
 
 _SKIP_CLASS_ATTRS = frozenset(
     {"__dict__", "__weakref__", "__module__", "__doc__", "__qualname__", "__annotations__",
