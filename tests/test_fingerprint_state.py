@@ -1186,3 +1186,130 @@ def test_what_makes_a_state_value_at_import_counts_not_only_its_assignment(
         source = source.replace(old, new)
         assert run(source).count("'b'") == (1 if "EXTRA" in new else 2 if "for" in new
                                             else 3), new
+
+
+def test_a_definition_edited_after_its_module_was_loaded_is_not_read(tmp_path: Path) -> None:
+    """The file of a loaded module edited before the first call (an editor, without a
+    reload): the process's values come from the old source, so the new source must not
+    name its results, or a new process (new source, new values) would be served them."""
+    (tmp_path / "feature_mod.py").write_text(textwrap.dedent("""
+        import durably
+        FEATURES = ["b", "a"]
+
+        @durably.task
+        def feats(x):
+            FEATURES.sort()
+            return [f + str(x) for f in FEATURES]
+        """))
+    script = write_script(tmp_path / "edit_then_call.py", """
+        import pathlib, sys, time
+        import feature_mod
+        if sys.argv[1] == "edit":
+            time.sleep(0.05)
+            path = pathlib.Path(feature_mod.__file__)
+            path.write_text(path.read_text().replace('["b", "a"]', '["c", "b", "a"]'))
+        print(feature_mod.feats(1))
+        """)
+    env = {**script_env(tmp_path / "store"), "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def run(mode: str) -> str:
+        done = subprocess.run([sys.executable, "-B", str(script), mode], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run("edit") == "['a1', 'b1']"  # the values it loaded
+    assert run("fresh") == "['a1', 'b1', 'c1']"  # not served the result above
+
+
+def test_a_file_rewritten_while_its_task_runs_leaves_no_result_in_the_cache(
+        tmp_path: Path) -> None:
+    """A durably.file() input (an argument, or a global) rewritten while the body runs:
+    the body read the new content, but the key was made from the old one, so a new process
+    with the old content was served the new result (a review). That result stays out of
+    the cache (the run's journal keeps it); the next call computes and caches it."""
+    data = tmp_path / "data.txt"
+    script = write_script(tmp_path / "race.py", f"""
+        import sys, threading, time
+        import durably
+        P = {str(data)!r}
+        DATA = durably.file(P)
+
+        @durably.task
+        def read_global():
+            time.sleep(0.3)
+            return open(DATA).read()
+
+        @durably.task
+        def read_arg(f):
+            time.sleep(0.3)
+            return open(f).read()
+
+        @durably.entrypoint
+        def job(which):
+            return read_global() if which == "g" else read_arg(durably.file(P))
+
+        which, mode, inrun = sys.argv[1:4]
+        if mode == "race":
+            threading.Timer(0.1, lambda: open(P, "w").write("NEW")).start()
+        call = ((lambda: job.run(which, fresh=True).result) if inrun == "run" else
+                read_global if which == "g" else (lambda: read_arg(durably.file(P))))
+        print(call())
+        """)
+    def run(which: str, mode: str, inrun: str) -> str:
+        data.write_text("OLD")
+        done = subprocess.run([sys.executable, str(script), which, mode, inrun],
+                              env=script_env(tmp_path / f"store-{which}-{inrun}"),
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    for which in ("g", "a"):
+        for inrun in ("plain", "run"):
+            assert run(which, "race", inrun) == "NEW"  # it read what was there then
+            # not served the racing result
+            assert run(which, "fresh", inrun) == "OLD", (which, inrun)
+
+
+def test_a_file_nested_anywhere_rewritten_by_its_task_is_not_cached(tmp_path: Path) -> None:
+    """The files watched while a body runs are those its arguments' digest and its code
+    fingerprint met, however nested: a dict of lists, a set, a dataclass field, the 151st
+    item of a list, a global list (only bare ones and the first 100 items one level down
+    were watched: a review found the rest cached under the old content's key)."""
+    import dataclasses as dc
+
+    path = tmp_path / "f.txt"
+    path.write_text("v1")
+    f = durably.file(path)
+    ns = define(f"""
+        import dataclasses, durably, pathlib
+        G_LIST = [durably.file({str(path)!r})]
+
+        @dataclasses.dataclass(frozen=True)
+        class Box:
+            f: object
+
+        def read_and_rewrite(f):
+            text = pathlib.Path(f).read_text()
+            pathlib.Path(f).write_text("v2")
+            return text
+
+        @durably.task
+        def via_arg(x):
+            return read_and_rewrite({str(path)!r})
+
+        @durably.task
+        def via_global():
+            return read_and_rewrite(G_LIST[0])
+        """)
+    Box = ns["Box"]
+    for arg in ({"k": [f]}, frozenset([f]), Box(f), [0] * 150 + [f]):
+        path.write_text("v1")
+        assert ns["via_arg"](arg) == "v1"
+        path.write_text("v1")
+        assert ns["via_arg"].explain(arg).hit is False, (dc.is_dataclass(arg), type(arg))
+    path.write_text("v1")
+    assert ns["via_global"]() == "v1"
+    path.write_text("v1")
+    assert ns["via_global"].explain().hit is False
