@@ -1182,10 +1182,13 @@ def test_what_makes_a_state_value_at_import_counts_not_only_its_assignment(
     assert run(source.replace("# MAIN", "# the main block, edited")) == "['a', 'a', 'a']"
     for old, new in (('EXTRA.extend(["a"])', 'EXTRA.extend(["b"])'),
                      ('for k in ["a"]:', 'for k in ["b"]:'),
-                     ('    return ["a"]', '    return ["b"]')):
+                     ('    return ["a"]', '    return [SEED]')):
         source = source.replace(old, new)
+        if "SEED" in new:  # what build() uses of the module counts too
+            source = source.replace("def build():", 'SEED = "b"\n\ndef build():')
         assert run(source).count("'b'") == (1 if "EXTRA" in new else 2 if "for" in new
                                             else 3), new
+    assert run(source.replace('SEED = "b"', 'SEED = "c"')).count("'c'") == 1
 
 
 def test_a_definition_edited_after_its_module_was_loaded_is_not_read(tmp_path: Path) -> None:

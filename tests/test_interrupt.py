@@ -1275,9 +1275,12 @@ def send(x):
 @durably.task
 async def item(x):
     return send(x)
+async def both(n):
+    mapped = await item.map(range(n))
+    return mapped + [await item.submit(100)]
 @durably.entrypoint
 def job(n):
-    out = asyncio.run(item.map(range(n)))
+    out = asyncio.run(both(n))
     if FAIL[0]:
         raise RuntimeError("stop")
     return out
@@ -1290,8 +1293,8 @@ FAIL = [True]
     v2 = load_source(tmp_path, monkeypatch, "async_items", head + source.replace(
         "    return send(x)", "    value = send(x)\n    return value").replace(
         "FAIL = [True]", "FAIL = [False]"))
-    assert v2.job(2) == [0, 1]
-    assert ledger.read_text().splitlines() == ["send 0", "send 1"]  # once each
+    assert v2.job(2) == [0, 1, 100]
+    assert ledger.read_text().splitlines() == ["send 0", "send 1", "send 100"]  # once each
 
 
 def test_an_async_map_item_whose_question_changes_every_time_raises(

@@ -775,14 +775,19 @@ def test_runs_of_other_graphs_and_missing_runs_are_refused() -> None:
         a.invoke(None)
 
 
-def test_stream_ends_with_the_interrupt_and_replays_finished_super_steps() -> None:
+def _pre_then_ask(name: str) -> Any:
+    """START -> pre -> ask (asks '?') -> END."""
     def ask(s: Log) -> dict[str, Any]:
         return {"log": [f"ask={durably.interrupt('?')}"]}
 
-    g = StateGraph(Log, name="streamed")
+    g = StateGraph(Log, name=name)
     g.add_node("pre", lambda s: {"log": ["pre"]}).add_node("ask", ask)
     g.add_edge(START, "pre").add_edge("pre", "ask").add_edge("ask", END)
-    app = g.compile()
+    return g.compile()
+
+
+def test_stream_ends_with_the_interrupt_and_replays_finished_super_steps() -> None:
+    app = _pre_then_ask("streamed")
     chunks = list(app.stream({"log": [], "count": 0}, mode="updates"))
     assert chunks[0] == {"pre": {"log": ["pre"]}}
     assert [i.payload for i in chunks[1]["__interrupt__"]] == ["?"]
@@ -2189,13 +2194,7 @@ def test_a_stream_that_answers_shows_only_what_executes() -> None:
     """stream(Command(resume=...)) shows the super-steps that execute, not those replayed
     from the journal (a chat showed their messages twice), as LangGraph's; a stream of the
     input still shows them all."""
-    def ask(s: Log) -> dict[str, Any]:
-        return {"log": [f"ask={durably.interrupt('?')}"]}
-
-    g = StateGraph(Log, name="answered_stream")
-    g.add_node("pre", lambda s: {"log": ["pre"]}).add_node("ask", ask)
-    g.add_edge(START, "pre").add_edge("pre", "ask").add_edge("ask", END)
-    app = g.compile()
+    app = _pre_then_ask("answered_stream")
     first = app.run({"log": [], "count": 0})
     chunks = list(app.stream(durably.Command(resume="y"), run_id=first.id, mode="updates"))
     assert chunks == [{"ask": {"log": ["ask=y"]}}]

@@ -1312,18 +1312,26 @@ def submit_async(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
 
 async def _submitted_async(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
                            kwargs: dict[str, Any]) -> Any:
-    if call.ctx is not None:
+    """The body of an async task's submit(), in a task of the caller's event loop:
+    registered as executing (for the steps it calls and interrupt()), as a map's items."""
+    ctx = call.ctx
+    if ctx is not None:
         current_step.set(call.step_id)
+        ctx.items[call.step_id] = call
     call.started = now()
     spec = call.spec
-    if spec.retry is not None or spec.timeout is not None:
-        return await _acall_with_policy(spec, call, fn, args, kwargs)
     try:
-        result = await fn(*args, **kwargs)
-    except BaseException as exc:
-        _journal_failure(call, exc)
-        raise
-    return call.succeeded(result)
+        if spec.retry is not None or spec.timeout is not None:
+            return await _acall_with_policy(spec, call, fn, args, kwargs)
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            _journal_failure(call, exc)
+            raise
+        return call.succeeded(result)
+    finally:
+        if ctx is not None:
+            ctx.items.pop(call.step_id, None)
 
 
 def _journal_failure(call: Call, exc: BaseException) -> None:

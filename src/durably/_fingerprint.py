@@ -177,10 +177,10 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
 def _read_definitions(path: str) -> dict[str, str]:
     """name → digest of the source that makes its value at import: the module-level
     statements that mention it (``FEATURES = [...]``, ``EXTRA.extend([...])``, ``for k in
-    ...: REG[k] = ...``, inside top-level if / try / with blocks too), and the source of the
-    module's functions and classes those statements name (``BUILT = build()``). Not the
-    functions and classes themselves, imports, or an ``if __name__ == "__main__":`` block
-    (what a script does when run, not what it defines)."""
+    ...: REG[k] = ...``, inside top-level if / try / with blocks too), and, transitively,
+    what those statements use of the module: its functions and classes (``BUILT =
+    build()``) and the statements of the names they use (``SEED = "m1"``). Not imports or
+    an ``if __name__ == "__main__":`` block (what a script does when run)."""
     try:
         with tokenize.open(path) as f:
             source = f.read()
@@ -188,9 +188,16 @@ def _read_definitions(path: str) -> dict[str, str]:
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
         return {}
     code_defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-    helpers = {node.name: ast.get_source_segment(source, node) or ""
-               for node in tree.body if isinstance(node, code_defs)}
-    texts: dict[str, list[str]] = {}
+
+    def names_in(node: ast.AST) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+    # each piece of module source, with the names it uses
+    helpers: dict[str, tuple[str, set[str]]] = {
+        node.name: (ast.get_source_segment(source, node) or "", names_in(node))
+        for node in tree.body if isinstance(node, code_defs)}
+    statements: dict[str, list[tuple[str, set[str]]]] = {}  # those that mention a name
+    binders: dict[str, list[tuple[str, set[str]]]] = {}  # those that assign it
     todo: list[ast.stmt] = list(tree.body)
     while todo:
         node = todo.pop(0)
@@ -201,12 +208,37 @@ def _read_definitions(path: str) -> dict[str, str]:
                         *getattr(node, "finalbody", []),
                         *(s for h in getattr(node, "handlers", []) for s in h.body)]
             continue
-        names = sorted({n.id for n in ast.walk(node) if isinstance(n, ast.Name)})
+        used = names_in(node)
         text = ast.get_source_segment(source, node) or ""
-        called = [helpers[n] for n in names if n in helpers]
-        for n in names:
-            texts.setdefault(n, []).extend([text, *called])
-    return {n: xxhash.xxh3_64_hexdigest("\n".join(t).encode()) for n, t in texts.items()}
+        for n in used:
+            statements.setdefault(n, []).append((text, used))
+        for n in {t.id for t in ast.walk(node)
+                  if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}:
+            binders.setdefault(n, []).append((text, used))
+
+    def closure(name: str) -> list[str]:
+        """The statements that mention ``name``, then what they use: the module's
+        functions and classes, and the statements that bind the other names they use."""
+        texts: list[str] = []
+        seen: set[str] = {name}
+        pending = [name]
+        while pending and len(texts) < 200:
+            current = pending.pop(0)
+            pieces = list(statements.get(current, ()) if current == name
+                          else binders.get(current, ()))
+            if current != name and current in helpers:
+                pieces.append(helpers[current])
+            for text, used in pieces:
+                if text not in texts:
+                    texts.append(text)
+                for n in sorted(used - seen):
+                    if n in helpers or n in binders:
+                        seen.add(n)
+                        pending.append(n)
+        return texts
+
+    return {n: xxhash.xxh3_64_hexdigest("\n".join(closure(n)).encode())
+            for n in statements}
 
 
 def _is_main_block(node: ast.stmt) -> bool:
