@@ -350,6 +350,13 @@ class RunContext:
         if replays and append is not None:
             append(self.run_id, self.attempt, replays)
 
+    def executing(self, step_id: str | None) -> Any:
+        """The Call of a step whose body runs now in this process (a plain call, or a
+        fan-out item on a thread or the event loop), or None."""
+        if step_id is None:
+            return None
+        return self.open.get(step_id) or self.items.get(step_id)
+
     def flush(self) -> None:
         """Write buffered replay records and queued cache writes."""
         taken = self.take_pending()

@@ -145,18 +145,18 @@ class _ImportClock:
 
 
 sys.meta_path.insert(0, _ImportClock())
-#: the source digest of each name a module file binds at top level, by path, with the
-#: file's (mtime, size) it was read at
-_DEFINITIONS: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+#: each module file's definitions (see _Definitions), by path, with the file's (mtime,
+#: size) it was read at
+_DEFINITIONS: dict[str, tuple[tuple[int, int], _Definitions]] = {}
 
 
 def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
-    """A digest of the source of the top-level statements that bind ``name`` in the module
-    whose globals are ``ns`` (``FEATURES = ["b", "a"]``): what a state value (one the code
-    mutates, whose contents do not count) starts from, so that editing it in the file is
-    an edit. None when the module has no source file, the name is bound in none of its
-    top-level statements, or the file was modified since the module was loaded (the source
-    is then not what its values were made from)."""
+    """A digest of the source that makes ``name``'s value at import in the module whose
+    globals are ``ns`` (``FEATURES = ["b", "a"]``; see :class:`_Definitions`): what a state
+    value (one the code mutates, whose contents do not count) starts from, so that editing
+    it in the file is an edit. None when the module has no source file, no module-level
+    statement mentions the name, or the file was modified since the module was loaded
+    (the source is then not what its values were made from)."""
     path = ns.get("__file__")
     if not isinstance(path, str) or not path.endswith(".py"):
         return None
@@ -170,75 +170,86 @@ def definition_digest(ns: Mapping[str, Any], name: str) -> str | None:
     stamp = (st.st_mtime_ns, st.st_size)
     found = _DEFINITIONS.get(path)
     if found is None or found[0] != stamp:
-        found = _DEFINITIONS[path] = (stamp, _read_definitions(path))
-    return found[1].get(name)
+        found = _DEFINITIONS[path] = (stamp, _Definitions(path))
+    return found[1].digest(name)
 
 
-def _read_definitions(path: str) -> dict[str, str]:
-    """name → digest of the source that makes its value at import: the module-level
+class _Definitions:
+    """What makes each name's value at import in one module file: the module-level
     statements that mention it (``FEATURES = [...]``, ``EXTRA.extend([...])``, ``for k in
     ...: REG[k] = ...``, inside top-level if / try / with blocks too), and, transitively,
     what those statements use of the module: its functions and classes (``BUILT =
-    build()``) and the statements of the names they use (``SEED = "m1"``). Not imports or
-    an ``if __name__ == "__main__":`` block (what a script does when run)."""
-    try:
-        with tokenize.open(path) as f:
-            source = f.read()
-        tree = ast.parse(source)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return {}
-    code_defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    build()``) and the statements that assign the names they use (``SEED = "m1"``). Not
+    imports or an ``if __name__ == "__main__":`` block (what a script does when run). The
+    file is parsed once; a name's digest is made when first asked for."""
 
-    def names_in(node: ast.AST) -> set[str]:
-        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    def __init__(self, path: str) -> None:
+        #: each piece of module source, with the names it uses: the module's functions and
+        #: classes by name; the statements that mention a name; those that assign it
+        self.helpers: dict[str, tuple[str, set[str]]] = {}
+        self.statements: dict[str, list[tuple[str, set[str]]]] = {}
+        self.binders: dict[str, list[tuple[str, set[str]]]] = {}
+        self.digests: dict[str, str | None] = {}
+        try:
+            with tokenize.open(path) as f:
+                source = f.read()
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            return
+        code_defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        for node in tree.body:
+            if isinstance(node, code_defs):
+                self.helpers[node.name] = (ast.get_source_segment(source, node) or "",
+                                           _names_in(node))
+        todo: list[ast.stmt] = list(tree.body)
+        while todo:
+            node = todo.pop(0)
+            if isinstance(node, (*code_defs, ast.Import, ast.ImportFrom)) or _is_main_block(
+                    node):
+                continue
+            if isinstance(node, (ast.If, ast.Try, ast.With)):
+                todo[:0] = [*node.body, *getattr(node, "orelse", []),
+                            *getattr(node, "finalbody", []),
+                            *(s for h in getattr(node, "handlers", []) for s in h.body)]
+                continue
+            piece = (ast.get_source_segment(source, node) or "", _names_in(node))
+            for n in piece[1]:
+                self.statements.setdefault(n, []).append(piece)
+            for n in {t.id for t in ast.walk(node)
+                      if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}:
+                self.binders.setdefault(n, []).append(piece)
 
-    # each piece of module source, with the names it uses
-    helpers: dict[str, tuple[str, set[str]]] = {
-        node.name: (ast.get_source_segment(source, node) or "", names_in(node))
-        for node in tree.body if isinstance(node, code_defs)}
-    statements: dict[str, list[tuple[str, set[str]]]] = {}  # those that mention a name
-    binders: dict[str, list[tuple[str, set[str]]]] = {}  # those that assign it
-    todo: list[ast.stmt] = list(tree.body)
-    while todo:
-        node = todo.pop(0)
-        if isinstance(node, (*code_defs, ast.Import, ast.ImportFrom)) or _is_main_block(node):
-            continue
-        if isinstance(node, (ast.If, ast.Try, ast.With)):
-            todo[:0] = [*node.body, *getattr(node, "orelse", []),
-                        *getattr(node, "finalbody", []),
-                        *(s for h in getattr(node, "handlers", []) for s in h.body)]
-            continue
-        used = names_in(node)
-        text = ast.get_source_segment(source, node) or ""
-        for n in used:
-            statements.setdefault(n, []).append((text, used))
-        for n in {t.id for t in ast.walk(node)
-                  if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}:
-            binders.setdefault(n, []).append((text, used))
+    def digest(self, name: str) -> str | None:
+        """The digest of what makes ``name``'s value (None: no statement mentions it)."""
+        if name not in self.digests:
+            self.digests[name] = (xxhash.xxh3_64_hexdigest("\n".join(self._closure(name))
+                                                          .encode())
+                                  if name in self.statements else None)
+        return self.digests[name]
 
-    def closure(name: str) -> list[str]:
-        """The statements that mention ``name``, then what they use: the module's
-        functions and classes, and the statements that bind the other names they use."""
-        texts: list[str] = []
+    def _closure(self, name: str) -> list[str]:
+        """The statements that mention ``name``, then what they use: the module's functions
+        and classes, and the statements that assign the other names they use."""
+        texts: dict[str, None] = {}
         seen: set[str] = {name}
         pending = [name]
         while pending and len(texts) < 200:
             current = pending.pop(0)
-            pieces = list(statements.get(current, ()) if current == name
-                          else binders.get(current, ()))
-            if current != name and current in helpers:
-                pieces.append(helpers[current])
+            pieces = list(self.statements.get(current, ()) if current == name
+                          else self.binders.get(current, ()))
+            if current != name and current in self.helpers:
+                pieces.append(self.helpers[current])
             for text, used in pieces:
-                if text not in texts:
-                    texts.append(text)
+                texts.setdefault(text)
                 for n in sorted(used - seen):
-                    if n in helpers or n in binders:
+                    if n in self.helpers or n in self.binders:
                         seen.add(n)
                         pending.append(n)
-        return texts
+        return list(texts)
 
-    return {n: xxhash.xxh3_64_hexdigest("\n".join(closure(n)).encode())
-            for n in statements}
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
 def _is_main_block(node: ast.stmt) -> bool:

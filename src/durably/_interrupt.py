@@ -151,11 +151,12 @@ def interrupt(payload: Any = None) -> Any:
     answer = ctx.answers.get(interrupt_id)
     if answer is None and ctx.asked:
         answer = _answer_of_a_changed_step(ctx, interrupt_id, step, payload)
-    code = _asker_code(ctx, step)
     if answer is not None:
         asked = ctx.asked.get(interrupt_id)
-        if not asked or asked == trace_digest(payload):
+        question = trace_digest(payload)
+        if not asked or asked == question:
             return _serde.loads(answer)
+        code = _asker_code(ctx, step)
         then = ctx.asked_code.get(interrupt_id)
         if then is not None and then == code:
             raise _nondeterministic(ctx, interrupt_id, step, payload)
@@ -163,8 +164,7 @@ def interrupt(payload: Any = None) -> Any:
         # the answer to the old question stays with it (under the old id it would be
         # found again, and used, once the new question is answered)
         old_id = interrupt_id
-        interrupt_id = xxhash.xxh3_64_hexdigest(
-            f"{old_id}/again/{trace_digest(payload)}".encode())
+        interrupt_id = xxhash.xxh3_64_hexdigest(f"{old_id}/again/{question}".encode())
         ctx.consumed.add(interrupt_id)
         again = ctx.answers.get(interrupt_id)
         if again is not None:
@@ -174,6 +174,8 @@ def interrupt(payload: Any = None) -> Any:
             "the old answer is not used and the question is asked again (as interrupt %s): "
             "%s", ctx.run_id, old_id, " (the code was edited?)" if then is None else
             ", and so did the code that asks it", interrupt_id, short_repr(payload))
+    else:  # (asked, not answered: the code that asks is journaled with the question)
+        code = _asker_code(ctx, step)
     data = _serde.dumps(payload, what="the payload of interrupt()")
     t = now()
     events = [EventRecord(ctx.run_id, "interrupt", t, ctx.attempt, step, interrupt_id, data)]
@@ -191,8 +193,7 @@ def _asker_code(ctx: Any, step: str | None) -> str | None:
     or the entrypoint for its own body; None when not known."""
     if step is None:
         return None if ctx.entry is None else str(ctx.entry.code_version())
-    call = ctx.open.get(step) or ctx.items.get(step)
-    code = getattr(call, "code", None)
+    code = getattr(ctx.executing(step), "code", None)
     return code if isinstance(code, str) else None
 
 
@@ -207,7 +208,7 @@ def _nondeterministic(ctx: Any, interrupt_id: str, step: str | None, payload: An
         for e in ctx.store.list_events(ctx.run_id, ("interrupt",)):
             if e.key == interrupt_id and e.data is not None:
                 before = short_repr(_serde.loads(e.data))
-    call = (ctx.open.get(step) or ctx.items.get(step)) if step is not None else None
+    call = ctx.executing(step)
     who = (f"task {call.spec.name!r}" if call is not None else
            f"entrypoint {ctx.name!r}" if step is None else "the step")
     return NondeterminismError(
@@ -236,7 +237,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     from ._hashing import trace_digest
     from ._store import EventRecord, now
 
-    call = (ctx.open.get(step) or ctx.items.get(step)) if step is not None else None
+    call = ctx.executing(step)
     if call is None or not call.spec.cache:
         # (a cache=False asker's id follows its task, inputs and callers, never code: a new
         # id is another call; its inputs' flow digests leave small values out, so 3 and 5
@@ -272,7 +273,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
 
     here: Any = None
     if call.parent is not None:
-        up = ctx.open.get(call.parent) or ctx.items.get(call.parent)
+        up = ctx.executing(call.parent)
         here = object() if up is None else (up.spec.name, tuple(up.flow))
     # (in the order they were asked: identical calls, a loop's, take them in that order)
     found = []

@@ -23,7 +23,7 @@ import wrapt
 from ._files import File
 from ._hashing import _ENCODERS, Encoder
 
-__all__ = ["Fingerprint", "Unchecked", "full_digest", "registry_ids"]
+__all__ = ["Fingerprint", "Unchecked", "file_stamp", "full_digest", "registry_ids"]
 
 #: stands for a name, attribute or closure cell that was not there when the walk read it
 _MISSING = object()
@@ -235,15 +235,10 @@ class Unchecked:
         self.checked = time.monotonic()  # when it was last digested
         #: a durably.file(): its os.stat() when digested (a stat on every call tells whether
         #: it may have changed; its contents are read again only then)
-        self.stamp = _file_stamp(value) if isinstance(value, File) else None
+        self.stamp = file_stamp(value) if isinstance(value, File) else None
 
 
 def file_stamp(f: File) -> tuple[int, ...] | None:
-    """:func:`_file_stamp` (for the call path)."""
-    return _file_stamp(f)
-
-
-def _file_stamp(f: File) -> tuple[int, ...] | None:
     """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
     try:
         st = os.stat(f.path)
@@ -305,7 +300,7 @@ class Fingerprint:
         self._checks = _grouped(checks or [])  # small mutable configuration values
         #: the durably.file() values it depends on, however nested (set by the walk): a
         #: file edited while a step runs keeps that step's result out of the cache
-        self.files: list[File] = [c[0] for c in checks or () if isinstance(c[0], File)]
+        self.files: list[File] = []
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts
@@ -345,7 +340,7 @@ class Fingerprint:
         clock = time.monotonic()
         for u in self.unchecked:
             if isinstance(u.value, File):
-                stamp = _file_stamp(u.value)
+                stamp = file_stamp(u.value)
                 if stamp is not None and stamp == u.stamp:
                     continue  # not touched since it was digested
                 u.stamp, u.checked = stamp, clock

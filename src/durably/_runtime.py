@@ -303,19 +303,27 @@ class Spec:
         changed = fp.changed_in_place(0.0)
         if changed is None:
             return False
+        self._in_place(changed, "its cache key is made anew")
+        return True
+
+    def _in_place(self, changed: Any, outcome: str) -> None:
+        """Drop the fingerprint (taken again at the next call) after ``changed`` (an
+        :class:`~durably._revalidate.Unchecked`) was found edited, and say so: a warning
+        for a value edited in place, a log line for a durably.file() (editing a data file
+        is what it is for)."""
         self._fingerprint = None
         if isinstance(changed.value, File):
-            return True  # a data file edited: what durably.file() is for (no warning)
+            log.info("durably: %s %r: %s changed; %s", self.kind, self.name, changed.name,
+                     outcome)
+            return
         warnings.warn(
             f"durably: {self.kind} {self.name!r}: {changed.name} was changed in place since "
-            "durably "
-            "read it (a value over 64 KiB, or slow to digest, is checked only by identity on "
-            "each call, and by its contents from time to time), so its cache key is made "
-            "anew; calls made right after the change may have been served results computed "
-            "before it. Fix: rebind the name to a new value instead of editing it in place "
+            "durably read it (a value over 64 KiB, or slow to digest, is checked only by "
+            f"identity on each call, and by its contents from time to time), so {outcome}, "
+            "and calls made since the change may have been served results computed before "
+            "it. Fix: rebind the name to a new value instead of editing it in place "
             "(DF = DF.assign(...)), or pass the value as an argument.",
             stacklevel=_user_stacklevel())
-        return True
 
     def changed_in_place(self, seconds: float) -> bool:
         """Whether a configuration value of the code fingerprint that is checked by identity
@@ -331,19 +339,7 @@ class Spec:
         changed = fp.changed_in_place(max(_RECHECK_FLOOR, seconds / 10))
         if changed is None:
             return False
-        self._fingerprint = None  # taken again at the next call
-        if isinstance(changed.value, File):
-            log.info("durably: %s %r: %s changed while it executed; its result is not cached",
-                     self.kind, self.name, changed.name)
-            return True
-        name = changed.name
-        warnings.warn(
-            f"durably: {self.kind} {self.name!r}: {name} was changed in place since durably "
-            "read it (a value over 64 KiB, or slow to digest, is checked only by identity on "
-            "each call), so this result is not cached, and calls made since the change may "
-            "have been served results computed before it. Fix: rebind the name to a new "
-            "value instead of editing it in place (DF = DF.assign(...)), or pass the value "
-            "as an argument.", stacklevel=_user_stacklevel())
+        self._in_place(changed, "this result is not cached")
         return True
 
     def digest_inputs(self, arguments: Any) -> str:
@@ -713,7 +709,7 @@ def call_path(ctx: RunContext, step_id: str) -> str:
     """The call path of a step executing now: a digest of the tasks, inputs and
     occurrences of it and its callers, without their code (their step ids follow their
     code). A step not found executing stands for itself (its step id)."""
-    call = ctx.open.get(step_id) or ctx.items.get(step_id)
+    call = ctx.executing(step_id)
     if call is None or call.path_head is None:
         return step_id
     if call.path is None:

@@ -302,6 +302,15 @@ def _is_command(value: Any) -> bool:
         and hasattr(value, "update") and hasattr(value, "graph"))
 
 
+def _as_send(value: Any) -> Any:
+    """LangGraph's ``langgraph.types.Send`` as durably's (the same call); anything else as
+    it is."""
+    if not isinstance(value, Send) and type(value).__name__ == "Send" and hasattr(
+            value, "node") and hasattr(value, "arg"):
+        return Send(value.node, value.arg)
+    return value
+
+
 def _target_name(t: Target) -> str:
     """The node a frontier entry calls."""
     return t.node if isinstance(t, Send) else t
@@ -739,9 +748,7 @@ class CompiledGraph(Generic[S]):
         values = list(out) if isinstance(out, (list, tuple)) else [out]
         targets: list[Target] = []
         for v in values:
-            if not isinstance(v, Send) and type(v).__name__ == "Send" and hasattr(
-                    v, "node") and hasattr(v, "arg"):
-                v = Send(v.node, v.arg)  # LangGraph's (langgraph.types.Send): the same call
+            v = _as_send(v)
             if _is_command(v):
                 raise InvalidRouteError(
                     f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}: a "
@@ -801,9 +808,7 @@ class CompiledGraph(Generic[S]):
         targets = list(goto) if isinstance(goto, (list, tuple)) else [goto]
         out: list[Target] = []
         for t in targets:
-            if not isinstance(t, Send) and type(t).__name__ == "Send" and hasattr(
-                    t, "node") and hasattr(t, "arg"):
-                t = Send(t.node, t.arg)  # LangGraph's
+            t = _as_send(t)
             name = t.node if isinstance(t, Send) else t
             if not isinstance(name, str) or name not in declared:
                 raise InvalidRouteError(
