@@ -909,66 +909,65 @@ def _scalar_sequence(value: tuple[Any, ...] | list[Any]) -> bytes | None:
     return bytes(out)
 
 
+#: how :func:`encode_positional` writes one argument: its index in the call's arguments, its
+#: name's encoding, and that followed by each scalar's type tag (int, float, str, None, True,
+#: False), so that an argument is written in one concatenation
+PlanEntry = tuple[int, bytes, bytes, bytes, bytes, bytes, bytes, bytes]
+
+
 def positional_plan(names: Sequence[str], ignore: Collection[str] = ()
-                    ) -> tuple[tuple[int, bytes], ...] | None:
+                    ) -> tuple[PlanEntry, ...] | None:
     """How :func:`encode_positional` writes the arguments of a function whose parameters
-    are ``names`` (all given by position), ``ignore`` left out: (index in the call's
-    arguments, the name's encoding) in the order :func:`encode_arguments` writes them
-    (sorted by name). None for a name too long for that path."""
+    are ``names`` (all given by position), ``ignore`` left out: a :data:`PlanEntry` for each,
+    in the order :func:`encode_arguments` writes them (sorted by name). None for a name too
+    long for that path."""
     plan = []
     for name in sorted(set(names) - set(ignore)):
         raw = name.encode()
         if len(raw) >= _LARGE:
             return None
-        plan.append((names.index(name), b"=" + len(raw).to_bytes(8, "little") + raw))
+        head = b"=" + len(raw).to_bytes(8, "little") + raw
+        plan.append((names.index(name), head, head + b"i", head + b"f", head + b"s",
+                     head + b"N", head + b"T", head + b"F"))
     return tuple(plan)
 
 
-def encode_positional(plan: tuple[tuple[int, bytes], ...], args: Sequence[Any]) -> str | None:
+def encode_positional(plan: tuple[PlanEntry, ...], args: Sequence[Any]) -> str | None:
     """``encode_arguments(dict(zip(names, args)))`` for arguments given by position
     (``plan`` from :func:`positional_plan`) when all of them are small scalars (the same
     bytes, without building the dict); else None: the caller takes the general path.
 
     Its loop is encode_arguments' short path written out again, not shared: a helper call
     per argument costs the replayed step and the cache hit about 1 %. The property tests
-    hold both (and _scalar_sequence) to the general Encoder's bytes."""
-    buf = bytearray(_HEADER)
-    for index, head in plan:
+    hold both (and _scalar_sequence) to the general Encoder's bytes. (Bytes concatenated,
+    not a bytearray: a call has few arguments, and this is about 40 % faster for them.)"""
+    out = _HEADER
+    for index, head, as_int, as_float, as_str, as_none, as_true, as_false in plan:
         value = args[index]
         t = type(value)
         if t is int:
             if not -(1 << 63) <= value < (1 << 63):
                 return None
-            buf += head
-            buf += b"i"
-            buf += _pack_q(value)
+            out += as_int + _pack_q(value)
         elif t is str:
             raw = value.encode("utf-8", "surrogatepass")
             if len(raw) >= _LARGE:
                 return None
-            buf += head
-            buf += b"s"
-            buf += _pack_Q(len(raw))
-            buf += raw
+            out += as_str + _pack_Q(len(raw)) + raw
         elif t is float:
-            buf += head
-            buf += b"f"
-            buf += _NAN if value != value else _pack_d(value)
+            out += as_float + (_NAN if value != value else _pack_d(value))
         elif value is None:
-            buf += head
-            buf += b"N"
+            out += as_none
         elif t is bool:
-            buf += head
-            buf += b"T" if value else b"F"
+            out += as_true if value else as_false
         elif t is tuple or t is list:
             part = _scalar_sequence(value)
             if part is None:
                 return None
-            buf += head
-            buf += part
+            out += head + part
         else:
             return None
-    return xxhash.xxh3_128_hexdigest(bytes(buf))
+    return xxhash.xxh3_128_hexdigest(out)
 
 
 def _general_arguments(arguments: Mapping[str, Any]) -> str:

@@ -1320,14 +1320,12 @@ class DiskStore:
         data: Any = _AHEAD_MISS
         if window is not None and window[0] == run_id:
             data = window[1].pop(step_id, _AHEAD_MISS)
-            # (_step_value's common case, with open_plain inlined: every replayed step)
-            if (type(data) is bytes and self._key is None
-                    and self._key_gen == _key_generation and data[:4] == MAGIC_PLAIN
-                    and len(data) >= 12):
-                payload = data[12:]
-                if (xxhash.xxh3_64_intdigest(payload) == _plain_check(data)[1]
-                        and not payload.startswith(BLOB_REF)):
-                    return payload
+            if type(data) is bytes:  # checked by _read_ahead: every replayed step
+                if window[2] == _key_generation and self._key is None:
+                    return data
+                data = _AHEAD_MISS  # a key was set since: read and checked again
+            elif type(data) is tuple:
+                data = data[0]  # not a plain value: checked by _step_value
         if data is None or data is _AHEAD_MISS:
             found = self._step_rows("result, attempt, position", run_id, step_id, 1)
             if not found:
@@ -1418,7 +1416,21 @@ class DiskStore:
                 if size > _AHEAD_BYTES:
                     break
                 ahead[step] = result
-        self._local.window = (run_id, ahead)
+        generation = _key_generation
+        plain = self._key is None and self._key_gen == generation
+        check = xxhash.xxh3_64_intdigest
+        for step, data in ahead.items():
+            # (_step_value's common case, with open_plain inlined, for every step at once): a
+            # plain value's payload when its checksum holds; any other value as (data,)
+            if data is None:
+                continue
+            if plain and data[:4] == MAGIC_PLAIN and len(data) >= 12:
+                payload = data[12:]
+                if check(payload) == _plain_check(data)[1] and not payload.startswith(BLOB_REF):
+                    ahead[step] = payload
+                    continue
+            ahead[step] = (data,)
+        self._local.window = (run_id, ahead, generation)
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
         if data is None:
