@@ -33,12 +33,15 @@ from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
 from ._run import _UNSET, Run, executing
 from ._runtime import (
+    _MISS,
     MAIN_MODULES,
     Spec,
     begin_run,
+    begin_step,
     call_async,
     call_sync,
     end_run,
+    execute_sync,
     is_cancelled,
     validate_run_id,
 )
@@ -362,10 +365,22 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         # a cache hit)
         self._self_direct: Any = functools.partial(call, func, None) if (
             self._self_binding == "function" and not hasattr(func, "__self__")) else None
+        # a synchronous one does call_sync's work itself: a replayed step or a cache hit
+        # returns from here, one Python frame fewer
+        self._self_sync: Spec | None = spec if (
+            self._self_direct is not None and not spec.is_async) else None
+        self._self_func = func
         if getattr(spec.raw, "__module__", None) in MAIN_MODULES:
             _MAIN_TASKS[spec.identity] = self
 
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        spec = self._self_sync
+        if spec is not None:
+            value, call = begin_step(spec, None, args, kwargs)
+            if value is not _MISS:
+                return value  # type: ignore[no-any-return]
+            return execute_sync(  # type: ignore[no-any-return]
+                spec, call, self._self_func, args, kwargs)
         direct = self._self_direct
         if direct is not None:
             return direct(args, kwargs)  # type: ignore[no-any-return]

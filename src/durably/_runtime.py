@@ -928,6 +928,13 @@ def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tupl
     value, call = begin_step(spec, instance, args, kwargs)
     if value is not _MISS:
         return value
+    return execute_sync(spec, call, wrapped, args, kwargs)
+
+
+def execute_sync(spec: Spec, call: Call, wrapped: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+    """The rest of :func:`call_sync` once :func:`begin_step` found no result: execute the
+    body (under ``retry=`` / ``timeout=``) and finish ``call``."""
     if spec.retry is not None or spec.timeout is not None:
         return _call_with_policy(spec, call, wrapped, args, kwargs)
     call.enter()
