@@ -98,7 +98,7 @@ def _key_rows(con: sqlite3.Connection) -> set[tuple[Any, ...]]:
 def test_a_new_journal_has_the_format_5_indexes(store: durably.DiskStore) -> None:
     assert pipeline(3) == sum(i + 1 - i for i in range(3))
     with _journal(store.path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT == 5
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT
         assert _indexes(con, "steps") == {"steps_by_sid", "steps_unhashed", "steps_by_order"}
         assert _indexes(con, "keys") == {"keys_by_kid", "keys_by_task"}
         assert con.execute("SELECT count(*) FROM steps WHERE sid IS NULL").fetchone()[0] == 0
@@ -145,7 +145,7 @@ def test_a_format_4_journal_is_upgraded_and_its_run_resumes(store: durably.DiskS
     assert run.counts()["replayed"] == 8
     assert NOTES == [0, 1, 2, 3]  # not executed again
     with _journal(store.path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT
         assert "steps_by_id" not in _indexes(con, "steps")
         assert all(sid == step_sid(r, s) for r, s, sid in
                    con.execute("SELECT run_id, step_id, sid FROM steps"))
@@ -245,6 +245,6 @@ def test_garbage_rows_of_a_format_4_journal_do_not_stop_its_upgrade(
     assert pipeline.run(2, run_id="sound").counts()["replayed"] == 4
     assert NOTES == [0, 1]
     with _journal(store.path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT
         assert con.execute("SELECT count(*) FROM keys WHERE task='t'").fetchone()[0] == 2
         assert con.execute("SELECT count(*) FROM keys WHERE kid IS NULL").fetchone()[0] == 1

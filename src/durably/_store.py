@@ -73,6 +73,9 @@ from ._records import (
     SCHEMA_4,
     SCHEMA_5,
     SCHEMA_5_KEYS,
+    SCHEMA_6,
+    SCHEMA_6_EVENTS,
+    SCHEMA_6_LEASES,
     STEP_COLS,
     STEP_TYPES,
     EventRecord,
@@ -136,9 +139,9 @@ STORE_FORMAT = 2
 #: Version of the journal database (SQLite ``user_version``): 1 had no tracer columns and no
 #: events, 2 stored result blobs unsealed, 3 seals every blob, 4 records replayed steps many
 #: to a row (the replays table), 5 looks steps and key records up by short integer hashes
-#: (``sid``, ``kid``). Older journals are upgraded in place when first opened; a newer one is
-#: refused.
-JOURNAL_FORMAT = 5
+#: (``sid``, ``kid``), 6 writes fewer pages at the start and end of an attempt (see
+#: SCHEMA_6). Older journals are upgraded in place when first opened; a newer one is refused.
+JOURNAL_FORMAT = 6
 
 # -- the process-wide signing key (durably.configure(key=...)) --------------------------------
 _key_lock = threading.Lock()
@@ -800,6 +803,15 @@ class DiskStore:
             for statement in (SCHEMA_5 + ";" + ("" if keyed else SCHEMA_5_KEYS)).split(";"):
                 if statement.strip():
                     con.execute(statement)
+            made = dict(con.execute(
+                "SELECT name, sql FROM sqlite_master WHERE type='table' AND name IN "
+                "('events', 'leases')").fetchall())
+            for schema, due in ((SCHEMA_6_EVENTS, "AUTOINCREMENT" in made["events"]),
+                                (SCHEMA_6_LEASES, "WITHOUT ROWID" not in made["leases"]),
+                                (SCHEMA_6, True)):
+                for statement in schema.split(";") if due else ():
+                    if statement.strip():
+                        con.execute(statement)
             con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
 
     # -- cache -----------------------------------------------------------------------------
