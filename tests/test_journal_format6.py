@@ -154,7 +154,7 @@ def test_a_format_5_journal_is_upgraded_with_its_events_leases_and_runs(
     run = pipeline.run(2, run_id="first")
     assert run.result == 2 and run.counts()["replayed"] == 4
     assert NOTES == []  # its cache=False steps did not execute again
-    assert [r.run_id for r in reopened.list_runs()][0] == "first"  # the latest update
+    assert reopened.list_runs()[0].run_id == "first"  # the latest update
     with _journal(store.path) as con:
         newest = max(seq for (seq,) in con.execute("SELECT seq FROM events"))
         kinds = [k for (k,) in con.execute(

@@ -16,6 +16,7 @@ import xxhash
 from ._lease import RENEW_SECONDS, Owner
 from ._records import Replay
 from ._store import KeyRecord, StepRecord, Store, _pid
+from .exceptions import RunStateError
 
 if TYPE_CHECKING:
     from ._tracer import Event
@@ -46,6 +47,7 @@ class RunContext:
         "_cache_bytes",
         "_cache_since",
         "_cache_writes",
+        "_claiming",
         "_lock",
         "_occurrences",
         "_pending",
@@ -57,6 +59,7 @@ class RunContext:
         "attempt",
         "consumed",
         "counts",
+        "deferred",
         "ended",
         "entry",
         "halting",
@@ -147,6 +150,10 @@ class RunContext:
         #: a step of this attempt was not in the journal: the attempt is past what the
         #: earlier ones did (its next steps are most likely executed, not replayed)
         self.past_journal = False
+        #: the journaling of the attempt's start, until it first writes (see
+        #: _runtime._Deferred: an attempt of a run that ended, which has only replayed so
+        #: far); None once done, or for an attempt that journaled its start at once
+        self.deferred: Any = None
         #: steps whose result depends on an answer to interrupt() (theirs or a nested
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()
@@ -162,6 +169,7 @@ class RunContext:
         self._replays: list[Replay] = []
         self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
+        self._claiming = threading.Lock()  # (claim() does I/O: not under _lock)
         #: steps of this attempt by status: ran, cached, failed (replayed steps are counted
         #: in the journal)
         self.counts = {"ran": 0, "cached": 0, "failed": 0}
@@ -191,12 +199,33 @@ class RunContext:
             step = caller.parent if caller is not None else None
         return False
 
+    def claim(self) -> None:
+        """Journal the attempt's start now if it was deferred (:attr:`deferred`), before
+        anything else of it is journaled or executed; once, whichever thread asks first.
+        A refusal (another process holds the run, or resumed it meanwhile) stops the attempt
+        (:meth:`lose_lease`): nothing of it is journaled.
+
+        Raises:
+            RunStateError: the run is another process's now."""
+        if self.deferred is None:
+            return
+        with self._claiming:
+            deferred = self.deferred
+            if deferred is None:
+                return
+            try:
+                deferred(self)
+            except RunStateError:
+                self.lose_lease()
+                raise
+
     def journal(self, steps: list[tuple[StepRecord, bytes | None]]) -> None:
         """Journal step records of this attempt, only while the run is still its own (with a
         store that can tell: ``append_steps_if_current``). A process whose run another took over
         writes none: a late record of a step the other attempt executed again would be
         served on replay instead of that one, and what followed it would not match. The
         attempt then stops (see :meth:`lose_lease`)."""
+        self.claim()
         if_current = getattr(self.store, "append_steps_if_current", None)
         if if_current is None:
             self.store.append_steps(steps)
@@ -339,6 +368,8 @@ class RunContext:
         """Journal what :meth:`take_pending` handed over: replays many to a row in a store
         that keeps them so (``append_replays``), as step records in any other."""
         pending, replays = taken
+        if self.deferred is not None and (pending or replays):
+            self.claim()
         append = getattr(self.store, "append_replays", None)
         if replays and append is None:
             run_id, attempt = self.run_id, self.attempt

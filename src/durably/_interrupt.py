@@ -182,6 +182,7 @@ def interrupt(payload: Any = None) -> Any:
     if code is not None:  # (what tells a changed question from an edit, when answered)
         events.append(EventRecord(ctx.run_id, "interrupt_code", t, ctx.attempt, step,
                                   interrupt_id, code.encode()))
+    ctx.claim()  # (an attempt that only replayed so far: its start first)
     ctx.store.append_events(events)
     pending = Interrupt(interrupt_id, payload, step, "" if step else ctx.name)
     ctx.raised.append(pending)
@@ -292,6 +293,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     old_id = found[0]
     ctx.consumed.add(old_id)
     answer: bytes = ctx.answers[old_id]
+    ctx.claim()
     store.append_events([EventRecord(ctx.run_id, "answer", now(), ctx.attempt, step,
                                      interrupt_id, answer)])
     ctx.answers[interrupt_id] = answer
@@ -390,6 +392,7 @@ def get_writer() -> Callable[[Any], None]:
                         ctx.run_id, exc)
         if data is None or len(data) > _MAX_EVENT_BYTES:
             data = _serde.dumps(short_repr(value, 2000), what="a custom event")
+        ctx.claim()
         ctx.store.append_events([EventRecord(ctx.run_id, "custom", t, ctx.attempt, step, "",
                                              data)])
         ctx.emit(Event("custom", ctx.run_id, t, step, data=value, attempt=ctx.attempt))

@@ -21,6 +21,7 @@ import functools
 import inspect
 import itertools
 import logging
+import math
 import os
 import pickle
 import re
@@ -60,7 +61,7 @@ from ._hashing import (
     trace_digests,
 )
 from ._interrupt import InterruptSignal
-from ._lease import LEASE_SECONDS, Owner, beat, hold, let_go, me
+from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._revalidate import file_stamp
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
@@ -829,6 +830,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             step_id = legacy
             if call is not None:
                 call.step_id = legacy
+    if data is None and ctx.deferred is not None:
+        # an attempt that only replayed so far: its start journaled and its lease taken
+        # before this step executes (whichever thread gets here first; the others wait)
+        ctx.claim()
     if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
         if ctx._replays or ctx._pending:  # (whole records, with a listener: a stream)
@@ -1123,32 +1128,16 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             # once the lease is held, below)
             run_id, existing = _resolve_run(store, spec, run_id, fresh, input_digest)
             leasing = run_id
-            holder = store.acquire_run(run_id, owner)
+            # a run that ended (failed, stopped, finished) is most often resumed to replay
+            # its journal and execute what follows: its start is journaled with its first
+            # write, or with its end (see _Deferred); only looked at by lease now
+            deferred = (existing is not None and existing.status in _DEFERRED_FROM
+                        and listener is None and on_lease is None and read_cache
+                        and hasattr(store, "batch"))
+            holder = (getattr(store, "run_holder")(run_id) if deferred  # noqa: B009
+                      else store.acquire_run(run_id, owner))
             if holder is not None:
-                if holder.pid == owner.pid and holder.host == owner.host:
-                    raise RunStateError(
-                        f"run {run_id!r} is being executed in this process right now (by another "
-                        "thread, or a stream() that is still open: close it with .close(), or "
-                        "finish iterating it). Fix: wait for it, or start a separate run with "
-                        "fresh=True or another run_id.")
-                if holder.host != owner.host:
-                    # another machine, or another pid namespace (a container): its process
-                    # cannot be looked at from here, only its lease's heartbeat
-                    age = max(0.0, time.time() - holder.heartbeat)
-                    left = max(0.0, LEASE_SECONDS - age)
-                    raise RunStateError(
-                        f"run {run_id!r} is held by {holder.describe()}, which this process "
-                        "cannot look at (another machine, or another container's pid namespace)"
-                        f": its lease was renewed {age:.0f} s ago. If that process is executing "
-                        "the run, two processes must not. If it died, the run can be resumed "
-                        f"once its lease expires, in {left:.0f} s (a lease not renewed for "
-                        f"{LEASE_SECONDS:.0f} s). Fix: wait for it to finish or expire (then "
-                        "rerun), or start a separate run with fresh=True or another run_id.")
-                raise RunStateError(
-                    f"run {run_id!r} is being executed by {holder.describe()} right now; two "
-                    "processes must not execute one run. Fix: wait for it to finish (then rerun to "
-                    "get its result), or start a separate run with fresh=True or another run_id."
-                )
+                raise _held(run_id, holder, owner)
             try:
                 if not hasattr(store, "batch"):
                     # read again under the lease: another process may have finished an attempt
@@ -1167,7 +1156,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                     input_digest=input_digest,
                     args=stored_args,
                 )
-                store.put_run(record)
+                if not deferred:
+                    store.put_run(record)
                 # a record still "running" whose lease this process could take: its
                 # process died while executing it
                 resumed_from = None if existing is None else (
@@ -1187,12 +1177,15 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                             questions[e.key] = e.data
                             if e.step_id is not None:
                                 asked.add(e.step_id)
-                store.append_events([EventRecord(
+                started_event = EventRecord(
                     run_id, "run_started", t, record.attempt,
                     data=_serde.dumps({"status": resumed_from or "new"},
-                                      what="a run event"))])
+                                      what="a run event"))
+                if not deferred:
+                    store.append_events([started_event])
             except BaseException:
-                store.release_run(run_id, owner)  # never leave a lease behind
+                if not deferred:
+                    store.release_run(run_id, owner)  # never leave a lease behind
                 raise
     except BaseException:
         _abandon(store)
@@ -1211,7 +1204,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     try:
         # renewed while the attempt executes, even inside a step's body (until let_go)
         renewal = _Renewal(getattr(store, "renew_run_apart", store.renew_run), run_id, owner)
-        beat(owner, renewal)
+        if not deferred:
+            beat(owner, renewal)
         held = _answer_dependent(store, run_id, asked)
         if existing is not None and existing.status == "running":
             try:  # after a crash (the cache is another database: outside the transaction)
@@ -1228,6 +1222,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             read_ahead(run_id)
         ctx.uncacheable.update(held)
         renewal.ctx = ctx
+        if deferred:
+            assert existing is not None
+            ctx.deferred = _Deferred(store, record, existing.attempt, started_event, renewal)
+            ctx.renew_at = math.inf  # (no lease to renew until it is taken)
         if renewal.lost:  # (found while the attempt was being set up)
             ctx.lose_lease()
         ctx.entry = spec
@@ -1271,6 +1269,95 @@ class _Renewal:
             self.lost = True
             if self.ctx is not None:
                 self.ctx.lose_lease()
+
+
+#: the statuses of a run whose next attempt journals its start with its first write (see
+#: _Deferred); not "running" (a crashed attempt: its queued cache entries are put back
+#: first), "interrupted" (it waits for answers) nor "forked"
+_DEFERRED_FROM = frozenset({"failed", "stopped", "finished"})
+
+
+def _held(run_id: str, holder: Owner, owner: Owner) -> RunStateError:
+    """The error of an attempt that finds the run's lease held by ``holder``, alive."""
+    if holder.pid == owner.pid and holder.host == owner.host:
+        return RunStateError(
+            f"run {run_id!r} is being executed in this process right now (by another "
+            "thread, or a stream() that is still open: close it with .close(), or "
+            "finish iterating it). Fix: wait for it, or start a separate run with "
+            "fresh=True or another run_id.")
+    if holder.host != owner.host:
+        # another machine, or another pid namespace (a container): its process
+        # cannot be looked at from here, only its lease's heartbeat
+        age = max(0.0, time.time() - holder.heartbeat)
+        left = max(0.0, LEASE_SECONDS - age)
+        return RunStateError(
+            f"run {run_id!r} is held by {holder.describe()}, which this process "
+            "cannot look at (another machine, or another container's pid namespace)"
+            f": its lease was renewed {age:.0f} s ago. If that process is executing "
+            "the run, two processes must not. If it died, the run can be resumed "
+            f"once its lease expires, in {left:.0f} s (a lease not renewed for "
+            f"{LEASE_SECONDS:.0f} s). Fix: wait for it to finish or expire (then "
+            "rerun), or start a separate run with fresh=True or another run_id.")
+    return RunStateError(
+        f"run {run_id!r} is being executed by {holder.describe()} right now; two "
+        "processes must not execute one run. Fix: wait for it to finish (then rerun to "
+        "get its result), or start a separate run with fresh=True or another run_id."
+    )
+
+
+class _Deferred:
+    """The start of an attempt that has only replayed so far (of a run that ended: see
+    _DEFERRED_FROM). Replaying writes nothing, so the attempt takes the run's lease, marks
+    its record running and journals its start event only when it first writes: before a
+    step executes, or a record, event or batch of replays is journaled
+    (:meth:`RunContext.claim`). An attempt that only replays journals its start with its
+    end, in the one commit that ends it, without a lease: the run is resumed with one
+    commit instead of two.
+
+    Either way the write is refused, and nothing of the attempt journaled, unless the run
+    is as the attempt found it: no other process holds its lease, and its last attempt is
+    still the one before this one (another process that resumed it meanwhile, and maybe
+    finished it, keeps it). A crash before then leaves the journal as it was: replaying
+    wrote nothing, so nothing is lost."""
+
+    __slots__ = ("event", "previous", "record", "renewal", "store")
+
+    def __init__(self, store: Any, record: RunRecord, previous: int, event: EventRecord,
+                 renewal: _Renewal) -> None:
+        self.store, self.record, self.previous = store, record, previous
+        self.event, self.renewal = event, renewal
+
+    def __call__(self, ctx: RunContext, ending: bool = False) -> None:
+        """Journal the attempt's start (``ending``: inside the transaction that ends it, no
+        lease taken); start renewing the lease it took.
+
+        Raises:
+            RunStateError: another process holds the run, or resumed it meanwhile."""
+        store: Any = self.store  # (a store with batch(), run_holder(), put_run_if_current())
+        record, owner = self.record, ctx.owner
+        with _one_transaction(store):
+            holder = (store.run_holder(record.run_id) if ending
+                      else store.acquire_run(record.run_id, owner))
+            if holder is not None:
+                raise _held(record.run_id, holder, owner)
+            if not ending:
+                put = store.put_run_if_current
+                if not put(record, previous=self.previous):
+                    raise _resumed_meanwhile(record, self.previous)
+            store.append_events([self.event])
+        if not ending:  # (ending: done once the transaction that ends the attempt commits)
+            ctx.deferred = None
+            beat(owner, self.renewal)
+            ctx.renew_at = _monotonic() + RENEW_SECONDS
+
+
+def _resumed_meanwhile(record: RunRecord, previous: int) -> RunStateError:
+    """The error of an attempt whose run another process resumed while it replayed."""
+    return RunStateError(
+        f"run {record.run_id!r} was resumed by another process while this one replayed its "
+        f"journal (its last attempt is no longer {previous}): two processes must not execute "
+        "one run, so this attempt stopped before it executed or journaled anything. Fix: call "
+        "it again once the other attempt ended, to get the run's result.")
 
 
 def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
@@ -1476,13 +1563,37 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     # found by a renewal while it executed (read before the release: a renewal after it
     # finds no lease, and says nothing about this attempt)
     lost = ctx.lost
+    if lost and ctx.deferred is not None:
+        # its start was refused when it was to write (the run is another process's: the
+        # RunStateError it raised is the attempt's end): nothing of it is journaled
+        if exc is None:
+            raise _resumed_meanwhile(record, ctx.deferred.previous)  # (the error was caught)
+        return
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
         if sum(len(data) for _, data in taken[0] if data is not None) > _BATCHED_RESULT:
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
-        if record.result is None or len(record.result) <= _BATCHED_RESULT:
+        deferred = ctx.deferred  # (None once something of the attempt was journaled)
+        if deferred is not None and (
+                record.result is None or len(record.result) <= _BATCHED_RESULT):
+            # an attempt that only replayed: its start, its replays and its end in one
+            # commit, without a lease; refused (nothing written) unless the run's last
+            # attempt is still the one before it
+            try:
+                with _one_transaction(store):
+                    deferred(ctx, ending=True)
+                    ctx.deferred = None  # (its start is in this transaction: joined below)
+                    ctx.write(taken)
+                    if not _write_final(store, record, info, checked=True,
+                                        previous=deferred.previous):
+                        raise _resumed_meanwhile(record, deferred.previous)
+            except BaseException:
+                ctx.deferred = deferred  # rolled back: its start is not journaled
+                raise
+            written = True
+        elif record.result is None or len(record.result) <= _BATCHED_RESULT:
             # the buffered records, the final status and the lease's release: one commit;
             # the status only while the run is still this attempt's (another process that
             # took it over owns its record now). In this order: a store without
@@ -1501,14 +1612,17 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # each write on its own: a large result does not keep other processes' journal writes
         # waiting while it is sealed (and written to blobs/); its record only while the run is
         # still this attempt's (the statement that writes it checks); after a failure, the
-        # lease is released anyway
+        # lease is released anyway. An attempt that only replayed journals its start first
+        # (with a lease): refused, it journals nothing more
         try:
+            ctx.claim()
             ctx.write(taken)
         finally:
             try:
                 if info is None:
                     info = _final_record(record, result, exc, wall)
-                if not lost and not _write_final(store, record, info, checked=True):
+                if not lost and not ctx.lost and not _write_final(store, record, info,
+                                                                   checked=True):
                     lost = True
             finally:
                 store.release_run(record.run_id, ctx.owner)
@@ -1571,15 +1685,17 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
     return _serde.dumps(info, what="a run event")
 
 
-def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = False
-                 ) -> bool:
+def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = False,
+                 previous: int | None = None) -> bool:
     """Journal the run's final record and its final event; ``checked``: only while the run
-    is still this attempt's (with a store that can tell: ``put_run_if_current``). False
-    when it is not (nothing written)."""
+    is still this attempt's (with a store that can tell: ``put_run_if_current``; with
+    ``previous``, while its last attempt is that one). False when it is not (nothing
+    written)."""
     if_current = getattr(store, "put_run_if_current", None) if checked else None
     if if_current is None:
         store.put_run(record)
-    elif if_current(record) is False:
+    elif (if_current(record) if previous is None
+          else if_current(record, previous=previous)) is False:
         return False
     store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
                                      record.attempt, data=info)])

@@ -1201,12 +1201,14 @@ class DiskStore:
         with self._write_journal:
             self._db().execute(_PUT_RUN, values)
 
-    def put_run_if_current(self, record: RunRecord) -> bool:
+    def put_run_if_current(self, record: RunRecord, previous: int | None = None) -> bool:
         """:meth:`put_run` of an attempt's final record, only while the run is still that
         attempt's (no other process took it over: the stored record has
         ``record.attempt``), checked by the statement that writes it (a large value is
         sealed, and written to ``blobs/``, before): False, and nothing written, when it is
-        not.
+        not. With ``previous``: only while the stored record has that attempt instead (an
+        attempt whose start is journaled with this write: the one before it must still be
+        the run's last).
 
         Raises:
             StoreError: the journal cannot be written.
@@ -1214,7 +1216,7 @@ class DiskStore:
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
         values = (*run_row(record)[:8], args, result, record.error, record.run_id,
-                  record.attempt)
+                  record.attempt if previous is None else previous)
         with self._write_journal:
             return self._db().execute(_PUT_RUN_IF_CURRENT, values).rowcount == 1
 

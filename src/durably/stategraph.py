@@ -708,6 +708,7 @@ class CompiledGraph(Generic[S]):
                           if s.task == name and s.status == "ran"})
         # the parts of each node's code too (not compared: they only name what changed)
         data = {"fingerprint": self.fingerprint, "migrate_at": at, "parts": parts_of(self.graph)}
+        ctx.claim()
         ctx.store.append_events([EventRecord(ctx.run_id, "graph", now(), ctx.attempt, None,
                                              self.fingerprint_digest,
                                              _serde.dumps(data, what="the graph"))])

@@ -132,11 +132,13 @@ class MemoryStore:
     def find_step(self, run_id: str, step_id: str) -> bytes | None:
         return self._finished.get((run_id, step_id))
 
-    def put_run_if_current(self, record: RunRecord) -> bool:
-        """:meth:`put_run`, only while the run is still ``record.attempt``'s."""
+    def put_run_if_current(self, record: RunRecord, previous: int | None = None) -> bool:
+        """:meth:`put_run`, only while the run is still ``record.attempt``'s (with
+        ``previous``: while the stored record has that attempt)."""
         with self._lock:
             stored = self._runs.get(record.run_id)
-        if stored is None or stored.attempt != record.attempt:
+        if stored is None or stored.attempt != (record.attempt if previous is None
+                                                else previous):
             return False
         self.put_run(record)
         return True

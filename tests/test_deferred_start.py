@@ -1,0 +1,323 @@
+"""A resumed run that ended (failed, stopped, finished) journals its new attempt's start with
+its first write: a resume that only replays commits once; one that executes takes the lease
+and marks the run running before the first body runs; another process that resumed the run
+meanwhile keeps it, and nothing of the refused attempt is journaled."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably._context import current_run
+from durably.exceptions import RunStateError
+
+from .conftest import script_env, write_script
+
+FAIL = {"on": False}
+EXECUTED: list[int] = []
+BETWEEN: list[Callable[[], None]] = []  # called by the entrypoint after its first step
+SEEN: dict[str, Any] = {}
+
+
+@durably.task
+def inc(x: int) -> int:
+    EXECUTED.append(x)
+    return x + 1
+
+
+@durably.task
+def looked_at(x: int) -> int:
+    """Records what the journal says while its body executes."""
+    EXECUTED.append(x)
+    ctx = current_run.get()
+    assert ctx is not None
+    run_id, store = ctx.run_id, ctx.store
+    SEEN["status"] = store.find_run(run_id).status
+    SEEN["attempt"] = store.find_run(run_id).attempt
+    SEEN["holder"] = store.run_holder(run_id)
+    return x + 1
+
+
+@durably.entrypoint
+def job(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += inc(i)
+        if i == 0:
+            for hook in BETWEEN:
+                hook()
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    return total
+
+
+@durably.entrypoint
+def grows(n: int) -> int:
+    """Its steps, then one more step while FAIL is off."""
+    total = sum(inc(i) for i in range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    for hook in BETWEEN:
+        hook()
+    return total + looked_at(100)
+
+
+@durably.entrypoint
+def careless(n: int) -> int:
+    """grows, which carries on when its next step is refused."""
+    total = sum(inc(i) for i in range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    for hook in BETWEEN:
+        hook()
+    try:
+        return total + looked_at(100)
+    except RunStateError:
+        return -1
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[durably.DiskStore]:
+    disk = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=disk)
+    FAIL["on"] = False
+    EXECUTED.clear()
+    BETWEEN.clear()
+    SEEN.clear()
+    yield disk
+    FAIL["on"] = False
+    BETWEEN.clear()
+
+
+def _commits(store: durably.DiskStore) -> int:
+    """Commits in the journal's write-ahead log so far (frames that end a transaction: what
+    a commit that wrote something leaves; SQLite copies the log back to the database only
+    past thousands of pages)."""
+    data = (store.path / "journal.sqlite3-wal").read_bytes()
+    page = int.from_bytes(data[8:12], "big")
+    frames = range(32, len(data) - 24 - page + 1, 24 + page)
+    return sum(1 for at in frames if int.from_bytes(data[at + 4:at + 8], "big"))
+
+
+def _failed_run(n: int, run_id: str = "r", entry: Any = job) -> None:
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        entry.run(n, run_id=run_id)
+    FAIL["on"] = False
+    EXECUTED.clear()
+
+
+def _events(store: durably.DiskStore, run_id: str) -> list[tuple[str, int]]:
+    return [(e.kind, e.attempt) for e in store.list_events(run_id)]
+
+
+def test_a_resume_that_only_replays_commits_once(store: durably.DiskStore) -> None:
+    _failed_run(5)
+    before = _commits(store)
+    run = job.run(5, run_id="r")
+    assert run.result == 15 and run.counts()["replayed"] == 5 and EXECUTED == []
+    assert _commits(store) == before + 1
+    # what two commits journaled before: the attempt's start and end, its replays
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+    again = store.find_run("r")
+    assert (again.status, again.attempt) == ("finished", 2)
+    assert store.run_holder("r") is None
+    assert [s.status for s in store.list_steps("r", attempt=2)] == ["replayed"] * 5
+
+
+def test_a_resume_takes_the_lease_before_its_first_body_executes(
+        store: durably.DiskStore) -> None:
+    _failed_run(3, entry=grows)
+    run = grows.run(3, run_id="r")
+    assert run.result == 6 + 101 and EXECUTED == [100]
+    assert SEEN["status"] == "running" and SEEN["attempt"] == 2
+    holder = SEEN["holder"]
+    assert holder is not None and holder.pid == os.getpid()
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+
+
+def test_an_attempt_resumed_meanwhile_by_another_keeps_nothing_of_its_replay(
+        store: durably.DiskStore) -> None:
+    """Another attempt (another thread here: another process alike) resumes and finishes the
+    run while this one replays: this one's end is refused, nothing of it is journaled."""
+    _failed_run(3)
+
+    def other() -> None:
+        BETWEEN.clear()  # (the other attempt calls no hook)
+        done = job.run(3, run_id="r")
+        assert done.status == "finished"
+
+    BETWEEN.append(lambda: _in_thread(other))
+    with pytest.raises(RunStateError, match="resumed by another process"):
+        job.run(3, run_id="r")
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+    assert EXECUTED == []
+    assert job.run(3, run_id="r").result == 6  # the run goes on
+
+
+@durably.task
+def held_while_executing(x: int) -> int:
+    """What the journal says while its body executes, kept per call."""
+    ctx = current_run.get()
+    assert ctx is not None
+    rec = ctx.store.find_run(ctx.run_id)
+    holder = ctx.store.run_holder(ctx.run_id)
+    SEEN.setdefault("items", []).append(
+        (x, rec.status, rec.attempt, holder is not None and holder.pid == os.getpid()))
+    return x * 2
+
+
+def _on_threads(xs: range) -> list[int]:
+    """held_while_executing on each x, called from threads of the user's own pool."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, held_while_executing, x)
+                   for x in xs]
+        return [f.result() for f in futures]
+
+
+@durably.entrypoint
+def fan(n: int) -> int:
+    got = _on_threads(range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    return sum(got) + sum(_on_threads(range(n, 2 * n)))
+
+
+def test_items_on_threads_execute_only_once_the_attempt_holds_the_run(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first new item of a fan-out on threads journals the attempt's start; the other
+    threads wait for it: no body executes before the lease is held (the start is made
+    slow here, so that they would)."""
+    from durably import _runtime
+
+    real = _runtime._Deferred.__call__
+
+    def slow(self: Any, ctx: Any, ending: bool = False) -> None:
+        time.sleep(0.2)
+        real(self, ctx, ending)
+
+    monkeypatch.setattr(_runtime._Deferred, "__call__", slow)
+    _failed_run(8, entry=fan)
+    SEEN.clear()
+    run = fan.run(8, run_id="r")
+    assert run.result == sum(range(16)) * 2
+    assert sorted(x for x, *_ in SEEN["items"]) == list(range(8, 16))
+    assert {item[1:] for item in SEEN["items"]} == {("running", 2, True)}, SEEN["items"]
+
+
+def _held_elsewhere(store: durably.DiskStore, run_id: str) -> Callable[[], None]:
+    """A hook that gives the run's lease to a process of another machine, renewed now (as
+    if it resumed the run meanwhile and executes it)."""
+    def hook() -> None:
+        with store.batch():
+            store._db().execute("INSERT INTO leases VALUES (?, 'elsewhere', 7, NULL, 'tok', ?)",
+                                (run_id, time.time()))
+    return hook
+
+
+def test_an_attempt_that_must_execute_is_refused_while_another_holds_the_run(
+        store: durably.DiskStore) -> None:
+    """Another process took the run's lease while this attempt replayed: this one stops
+    before the first body it would execute, and journals nothing."""
+    _failed_run(3, entry=grows)
+    before = (store.find_run("r"), _events(store, "r"), store.list_steps("r"))
+    BETWEEN.append(_held_elsewhere(store, "r"))
+    with pytest.raises(RunStateError, match="held by"):
+        grows.run(3, run_id="r")
+    assert EXECUTED == []  # looked_at's body never ran
+    assert (store.find_run("r"), _events(store, "r"), store.list_steps("r")) == before
+
+
+def test_a_refusal_caught_by_the_entrypoint_still_ends_the_attempt_with_it(
+        store: durably.DiskStore) -> None:
+    _failed_run(3, entry=careless)
+    before = (store.find_run("r"), _events(store, "r"), store.list_steps("r"))
+    BETWEEN.append(_held_elsewhere(store, "r"))
+    with pytest.raises(RunStateError, match="resumed by another process"):
+        careless.run(3, run_id="r")
+    assert EXECUTED == []
+    assert (store.find_run("r"), _events(store, "r"), store.list_steps("r")) == before
+
+
+def _in_thread(fn: Callable[[], None]) -> None:
+    errors: list[BaseException] = []
+    thread = threading.Thread(target=lambda: errors.extend(
+        [r] if isinstance(r := _catch(fn), BaseException) else []))
+    thread.start()
+    thread.join(30)
+    assert not errors, errors
+
+
+def _catch(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        return exc
+
+
+KILLED_WHILE_REPLAYING = """
+import os, sys, time
+import durably
+
+@durably.task
+def step(i):
+    print("executed", i, flush=True)
+    return i
+
+@durably.entrypoint
+def job(n):
+    total = 0
+    for i in range(n):
+        total += step(i)
+        if os.environ.get("PAUSE") and i == n // 2:
+            print("paused", flush=True)
+            time.sleep(60)
+    if os.environ.get("FAIL"):
+        raise RuntimeError("stop")
+    return total
+
+print("result", job.run(int(sys.argv[1]), run_id="k").result, flush=True)
+"""
+
+
+def test_a_process_killed_while_it_replays_leaves_the_journal_as_it_was(
+        tmp_path: Path) -> None:
+    script = write_script(tmp_path / "killed.py", KILLED_WHILE_REPLAYING)
+    env = script_env(tmp_path / "store")
+    failed = subprocess.run([sys.executable, str(script), "6"], env={**env, "FAIL": "1"},
+                            capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and failed.stdout.count("executed") == 6
+    store = durably.DiskStore(tmp_path / "store")
+    before = (store.find_run("k"), _events(store, "k"), store.list_steps("k"))
+    store.close()
+    with subprocess.Popen([sys.executable, str(script), "6"], env={**env, "PAUSE": "1"},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        # 4 steps replayed, none executed
+        assert proc.stdout.readline().strip() == "paused", proc.communicate()
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+    store = durably.DiskStore(tmp_path / "store")
+    assert (store.find_run("k"), _events(store, "k"), store.list_steps("k")) == before
+    store.close()
+    done = subprocess.run([sys.executable, str(script), "6"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "result 15"  # every step replayed: none executed again
