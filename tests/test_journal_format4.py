@@ -297,9 +297,9 @@ def test_a_large_result_is_written_outside_the_transaction_that_ends_the_attempt
         seen.append((record.status, store._db().in_transaction))
         real(record)
 
-    def put_run_if_current(record: Any) -> bool:  # (the attempt's end, checked)
+    def put_run_if_current(record: Any, previous: Any = None) -> bool:  # (checked)
         seen.append((record.status, store._db().in_transaction))
-        return real_checked(record)
+        return real_checked(record, previous)
 
     monkeypatch.setattr(store, "put_run", put_run)
     monkeypatch.setattr(store, "put_run_if_current", put_run_if_current)

@@ -1133,8 +1133,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             # write, or with its end (see _Deferred); only looked at by lease now
             deferred = (existing is not None and existing.status in _DEFERRED_FROM
                         and listener is None and on_lease is None and read_cache
-                        and hasattr(store, "batch"))
-            holder = (getattr(store, "run_holder")(run_id) if deferred  # noqa: B009
+                        and hasattr(store, "batch") and hasattr(store, "check_run"))
+            holder = (getattr(store, "check_run")(run_id, owner) if deferred  # noqa: B009
                       else store.acquire_run(run_id, owner))
             if holder is not None:
                 raise _held(run_id, holder, owner)
@@ -1333,10 +1333,10 @@ class _Deferred:
 
         Raises:
             RunStateError: another process holds the run, or resumed it meanwhile."""
-        store: Any = self.store  # (a store with batch(), run_holder(), put_run_if_current())
+        store: Any = self.store  # (a store with batch(), check_run(), put_run_if_current())
         record, owner = self.record, ctx.owner
         with _one_transaction(store):
-            holder = (store.run_holder(record.run_id) if ending
+            holder = (store.check_run(record.run_id, owner) if ending
                       else store.acquire_run(record.run_id, owner))
             if holder is not None:
                 raise _held(record.run_id, holder, owner)

@@ -1226,20 +1226,43 @@ class DiskStore:
             if db.execute("INSERT INTO leases VALUES (?, ?, ?, ?, ?, ?) "
                           "ON CONFLICT (run_id) DO NOTHING", lease).rowcount == 1:
                 return None  # (the common case: nobody held it)
-            row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
-                             "WHERE run_id=?", (run_id,)).fetchone()
-            if row is not None:
-                holder = Owner(*row)
-                try:
-                    alive = holder.alive(time.time())
-                except (TypeError, ValueError, OverflowError):  # a damaged lease row
-                    log.warning("durably: the lease of run %r at %s is damaged (%r); taking it "
-                                "over", run_id, self.path, row)
-                    alive = False
-                if (holder.token != owner.token and holder.token not in self._unreleased
-                        and alive):
-                    return holder
+            holder = self._live_holder(db, run_id, owner)
+            if holder is not None:
+                return holder
             db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)", lease)
+        return None
+
+    def check_run(self, run_id: str, owner: Owner) -> Owner | None:
+        """The live holder of the run's lease other than ``owner``, else None, without
+        taking the lease: for an attempt whose start and end are written in one transaction
+        (an attempt that only replayed). A lease its process left behind (dead, or a damaged
+        row: with a warning) is removed, as :meth:`acquire_run` would take it over.
+
+        Raises:
+            StoreError: the journal cannot be written.
+        """
+        with self._write_journal, immediate(self._db()) as db:
+            return self._live_holder(db, run_id, owner, remove=True)
+
+    def _live_holder(self, db: sqlite3.Connection, run_id: str, owner: Owner,
+                     remove: bool = False) -> Owner | None:
+        """The live holder of the run's lease row other than ``owner`` (inside a write
+        transaction), else None; ``remove``: a row that is not live is deleted."""
+        row = db.execute("SELECT host, pid, started, token, heartbeat FROM leases "
+                         "WHERE run_id=?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        holder = Owner(*row)
+        try:
+            alive = holder.alive(time.time())
+        except (TypeError, ValueError, OverflowError):  # a damaged lease row
+            log.warning("durably: the lease of run %r at %s is damaged (%r); taking it "
+                        "over", run_id, self.path, row)
+            alive = False
+        if holder.token != owner.token and holder.token not in self._unreleased and alive:
+            return holder
+        if remove:
+            db.execute("DELETE FROM leases WHERE run_id=?", (run_id,))
         return None
 
     def run_holder(self, run_id: str) -> Owner | None:
