@@ -1335,18 +1335,21 @@ class _Deferred:
             RunStateError: another process holds the run, or resumed it meanwhile."""
         store: Any = self.store  # (a store with batch(), check_run(), put_run_if_current())
         record, owner = self.record, ctx.owner
-        with _one_transaction(store):
-            holder = (store.check_run(record.run_id, owner) if ending
-                      else store.acquire_run(record.run_id, owner))
-            if holder is not None:
-                raise _held(record.run_id, holder, owner)
-            if not ending:
-                put = store.put_run_if_current
-                if not put(record, previous=self.previous):
-                    raise _resumed_meanwhile(record, self.previous)
-            store.append_events([self.event])
         if not ending:  # (ending: done once the transaction that ends the attempt commits)
-            ctx.deferred = None
+            ctx.deferred = None  # (before the commit: a Ctrl-C after it journals no 2nd start)
+        try:
+            with _one_transaction(store):
+                holder = (store.check_run(record.run_id, owner) if ending
+                          else store.acquire_run(record.run_id, owner))
+                if holder is not None:
+                    raise _held(record.run_id, holder, owner)
+                if not ending and not store.put_run_if_current(record, previous=self.previous):
+                    raise _resumed_meanwhile(record, self.previous)
+                store.append_events([self.event])
+        except BaseException:
+            ctx.deferred = self  # (rolled back: its start is still to be journaled)
+            raise
+        if not ending:
             beat(owner, self.renewal)
             ctx.renew_at = _monotonic() + RENEW_SECONDS
 
