@@ -321,3 +321,71 @@ def test_a_process_killed_while_it_replays_leaves_the_journal_as_it_was(
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "result 15"  # every step replayed: none executed again
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     where: str) -> None:
+    """A Ctrl-C landing as the commit of a deferred start (or of an attempt that only
+    replayed) returns: the commit stands, the call raises KeyboardInterrupt (not a
+    RunStateError about another process), and the run reads as that attempt left it."""
+    from durably import _records, _runtime
+
+    entry = grows if where == "start" else job
+    _failed_run(3, entry=entry)
+    if where == "end":
+        assert job.run(3, run_id="r").status == "finished"  # attempt 2; 3 only replays
+    armed = [False]
+    real_exit, real_call = _records.immediate.__exit__, _runtime._Deferred.__call__
+
+    def exit_then_ctrl_c(self: Any, kind: Any, exc: Any, tb: Any) -> None:
+        real_exit(self, kind, exc, tb)
+        if armed[0] and kind is None and not self.joined:
+            armed[0] = False
+            raise KeyboardInterrupt("as the commit returned")
+
+    def arm(self: Any, ctx: Any, ending: bool = False) -> None:
+        armed[0] = True
+        real_call(self, ctx, ending)
+
+    monkeypatch.setattr(_records.immediate, "__exit__", exit_then_ctrl_c)
+    monkeypatch.setattr(_runtime._Deferred, "__call__", arm)
+    with pytest.raises(KeyboardInterrupt):
+        entry.run(3, run_id="r")
+    monkeypatch.undo()
+    rec = store.find_run("r")
+    if where == "start":  # the start stands; the attempt ended by the Ctrl-C
+        assert (rec.status, rec.attempt) == ("stopped", 2)
+        assert EXECUTED == []  # stopped before looked_at's body
+    else:
+        assert (rec.status, rec.attempt) == ("finished", 3)
+    assert store.run_holder("r") is None
+    assert [e.attempt for e in store.list_events("r", ("run_started",))] == list(
+        range(1, rec.attempt + 1))
+    assert entry.run(3, run_id="r").status == "finished"
+
+
+def test_a_lease_left_by_an_interrupted_attempt_is_taken_over_by_a_replay(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt Ctrl-C'd as it released its lease leaves it behind; the next call of the
+    process, which only replays, removes it (as taking it over did): other processes are
+    not kept out."""
+    _failed_run(3, entry=grows)
+    real = durably.DiskStore.release_run
+    calls = [0]
+
+    def interrupted(self: Any, run_id: str, owner: Any) -> bool:
+        calls[0] += 1
+        if calls[0] <= 2:
+            raise KeyboardInterrupt  # twice: the release and the retry after it
+        return real(self, run_id, owner)
+
+    monkeypatch.setattr(durably.DiskStore, "release_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        grows.run(3, run_id="r")  # executes looked_at: takes the lease
+    monkeypatch.undo()
+    leftover = store._db().execute("SELECT pid FROM leases").fetchall()
+    assert leftover == [(os.getpid(),)]
+    assert grows.run(3, run_id="r").counts()["replayed"] == 4  # only replays
+    assert store._db().execute("SELECT count(*) FROM leases").fetchone() == (0,)

@@ -1346,12 +1346,34 @@ class _Deferred:
                 if not ending and not store.put_run_if_current(record, previous=self.previous):
                     raise _resumed_meanwhile(record, self.previous)
                 store.append_events([self.event])
-        except BaseException:
-            ctx.deferred = self  # (rolled back: its start is still to be journaled)
+        except BaseException as exc:
+            if ending:
+                raise
+            if isinstance(exc, RunStateError) or not _journaled(store, record):
+                ctx.deferred = self  # (rolled back: its start is still to be journaled)
+                raise
+            # committed, then interrupted as it returned (a Ctrl-C): the lease is held
+            self._held(ctx)
             raise
         if not ending:
-            beat(owner, self.renewal)
-            ctx.renew_at = _monotonic() + RENEW_SECONDS
+            self._held(ctx)
+
+    def _held(self, ctx: RunContext) -> None:
+        """The lease is taken: renew it from now on."""
+        beat(ctx.owner, self.renewal)
+        ctx.renew_at = _monotonic() + RENEW_SECONDS
+
+
+def _journaled(store: Any, record: RunRecord) -> bool:
+    """Whether the run's stored record is ``record`` as written (same attempt, status and
+    time): a transaction interrupted as it returned (a Ctrl-C landing as its COMMIT ended)
+    committed after all. False when that cannot be read."""
+    try:
+        stored = store.find_run(record.run_id)
+    except Exception:  # noqa: BLE001 - unreadable: taken as not written (the safe side)
+        return False
+    return (stored is not None and stored.attempt == record.attempt
+            and stored.status == record.status and stored.updated == record.updated)
 
 
 def _resumed_meanwhile(record: RunRecord, previous: int) -> RunStateError:
@@ -1592,8 +1614,12 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                     if not _write_final(store, record, info, checked=True,
                                         previous=deferred.previous):
                         raise _resumed_meanwhile(record, deferred.previous)
-            except BaseException:
-                ctx.deferred = deferred  # rolled back: its start is not journaled
+            except BaseException as error:
+                if isinstance(error, RunStateError) or not _journaled(store, record):
+                    ctx.deferred = deferred  # rolled back: its start is not journaled
+                    raise
+                # committed, then interrupted as it returned (a Ctrl-C): the end is written
+                written = True
                 raise
             written = True
         elif record.result is None or len(record.result) <= _BATCHED_RESULT:
