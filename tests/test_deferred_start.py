@@ -205,15 +205,13 @@ def test_items_on_threads_execute_only_once_the_attempt_holds_the_run(
     """The first new item of a fan-out on threads journals the attempt's start; the other
     threads wait for it: no body executes before the lease is held (the start is made
     slow here, so that they would)."""
-    from durably import _runtime
+    real = durably.DiskStore.acquire_run
 
-    real = _runtime._Deferred.__call__
+    def slow(self: Any, run_id: str, owner: Any) -> Any:
+        time.sleep(0.2)  # (inside the transaction that journals the start)
+        return real(self, run_id, owner)
 
-    def slow(self: Any, ctx: Any, ending: bool = False) -> None:
-        time.sleep(0.2)
-        real(self, ctx, ending)
-
-    monkeypatch.setattr(_runtime._Deferred, "__call__", slow)
+    monkeypatch.setattr(durably.DiskStore, "acquire_run", slow)
     _failed_run(8, entry=fan)
     SEEN.clear()
     run = fan.run(8, run_id="r")
@@ -389,3 +387,81 @@ def test_a_lease_left_by_an_interrupted_attempt_is_taken_over_by_a_replay(
     assert leftover == [(os.getpid(),)]
     assert grows.run(3, run_id="r").counts()["replayed"] == 4  # only replays
     assert store._db().execute("SELECT count(*) FROM leases").fetchone() == (0,)
+
+
+def test_a_ctrl_c_before_the_start_commits_leaves_it_unwritten(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C landing as the deferred start's transaction ends, before its COMMIT: the
+    start is not journaled (nor taken as journaled), the attempt ends stopped in one
+    commit, its replays recorded once."""
+    from durably import _runtime, _store
+
+    _failed_run(3, entry=grows)
+    armed = [False]
+    real_exit, real_call = _store._Batch.__exit__, _runtime._Deferred.__call__
+
+    def ctrl_c_first(self: Any, kind: Any, exc: Any, tb: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt("as the transaction was to commit")  # (left open)
+        real_exit(self, kind, exc, tb)
+
+    def arm(self: Any, ctx: Any, ending: bool = False) -> None:
+        armed[0] = not ending
+        real_call(self, ctx, ending)
+
+    monkeypatch.setattr(_store._Batch, "__exit__", ctrl_c_first)
+    monkeypatch.setattr(_runtime._Deferred, "__call__", arm)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        grows.run(3, run_id="r")
+    monkeypatch.undo()
+    assert not getattr(caught.value, "__notes__", None)  # (no "lost the run's lease")
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("stopped", 2) and EXECUTED == []
+    assert [s.status for s in store.list_steps("r", attempt=2)] == ["replayed"] * 3
+    assert store.run_holder("r") is None
+    again = grows.run(3, run_id="r")
+    assert (again.status, again.attempt) == ("finished", 3) and EXECUTED == [100]
+
+
+@pytest.mark.parametrize("ending", [KeyboardInterrupt, SystemExit])
+def test_a_ctrl_c_ending_an_attempt_refused_at_its_end_goes_on(
+        store: durably.DiskStore, ending: type[BaseException]) -> None:
+    """Another attempt finished the run while this one replayed, and this one ends by a
+    Ctrl-C (or sys.exit): that goes on, the refusal in a note; nothing of it is journaled."""
+    _failed_run(3)
+
+    def other_then_stop() -> None:
+        BETWEEN.clear()
+        _in_thread(lambda: None if job.run(3, run_id="r").status == "finished" else 1 / 0)
+        raise ending()
+
+    BETWEEN.append(other_then_stop)
+    with pytest.raises(ending) as caught:
+        job.run(3, run_id="r")
+    assert any("resumed by another process" in n for n in caught.value.__notes__)
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+
+
+def test_a_large_result_never_journals_the_start_as_the_end(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that only replayed and returns a large result journals its start on its
+    own: that record says running (killed before its end: crashed), not its final status."""
+    from durably import _runtime
+
+    _failed_run(3)
+    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+
+    def killed(*args: Any, **kwargs: Any) -> bool:
+        raise SystemExit("killed before the end was written")
+
+    monkeypatch.setattr(_runtime, "_write_final", killed)
+    with pytest.raises(SystemExit):
+        job.run(3, run_id="r")
+    monkeypatch.undo()
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt, rec.result) == ("running", 2, None)
+    assert job.run(3, run_id="r").result == 6

@@ -16,6 +16,7 @@ import textwrap
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1316,3 +1317,57 @@ def test_a_file_nested_anywhere_rewritten_by_its_task_is_not_cached(tmp_path: Pa
     assert ns["via_global"]() == "v1"
     path.write_text("v1")
     assert ns["via_global"].explain().hit is False
+
+
+def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write lands after the key was made from the old content, before the body starts
+    (a loaded machine stretches that moment): the body reads the new content, and that
+    result is not cached under the old content's key. A file only touched (its content the
+    same) still leaves its result cached."""
+    from durably import _runtime
+
+    durably.configure(store=durably.DiskStore(tmp_path / "store"))
+    data = tmp_path / "data.txt"
+    data.write_text("OLD")
+    ran: list[str] = []
+
+    @durably.task
+    def read(f: durably.File) -> str:
+        ran.append(f.read_text())
+        return f.read_text()
+
+    real = _runtime.Spec.key_and_code
+    writes = {"now": "NEW"}
+
+    def then_written(self: Any, input_digest: str) -> Any:
+        made = real(self, input_digest)
+        if writes["now"] is not None:
+            data.write_text(writes["now"])  # right after the key, before the body
+            writes["now"] = None
+        return made
+
+    monkeypatch.setattr(_runtime.Spec, "key_and_code", then_written)
+    assert read(durably.file(data)) == "NEW"  # what was there when it ran
+    monkeypatch.undo()
+    data.write_text("OLD")
+    assert read(durably.file(data)) == "OLD"  # not served the result read from NEW
+    assert ran == ["NEW", "OLD"]
+    os.utime(data, (1, 1))  # touched: another stamp, the same content
+    assert read(durably.file(data)) == "OLD" and ran == ["NEW", "OLD"]  # a hit
+
+
+def test_a_file_touched_while_its_task_runs_still_caches_the_result(tmp_path: Path) -> None:
+    durably.configure(store=durably.DiskStore(tmp_path / "store"))
+    data = tmp_path / "data.txt"
+    data.write_text("SAME")
+    ran: list[str] = []
+
+    @durably.task
+    def read(f: durably.File) -> str:
+        os.utime(f, (2, 2))  # touched (as a copy tool might), not changed
+        ran.append(f.read_text())
+        return f.read_text()
+
+    assert read(durably.file(data)) == read(durably.file(data)) == "SAME"
+    assert ran == ["SAME"]  # the second call was a hit

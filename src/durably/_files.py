@@ -13,9 +13,20 @@ __all__ = ["File", "file"]
 
 _CHUNK = 1 << 20
 #: the files digested while it is set (a call's inputs, a fingerprint's values), wherever
-#: they are nested: a file rewritten while its task runs keeps that result out of the cache
-SEEN: contextvars.ContextVar[list[File] | None] = contextvars.ContextVar(
+#: they are nested, each with its :func:`file_stamp` taken before its content was read and
+#: the digest of that content: a file rewritten after that (while its task runs, or before
+#: it started) keeps that result out of the cache
+SEEN: contextvars.ContextVar[list[tuple[File, Any, str]] | None] = contextvars.ContextVar(
     "durably_files_seen", default=None)
+
+
+def file_stamp(f: File) -> tuple[int, ...] | None:
+    """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
+    try:
+        st = os.stat(f.path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 class File(os.PathLike[str]):
@@ -68,9 +79,23 @@ class File(os.PathLike[str]):
 
     def __durably_digest__(self) -> tuple[str, str]:
         seen = SEEN.get()
-        if seen is not None:
-            seen.append(self)
-        return (str(self.path), self.content_digest())
+        if seen is None:
+            return (str(self.path), self.content_digest())
+        stamp = file_stamp(self)  # (before the read: a write after it shows)
+        digest = self.content_digest()
+        seen.append((self, stamp, digest))
+        return (str(self.path), digest)
+
+    def changed_since(self, stamp: Any, digest: str) -> bool:
+        """Whether the file is no longer the one stamped ``stamp`` (:func:`file_stamp`) with
+        content ``digest``: os.stat() first, the content only when that differs (a file
+        touched but not changed reads as unchanged)."""
+        if file_stamp(self) == stamp:
+            return False
+        try:
+            return self.content_digest() != digest
+        except OSError:
+            return True
 
     def read_bytes(self) -> bytes:
         """The file's content."""

@@ -595,7 +595,11 @@ class _Walker(_StateFinder):
         seconds) and the digests it gave the functions and classes inside (``met``)."""
         if id(value) not in self.unchecked:
             self.keep.append(value)
-            self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, took)
+            stamp = None  # a durably.file(): its stamp from before the walk read it
+            if isinstance(value, File):
+                stamp = next((s for f, s, _ in reversed(SEEN.get() or ()) if f is value), None)
+            self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, took,
+                                                  stamp)
 
     def klass(self, c: type) -> str:
         from ._class_code import _generated  # lazily: it imports this module
@@ -853,7 +857,7 @@ def fingerprint_function(func: Any) -> Fingerprint:
     if isinstance(func, (staticmethod, classmethod)):
         func = func.__func__
     w: _Walker | None = None
-    seen: list[File] = []  # the durably.file() values it meets, however nested
+    seen: list[tuple[File, Any, str]] = []  # the durably.file() values it meets, nested too
     token = SEEN.set(seen)
     try:
         for _ in range(_PASSES):
@@ -871,7 +875,10 @@ def fingerprint_function(func: Any) -> Fingerprint:
     assert w is not None
     fp = Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
                      w.functions, list(w.unchecked.values()))
-    fp.files = list(dict.fromkeys(seen))
+    first: dict[File, tuple[File, Any, str]] = {}
+    for found in seen:
+        first.setdefault(found[0], found)  # (its stamp from before its first read)
+    fp.files = list(first.values())
     return fp
 
 

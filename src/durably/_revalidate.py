@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextvars
 import io
-import os
 import pickle
 import time
 import types
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 
 import wrapt
 
-from ._files import File
+from ._files import File, file_stamp
 from ._hashing import _ENCODERS, Encoder
 
 __all__ = ["Fingerprint", "Unchecked", "file_stamp", "full_digest", "registry_ids"]
@@ -227,7 +226,7 @@ class Unchecked:
     __slots__ = ("checked", "cost", "digest", "met", "name", "stamp", "value")
 
     def __init__(self, value: Any, name: str, met: dict[int, str], digest: str,
-                 cost: float) -> None:
+                 cost: float, stamp: Any = None) -> None:
         self.value, self.name = value, name
         self.met = met  # the digests the walk gave the functions and classes inside, by id
         self.digest = digest  # its digest when the fingerprint was taken
@@ -235,16 +234,8 @@ class Unchecked:
         self.checked = time.monotonic()  # when it was last digested
         #: a durably.file(): its os.stat() when digested (a stat on every call tells whether
         #: it may have changed; its contents are read again only then)
-        self.stamp = file_stamp(value) if isinstance(value, File) else None
-
-
-def file_stamp(f: File) -> tuple[int, ...] | None:
-    """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
-    try:
-        st = os.stat(f.path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        #: (``stamp``: the one taken before the walk read it; a later write then shows)
+        self.stamp = (stamp or file_stamp(value)) if isinstance(value, File) else None
 
 
 def full_digest(value: Any, nested: _Nested | None = None) -> str:
@@ -300,7 +291,7 @@ class Fingerprint:
         self._checks = _grouped(checks or [])  # small mutable configuration values
         #: the durably.file() values it depends on, however nested (set by the walk): a
         #: file edited while a step runs keeps that step's result out of the cache
-        self.files: list[File] = []
+        self.files: list[tuple[File, Any, str]] = []  # (with its stamp and digest then)
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts

@@ -63,7 +63,6 @@ from ._hashing import (
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
-from ._revalidate import file_stamp
 from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
@@ -548,8 +547,8 @@ class Call:
         #: occurrence (its task's identity is its spec's); None outside a run
         self.path_head: tuple[str, int] | None = None
         self.path: str | None = None  # its call path, once a nested side effect asked
-        #: the durably.file() inputs of a body about to run, with their os.stat() then
-        self.files: list[tuple[File, Any]] | None = None
+        #: the durably.file() inputs of a body about to run (see _file_inputs)
+        self.files: list[tuple[File, Any, str]] | None = None
 
     def files_changed(self) -> bool:
         """Whether a durably.file() input (an argument, or a global checked by contents)
@@ -557,7 +556,7 @@ class Call:
         its result is not cached under the key of the version before."""
         if not self.files:
             return False
-        changed = [f for f, stamp in self.files if file_stamp(f) != stamp]
+        changed = [f for f, stamp, digest in self.files if f.changed_since(stamp, digest)]
         if changed:
             log.info("durably: %s %r: %s changed while it executed; its result is not cached",
                      self.spec.kind, self.spec.name, changed[0])
@@ -695,15 +694,20 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
         ctx.journal([(caller.record("started"), None)])
 
 
-def _file_inputs(spec: Spec, files: list[File] | None) -> list[tuple[File, Any]] | None:
-    """The durably.file() inputs of a body about to run, with their os.stat() now: those
-    its arguments' digest met (``files``), and those of its code fingerprint, however
-    nested. None when it has none."""
-    found = list(dict.fromkeys(files or ()))
+def _file_inputs(spec: Spec, files: list[tuple[File, Any, str]] | None
+                 ) -> list[tuple[File, Any, str]] | None:
+    """The durably.file() inputs of a body about to run, each with the os.stat() taken
+    before its content was read for the key, and that content's digest: those its
+    arguments' digest met (``files``), and those of its code fingerprint, however nested. A
+    file written after it was read, even before the body started, keeps the result out of
+    the cache (:meth:`Call.files_changed`). None when it has none."""
+    found: dict[File, tuple[File, Any, str]] = {}
+    for entry in files or ():
+        found.setdefault(entry[0], entry)
     fp = spec._fingerprint
-    if fp is not None and fp.files:
-        found.extend(f for f in fp.files if f not in found)
-    return [(f, file_stamp(f)) for f in found] or None
+    for entry in fp.files if fp is not None else ():
+        found.setdefault(entry[0], entry)
+    return list(found.values()) or None
 
 
 def call_path(ctx: RunContext, step_id: str) -> str:
@@ -747,7 +751,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
     taken: dict[str, list[str | None]] | None = None  # and their elements', for the tracer
     classes: dict[str, str] | None = None  # and their user classes' code, for explain
-    files: list[File] | None = None  # the durably.file() values among them (see below)
+    files: list[tuple[File, Any, str]] | None = None  # the durably.file() values among them
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
@@ -1324,7 +1328,8 @@ class _Deferred:
 
     def __init__(self, store: Any, record: RunRecord, previous: int, event: EventRecord,
                  renewal: _Renewal) -> None:
-        self.store, self.record, self.previous = store, record, previous
+        # (a copy: the attempt's record becomes its final one, which the start must not be)
+        self.store, self.record, self.previous = store, dataclasses.replace(record), previous
         self.event, self.renewal = event, renewal
 
     def __call__(self, ctx: RunContext, ending: bool = False) -> None:
@@ -1335,8 +1340,8 @@ class _Deferred:
             RunStateError: another process holds the run, or resumed it meanwhile."""
         store: Any = self.store  # (a store with batch(), check_run(), put_run_if_current())
         record, owner = self.record, ctx.owner
-        if not ending:  # (ending: done once the transaction that ends the attempt commits)
-            ctx.deferred = None  # (before the commit: a Ctrl-C after it journals no 2nd start)
+        # ctx.deferred stays set until the commit: other threads wait in claim() meanwhile
+        # (ending: it is cleared once the transaction that ends the attempt commits)
         try:
             with _one_transaction(store):
                 holder = (store.check_run(record.run_id, owner) if ending
@@ -1347,15 +1352,14 @@ class _Deferred:
                     raise _resumed_meanwhile(record, self.previous)
                 store.append_events([self.event])
         except BaseException as exc:
-            if ending:
-                raise
-            if isinstance(exc, RunStateError) or not _journaled(store, record):
-                ctx.deferred = self  # (rolled back: its start is still to be journaled)
-                raise
+            if ending or isinstance(exc, RunStateError) or not _journaled(store, record):
+                raise  # (rolled back: its start is still to be journaled)
             # committed, then interrupted as it returned (a Ctrl-C): the lease is held
+            ctx.deferred = None
             self._held(ctx)
             raise
         if not ending:
+            ctx.deferred = None
             self._held(ctx)
 
     def _held(self, ctx: RunContext) -> None:
@@ -1367,8 +1371,10 @@ class _Deferred:
 def _journaled(store: Any, record: RunRecord) -> bool:
     """Whether the run's stored record is ``record`` as written (same attempt, status and
     time): a transaction interrupted as it returned (a Ctrl-C landing as its COMMIT ended)
-    committed after all. False when that cannot be read."""
+    committed after all. What this thread's connection left open is rolled back first (it
+    was not committed: read inside it, it would say so). False when that cannot be read."""
     try:
+        _abandon(store)
         stored = store.find_run(record.run_id)
     except Exception:  # noqa: BLE001 - unreadable: taken as not written (the safe side)
         return False
@@ -1594,6 +1600,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         if exc is None:
             raise _resumed_meanwhile(record, ctx.deferred.previous)  # (the error was caught)
         return
+    refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
@@ -1614,8 +1621,13 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                     if not _write_final(store, record, info, checked=True,
                                         previous=deferred.previous):
                         raise _resumed_meanwhile(record, deferred.previous)
-            except BaseException as error:
-                if isinstance(error, RunStateError) or not _journaled(store, record):
+            except RunStateError as error:
+                # the run is another process's: nothing of this attempt is journaled
+                ctx.deferred = deferred
+                refused = error
+                written = True  # (there is nothing to write)
+            except BaseException:
+                if not _journaled(store, record):
                     ctx.deferred = deferred  # rolled back: its start is not journaled
                     raise
                 # committed, then interrupted as it returned (a Ctrl-C): the end is written
@@ -1660,6 +1672,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise failure
         finally:
             failure = None  # no reference cycle: what the error holds is freed with it
+    if refused is not None:
+        if exc is None or isinstance(exc, (Exception, StopRun, InterruptSignal)):
+            raise refused
+        exc.add_note(str(refused))  # a Ctrl-C, SystemExit or cancellation goes on as it is
+        return
     if lost:
         lost_error = _lost(ctx, record, exc)
         if exc is None or isinstance(exc, (Exception, StopRun, InterruptSignal)):
