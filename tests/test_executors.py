@@ -183,6 +183,14 @@ async def asquare_slow(x: int, log: str) -> int:
 
 
 @durably.task(ignore=("log",))
+async def askewed(x: int, log: str) -> int:
+    """Item 1 is slower than the others: item 0 finishes alone, and item 2 starts."""
+    _mark(log, f"askewed {x}")
+    await asyncio.sleep(0.15 if x == 1 else 0.05)
+    return x * x
+
+
+@durably.task(ignore=("log",))
 async def asquare_lingering(x: int, log: str) -> int:
     """Takes 0.3 s to clean up when cancelled."""
     _mark(log, f"asquare_lingering {x}")
@@ -371,6 +379,29 @@ def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: s
     total = entry(20) if how == "sync" else asyncio.run(entry(20))
     assert total == sum(x * x for x in range(20))
     assert sorted(_lines(log)) == sorted(f"{first[0].split()[0]} {x}" for x in range(20))
+
+
+def test_an_async_item_running_when_a_stream_closes_finishes_and_is_journaled(
+        store: Any, log: str) -> None:
+    """Item 0 finishes alone and item 2 starts; the stream is closed; item 1 finishes and
+    the map stops with item 2 running: item 2 is not cancelled mid-body (it was, and the
+    next call executed it again), it finishes and is journaled, as on a thread."""
+    @durably.entrypoint
+    async def ajob(n: int) -> int:
+        return sum(await askewed.map(range(n), [log] * n, max_workers=2))
+
+    async def consume() -> None:
+        async with contextlib.aclosing(ajob.stream(20)) as events:
+            async for event in events:
+                if event.kind == "step_finished":
+                    break
+
+    asyncio.run(consume())
+    first = _lines(log)
+    (run,) = durably.list_runs(ajob)
+    assert run.status == "stopped" and run.counts()["ran"] == len(first) == 3, first
+    assert asyncio.run(ajob(20)) == sum(x * x for x in range(20))
+    assert sorted(_lines(log)) == sorted(f"askewed {x}" for x in range(20))  # each once
 
 
 def _ctrl_c(*after: float) -> list[threading.Timer]:

@@ -1157,15 +1157,17 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
     try:
         fill()
         await collect()
-    except BaseException:
-        # as in _drive: nothing more starts, and the bodies still running on workers (a
-        # coroutine here is cancelled) are journaled as they end; cancelling again stops
-        # waiting
+    except BaseException as stop:
+        # as in _drive: nothing more starts, and the bodies still running on workers are
+        # journaled as they end; a coroutine here is cancelled, unless the run stops at a
+        # step boundary (StopRun: a closed stream, a lost lease): it finishes and is
+        # journaled, as a thread's body does. Cancelling again stops waiting
         todo.clear()
         marks = _halt(ctx, inflight)
         if ex is None:
-            for item in inflight.values():
-                item.handle.cancel()
+            if not isinstance(stop, StopRun):
+                for item in inflight.values():
+                    item.handle.cancel()
         else:
             ex._cancel(list(inflight.values()))
         try:
@@ -1173,6 +1175,11 @@ async def _drive_async(ex: Executor | None, target: Target, missing: list[_Item]
         except Exception as exc:  # noqa: BLE001 - the first error is the one to report
             log.warning("durably: could not journal the finished items of %r: %s",
                         target.spec.name, exc)
+        except BaseException:  # cancelled while the bodies finish: they are cancelled now
+            if ex is None:
+                for item in inflight.values():
+                    item.handle.cancel()
+            raise
         # (cancelled again: it stops waiting, and the marks of the bodies left running stay)
         _unhalt(ctx, marks)
         raise
