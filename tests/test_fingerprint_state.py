@@ -1324,7 +1324,7 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
     """The write lands after the key was made from the old content, before the body starts
     (a loaded machine stretches that moment): the body reads the new content, and that
     result is not cached under the old content's key. A file only touched (its content the
-    same) still leaves its result cached."""
+    same) between calls does not matter."""
     from durably import _runtime
 
     durably.configure(store=durably.DiskStore(tmp_path / "store"))
@@ -1353,21 +1353,51 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
     data.write_text("OLD")
     assert read(durably.file(data)) == "OLD"  # not served the result read from NEW
     assert ran == ["NEW", "OLD"]
-    os.utime(data, (1, 1))  # touched: another stamp, the same content
     assert read(durably.file(data)) == "OLD" and ran == ["NEW", "OLD"]  # a hit
 
 
-def test_a_file_touched_while_its_task_runs_still_caches_the_result(tmp_path: Path) -> None:
+def test_a_file_changed_and_changed_back_while_its_task_runs_is_not_cached(
+        tmp_path: Path) -> None:
+    """Written and put back (or only touched) while the body runs: what the body read may
+    be neither the key's content nor the file's now, so the result is not cached (a review
+    found the content compared again after the body let "B" be served for "A")."""
     durably.configure(store=durably.DiskStore(tmp_path / "store"))
     data = tmp_path / "data.txt"
-    data.write_text("SAME")
+    data.write_text("A")
     ran: list[str] = []
 
     @durably.task
-    def read(f: durably.File) -> str:
-        os.utime(f, (2, 2))  # touched (as a copy tool might), not changed
-        ran.append(f.read_text())
-        return f.read_text()
+    def aba(f: durably.File) -> str:
+        data.write_text("B")
+        got = data.read_text()
+        data.write_text("A")
+        ran.append(got)
+        return got
 
-    assert read(durably.file(data)) == read(durably.file(data)) == "SAME"
-    assert ran == ["SAME"]  # the second call was a hit
+    assert aba(durably.file(data)) == "B"
+    assert aba(durably.file(data)) == "B" and ran == ["B", "B"]  # executed again
+
+
+def test_a_global_file_touched_once_lets_later_results_be_cached(tmp_path: Path) -> None:
+    """A durably.file() global touched (its content the same) between calls: later calls'
+    results are cached again (its stamp is taken before each call's key, not kept from the
+    walk: every later miss would otherwise read as 'changed')."""
+    data = tmp_path / "config.txt"
+    data.write_text("k=1")
+    mod = types.ModuleType("touched_global_mod")
+    mod.__dict__["durably"] = durably
+    mod.__dict__["P"] = str(data)
+    exec(textwrap.dedent("""
+        DATA = durably.file(P)
+        RAN = []
+
+        @durably.task
+        def use(x):
+            RAN.append(x)
+            return DATA.read_text() + str(x)
+        """), mod.__dict__)
+    durably.configure(store=durably.DiskStore(tmp_path / "store"))
+    assert mod.use(1) == "k=11"
+    os.utime(data, (3, 3))
+    assert mod.use(2) == "k=12" and mod.use(2) == "k=12"
+    assert mod.RAN == [1, 2]  # the second use(2) was a hit

@@ -13,10 +13,10 @@ __all__ = ["File", "file"]
 
 _CHUNK = 1 << 20
 #: the files digested while it is set (a call's inputs, a fingerprint's values), wherever
-#: they are nested, each with its :func:`file_stamp` taken before its content was read and
-#: the digest of that content: a file rewritten after that (while its task runs, or before
-#: it started) keeps that result out of the cache
-SEEN: contextvars.ContextVar[list[tuple[File, Any, str]] | None] = contextvars.ContextVar(
+#: they are nested, each with its :func:`file_stamp` taken before its content was read: a
+#: file written or touched after that (while its task runs, or before it started) keeps
+#: that result out of the cache
+SEEN: contextvars.ContextVar[list[tuple[File, Any]] | None] = contextvars.ContextVar(
     "durably_files_seen", default=None)
 
 
@@ -79,23 +79,9 @@ class File(os.PathLike[str]):
 
     def __durably_digest__(self) -> tuple[str, str]:
         seen = SEEN.get()
-        if seen is None:
-            return (str(self.path), self.content_digest())
-        stamp = file_stamp(self)  # (before the read: a write after it shows)
-        digest = self.content_digest()
-        seen.append((self, stamp, digest))
-        return (str(self.path), digest)
-
-    def changed_since(self, stamp: Any, digest: str) -> bool:
-        """Whether the file is no longer the one stamped ``stamp`` (:func:`file_stamp`) with
-        content ``digest``: os.stat() first, the content only when that differs (a file
-        touched but not changed reads as unchanged)."""
-        if file_stamp(self) == stamp:
-            return False
-        try:
-            return self.content_digest() != digest
-        except OSError:
-            return True
+        if seen is not None:
+            seen.append((self, file_stamp(self)))  # (before the read: a write after it shows)
+        return (str(self.path), self.content_digest())
 
     def read_bytes(self) -> bytes:
         """The file's content."""

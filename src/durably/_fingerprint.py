@@ -597,7 +597,7 @@ class _Walker(_StateFinder):
             self.keep.append(value)
             stamp = None  # a durably.file(): its stamp from before the walk read it
             if isinstance(value, File):
-                stamp = next((s for f, s, _ in reversed(SEEN.get() or ()) if f is value), None)
+                stamp = next((s for f, s in reversed(SEEN.get() or ()) if f is value), None)
             self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, took,
                                                   stamp)
 
@@ -857,7 +857,7 @@ def fingerprint_function(func: Any) -> Fingerprint:
     if isinstance(func, (staticmethod, classmethod)):
         func = func.__func__
     w: _Walker | None = None
-    seen: list[tuple[File, Any, str]] = []  # the durably.file() values it meets, nested too
+    seen: list[tuple[File, Any]] = []  # the durably.file() values it meets, nested too
     token = SEEN.set(seen)
     try:
         for _ in range(_PASSES):
@@ -875,10 +875,10 @@ def fingerprint_function(func: Any) -> Fingerprint:
     assert w is not None
     fp = Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
                      w.functions, list(w.unchecked.values()))
-    first: dict[File, tuple[File, Any, str]] = {}
-    for found in seen:
-        first.setdefault(found[0], found)  # (its stamp from before its first read)
-    fp.files = list(first.values())
+    first: dict[File, Any] = {}
+    for f, stamp in seen:
+        first.setdefault(f, stamp)  # (its stamp from before its first read)
+    fp.files = list(first.items())
     return fp
 
 

@@ -291,7 +291,7 @@ class Fingerprint:
         self._checks = _grouped(checks or [])  # small mutable configuration values
         #: the durably.file() values it depends on, however nested (set by the walk): a
         #: file edited while a step runs keeps that step's result out of the cache
-        self.files: list[tuple[File, Any, str]] = []  # (with its stamp and digest then)
+        self.files: list[tuple[File, Any]] = []  # (with its stamp from before the walk read it)
         self._keep = keep  # objects whose ids the checks rely on
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts

@@ -48,7 +48,7 @@ from ._context import (
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._files import SEEN as _files_seen
-from ._files import File
+from ._files import File, file_stamp
 from ._fingerprint import Fingerprint, fingerprint_function
 from ._hashing import (
     digest_each,
@@ -548,7 +548,7 @@ class Call:
         self.path_head: tuple[str, int] | None = None
         self.path: str | None = None  # its call path, once a nested side effect asked
         #: the durably.file() inputs of a body about to run (see _file_inputs)
-        self.files: list[tuple[File, Any, str]] | None = None
+        self.files: list[tuple[File, Any]] | None = None
 
     def files_changed(self) -> bool:
         """Whether a durably.file() input (an argument, or a global checked by contents)
@@ -556,7 +556,7 @@ class Call:
         its result is not cached under the key of the version before."""
         if not self.files:
             return False
-        changed = [f for f, stamp, digest in self.files if f.changed_since(stamp, digest)]
+        changed = [f for f, stamp in self.files if file_stamp(f) != stamp]
         if changed:
             log.info("durably: %s %r: %s changed while it executed; its result is not cached",
                      self.spec.kind, self.spec.name, changed[0])
@@ -694,20 +694,30 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
         ctx.journal([(caller.record("started"), None)])
 
 
-def _file_inputs(spec: Spec, files: list[tuple[File, Any, str]] | None
-                 ) -> list[tuple[File, Any, str]] | None:
-    """The durably.file() inputs of a body about to run, each with the os.stat() taken
-    before its content was read for the key, and that content's digest: those its
-    arguments' digest met (``files``), and those of its code fingerprint, however nested. A
-    file written after it was read, even before the body started, keeps the result out of
-    the cache (:meth:`Call.files_changed`). None when it has none."""
-    found: dict[File, tuple[File, Any, str]] = {}
-    for entry in files or ():
-        found.setdefault(entry[0], entry)
+def _file_stamps(spec: Spec) -> dict[File, Any] | None:
+    """The os.stat() of the durably.file() values of the task's code fingerprint, taken
+    before its key is made (which may read them: a check of their content, or the walk of
+    a new fingerprint); None when it has none."""
     fp = spec._fingerprint
-    for entry in fp.files if fp is not None else ():
-        found.setdefault(entry[0], entry)
-    return list(found.values()) or None
+    return {f: file_stamp(f) for f, _ in fp.files} if fp is not None and fp.files else None
+
+
+def _file_inputs(spec: Spec, files: list[tuple[File, Any]] | None,
+                 before: dict[File, Any] | None) -> list[tuple[File, Any]] | None:
+    """The durably.file() inputs of a body about to run, each with an os.stat() taken before
+    its content was read for the key: those its arguments' digest met (``files``), and
+    those of its code fingerprint, however nested (their stamps from before the key was
+    made, ``before``, else from the walk that read them). A file written or touched after
+    that, even before the body started, keeps the result out of the cache
+    (:meth:`Call.files_changed`). None when it has none."""
+    found: dict[File, Any] = {}
+    for f, stamp in files or ():
+        found.setdefault(f, stamp)
+    fp = spec._fingerprint
+    for f, stamp in fp.files if fp is not None else ():
+        if f not in found:
+            found[f] = before[f] if before is not None and f in before else stamp
+    return list(found.items()) or None
 
 
 def call_path(ctx: RunContext, step_id: str) -> str:
@@ -751,7 +761,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     each: dict[str, str] | None = None  # argument digests taken with the key's (see below)
     taken: dict[str, list[str | None]] | None = None  # and their elements', for the tracer
     classes: dict[str, str] | None = None  # and their user classes' code, for explain
-    files: list[tuple[File, Any, str]] | None = None  # the durably.file() values among them
+    files: list[tuple[File, Any]] | None = None  # the durably.file() values among them
     input_digest = encode_positional(plan, args) if (
         plan is not None and not kwargs and instance is None
         and len(args) == spec._npositional) else None
@@ -772,6 +782,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             raise spec.digest_error(exc, arguments) from None
         finally:
             _files_seen.reset(token)
+    fp = spec._fingerprint  # its durably.file() values stamped before the key reads them
+    before = _file_stamps(spec) if fp is not None and fp.files else None
     key, code = spec.key_and_code(input_digest)
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
@@ -784,7 +796,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
-            outside.files = _file_inputs(spec, files)
+            outside.files = _file_inputs(spec, files, before)
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -878,7 +890,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is None and ctx.read_cache:
             data = store.cache_get(key)
         if data is None:
-            call.files = _file_inputs(spec, files)
+            call.files = _file_inputs(spec, files, before)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
         call.trace_inputs(arguments, None, taken)
