@@ -346,6 +346,14 @@ def test_a_duplicate_item_runs_when_the_first_failed_and_side_effects_all_run(
     assert _lines(log)[3:] == ["side_effect 4", "side_effect 4"]
 
 
+async def _until_a_step_finished(entry: Any, *args: Any) -> None:
+    """Stream an async run until its first finished step, then close the stream."""
+    async with contextlib.aclosing(entry.stream(*args)) as events:
+        async for event in events:
+            if event.kind == "step_finished":
+                break
+
+
 @pytest.mark.parametrize("how", ["sync", "async"])
 def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: str,
                                                               how: str) -> None:
@@ -366,12 +374,7 @@ def test_a_closed_stream_stops_a_map_from_starting_more_items(store: Any, log: s
             if event.kind == "step_finished":
                 break
     else:
-        async def consume() -> None:
-            async with contextlib.aclosing(entry.stream(20)) as events:
-                async for event in events:
-                    if event.kind == "step_finished":
-                        break
-        asyncio.run(consume())
+        asyncio.run(_until_a_step_finished(entry, 20))
     first = _lines(log)
     assert 1 <= len(first) <= 6, first  # not all 20
     (run,) = durably.list_runs(entry)
@@ -390,13 +393,7 @@ def test_an_async_item_running_when_a_stream_closes_finishes_and_is_journaled(
     async def ajob(n: int) -> int:
         return sum(await askewed.map(range(n), [log] * n, max_workers=2))
 
-    async def consume() -> None:
-        async with contextlib.aclosing(ajob.stream(20)) as events:
-            async for event in events:
-                if event.kind == "step_finished":
-                    break
-
-    asyncio.run(consume())
+    asyncio.run(_until_a_step_finished(ajob, 20))
     first = _lines(log)
     (run,) = durably.list_runs(ajob)
     assert run.status == "stopped" and run.counts()["ran"] == len(first) == 3, first

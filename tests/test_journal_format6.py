@@ -4,10 +4,8 @@ upgraded in place with its events, leases and runs."""
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,48 +14,10 @@ import durably
 from durably._store import JOURNAL_FORMAT
 from durably.exceptions import RunStateError
 
-FAIL = {"on": False}
-NOTES: list[int] = []
+# the workload and helpers of the format 5 tests (store: a fixture)
+from .test_journal_format5 import FAIL, NOTES, _journal, pipeline, store
 
-
-@durably.task
-def inc(x: int) -> int:
-    return x + 1
-
-
-@durably.task(cache=False)
-def note(x: int) -> int:
-    NOTES.append(x)
-    return -x
-
-
-@durably.entrypoint
-def pipeline(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += inc(i) + note(i)
-    if FAIL["on"]:
-        raise RuntimeError("stop after the steps")
-    return total
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[durably.DiskStore]:
-    disk = durably.DiskStore(tmp_path / "s")
-    durably.configure(store=disk)
-    FAIL["on"] = False
-    NOTES.clear()
-    yield disk
-    FAIL["on"] = False
-
-
-@contextlib.contextmanager
-def _journal(root: Path) -> Iterator[sqlite3.Connection]:
-    con = sqlite3.connect(root / "journal.sqlite3", isolation_level=None, timeout=5)
-    try:
-        yield con
-    finally:
-        con.close()
+__all__ = ["store"]
 
 
 def _table_sql(con: sqlite3.Connection, name: str) -> str:
