@@ -225,7 +225,8 @@ class RunContext:
         writes none: a late record of a step the other attempt executed again would be
         served on replay instead of that one, and what followed it would not match. The
         attempt then stops (see :meth:`lose_lease`)."""
-        self.claim()
+        if self.deferred is not None and steps:
+            self.claim()
         if_current = getattr(self.store, "append_steps_if_current", None)
         if if_current is None:
             self.store.append_steps(steps)

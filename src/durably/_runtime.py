@@ -694,12 +694,11 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
         ctx.journal([(caller.record("started"), None)])
 
 
-def _file_stamps(spec: Spec) -> dict[File, Any] | None:
-    """The os.stat() of the durably.file() values of the task's code fingerprint, taken
+def _file_stamps(fp: Fingerprint) -> dict[File, Any]:
+    """The os.stat() of the durably.file() values of a task's code fingerprint, taken
     before its key is made (which may read them: a check of their content, or the walk of
-    a new fingerprint); None when it has none."""
-    fp = spec._fingerprint
-    return {f: file_stamp(f) for f, _ in fp.files} if fp is not None and fp.files else None
+    a new fingerprint)."""
+    return {f: file_stamp(f) for f, _ in fp.files}
 
 
 def _file_inputs(spec: Spec, files: list[tuple[File, Any]] | None,
@@ -783,7 +782,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         finally:
             _files_seen.reset(token)
     fp = spec._fingerprint  # its durably.file() values stamped before the key reads them
-    before = _file_stamps(spec) if fp is not None and fp.files else None
+    before = _file_stamps(fp) if fp is not None and fp.files else None
     key, code = spec.key_and_code(input_digest)
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
@@ -1147,10 +1146,11 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             # a run that ended (failed, stopped, finished) is most often resumed to replay
             # its journal and execute what follows: its start is journaled with its first
             # write, or with its end (see _Deferred); only looked at by lease now
+            check_run: Any = getattr(store, "check_run", None)  # (DiskStore has it)
             deferred = (existing is not None and existing.status in _DEFERRED_FROM
                         and listener is None and on_lease is None and read_cache
-                        and hasattr(store, "batch") and hasattr(store, "check_run"))
-            holder = (getattr(store, "check_run")(run_id, owner) if deferred  # noqa: B009
+                        and check_run is not None and hasattr(store, "batch"))
+            holder = (check_run(run_id, owner) if deferred
                       else store.acquire_run(run_id, owner))
             if holder is not None:
                 raise _held(run_id, holder, owner)
