@@ -120,14 +120,14 @@ def hooks(store, rng):
                      "append_events"):
             real = getattr(store, name)
 
-            def wrapped(*args, _real=real):
+            def wrapped(*args, _real=real, **kwargs):
                 count["n"] += 1
                 PHASE[0] = "inside a journal write"
                 if count["n"] != PLAN["at"]:
-                    return _real(*args)
+                    return _real(*args, **kwargs)
                 con = store._db()
                 con.set_progress_handler(lambda: die("inside a journal write"), PLAN["ops"])
-                out = _real(*args)
+                out = _real(*args, **kwargs)
                 con.set_progress_handler(None, 0)
                 die("right after a journal commit")
                 return out
