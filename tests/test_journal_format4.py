@@ -166,17 +166,17 @@ def test_a_format_3_journal_is_upgraded_and_keeps_its_replayed_rows(
     """A journal written by the previous version: replayed steps as rows, no replays table.
     It is upgraded in place; its blobs (sealed already) are not sealed twice."""
     run = _failed_then_resumed(3)
+    replayed = [r for r in run.records() if r.status == "replayed"]
+    assert replayed
     store.close()
     with _journal(store.path) as con:  # make it what format 3 wrote
-        rows = con.execute("SELECT run_id, attempt, steps FROM replays").fetchall()
-        for run_id, attempt, blob in rows:
-            payload = _serde_open(blob)
-            for position, started, ended, step, parent, key, task in unpack_replays(payload):
-                con.execute(
-                    "INSERT INTO steps (run_id, step_id, parent_id, task, status, attempt, "
-                    "position, started, ended, error, cache_key) VALUES "
-                    "(?, ?, ?, ?, 'replayed', ?, ?, ?, ?, NULL, ?)",
-                    (run_id, step, parent, task, attempt, position, started, ended, key))
+        for r in replayed:
+            con.execute(
+                "INSERT INTO steps (run_id, step_id, parent_id, task, status, attempt, "
+                "position, started, ended, error, cache_key) VALUES "
+                "(?, ?, ?, ?, 'replayed', ?, ?, ?, ?, NULL, ?)",
+                (r.run_id, r.step_id, r.parent_id, r.task, r.attempt, r.position, r.started,
+                 r.ended, r.cache_key))
         con.execute("DROP TABLE replays")
         con.execute("PRAGMA user_version=3")
     before = run.records()

@@ -63,7 +63,7 @@ def test_a_new_journal_has_the_format_6_tables(store: durably.DiskStore) -> None
     with pytest.raises(RuntimeError):
         pipeline.run(3, run_id="r")
     with _journal(store.path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT == 6
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT >= 6
         assert "AUTOINCREMENT" not in _table_sql(con, "events")
         assert "WITHOUT ROWID" in _table_sql(con, "leases")
         assert "runs_by_time" not in _index_names(con)
@@ -102,7 +102,7 @@ def test_a_format_5_journal_is_upgraded_with_its_events_leases_and_runs(
     durably.configure(store=reopened)
     assert [r.run_id for r in reopened.list_runs()] == order
     with _journal(store.path) as con:
-        assert con.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert con.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT
         assert con.execute("SELECT * FROM events ORDER BY seq").fetchall() == events
         assert con.execute("SELECT * FROM leases").fetchall() == leases
         assert "AUTOINCREMENT" not in _table_sql(con, "events")
@@ -148,4 +148,4 @@ def test_a_connection_opened_before_the_upgrade_still_writes(store: durably.Disk
                     "VALUES ('x', 'note', 1.0, 1, NULL, '', NULL)")
         assert old.execute("SELECT kind FROM events ORDER BY seq DESC LIMIT 1"
                            ).fetchone() == ("note",)
-        assert old.execute("PRAGMA user_version").fetchone()[0] == 6
+        assert old.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_FORMAT

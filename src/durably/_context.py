@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from ._lease import RENEW_SECONDS, Owner
-from ._records import Replay
-from ._store import KeyRecord, StepRecord, Store, _pid
+from ._records import Replay, ReplayRange
+from ._store import KeyRecord, ReadAhead, StepRecord, Store, _pid
 from .exceptions import RunStateError
 
 if TYPE_CHECKING:
@@ -40,6 +40,11 @@ _CACHE_BYTES = 32 << 20  # ... or this many bytes of results
 _CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
 
 
+#: what :meth:`RunContext.take_pending` hands over: step records with their results, and
+#: replay records (one step each, or ranges)
+Taken = tuple[list[tuple[StepRecord, bytes | None]], list[Replay | ReplayRange]]
+
+
 class RunContext:
     """One execution (attempt) of a run: its store, counters and buffered replay records."""
 
@@ -53,6 +58,7 @@ class RunContext:
         "_pending",
         "_pending_bytes",
         "_replays",
+        "ahead",
         "answers",
         "asked",
         "asked_code",
@@ -167,6 +173,9 @@ class RunContext:
         self.positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
         self._replays: list[Replay] = []
+        #: the journal read ahead for this attempt by the thread that began it, which
+        #: records the steps it replays from there (as ranges); None in other threads' use
+        self.ahead: ReadAhead | None = None
         self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
         self._claiming = threading.Lock()  # (claim() does I/O: not under _lock)
@@ -352,20 +361,29 @@ class RunContext:
                         self._cache_bytes += len(entry[0])
             raise
 
-    def take_pending(self) -> tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]:
+    def take_pending(self) -> Taken:
         """The buffered step records and replays, handed over to :meth:`write` (the buffers
-        are emptied)."""
+        are emptied). The replay ranges of the read-ahead only in the thread that uses it
+        (the others leave them for it)."""
         with self._lock:
             pending, self._pending = self._pending, []
             self._pending_bytes = 0
             # copied, then deleted by count: a replay appended meanwhile (without the lock)
             # stays for the next time
-            replays = self._replays[:]
+            replays: list[Replay | ReplayRange] = self._replays[:]  # type: ignore[assignment]
             del self._replays[:len(replays)]
+        ahead = self.ahead
+        if ahead is not None and ahead.thread == threading.get_ident():
+            replays += ahead.take_ranges()
         return pending, replays
 
-    def write(self, taken: tuple[list[tuple[StepRecord, bytes | None]], list[Replay]]
-              ) -> None:
+    @property
+    def replays_buffered(self) -> bool:
+        """Whether replay records are buffered (in this thread's view)."""
+        ahead = self.ahead
+        return bool(self._replays) or (ahead is not None and bool(ahead.count or ahead.ranges))
+
+    def write(self, taken: Taken) -> None:
         """Journal what :meth:`take_pending` handed over: replays many to a row in a store
         that keeps them so (``append_replays``), as step records in any other."""
         pending, replays = taken
@@ -374,10 +392,13 @@ class RunContext:
         append = getattr(self.store, "append_replays", None)
         if replays and append is None:
             run_id, attempt = self.run_id, self.attempt
+            # (records of one step each: only a DiskStore, which has append_replays, makes
+            # ranges)
+            each: list[Replay] = replays  # type: ignore[assignment]
             pending = pending + [
                 (StepRecord(run_id, step, parent, task, "replayed", attempt, position,
                             started, ended, None, key), None)
-                for position, started, ended, step, parent, key, task in replays]
+                for position, started, ended, step, parent, key, task in each]
         self.journal(pending)
         if replays and append is not None:
             append(self.run_id, self.attempt, replays)

@@ -12,8 +12,8 @@ import sqlite3
 import struct
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import xxhash
 
@@ -24,9 +24,10 @@ __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES"
            "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES",
            "STEP_COLS",
            "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
-           "Replay", "compact_replay", "discard_leftover", "garbage", "immediate", "key_row",
-           "now", "pack_replays", "row_hash", "row_hash_sql", "run_row", "step_from_row",
-           "step_row", "step_sid", "unpack_replays"]
+           "PackedRange", "Replay", "ReplayRange", "compact_replay", "discard_leftover",
+           "garbage", "immediate", "key_row", "now", "pack_ranges", "pack_replays",
+           "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row", "step_from_row",
+           "step_row", "step_sid", "unpack_ranges", "unpack_replays"]
 
 FINISHED_STEP = ("ran", "cached")
 
@@ -499,6 +500,114 @@ def unpack_replays(blob: bytes) -> list[Replay]:
                 in _REPLAY.iter_unpack(blob[at:])]
     except (struct.error, IndexError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"a record of replayed steps is damaged ({exc})") from None
+
+
+class ReplayRange(NamedTuple):
+    """Steps replayed one after the other from consecutive records of the journal:
+    ``steps`` steps at positions ``position`` on of the attempt, replayed from the finished
+    records (``ran``/``cached``) of the run that follow ``anchor`` in journal order
+    (``(attempt, position, inclusive)``: after that record, or from it), ``skip`` of them
+    skipped, between ``started`` and ``ended`` (seconds since the epoch). ``first`` and
+    ``last`` are the step ids of the first and last of them (checked when the range is
+    read). Each step's ids, parent, key and task are its record's."""
+
+    position: int
+    steps: int
+    anchor: tuple[int, int, bool]
+    skip: int
+    first: str
+    last: str
+    started: float
+    ended: float
+
+
+# position, count, anchor (attempt, position, inclusive), skip, hashes of first and last ids,
+# started, ended
+_RANGE = struct.Struct("<qqqq?qQQdd")
+_RANGES_MAGIC = b"durably-replay-ranges-1\n"
+
+
+def _id_hash(step_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(step_id.encode())
+
+
+def pack_ranges(ranges: Sequence[ReplayRange]) -> bytes:
+    """Replay ranges as one blob: 81 bytes a range (the ids of its first and last steps as
+    64-bit hashes: enough to check them).
+
+    Example:
+        >>> r = ReplayRange(5, 3, (1, 0, False), 2, "ab" * 16, "cd" * 16, 1.5, 1.75)
+        >>> [tuple(u)[:4] for u in unpack_ranges(pack_ranges([r]))]
+        [(5, 3, (1, 0, False), 2)]
+    """
+    pack = _RANGE.pack
+    return b"".join((_RANGES_MAGIC, struct.pack("<I", len(ranges)), *(
+        pack(r.position, r.steps, r.anchor[0], r.anchor[1], r.anchor[2], r.skip,
+             _id_hash(r.first), _id_hash(r.last), r.started, r.ended) for r in ranges)))
+
+
+#: a range as :func:`unpack_ranges` reads it: the ids of its first and last steps as hashes
+PackedRange = tuple[int, int, tuple[int, int, bool], int, int, int, float, float]
+
+
+def unpack_ranges(blob: bytes) -> list[PackedRange] | None:
+    """The ranges :func:`pack_ranges` wrote (the ids of first and last as their hashes);
+    None for a blob of another kind (one :func:`pack_replays` wrote).
+
+    Raises:
+        ValueError: the blob is a damaged record of replay ranges.
+    """
+    if not blob.startswith(_RANGES_MAGIC):
+        return None
+    at = len(_RANGES_MAGIC)
+    try:
+        (count,) = struct.unpack_from("<I", blob, at)
+    except struct.error:
+        raise ValueError("a record of replay ranges is cut short") from None
+    if len(blob) != at + 4 + count * _RANGE.size:
+        raise ValueError("a record of replay ranges has the wrong length")
+    found: list[PackedRange] = [
+        (position, n, (a, p, inclusive), skip, first, last, started, ended)
+        for position, n, a, p, inclusive, skip, first, last, started, ended
+        in _RANGE.iter_unpack(blob[at + 4:])]
+    if any(r[1] < 1 or r[0] < 0 or r[3] < 0 for r in found):
+        raise ValueError("a record of replay ranges holds an impossible range")
+    return found
+
+
+def replayed_in_ranges(db: sqlite3.Connection, run_id: str,
+                       ranged: Sequence[tuple[int, Sequence[PackedRange]]],
+                       warn: Callable[[str, int, str], None]) -> list[StepRecord]:
+    """The records of the steps replayed in these ranges (by attempt), each step's ids,
+    parent, key and task read from the journal record it was replayed from; the steps of
+    a range spread evenly over its time. A range whose records are not in the journal as
+    it says (one was set aside, or journaled after it was made) is left out:
+    ``warn(run_id, attempt, why)``."""
+    needed: dict[tuple[int, int, bool], int] = {}
+    for _, ranges in ranged:
+        for r in ranges:
+            needed[r[2]] = max(needed.get(r[2], 0), r[3] + r[1])
+    rows: dict[tuple[int, int, bool], list[Any]] = {
+        (a, p, inclusive): db.execute(
+            "SELECT step_id, parent_id, task, cache_key FROM steps WHERE run_id=? AND status "
+            f"IN ('ran', 'cached') AND (attempt, position) {'>=' if inclusive else '>'} (?, ?) "
+            "ORDER BY attempt, position LIMIT ?", (run_id, a, p, limit)).fetchall()
+        for (a, p, inclusive), limit in needed.items()}
+    found: list[StepRecord] = []
+    for attempt, ranges in ranged:
+        for position, count, anchor, skip, first, last, started, ended in ranges:
+            span = rows[anchor][skip:skip + count]
+            if (len(span) != count or _id_hash(span[0][0]) != first
+                    or _id_hash(span[-1][0]) != last):
+                warn(run_id, attempt, f"{count} steps replayed from the records after "
+                     f"{anchor[:2]} do not match the journal's")
+                continue
+            each = (ended - started) / count
+            found.extend(
+                StepRecord(run_id, step, parent, task, "replayed", attempt, position + k,
+                           started + k * each, started + (k + 1) * each, None, key)
+                for k, (step, parent, task, key) in enumerate(span))
+    return found
 
 
 RUN_COLS = (

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._records import (
@@ -17,8 +17,12 @@ from ._records import (
     RUN_TYPES,
     STEP_COLS,
     STEP_TYPES,
+    compact_replay,
     garbage,
     immediate,
+    pack_replays,
+    replayed_in_ranges,
+    unpack_ranges,
     unpack_replays,
 )
 from ._seal import SigningKey, open_seal, seal
@@ -68,6 +72,7 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
                 value.discard()
             return why
 
+        damaged = []
         for rowid, *row in steps:
             data = row[-1]
             bad = garbage(row[:15], STEP_TYPES)
@@ -75,8 +80,14 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
                 bad = unsound(data, ("step", run_id, row[1])) if data is not None else \
                     "it has no recorded result"
             if bad:
-                aside(f"step {row[1]!r} (task {row[3]!r})", bad, row[:15], data)
-                db.execute("DELETE FROM steps WHERE rowid=?", (rowid,))
+                damaged.append((rowid, row, bad, data))
+        if damaged:
+            # replay ranges name the records they replayed by their order: recorded step by
+            # step before any record goes
+            _expand_ranges(db, run_id, aside)
+        for rowid, row, bad, data in damaged:
+            aside(f"step {row[1]!r} (task {row[3]!r})", bad, row[:15], data)
+            db.execute("DELETE FROM steps WHERE rowid=?", (rowid,))
         replays = db.execute("SELECT rowid, attempt, steps FROM replays WHERE run_id=?",
                              (run_id,)).fetchall()
         for rowid, attempt, data in replays:
@@ -85,7 +96,8 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
                 value, bad = open_seal(data)  # a checksum only (DiskStore.append_replays)
                 if value is not None:
                     try:
-                        unpack_replays(bytes(value))
+                        if unpack_ranges(bytes(value)) is None:
+                            unpack_replays(bytes(value))
                     except ValueError as exc:
                         bad = str(exc)
             if bad:
@@ -124,6 +136,38 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
     for line in done:
         log.warning("durably: repair_run(%r) set aside %s", run_id, line)
     return done
+
+
+def _expand_ranges(db: sqlite3.Connection, run_id: str,
+                   aside: Callable[[str, str, Sequence[Any], Any], None]) -> None:
+    """Rewrite the run's replay ranges as records of one step each (a range whose records
+    are not in the journal as it says is set aside)."""
+    for rowid, attempt, data in db.execute(
+            "SELECT rowid, attempt, steps FROM replays WHERE run_id=?", (run_id,)).fetchall():
+        value, _ = open_seal(data) if type(attempt) is int else (None, "")
+        try:
+            ranges = unpack_ranges(bytes(value)) if value is not None else None
+        except ValueError:
+            ranges = None  # (damaged: set aside below, as any damaged row)
+        if ranges is None:
+            continue
+        unmatched: list[str] = []
+        steps = [compact_replay(r) for r in replayed_in_ranges(
+            db, run_id, [(attempt, ranges)], _collect(unmatched))]
+        for why in unmatched:
+            aside(f"a range of steps replayed in attempt {attempt!r}", why, (run_id, attempt),
+                  None)
+        kept = [step for step in steps if step is not None]
+        if kept:
+            db.execute("UPDATE replays SET steps=? WHERE rowid=?",
+                       (seal(pack_replays(kept)), rowid))
+        else:
+            db.execute("DELETE FROM replays WHERE rowid=?", (rowid,))
+
+
+def _collect(into: list[str]) -> Callable[[str, int, str], None]:
+    """A warn() for replayed_in_ranges that keeps the reasons."""
+    return lambda _run, _attempt, why: into.append(why)
 
 
 def seal_old_blobs(con: sqlite3.Connection, key: SigningKey | None) -> None:

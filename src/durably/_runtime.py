@@ -26,6 +26,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import time
 import types
 import uuid
@@ -63,7 +64,7 @@ from ._hashing import (
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
-from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, Store, _pid, now
+from ._store import EventRecord, KeyRecord, ReadAhead, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError
 
@@ -680,6 +681,7 @@ _wall_clock = time.time  # (now(), without a call: it runs twice in every replay
 _xxh3_64 = xxhash.xxh3_64_intdigest
 _xxh3_128_hex = xxhash.xxh3_128_hexdigest
 _monotonic = time.monotonic
+_thread_id = threading.get_ident
 #: what begin_step returns as the call of a step served from the journal (replayed): nothing
 #: is left to finish, so no Call is built for it unless a listener is shown the step
 _SERVED = Call.__new__(Call)
@@ -836,7 +838,16 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             arguments = spec.arguments(instance, args, kwargs)
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
-    data = store.find_step(ctx.run_id, step_id) if ctx.replaying else None
+    noted: ReadAhead | None = None  # the read-ahead that recorded the step as replayed
+    if not ctx.replaying:
+        data = None
+    elif (ahead := ctx.ahead) is not None and ahead.thread == _thread_id():
+        # (the run's own thread: the steps it replays are recorded as ranges there)
+        data = ahead.replay(step_id, position, started)
+        if data is not None:
+            noted = ahead
+    else:
+        data = store.find_step(ctx.run_id, step_id)
     if data is None and legacy is not None:
         # journaled by an older durably under its caller's step id: that record, under
         # that id (its own nested steps were journaled under it)
@@ -851,7 +862,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         ctx.claim()
     if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
-        if ctx._replays or ctx._pending:  # (whole records, with a listener: a stream)
+        if ctx._pending or ctx.replays_buffered:  # (whole records, with a listener: a stream)
             # the steps replayed so far are journaled before the first one executed: a
             # crash from here on still shows where the attempt was (one write an attempt)
             ctx.flush()
@@ -859,11 +870,20 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         try:
             value = pickle.loads(data)  # (_load, inlined for the common case)
         except Exception:  # noqa: BLE001 - not a plain pickle, or it fails: said by _load
-            value = _load(data, spec, "journaled")
+            try:
+                value = _load(data, spec, "journaled")
+            except BaseException:
+                if noted is not None:
+                    noted.retract()  # (not replayed: the step raises)
+                raise
         if step_id in ctx.uncacheable:  # (it used an answer: spent, see interrupt())
             ctx.spent.add(step_id)
             if parent is not None:
                 ctx.uncacheable.add(parent)
+        if noted is not None:
+            if noted.due:  # (as many replay ranges as an attempt buffers)
+                ctx.flush()
+            return value, _SERVED
         if call is None:
             replays = ctx._replays  # (RunContext.note_replayed, inlined: every replayed step)
             replays.append((position, started, _wall_clock(), step_id, parent,
@@ -1235,7 +1255,9 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx.replaying = existing is not None
         read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
         if read_ahead is not None:
-            read_ahead(run_id)
+            ahead = read_ahead(run_id)
+            if listener is None:  # (a listener is shown each replayed step's whole record)
+                ctx.ahead = ahead
         ctx.uncacheable.update(held)
         renewal.ctx = ctx
         if deferred:

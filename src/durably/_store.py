@@ -80,7 +80,9 @@ from ._records import (
     STEP_TYPES,
     EventRecord,
     KeyRecord,
+    PackedRange,
     Replay,
+    ReplayRange,
     RunRecord,
     StepRecord,
     Store,
@@ -90,12 +92,15 @@ from ._records import (
     immediate,
     key_row,
     now,
+    pack_ranges,
     pack_replays,
+    replayed_in_ranges,
     row_hash_sql,
     run_row,
     step_from_row,
     step_row,
     step_sid,
+    unpack_ranges,
     unpack_replays,
 )
 from ._repair import repair_run, seal_old_blobs
@@ -140,8 +145,10 @@ STORE_FORMAT = 2
 #: events, 2 stored result blobs unsealed, 3 seals every blob, 4 records replayed steps many
 #: to a row (the replays table), 5 looks steps and key records up by short integer hashes
 #: (``sid``, ``kid``), 6 writes fewer pages at the start and end of an attempt (see
-#: SCHEMA_6). Older journals are upgraded in place when first opened; a newer one is refused.
-JOURNAL_FORMAT = 6
+#: SCHEMA_6), 7 records steps replayed from consecutive records as ranges (ReplayRange; the
+#: tables are those of 6). Older journals are upgraded in place when first opened; a newer
+#: one is refused.
+JOURNAL_FORMAT = 7
 
 # -- the process-wide signing key (durably.configure(key=...)) --------------------------------
 _key_lock = threading.Lock()
@@ -285,11 +292,15 @@ _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at 
 _plain_check = _PLAIN.unpack_from  # (magic, checksum) of a value sealed without a key
 _AHEAD_LARGEST = 65536  # the largest result the read-ahead keeps (larger: read alone)
 _AHEAD_MISS: Any = object()  # a step the read-ahead's window has no entry for
+_AHEAD_ROWS = 512  # the rows a read-ahead reads at once
+#: replay ranges an attempt buffers before they are journaled
+_AHEAD_RANGES = 2048
 #: this process's id, kept up to date across fork() (os.getpid() is a system call, and the
 #: store asks on every journal read and write whether it was inherited from a parent)
 _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 _second = operator.itemgetter(1)
+_new_range = tuple.__new__
 #: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
 #: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
 #: step writes about six pages, so SQLite's default of 1,000 cost a checkpoint every ~170
@@ -361,6 +372,178 @@ _INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join
 _INSERT_STEP_IF_CURRENT = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT "
                            f"{', '.join('?' * 17)} WHERE (SELECT attempt FROM runs WHERE "
                            "run_id=?) = ?")
+
+
+class ReadAhead:
+    """The finished steps of a run being resumed, read ahead in journal order (512 at a
+    time, at most 8 MB of results), and the steps replayed from them, recorded as ranges.
+
+    A resumed run calls its steps in the order it journaled them, so most replayed steps
+    are the record after the one replayed before, at the position after it: such steps are
+    recorded together, as one :class:`ReplayRange` (each step's ids, parent, key and task
+    are those of its record), instead of one replay record each. Made by
+    :meth:`DiskStore.read_ahead`; one thread uses it (``thread``): the one that made it.
+    """
+
+    __slots__ = ("anchor", "count", "due", "ended", "first", "generation", "ids", "index",
+                 "last", "last_id", "next_position", "position", "ranges", "run_id", "skip",
+                 "started", "store", "tail", "thread", "values")
+
+    def __init__(self, store: DiskStore, run_id: str,
+                 tail: tuple[int, int, bool] = (0, -1, False)) -> None:
+        self.store, self.run_id = store, run_id
+        self.thread = threading.get_ident()
+        self.ranges: list[ReplayRange] = []  # closed ranges, not yet taken
+        self.due = False  # as many closed ranges as an attempt buffers: take them
+        # the open range: ``count`` steps from ``position``, replayed from the records after
+        # ``anchor`` (skipping ``skip``; the first is ``first``), between ``started`` and
+        # ``ended``; ``last_id``: the record before the window's first
+        self.count = self.position = self.skip = 0
+        self.anchor: tuple[int, int, bool] = (0, -1, False)
+        self.first = self.last_id = ""
+        self.started = self.ended = 0.0
+        self.next_position = -1  # the position that extends the open range
+        self.ids: Sequence[str] = ()
+        self._fill(tail, False)
+
+    def _fill(self, tail: tuple[int, int, bool], continues: bool) -> None:
+        """Read the records after ``tail`` (``(attempt, position, inclusive)``: from it);
+        ``continues``: the open range's last step is the record before the first read."""
+        if continues:
+            self.last_id = self.ids[-1]
+        elif self.count:
+            self._close()
+        self.tail = tail
+        ids, self.values, self.generation = self.store._ahead_rows(self.run_id, *tail)
+        self.ids = ids
+        # each step's first record (in journal order) wins
+        self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
+        # the record the open range ends with: ``ids[last]``, or the one before (-1); -2: none
+        self.last = -1 if continues else -2
+
+    def _close(self) -> None:
+        """Close the open range, if any."""
+        if self.count:
+            last = self.last
+            self.ranges.append(_new_range(ReplayRange, (  # (ReplayRange(), without its frame)
+                self.position, self.count, self.anchor, self.skip, self.first,
+                self.ids[last] if last >= 0 else self.last_id, self.started, self.ended)))
+            self.count = 0
+            if len(self.ranges) >= _AHEAD_RANGES:
+                self.due = True
+        self.last = -2
+        self.next_position = -1
+
+    def _note(self, i: int, position: int, started: float) -> None:
+        """Record the step at ``position`` as replayed from the record ``ids[i]``."""
+        if i == self.last + 1 and position == self.next_position and self.count:
+            self.count += 1
+        else:
+            self._close()
+            self.count, self.position, self.started = 1, position, started
+            self.anchor, self.skip, self.first = self.tail, i, self.ids[i]
+        self.last = i
+        self.next_position = position + 1
+        self.ended = started
+
+    def replay(self, step_id: str, position: int, started: float) -> bytes | None:
+        """:meth:`DiskStore.find_step` for the attempt's step at ``position`` (its start:
+        ``started``, seconds since the epoch), recorded as replayed when found.
+
+        Raises:
+            CorruptJournalError: as :meth:`DiskStore.find_step`.
+        """
+        i = self.index.pop(step_id, -1)
+        if i >= 0:
+            value = self.values[i]
+            if (type(value) is bytes and self.generation == _key_generation
+                    and self.store._key is None):
+                # (_note, inlined: every replayed step)
+                if i == self.last + 1 and position == self.next_position and self.count:
+                    self.count += 1
+                    self.last = i
+                    self.next_position = position + 1
+                    self.ended = started
+                else:
+                    self._note(i, position, started)
+                return value
+        else:
+            i = self._seek(step_id)
+            if i < 0:
+                return None
+        found = self._value(i, step_id)
+        if found is not None:
+            self._note(i, position, started)
+        return found
+
+    def find(self, step_id: str) -> bytes | None:
+        """:meth:`DiskStore.find_step`, not recorded as a replay."""
+        i = self.index.pop(step_id, -1)
+        if i < 0:
+            i = self._seek(step_id)
+            if i < 0:
+                return None
+        return self._value(i, step_id)
+
+    def _value(self, i: int, step_id: str) -> bytes | None:
+        """The result of the record ``ids[i]`` (read and checked alone unless it is a plain
+        value checked with the key in use)."""
+        value = self.values[i]
+        if type(value) is bytes:
+            if self.generation == _key_generation and self.store._key is None:
+                return value
+            value = _AHEAD_MISS  # a key was set since: read and checked again
+        elif type(value) is tuple:
+            value = value[0]  # not a plain value: checked by _step_value
+        else:
+            value = _AHEAD_MISS  # too large to keep here
+        return self.store._find_alone(self.run_id, step_id, value)
+
+    def _seek(self, step_id: str) -> int:
+        """Read the records from the step's first one on (or, past the last record read,
+        the next ones) and return its index, or -1 if it has no record."""
+        ids = self.ids
+        if len(ids) == _AHEAD_ROWS and (not self.index or self.last == len(ids) - 1):
+            # past the records read so far: the next ones (continuing the open range when
+            # its last step is the last record read)
+            self._fill(self._key_of_last(), self.last == len(ids) - 1)
+            i = self.index.pop(step_id, -1)
+            if i >= 0:
+                return i
+        found = self.store._step_rows("attempt, position", self.run_id, step_id, -1)
+        if not found:
+            return -1
+        # the step's first record in journal order, and the records after it
+        self._fill((*min(found), True), False)
+        return self.index.pop(step_id, -1)
+
+    def _key_of_last(self) -> tuple[int, int, bool]:
+        """``(attempt, position, False)`` of the last record read (the records of its step
+        after the tail, in journal order: as many as the window holds)."""
+        ids, tail = self.ids, self.tail
+        step = ids[-1]
+        start = tail[:2]
+        after = sorted(key for key in map(tuple, self.store._step_rows(
+            "attempt, position", self.run_id, step, -1))
+            if key > start or (tail[2] and key == start))
+        attempt, position = after[ids.count(step) - 1]
+        return attempt, position, False
+
+    def retract(self) -> None:
+        """Take back the step recorded last (its result could not be loaded)."""
+        if self.count > 1:
+            self.count -= 1
+            self.last -= 1  # (the record before it: -1, the one before the window's first)
+        else:
+            self.count = 0
+            self.last = -2
+        self.next_position = -1
+
+    def take_ranges(self) -> list[ReplayRange]:
+        """The ranges recorded so far (the open one closed), handed over to be journaled."""
+        self._close()
+        taken, self.ranges, self.due = self.ranges, [], False
+        return taken
 
 
 class DiskStore:
@@ -1354,23 +1537,22 @@ class DiskStore:
             CorruptJournalError: the recorded result of a ``cache=False`` step is damaged.
         """
         window = getattr(self._local, "window", None)
-        data: Any = _AHEAD_MISS
-        if window is not None and window[0] == run_id:
-            data = window[1].pop(step_id, _AHEAD_MISS)
-            if type(data) is bytes:  # checked by _read_ahead: every replayed step
-                if window[2] == _key_generation and self._key is None:
-                    return data
-                data = _AHEAD_MISS  # a key was set since: read and checked again
-            elif type(data) is tuple:
-                data = data[0]  # not a plain value: checked by _step_value
-        if data is None or data is _AHEAD_MISS:
-            found = self._step_rows("result, attempt, position", run_id, step_id, 1)
+        if window is None or window.run_id != run_id:
+            found = self._step_rows("attempt, position", run_id, step_id, -1)
             if not found:
                 return None
-            found = found[0]
-            if data is _AHEAD_MISS:  # (None: in the window, too large to keep there)
-                self._read_ahead(run_id, found[1], found[2])
-            data = found[0]
+            # from the step's first record on: a resumed run asks for the next ones next
+            window = self._local.window = ReadAhead(self, run_id, (*min(found), True))
+        return window.find(step_id)
+
+    def _find_alone(self, run_id: str, step_id: str, data: Any = _AHEAD_MISS) -> bytes | None:
+        """:meth:`find_step` without a read-ahead. ``data``: the result of the step's first
+        record, when known."""
+        if data is _AHEAD_MISS:
+            found = self._step_rows("result", run_id, step_id, 1)
+            if not found:
+                return None
+            data = found[0][0]
         value, why = self._step_value(run_id, step_id, data)
         if value is not None:
             return value
@@ -1418,45 +1600,48 @@ class DiskStore:
                         found.setdefault(step, parent)
         return found
 
-    def read_ahead(self, run_id: str) -> None:
-        """Read the first finished steps of a run that is being resumed, for
-        :meth:`find_step` in this thread, before its first step asks: the query the first
-        replayed step would make, without the lookup of that step before it."""
-        self._read_ahead(run_id, 0, -1)
+    def read_ahead(self, run_id: str) -> ReadAhead:
+        """Read the first finished steps of a run that is being resumed, before its first
+        step asks: for :meth:`find_step` in this thread, and for the attempt, whose replays
+        :meth:`ReadAhead.replay` records as ranges."""
+        window = ReadAhead(self, run_id)
+        self._local.window = window
+        return window
 
-    def _read_ahead(self, run_id: str, attempt: int, position: int) -> None:
-        """Read the next finished steps of the run in journal order (a resumed run replays
-        them in that order): one query for the next 512 instead of one per step. Only small
-        results are kept (at most 8 MB in all); the journal is never held whole."""
+    def _ahead_rows(self, run_id: str, attempt: int, position: int, inclusive: bool
+                    ) -> tuple[Sequence[str], list[Any], int]:
+        """The next finished steps of the run after ``(attempt, position)`` (``inclusive``:
+        from it) in journal order (a resumed run replays them in that order): one query for
+        the next 512 instead of one per step. Returns their step ids, the value of each, and
+        the key generation the values were checked with. A value is a plain result's
+        payload, its checksum checked; any other result as ``(data,)``; None for a result
+        too large to keep here (over 64 KiB, or past 8 MB in all: read alone when asked
+        for). The journal is never held whole."""
         with self._read_journal:
             rows = self._db().execute(
                 f"SELECT step_id, CASE WHEN length(result) <= {_AHEAD_LARGEST} THEN result END "
-                "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') "
-                "AND (attempt, position) > (?, ?) ORDER BY attempt, position LIMIT 512",
+                "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') AND "
+                f"(attempt, position) {'>=' if inclusive else '>'} (?, ?) "
+                f"ORDER BY attempt, position LIMIT {_AHEAD_ROWS}",
                 (run_id, attempt, position)).fetchall()
-        ahead: dict[str, Any]
-        if (len(rows) * _AHEAD_LARGEST <= _AHEAD_BYTES
-                or sum(map(len, filter(None, map(_second, rows)))) <= _AHEAD_BYTES):
-            # all of them, in C: reversed, so the first record of a step wins; a large
-            # result reads as None here, and find_step reads it when asked for
-            ahead = dict(reversed(rows))
-        else:
-            ahead = {}
-            size = 0
-            for step, result in rows:
-                if step in ahead:
-                    continue  # a later record of the same step
-                if result is None:
-                    ahead[step] = None  # large: read alone when asked for
-                    continue
-                size += len(result)
-                if size > _AHEAD_BYTES:
-                    break
-                ahead[step] = result
         generation = _key_generation
+        if not rows:
+            return (), [], generation
+        ids, results = zip(*rows, strict=True)
+        del rows  # (its results, once the values are made)
+        values: list[Any] = list(results)
+        del results
+        if (len(values) * _AHEAD_LARGEST > _AHEAD_BYTES
+                and sum(map(len, filter(None, values))) > _AHEAD_BYTES):
+            size = 0
+            for i, data in enumerate(values):
+                if data is not None:
+                    size += len(data)
+                    if size > _AHEAD_BYTES:
+                        values[i] = None
         plain = self._key is None and self._key_gen == generation
         check = xxhash.xxh3_64_intdigest
-        for step, data in ahead.items():
+        for i, data in enumerate(values):
             # (_step_value's common case, with open_plain inlined, for every step at once): a
             # plain value's payload when its checksum holds; any other value as (data,)
             if data is None:
@@ -1464,10 +1649,10 @@ class DiskStore:
             if plain and data[:4] == MAGIC_PLAIN and len(data) >= 12:
                 payload = data[12:]
                 if check(payload) == _plain_check(data)[1] and not payload.startswith(BLOB_REF):
-                    ahead[step] = payload
+                    values[i] = payload
                     continue
-            ahead[step] = (data,)
-        self._local.window = (run_id, ahead, generation)
+            values[i] = (data,)
+        return ids, values, generation
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
         if data is None:
@@ -1547,29 +1732,39 @@ class DiskStore:
                     self.append_replays(run_id, attempt, found)
         return written == len(rows)
 
-    def append_replays(self, run_id: str, attempt: int, replays: Sequence[Replay]) -> None:
-        """Journal steps of ``attempt`` served from the run's journal, as one row (75 bytes a
-        step): what a replayed step's :class:`StepRecord` holds, without building one.
-        :meth:`list_steps` returns them as records of status ``"replayed"``.
+    def append_replays(self, run_id: str, attempt: int,
+                       replays: Sequence[Replay | ReplayRange]) -> None:
+        """Journal steps of ``attempt`` served from the run's journal, many to a row: what a
+        replayed step's :class:`StepRecord` holds, without building one (75 bytes a step),
+        or a :class:`ReplayRange` of steps replayed from consecutive records (64 bytes a
+        range). :meth:`list_steps` returns them as records of status ``"replayed"``.
 
         Args:
             run_id: The run.
             attempt: The attempt that replayed them.
             replays: ``(position, started, ended, step_id, parent_id, cache_key, task)`` of
-                each step; ids are 32 hex digits (``parent_id`` may be None, ``cache_key``
-                "" for a ``cache=False`` task).
+                each step (ids are 32 hex digits; ``parent_id`` may be None, ``cache_key``
+                "" for a ``cache=False`` task), or ranges (made by :class:`ReadAhead`).
 
         Raises:
             StoreError: the journal cannot be written.
         """
-        if not replays:
-            return
+        ranges: list[ReplayRange] = []
+        steps: list[Replay] = []
+        for r in replays:
+            if type(r) is ReplayRange:
+                ranges.append(r)
+            else:
+                steps.append(r)  # type: ignore[arg-type]  # (a Replay)
         # a checksum, never a signature: the row is parsed, never unpickled, so a store opened
         # with another key (to look inside it) still lists its replays
-        blob = seal(pack_replays(replays))
-        with self._write_journal:
-            self._db().execute("INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
-                               (run_id, attempt, blob))
+        blobs = ([pack_replays(steps)] if steps else []) + (
+            [pack_ranges(ranges)] if ranges else [])
+        for blob in blobs:
+            with self._write_journal:
+                self._db().execute(
+                    "INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
+                    (run_id, attempt, seal(blob)))
 
     def _replayed(self, run_id: str, attempt: int | None) -> list[StepRecord]:
         """The records of the run's replayed steps kept by :meth:`append_replays`. They only
@@ -1582,11 +1777,16 @@ class DiskStore:
         with self._read_journal:
             rows = self._db().execute(sql + " ORDER BY rowid", params).fetchall()
         found: list[StepRecord] = []
+        ranged: list[tuple[int, list[PackedRange]]] = []
         for at, data in rows:
             payload, why = (None, "the row is garbage") if type(at) is not int \
                 else open_seal(data)
             if payload is not None:
                 try:
+                    ranges = unpack_ranges(payload)
+                    if ranges is not None:
+                        ranged.append((at, ranges))
+                        continue
                     found.extend(StepRecord(run_id, step, parent, task, "replayed", at,
                                             position, started, ended, None, key)
                                  for position, started, ended, step, parent, key, task
@@ -1594,15 +1794,21 @@ class DiskStore:
                     continue
                 except ValueError as exc:
                     why = str(exc)
-            warned = f"replays {run_id} {at!r}"
-            if warned not in self._warned:
-                self._warned.add(warned)
-                log.warning("durably: the journal of run %r at %s is damaged: a record of steps "
-                            "replayed in attempt %r cannot be trusted (%s); they are left out "
-                            "of its records (they only said which steps were replayed). Fix: "
-                            "durably.DiskStore(%r).repair_run(%r) sets the row aside", run_id,
-                            self.path, at, why, str(self.path), run_id)
+            self._warn_replays(run_id, at, why)
+        if ranged:
+            with self._read_journal:
+                found += replayed_in_ranges(self._db(), run_id, ranged, self._warn_replays)
         return found
+
+    def _warn_replays(self, run_id: str, attempt: Any, why: str) -> None:
+        warned = f"replays {run_id} {attempt!r}"
+        if warned not in self._warned:
+            self._warned.add(warned)
+            log.warning("durably: the journal of run %r at %s is damaged: a record of steps "
+                        "replayed in attempt %r cannot be trusted (%s); they are left out "
+                        "of its records (they only said which steps were replayed). Fix: "
+                        "durably.DiskStore(%r).repair_run(%r) sets the row aside", run_id,
+                        self.path, attempt, why, str(self.path), run_id)
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         """A run's step records in call order.

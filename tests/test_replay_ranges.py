@@ -1,0 +1,297 @@
+"""Replayed steps recorded as ranges (journal format 7): a resumed attempt that replays its
+steps in journal order records them as one range of records, not one record each, and the
+records read back are those a record per step said: ids, parent, task, cache key, position.
+Steps replayed out of order, on other threads, or with results read alone are recorded
+exactly too; repair_run writes ranges step by step before it sets a record aside."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import durably
+from durably import _store
+from durably._records import (
+    ReplayRange,
+    compact_replay,
+    pack_ranges,
+    pack_replays,
+    unpack_ranges,
+)
+from durably._seal import open_seal, seal
+
+ORDER: dict[str, Any] = {"calls": [], "fail": False, "n": 0}
+
+
+@durably.task
+def inc(x: int) -> int:
+    return x + 1
+
+
+@durably.task(cache=False)
+def note(x: int) -> int:
+    return x * 2
+
+
+@durably.task
+def pair(x: int) -> int:
+    return inc(x) + note(x)  # nested steps: a parent each
+
+
+@durably.entrypoint
+def calls(n: int, tag: str) -> int:
+    """Calls ``ORDER["calls"]`` (indices below n) in that order; fails after them while
+    ``ORDER["fail"]`` is set."""
+    total = 0
+    for i in ORDER["calls"]:
+        total += (inc, note, pair)[i % 3](i)
+    if ORDER["fail"]:
+        raise RuntimeError("stopped after the steps, to be resumed")
+    return total
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[durably.DiskStore]:
+    s = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=s)
+    yield s
+    durably.configure()
+    s.close()
+
+
+@pytest.fixture
+def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read-ahead windows of 4 records, so that a few steps cross several of them."""
+    monkeypatch.setattr(_store, "_AHEAD_ROWS", 4)
+
+
+def _first_and_resumed(first: list[int], then: list[int], tag: str) -> durably.Run[int]:
+    ORDER["calls"], ORDER["fail"] = first, True
+    with pytest.raises(RuntimeError):
+        calls(len(first), tag)
+    ORDER["calls"], ORDER["fail"] = then, False
+    return calls.run(len(first), tag)
+
+
+def _records(store: durably.DiskStore, run_id: str, attempt: int) -> list[tuple[Any, ...]]:
+    return [(s.position, s.step_id, s.parent_id, s.task, s.cache_key, s.status)
+            for s in store.list_steps(run_id, attempt=attempt)]
+
+
+def _calls(records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The finished records of the entrypoint's own calls (a parent's "started" marker and
+    its nested steps left out)."""
+    return [r for r in records if r[2] is None and r[5] in ("ran", "cached")]
+
+
+def _blobs(store: durably.DiskStore, run_id: str) -> list[bytes]:
+    rows = store._db().execute("SELECT steps FROM replays WHERE run_id=? ORDER BY rowid",
+                               (run_id,)).fetchall()
+    return [bytes(open_seal(data)[0] or b"") for (data,) in rows]
+
+
+def test_a_resume_in_journal_order_is_one_range(store: durably.DiskStore) -> None:
+    """1,100 steps (three read-ahead windows) replayed in order: one range, and the same
+    records, position by position, as the attempt that executed them."""
+    steps = [i for i in range(1650) if i % 3 != 2]  # (flat: `pair` nests steps)
+    run = _first_and_resumed(steps, steps, "in-order")
+    # (a replayed call of `pair` does not run its nested steps: the calls' own records)
+    executed = [(position, *rec[1:5], "replayed")
+                for position, rec in enumerate(_calls(_records(store, run.id, 1)))]
+    assert run.counts()["replayed"] == len(executed) == 1100
+    assert _records(store, run.id, 2) == executed
+    (blob,) = _blobs(store, run.id)
+    ranges = unpack_ranges(blob)
+    assert ranges is not None and len(ranges) == 1 and ranges[0][1] == len(executed)
+    # its steps spread over the time the range took, in order
+    times = [(s.started, s.ended) for s in store.list_steps(run.id, attempt=2)]
+    assert all(a <= b <= c for (a, b), (c, _) in itertools.pairwise(times))
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 14), min_size=1, max_size=15, unique=True),
+       st.randoms(use_true_random=False))
+def test_any_replay_order_is_recorded_exactly(tmp_path_factory: pytest.TempPathFactory,
+                                              first: list[int], rnd: Any) -> None:
+    """Whatever order and subset of its steps a resumed attempt calls (windows of 4
+    records: ranges cross them, start and stop anywhere), each replayed step's record names
+    the record it replayed, at the position it was called."""
+    s = durably.DiskStore(tmp_path_factory.mktemp("order") / "store")
+    durably.configure(store=s)
+    saved = _store._AHEAD_ROWS
+    _store._AHEAD_ROWS = 4
+    try:
+        then = [i for i in first if rnd.random() < 0.8]
+        if rnd.random() < 0.5:
+            rnd.shuffle(then)
+        if rnd.random() < 0.5 and then:  # a stretch in order, then the rest
+            cut = rnd.randrange(len(then))
+            then = sorted(then[:cut]) + then[cut:]
+        run = _first_and_resumed(first, then, "any")
+        # the record of each call of `first` (a replayed call's nested steps do not run)
+        executed = dict(zip(first, _calls(_records(s, run.id, 1)), strict=True))
+        expected = [(position, *executed[i][1:5], "replayed")
+                    for position, i in enumerate(then)]
+        assert _records(s, run.id, 2) == expected
+    finally:
+        _store._AHEAD_ROWS = saved
+        durably.configure()
+        s.close()
+
+
+def test_steps_replayed_on_threads_keep_records_of_their_own(
+        store: durably.DiskStore, small_windows: None) -> None:
+    """Items of a thread map replay on other threads: each gets its own record; the run's
+    own thread records ranges; the counts add up."""
+
+    @durably.entrypoint
+    def fan(n: int) -> int:
+        head = sum(inc(i) for i in range(n))
+        return head + sum(inc.map(range(100, 100 + n), executor="thread"))
+
+    first = fan.run(9)
+    again = fan.run(9)
+    assert again.result == first.result
+    assert again.counts()["replayed"] == first.counts()["ran"] == 18
+    replayed = sorted((s.step_id, s.position) for s in store.list_steps(again.id, attempt=2))
+    executed = sorted((s.step_id, s.position) for s in store.list_steps(again.id, attempt=1))
+    assert [s for s, _ in replayed] == [s for s, _ in executed]
+
+
+def _rebuild(i: int) -> Rebuilt:
+    if os.environ.get("DURABLY_TEST_UNLOADABLE"):
+        raise ValueError("this result cannot be loaded any more")
+    return Rebuilt(i)
+
+
+class Rebuilt:
+    """A result that cannot be loaded while $DURABLY_TEST_UNLOADABLE is set."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return _rebuild, (self.i,)
+
+
+@durably.task
+def make(i: int) -> Any:
+    return Rebuilt(i) if i == 2 else i
+
+
+@durably.entrypoint
+def job(n: int) -> int:
+    return sum(1 for i in range(n) if make(i) is not None)
+
+
+def test_a_result_that_no_longer_loads_is_not_recorded_as_replayed(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose journaled result cannot be loaded raises; it is not recorded as
+    replayed, and the steps before it are."""
+    first = job.run(4)
+    assert first.result == 4
+    monkeypatch.setenv("DURABLY_TEST_UNLOADABLE", "1")
+    with pytest.raises(durably.SerializationError, match="cannot load"):
+        job(4)
+    assert [(s.position, s.status) for s in store.list_steps(first.id, attempt=2)] == [
+        (0, "replayed"), (1, "replayed")]
+
+
+def test_repair_writes_ranges_step_by_step_before_it_sets_a_record_aside(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A damaged step record is set aside: the ranges that name records by their order are
+    first written as a record per step, so the replayed attempt still lists every step."""
+    steps = list(range(12))
+    run = _first_and_resumed(steps, steps, "repair")
+    before = _records(store, run.id, 2)
+    victim = store.list_steps(run.id, attempt=1)[_records(store, run.id, 1).index(
+        _calls(_records(store, run.id, 1))[5])]
+    store._db().execute("UPDATE steps SET result=X'00' WHERE run_id=? AND step_id=?",
+                        (run.id, victim.step_id))
+    done = store.repair_run(run.id)
+    assert any(victim.step_id in line for line in done)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        assert _records(store, run.id, 2) == before
+    assert "damaged" not in caplog.text
+    assert all(unpack_ranges(blob) is None for blob in _blobs(store, run.id))
+    again = calls.run(12, "repair")  # the step set aside is executed again (or cached)
+    counts = again.counts()
+    assert counts["ran"] + counts["cached"] == 1 and counts["replayed"] == len(before) - 1
+
+
+def test_a_range_that_no_longer_matches_is_left_out_with_a_warning(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A record journaled inside a range after it was made (a thread of an ended attempt)
+    shifts the records it names: the range is left out with a warning, never misread."""
+    steps = list(range(6))
+    run = _first_and_resumed(steps, steps, "shifted")
+    db = store._db()
+    db.execute("UPDATE steps SET position=position*10 WHERE run_id=?", (run.id,))
+    cols = [c[1] for c in db.execute("PRAGMA table_info(steps)")]
+    row = dict(zip(cols, db.execute("SELECT * FROM steps WHERE run_id=? AND position=10",
+                                    (run.id,)).fetchone(), strict=True))
+    row.update(step_id="f" * 32, position=15, sid=None)  # between the records at 10 and 20
+    db.execute(f"INSERT INTO steps ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+               [row[c] for c in cols])
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        assert store.list_steps(run.id, attempt=2) == []
+    assert "do not match the journal's" in caplog.text
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.integers(1, 2**31),
+                          st.integers(0, 2**31), st.integers(-1, 2**40), st.booleans(),
+                          st.integers(0, 2**20), st.floats(allow_nan=False),
+                          st.floats(allow_nan=False)), max_size=20))
+def test_ranges_round_trip(values: list[tuple[Any, ...]]) -> None:
+    ranges = [ReplayRange(p, n, (a, q, flag), skip, f"{p:032x}", f"{n:032x}", t0, t1)
+              for p, n, a, q, flag, skip, t0, t1 in values]
+    back = unpack_ranges(pack_ranges(ranges))
+    assert back is not None
+    assert [(r.position, r.steps, r.anchor, r.skip, r.started, r.ended) for r in ranges] == \
+        [(b[0], b[1], b[2], b[3], b[6], b[7]) for b in back]
+
+
+def test_a_damaged_range_record_is_refused() -> None:
+    blob = pack_ranges([ReplayRange(1, 2, (1, 0, False), 0, "a" * 32, "b" * 32, 1.0, 2.0)])
+    with pytest.raises(ValueError, match="wrong length"):
+        unpack_ranges(blob[:-1])
+    assert unpack_ranges(b"durably-replays-1\n") is None  # a record per step: not ranges
+
+
+def test_an_older_journal_is_upgraded_to_format_7_and_its_records_still_read(
+        store: durably.DiskStore) -> None:
+    """A format 6 journal (a record per replayed step) is upgraded in place; its replay
+    records read as before, and the next resume records a range."""
+    steps = [0, 1, 3, 4]
+    run = _first_and_resumed(steps, steps, "old")
+    expected = _records(store, run.id, 2)
+    each = [compact_replay(r) for r in store.list_steps(run.id, attempt=2)]
+    assert None not in each
+    path = store.path / "journal.sqlite3"
+    store.close()
+    with sqlite3.connect(path) as con:  # as format 6 wrote it
+        con.execute("UPDATE replays SET steps=?", (seal(pack_replays(each)),))  # type: ignore[arg-type]
+        con.execute("PRAGMA user_version=6")
+    reopened = durably.DiskStore(store.path)
+    durably.configure(store=reopened)
+    try:
+        assert _records(reopened, run.id, 2) == expected
+        with sqlite3.connect(path) as con:
+            assert con.execute("PRAGMA user_version").fetchone()[0] == 7
+        assert calls.run(4, "old").counts()["replayed"] == 4
+        assert _records(reopened, run.id, 3) == expected
+        assert [unpack_ranges(b) is None for b in _blobs(reopened, run.id)] == [True, False]
+    finally:
+        durably.configure()
+        reopened.close()
