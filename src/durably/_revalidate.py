@@ -265,8 +265,8 @@ def _digest_again(value: Any, nested: _Nested | None = None) -> str | None:
 class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
-    __slots__ = ("_attrs", "_checks", "_functions", "_globals", "_keep", "changed_by",
-                 "digest", "files", "unchecked")
+    __slots__ = ("_attrs", "_checks", "_functions", "_functions_only", "_globals", "_keep",
+                 "changed_by", "digest", "files", "unchecked")
 
     def __init__(
         self,
@@ -289,6 +289,9 @@ class Fingerprint:
         self._functions = functions or []
         self._attrs = attrs
         self._checks = _grouped(checks or [])  # small mutable configuration values
+        # only functions to check (a task that uses no globals, cells or configuration):
+        # valid() looks at nothing else
+        self._functions_only = not (self._globals or self._attrs or self._checks)
         #: the durably.file() values it depends on, however nested (set by the walk): a
         #: file edited while a step runs keeps that step's result out of the cache
         self.files: list[tuple[File, Any]] = []  # (with its stamp from before the walk read it)
@@ -299,12 +302,14 @@ class Fingerprint:
     def valid(self) -> bool:
         """True while every name, cell and code object it was computed from is unchanged
         (by identity) and every small mutable configuration value has the same contents."""
-        for ns, name, value in self._globals:
-            if ns.get(name, _MISSING) is not value:
-                return False
         for f, code, defaults, kwdefaults in self._functions:
             if (f.__code__ is not code or f.__defaults__ is not defaults
                     or f.__kwdefaults__ is not kwdefaults):
+                return False
+        if self._functions_only:
+            return True
+        for ns, name, value in self._globals:
+            if ns.get(name, _MISSING) is not value:
                 return False
         for obj, attr, value in self._attrs:
             try:

@@ -416,8 +416,8 @@ class ReadAhead:
         self.tail = tail
         ids, self.values, self.generation = self.store._ahead_rows(self.run_id, *tail)
         self.ids = ids
-        # each step's first record (in journal order) wins
-        self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
+        self.index: dict[str, int] | None = None  # (made when a step is asked for out of
+        # order: see _taken)
         # the record the open range ends with: ``ids[last]``, or the one before (-1); -2: none
         self.last = -1 if continues else -2
 
@@ -453,22 +453,22 @@ class ReadAhead:
         Raises:
             CorruptJournalError: as :meth:`DiskStore.find_step`.
         """
-        i = self.index.pop(step_id, -1)
-        if i >= 0:
+        i = self.last + 1
+        ids = self.ids
+        if self.count and position == self.next_position and i < len(ids) \
+                and ids[i] == step_id:
+            # the record after the one replayed last, at the next position: the open range
+            # goes on (a plain value, checked with the key in use: values are bytes only
+            # while the store has no key, which changes only with the key generation)
             value = self.values[i]
-            if (type(value) is bytes and self.generation == _key_generation
-                    and self.store._key is None):
-                # (_note, inlined: every replayed step)
-                if i == self.last + 1 and position == self.next_position and self.count:
-                    self.count += 1
-                    self.last = i
-                    self.next_position = position + 1
-                    self.ended = started
-                else:
-                    self._note(i, position, started)
+            if type(value) is bytes and self.generation == _key_generation:
+                self.count += 1
+                self.last = i
+                self.next_position = position + 1
+                self.ended = started
                 return value
         else:
-            i = self._seek(step_id)
+            i = self._taken(step_id)
             if i < 0:
                 return None
         found = self._value(i, step_id)
@@ -478,12 +478,24 @@ class ReadAhead:
 
     def find(self, step_id: str) -> bytes | None:
         """:meth:`DiskStore.find_step`, not recorded as a replay."""
-        i = self.index.pop(step_id, -1)
-        if i < 0:
-            i = self._seek(step_id)
-            if i < 0:
-                return None
-        return self._value(i, step_id)
+        i = self._taken(step_id)
+        return self._value(i, step_id) if i >= 0 else None
+
+    def _taken(self, step_id: str) -> int:
+        """The index of the step's first record among those read, taken out of the index
+        (read further when it is not among them), or -1 if it has no record. (A record
+        replayed in order stays in the index: a step is asked for once.)"""
+        index = self.index
+        if index is None:
+            ids = self.ids
+            i = max(self.last + 1, 0)
+            if i < len(ids) and ids[i] == step_id:  # (in order: no index needed)
+                return i
+            # each step's first record (in journal order) wins
+            index = self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1),
+                                          strict=True))
+        i = index.pop(step_id, -1)
+        return i if i >= 0 else self._seek(step_id)
 
     def _value(self, i: int, step_id: str) -> bytes | None:
         """The result of the record ``ids[i]`` (read and checked alone unless it is a plain
@@ -503,11 +515,11 @@ class ReadAhead:
         """Read the records from the step's first one on (or, past the last record read,
         the next ones) and return its index, or -1 if it has no record."""
         ids = self.ids
-        if len(ids) == _AHEAD_ROWS and (not self.index or self.last == len(ids) - 1):
-            # past the records read so far: the next ones (continuing the open range when
-            # its last step is the last record read)
-            self._fill(self._key_of_last(), self.last == len(ids) - 1)
-            i = self.index.pop(step_id, -1)
+        if len(ids) == _AHEAD_ROWS and self.last == len(ids) - 1:
+            # past the records read so far, the last of which was replayed last: the next
+            # ones (continuing the open range)
+            self._fill(self._key_of_last(), True)
+            i = self._indexed(step_id)
             if i >= 0:
                 return i
         found = self.store._step_rows("attempt, position", self.run_id, step_id, -1)
@@ -515,7 +527,15 @@ class ReadAhead:
             return -1
         # the step's first record in journal order, and the records after it
         self._fill((*min(found), True), False)
-        return self.index.pop(step_id, -1)
+        return self._indexed(step_id)
+
+    def _indexed(self, step_id: str) -> int:
+        """The index of the step's first record among those read (just read), or -1."""
+        ids = self.ids
+        if ids and ids[0] == step_id:  # (in order: no index needed)
+            return 0
+        index = self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
+        return index.pop(step_id, -1)
 
     def _key_of_last(self) -> tuple[int, int, bool]:
         """``(attempt, position, False)`` of the last record read (the records of its step
@@ -1639,19 +1659,19 @@ class DiskStore:
                     size += len(data)
                     if size > _AHEAD_BYTES:
                         values[i] = None
-        plain = self._key is None and self._key_gen == generation
-        check = xxhash.xxh3_64_intdigest
-        for i, data in enumerate(values):
-            # (_step_value's common case, with open_plain inlined, for every step at once): a
-            # plain value's payload when its checksum holds; any other value as (data,)
-            if data is None:
-                continue
-            if plain and data[:4] == MAGIC_PLAIN and len(data) >= 12:
-                payload = data[12:]
-                if check(payload) == _plain_check(data)[1] and not payload.startswith(BLOB_REF):
-                    values[i] = payload
-                    continue
-            values[i] = (data,)
+        if self._key is None and self._key_gen == generation:
+            # (_step_value's common case, with open_plain inlined, for every step at once, in
+            # a comprehension: a third faster than a loop): a plain value's payload when its
+            # checksum holds; any other value as (data,)
+            check = xxhash.xxh3_64_intdigest
+            values = [
+                p if (d is not None and d[:4] == MAGIC_PLAIN and len(d) >= 12
+                      and check(p := d[12:]) == _plain_check(d)[1]
+                      and not p.startswith(BLOB_REF))
+                else None if d is None else (d,)
+                for d in values]
+        else:
+            values = [None if d is None else (d,) for d in values]
         return ids, values, generation
 
     def _step_value(self, run_id: str, step_id: str, data: Any) -> tuple[bytes | None, str]:
