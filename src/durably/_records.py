@@ -4,8 +4,10 @@ store implements, and the rows these records become in a SQLite journal."""
 from __future__ import annotations
 
 import binascii
+import bisect
 import contextlib
 import dataclasses
+import itertools
 import json
 import re
 import sqlite3
@@ -525,6 +527,7 @@ class ReplayRange(NamedTuple):
 # started, ended
 _RANGE = struct.Struct("<qqqq?qQQdd")
 _RANGES_MAGIC = b"durably-replay-ranges-1\n"
+_BOUND = 1 << 48  # positions, steps and skips of a range are below this
 
 
 def _id_hash(step_id: str) -> int:
@@ -532,7 +535,7 @@ def _id_hash(step_id: str) -> int:
 
 
 def pack_ranges(ranges: Sequence[ReplayRange]) -> bytes:
-    """Replay ranges as one blob: 81 bytes a range (the ids of its first and last steps as
+    """Replay ranges as one blob: 73 bytes a range (the ids of its first and last steps as
     64-bit hashes: enough to check them).
 
     Example:
@@ -570,7 +573,8 @@ def unpack_ranges(blob: bytes) -> list[PackedRange] | None:
         (position, n, (a, p, inclusive), skip, first, last, started, ended)
         for position, n, a, p, inclusive, skip, first, last, started, ended
         in _RANGE.iter_unpack(blob[at + 4:])]
-    if any(r[1] < 1 or r[0] < 0 or r[3] < 0 for r in found):
+    if any(not (0 <= r[0] < _BOUND and 1 <= r[1] < _BOUND and 0 <= r[3] < _BOUND)
+           for r in found):
         raise ValueError("a record of replay ranges holds an impossible range")
     return found
 
@@ -580,34 +584,47 @@ def replayed_in_ranges(db: sqlite3.Connection, run_id: str,
                        warn: Callable[[str, int, str], None]) -> list[StepRecord]:
     """The records of the steps replayed in these ranges (by attempt), each step's ids,
     parent, key and task read from the journal record it was replayed from; the steps of
-    a range spread evenly over its time. A range whose records are not in the journal as
-    it says (one was set aside, or journaled after it was made) is left out:
-    ``warn(run_id, attempt, why)``."""
-    needed: dict[tuple[int, int, bool], int] = {}
-    for _, ranges in ranged:
-        for r in ranges:
-            needed[r[2]] = max(needed.get(r[2], 0), r[3] + r[1])
-    rows: dict[tuple[int, int, bool], list[Any]] = {
-        (a, p, inclusive): db.execute(
-            "SELECT step_id, parent_id, task, cache_key FROM steps WHERE run_id=? AND status "
-            f"IN ('ran', 'cached') AND (attempt, position) {'>=' if inclusive else '>'} (?, ?) "
-            "ORDER BY attempt, position LIMIT ?", (run_id, a, p, limit)).fetchall()
-        for (a, p, inclusive), limit in needed.items()}
+    a range spread evenly over its time.
+
+    A record journaled after a range was replayed (a step of an earlier attempt whose
+    thread finished late) may sit among the records it names: records that ended after the
+    range did are not among its steps. A range whose records are still not in the journal
+    as it says (one was set aside) is left out: ``warn(run_id, attempt, why)``."""
+    low = min(r[2][:2] for _, ranges in ranged for r in ranges)
+    rows = db.execute(
+        "SELECT attempt, position, ended, step_id, parent_id, task, cache_key FROM steps "
+        "WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) >= (?, ?) "
+        "ORDER BY attempt, position", (run_id, *low)).fetchall()
+    keys = [(row[0], row[1]) for row in rows]
     found: list[StepRecord] = []
     for attempt, ranges in ranged:
-        for position, count, anchor, skip, first, last, started, ended in ranges:
-            span = rows[anchor][skip:skip + count]
-            if (len(span) != count or _id_hash(span[0][0]) != first
-                    or _id_hash(span[-1][0]) != last):
-                warn(run_id, attempt, f"{count} steps replayed from the records after "
-                     f"{anchor[:2]} do not match the journal's")
-                continue
-            each = (ended - started) / count
+        for position, steps, anchor, skip, first, last, started, ended in ranges:
+            key = anchor[:2]
+            at = (bisect.bisect_left if anchor[2] else bisect.bisect_right)(keys, key) + skip
+            span = rows[at:at + steps]
+            if not _spans(span, steps, first, last):
+                # (the slow way, when records were journaled after the range was made)
+                kept = (row for row in itertools.islice(rows, at - skip, None)
+                        if row[2] <= ended)
+                span = list(itertools.islice(kept, skip, skip + steps))
+                if not _spans(span, steps, first, last):
+                    warn(run_id, attempt, f"{steps} steps replayed from the records after "
+                         f"{key} cannot be matched to the journal's records (one was set "
+                         "aside since)")
+                    continue
+            each = (ended - started) / steps
             found.extend(
                 StepRecord(run_id, step, parent, task, "replayed", attempt, position + k,
-                           started + k * each, started + (k + 1) * each, None, key)
-                for k, (step, parent, task, key) in enumerate(span))
+                           started + k * each, started + (k + 1) * each, None, cache_key)
+                for k, (_, _, _, step, parent, task, cache_key) in enumerate(span))
     return found
+
+
+def _spans(span: Sequence[Any], steps: int, first: int, last: int) -> bool:
+    """Whether these records are the ``steps`` records of a range: its first and last
+    step ids (their hashes) match."""
+    return (len(span) == steps and _id_hash(span[0][3]) == first
+            and _id_hash(span[-1][3]) == last)
 
 
 RUN_COLS = (

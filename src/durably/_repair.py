@@ -81,10 +81,9 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
                     "it has no recorded result"
             if bad:
                 damaged.append((rowid, row, bad, data))
-        if damaged:
-            # replay ranges name the records they replayed by their order: recorded step by
-            # step before any record goes
-            _expand_ranges(db, run_id, aside)
+        # replay ranges name the records they replayed by their order: those that no
+        # longer match set aside, and, before any record goes, all recorded step by step
+        _check_ranges(db, run_id, aside, expand=bool(damaged))
         for rowid, row, bad, data in damaged:
             aside(f"step {row[1]!r} (task {row[3]!r})", bad, row[:15], data)
             db.execute("DELETE FROM steps WHERE rowid=?", (rowid,))
@@ -138,10 +137,11 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
     return done
 
 
-def _expand_ranges(db: sqlite3.Connection, run_id: str,
-                   aside: Callable[[str, str, Sequence[Any], Any], None]) -> None:
-    """Rewrite the run's replay ranges as records of one step each (a range whose records
-    are not in the journal as it says is set aside)."""
+def _check_ranges(db: sqlite3.Connection, run_id: str,
+                  aside: Callable[[str, str, Sequence[Any], Any], None], expand: bool) -> None:
+    """Set aside the run's replay ranges that do not match the journal's records (the
+    others of their row are written step by step); ``expand``: write every range step by
+    step."""
     for rowid, attempt, data in db.execute(
             "SELECT rowid, attempt, steps FROM replays WHERE run_id=?", (run_id,)).fetchall():
         value, _ = open_seal(data) if type(attempt) is int else (None, "")
@@ -149,11 +149,13 @@ def _expand_ranges(db: sqlite3.Connection, run_id: str,
             ranges = unpack_ranges(bytes(value)) if value is not None else None
         except ValueError:
             ranges = None  # (damaged: set aside below, as any damaged row)
-        if ranges is None:
+        if not ranges:
             continue
         unmatched: list[str] = []
         steps = [compact_replay(r) for r in replayed_in_ranges(
             db, run_id, [(attempt, ranges)], _collect(unmatched))]
+        if not (expand or unmatched):
+            continue
         for why in unmatched:
             aside(f"a range of steps replayed in attempt {attempt!r}", why, (run_id, attempt),
                   None)

@@ -841,8 +841,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     noted: ReadAhead | None = None  # the read-ahead that recorded the step as replayed
     if not ctx.replaying:
         data = None
-    elif (ahead := ctx.ahead) is not None and ahead.thread == _thread_id():
-        # (the run's own thread: the steps it replays are recorded as ranges there)
+    elif legacy is None and (ahead := ctx.ahead) is not None and ahead.thread == _thread_id():
+        # (the run's own thread: the steps it replays are recorded as ranges there, with
+        # the parent of their record; not a nested side effect, found by its call path
+        # whatever its parent's id: its record keeps the caller that called it now)
         data = ahead.replay(step_id, position, started)
         if data is not None:
             noted = ahead

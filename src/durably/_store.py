@@ -1756,7 +1756,7 @@ class DiskStore:
                        replays: Sequence[Replay | ReplayRange]) -> None:
         """Journal steps of ``attempt`` served from the run's journal, many to a row: what a
         replayed step's :class:`StepRecord` holds, without building one (75 bytes a step),
-        or a :class:`ReplayRange` of steps replayed from consecutive records (64 bytes a
+        or a :class:`ReplayRange` of steps replayed from consecutive records (73 bytes a
         range). :meth:`list_steps` returns them as records of status ``"replayed"``.
 
         Args:
