@@ -49,6 +49,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     s.close()
 
 
+@pytest.fixture
+def disk_store(tmp_path: Path) -> Iterator[durably.DiskStore]:
+    """A DiskStore in the test's folder, configured as the default for the test."""
+    s = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=s)
+    yield s
+    durably.configure()
+    s.close()
+
+
 def write_script(path: Path, source: str) -> Path:
     path.write_text(textwrap.dedent(source))
     return path

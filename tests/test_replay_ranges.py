@@ -11,8 +11,6 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,12 +59,8 @@ def calls(n: int, tag: str) -> int:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[durably.DiskStore]:
-    s = durably.DiskStore(tmp_path / "store")
-    durably.configure(store=s)
-    yield s
-    durably.configure()
-    s.close()
+def store(disk_store: durably.DiskStore) -> durably.DiskStore:
+    return disk_store  # (journal rows are looked at: a DiskStore only)
 
 
 @pytest.fixture
