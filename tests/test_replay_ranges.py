@@ -238,29 +238,50 @@ def _journal_late(store: durably.DiskStore, run_id: str, ended: float) -> None:
                [row[c] for c in cols])
 
 
-def test_a_record_journaled_late_among_a_range_is_told_apart_by_its_time(
-        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
-    """A step of an earlier attempt whose thread finished after the resume replayed the
-    records around it: the range's records are still read right (the late one ended after
-    the range did)."""
+@pytest.mark.parametrize("when", ["after the range", "during the range"])
+def test_a_record_journaled_late_among_a_range_is_told_apart(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture, when: str) -> None:
+    """A step of an earlier attempt whose thread finished while (or after) the resume
+    replayed the records around it: the range's records are still read right (the late
+    record was journaled after they were read: its rowid is past the range's horizon)."""
     steps = list(range(6))
     run = _first_and_resumed(steps, steps, "late")
-    before = [(s.step_id, s.parent_id, s.task) for s in store.list_steps(run.id, attempt=2)]
-    _journal_late(store, run.id, time.time() + 1)
+    replayed = store.list_steps(run.id, attempt=2)
+    before = [(s.step_id, s.parent_id, s.task) for s in replayed]
+    _journal_late(store, run.id, time.time() + 1 if when == "after the range"
+                  else replayed[2].started)
     with caplog.at_level(logging.WARNING, logger="durably"):
         after = [(s.step_id, s.parent_id, s.task) for s in store.list_steps(run.id, attempt=2)]
     assert after == before and len(after) == 6
     assert "cannot be matched" not in caplog.text
 
 
+def test_a_garbage_record_among_a_range_does_not_break_listing_or_repair(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A record whose position is not a number (garbage) among a range's: the run's records
+    are listed (the range left out with a warning: its records are no longer in the order
+    it names), and repair_run sets the garbage row and the range aside."""
+    steps = list(range(6))
+    run = _first_and_resumed(steps, steps, "garbage")
+    store._db().execute("UPDATE steps SET position='zz', ended='x' WHERE run_id=? AND "
+                        "attempt=1 AND position=2", (run.id,))
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        assert store.list_steps(run.id, attempt=2) == []
+    assert "cannot be matched" in caplog.text
+    done = store.repair_run(run.id)
+    assert any("column 6 holds 'zz'" in line for line in done)
+    assert calls.run(6, "garbage").counts()["replayed"] == 5  # the one set aside: again
+
+
 def test_a_range_that_no_longer_matches_is_left_out_and_repair_sets_it_aside(
         store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
-    """A record among a range's that ended before the range did (not told apart by its
-    time) makes the range unreadable: it is left out with a warning, never misread, and
-    repair_run sets it aside (the warning does not come back)."""
+    """A record of a range's gone from the journal (deleted by hand) makes the range
+    unreadable: it is left out with a warning, never misread, and repair_run sets it
+    aside (the warning does not come back)."""
     steps = list(range(6))
     run = _first_and_resumed(steps, steps, "shifted")
-    _journal_late(store, run.id, 0.0)
+    store._db().execute("DELETE FROM steps WHERE run_id=? AND attempt=1 AND position=2",
+                        (run.id,))
     with caplog.at_level(logging.WARNING, logger="durably"):
         assert store.list_steps(run.id, attempt=2) == []
     assert "cannot be matched to the journal's records" in caplog.text
@@ -318,22 +339,22 @@ def test_a_nested_side_effect_replayed_under_an_edited_caller_keeps_its_caller(
                           st.integers(0, 2**20), st.floats(allow_nan=False),
                           st.floats(allow_nan=False)), max_size=20))
 def test_ranges_round_trip(values: list[tuple[Any, ...]]) -> None:
-    ranges = [ReplayRange(p, n, (a, q, flag), skip, f"{p:032x}", f"{n:032x}", t0, t1)
+    ranges = [ReplayRange(p, n, (a, q, flag), skip, f"{p:032x}", f"{n:032x}", t0, t1, skip)
               for p, n, a, q, flag, skip, t0, t1 in values]
     back = unpack_ranges(pack_ranges(ranges))
     assert back is not None
-    assert [(r.position, r.steps, r.anchor, r.skip, r.started, r.ended) for r in ranges] == \
-        [(b[0], b[1], b[2], b[3], b[6], b[7]) for b in back]
+    assert [(r.position, r.steps, r.anchor, r.skip, r.started, r.ended, r.horizon)
+            for r in ranges] == [(b[0], b[1], b[2], b[3], b[6], b[7], b[8]) for b in back]
 
 
 def test_a_damaged_range_record_is_refused() -> None:
-    blob = pack_ranges([ReplayRange(1, 2, (1, 0, False), 0, "a" * 32, "b" * 32, 1.0, 2.0)])
+    blob = pack_ranges([ReplayRange(1, 2, (1, 0, False), 0, "a" * 32, "b" * 32, 1.0, 2.0, 9)])
     with pytest.raises(ValueError, match="wrong length"):
         unpack_ranges(blob[:-1])
-    for impossible in (ReplayRange(1, 2**62, (1, 0, False), 0, "a", "b", 1.0, 2.0),
-                       ReplayRange(1, 2, (1, 0, False), 2**62, "a", "b", 1.0, 2.0),
-                       ReplayRange(-1, 2, (1, 0, False), 0, "a", "b", 1.0, 2.0),
-                       ReplayRange(1, 0, (1, 0, False), 0, "a", "b", 1.0, 2.0)):
+    for impossible in (ReplayRange(1, 2**62, (1, 0, False), 0, "a", "b", 1.0, 2.0, 9),
+                       ReplayRange(1, 2, (1, 0, False), 2**62, "a", "b", 1.0, 2.0, 9),
+                       ReplayRange(-1, 2, (1, 0, False), 0, "a", "b", 1.0, 2.0, 9),
+                       ReplayRange(1, 0, (1, 0, False), 0, "a", "b", 1.0, 2.0, 9)):
         with pytest.raises(ValueError, match="impossible range"):
             unpack_ranges(pack_ranges([impossible]))
     assert unpack_ranges(b"durably-replays-1\n") is None  # a record per step: not ranges

@@ -511,7 +511,9 @@ class ReplayRange(NamedTuple):
     (``(attempt, position, inclusive)``: after that record, or from it), ``skip`` of them
     skipped, between ``started`` and ``ended`` (seconds since the epoch). ``first`` and
     ``last`` are the step ids of the first and last of them (checked when the range is
-    read). Each step's ids, parent, key and task are its record's."""
+    read); ``horizon``: the journal's last step rowid when the records were read (records
+    journaled later are not among them). Each step's ids, parent, key and task are its
+    record's."""
 
     position: int
     steps: int
@@ -521,11 +523,12 @@ class ReplayRange(NamedTuple):
     last: str
     started: float
     ended: float
+    horizon: int
 
 
 # position, count, anchor (attempt, position, inclusive), skip, hashes of first and last ids,
-# started, ended
-_RANGE = struct.Struct("<qqqq?qQQdd")
+# started, ended, horizon
+_RANGE = struct.Struct("<qqqq?qQQddq")
 _RANGES_MAGIC = b"durably-replay-ranges-1\n"
 _BOUND = 1 << 48  # positions, steps and skips of a range are below this
 
@@ -535,22 +538,23 @@ def _id_hash(step_id: str) -> int:
 
 
 def pack_ranges(ranges: Sequence[ReplayRange]) -> bytes:
-    """Replay ranges as one blob: 73 bytes a range (the ids of its first and last steps as
+    """Replay ranges as one blob: 81 bytes a range (the ids of its first and last steps as
     64-bit hashes: enough to check them).
 
     Example:
-        >>> r = ReplayRange(5, 3, (1, 0, False), 2, "ab" * 16, "cd" * 16, 1.5, 1.75)
+        >>> r = ReplayRange(5, 3, (1, 0, False), 2, "ab" * 16, "cd" * 16, 1.5, 1.75, 40)
         >>> [tuple(u)[:4] for u in unpack_ranges(pack_ranges([r]))]
         [(5, 3, (1, 0, False), 2)]
     """
     pack = _RANGE.pack
     return b"".join((_RANGES_MAGIC, struct.pack("<I", len(ranges)), *(
         pack(r.position, r.steps, r.anchor[0], r.anchor[1], r.anchor[2], r.skip,
-             _id_hash(r.first), _id_hash(r.last), r.started, r.ended) for r in ranges)))
+             _id_hash(r.first), _id_hash(r.last), r.started, r.ended, r.horizon)
+        for r in ranges)))
 
 
 #: a range as :func:`unpack_ranges` reads it: the ids of its first and last steps as hashes
-PackedRange = tuple[int, int, tuple[int, int, bool], int, int, int, float, float]
+PackedRange = tuple[int, int, tuple[int, int, bool], int, int, int, float, float, int]
 
 
 def unpack_ranges(blob: bytes) -> list[PackedRange] | None:
@@ -570,8 +574,8 @@ def unpack_ranges(blob: bytes) -> list[PackedRange] | None:
     if len(blob) != at + 4 + count * _RANGE.size:
         raise ValueError("a record of replay ranges has the wrong length")
     found: list[PackedRange] = [
-        (position, n, (a, p, inclusive), skip, first, last, started, ended)
-        for position, n, a, p, inclusive, skip, first, last, started, ended
+        (position, n, (a, p, inclusive), skip, first, last, started, ended, horizon)
+        for position, n, a, p, inclusive, skip, first, last, started, ended, horizon
         in _RANGE.iter_unpack(blob[at + 4:])]
     if any(not (0 <= r[0] < _BOUND and 1 <= r[1] < _BOUND and 0 <= r[3] < _BOUND)
            for r in found):
@@ -586,37 +590,43 @@ def replayed_in_ranges(db: sqlite3.Connection, run_id: str,
     parent, key and task read from the journal record it was replayed from; the steps of
     a range spread evenly over its time.
 
-    A record journaled after a range was replayed (a step of an earlier attempt whose
-    thread finished late) may sit among the records it names: records that ended after the
-    range did are not among its steps. A range whose records are still not in the journal
-    as it says (one was set aside) is left out: ``warn(run_id, attempt, why)``."""
+    A record journaled after a range's records were read (a step of an earlier attempt
+    whose thread finished late) may sit among them: it is told apart by its rowid (after
+    the range's horizon), else by its time (it ended after the range did). A range whose
+    records are still not in the journal as it says (one was set aside, or damaged) is
+    left out: ``warn(run_id, attempt, why)``. Rows whose keys or times are not numbers
+    (garbage: see :meth:`DiskStore.repair_run`) are never among a range's records."""
     low = min(r[2][:2] for _, ranges in ranged for r in ranges)
     rows = db.execute(
-        "SELECT attempt, position, ended, step_id, parent_id, task, cache_key FROM steps "
-        "WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) >= (?, ?) "
+        "SELECT attempt, position, ended, step_id, parent_id, task, cache_key, rowid "
+        "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') "
+        "AND (attempt, position) >= (?, ?) AND typeof(attempt)='integer' "
+        "AND typeof(position)='integer' AND typeof(ended) IN ('real', 'integer') "
         "ORDER BY attempt, position", (run_id, *low)).fetchall()
     keys = [(row[0], row[1]) for row in rows]
     found: list[StepRecord] = []
     for attempt, ranges in ranged:
-        for position, steps, anchor, skip, first, last, started, ended in ranges:
+        for position, steps, anchor, skip, first, last, started, ended, horizon in ranges:
             key = anchor[:2]
-            at = (bisect.bisect_left if anchor[2] else bisect.bisect_right)(keys, key) + skip
-            span = rows[at:at + steps]
+            at = (bisect.bisect_left if anchor[2] else bisect.bisect_right)(keys, key)
+            span = rows[at + skip:at + skip + steps]
+            # (else the slow ways, when records were journaled after the range was made)
+            for column, bound in ((7, horizon), (2, ended)):  # (rowid, ended)
+                if _spans(span, steps, first, last):
+                    break
+                span = list(itertools.islice(
+                    (row for row in itertools.islice(rows, at, None) if row[column] <= bound),
+                    skip, skip + steps))
             if not _spans(span, steps, first, last):
-                # (the slow way, when records were journaled after the range was made)
-                kept = (row for row in itertools.islice(rows, at - skip, None)
-                        if row[2] <= ended)
-                span = list(itertools.islice(kept, skip, skip + steps))
-                if not _spans(span, steps, first, last):
-                    warn(run_id, attempt, f"{steps} steps replayed from the records after "
-                         f"{key} cannot be matched to the journal's records (one was set "
-                         "aside since)")
-                    continue
+                warn(run_id, attempt, f"{steps} steps replayed from the records after "
+                     f"{key} cannot be matched to the journal's records (one was set "
+                     "aside or damaged since)")
+                continue
             each = (ended - started) / steps
             found.extend(
                 StepRecord(run_id, step, parent, task, "replayed", attempt, position + k,
                            started + k * each, started + (k + 1) * each, None, cache_key)
-                for k, (_, _, _, step, parent, task, cache_key) in enumerate(span))
+                for k, (_, _, _, step, parent, task, cache_key, _) in enumerate(span))
     return found
 
 

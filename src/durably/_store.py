@@ -385,9 +385,9 @@ class ReadAhead:
     :meth:`DiskStore.read_ahead`; one thread uses it (``thread``): the one that made it.
     """
 
-    __slots__ = ("anchor", "count", "due", "ended", "first", "generation", "ids", "index",
-                 "last", "last_id", "next_position", "position", "ranges", "run_id", "skip",
-                 "started", "store", "tail", "thread", "values")
+    __slots__ = ("anchor", "count", "due", "ended", "first", "generation", "horizon", "ids",
+                 "index", "last", "last_id", "next_position", "opened", "position", "ranges",
+                 "run_id", "skip", "started", "store", "tail", "thread", "values")
 
     def __init__(self, store: DiskStore, run_id: str,
                  tail: tuple[int, int, bool] = (0, -1, False)) -> None:
@@ -402,6 +402,7 @@ class ReadAhead:
         self.anchor: tuple[int, int, bool] = (0, -1, False)
         self.first = self.last_id = ""
         self.started = self.ended = 0.0
+        self.horizon = self.opened = 0  # the journal's last step rowid when read, opened
         self.next_position = -1  # the position that extends the open range
         self.ids: Sequence[str] = ()
         self._fill(tail, False)
@@ -414,6 +415,8 @@ class ReadAhead:
         elif self.count:
             self._close()
         self.tail = tail
+        # (before the records: one journaled after them has a greater rowid)
+        self.horizon = self.store._horizon()
         ids, self.values, self.generation = self.store._ahead_rows(self.run_id, *tail)
         self.ids = ids
         self.index: dict[str, int] | None = None  # (made when a step is asked for out of
@@ -427,7 +430,8 @@ class ReadAhead:
             last = self.last
             self.ranges.append(_new_range(ReplayRange, (  # (ReplayRange(), without its frame)
                 self.position, self.count, self.anchor, self.skip, self.first,
-                self.ids[last] if last >= 0 else self.last_id, self.started, self.ended)))
+                self.ids[last] if last >= 0 else self.last_id, self.started, self.ended,
+                self.opened)))
             self.count = 0
             if len(self.ranges) >= _AHEAD_RANGES:
                 self.due = True
@@ -442,6 +446,7 @@ class ReadAhead:
             self._close()
             self.count, self.position, self.started = 1, position, started
             self.anchor, self.skip, self.first = self.tail, i, self.ids[i]
+            self.opened = self.horizon
         self.last = i
         self.next_position = position + 1
         self.ended = started
@@ -515,14 +520,17 @@ class ReadAhead:
         """Read the records from the step's first one on (or, past the last record read,
         the next ones) and return its index, or -1 if it has no record."""
         ids = self.ids
-        if len(ids) == _AHEAD_ROWS and self.last == len(ids) - 1:
+        if len(ids) == _AHEAD_ROWS and self.last == len(ids) - 1 \
+                and (tail := self._key_of_last()) is not None:
             # past the records read so far, the last of which was replayed last: the next
             # ones (continuing the open range)
-            self._fill(self._key_of_last(), True)
+            self._fill(tail, True)
             i = self._indexed(step_id)
             if i >= 0:
                 return i
-        found = self.store._step_rows("attempt, position", self.run_id, step_id, -1)
+        found = [key for key in self.store._step_rows("attempt, position", self.run_id,
+                                                      step_id, -1)
+                 if type(key[0]) is int and type(key[1]) is int]  # (not garbage)
         if not found:
             return -1
         # the step's first record in journal order, and the records after it
@@ -537,16 +545,21 @@ class ReadAhead:
         index = self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
         return index.pop(step_id, -1)
 
-    def _key_of_last(self) -> tuple[int, int, bool]:
+    def _key_of_last(self) -> tuple[int, int, bool] | None:
         """``(attempt, position, False)`` of the last record read (the records of its step
-        after the tail, in journal order: as many as the window holds)."""
+        after the tail, in journal order: as many as the window holds); None if they are
+        not there any more."""
         ids, tail = self.ids, self.tail
         step = ids[-1]
         start = tail[:2]
         after = sorted(key for key in map(tuple, self.store._step_rows(
             "attempt, position", self.run_id, step, -1))
-            if key > start or (tail[2] and key == start))
-        attempt, position = after[ids.count(step) - 1]
+            if type(key[0]) is int and type(key[1]) is int  # (not garbage)
+            and (key > start or (tail[2] and key == start)))
+        n = ids.count(step)
+        if len(after) < n:
+            return None
+        attempt, position = after[n - 1]
         return attempt, position, False
 
     def retract(self) -> None:
@@ -1628,6 +1641,12 @@ class DiskStore:
         self._local.window = window
         return window
 
+    def _horizon(self) -> int:
+        """The rowid of the last step record journaled (0: none)."""
+        with self._read_journal:
+            row = self._db().execute("SELECT max(rowid) FROM steps").fetchone()
+        return row[0] or 0
+
     def _ahead_rows(self, run_id: str, attempt: int, position: int, inclusive: bool
                     ) -> tuple[Sequence[str], list[Any], int]:
         """The next finished steps of the run after ``(attempt, position)`` (``inclusive``:
@@ -1756,7 +1775,7 @@ class DiskStore:
                        replays: Sequence[Replay | ReplayRange]) -> None:
         """Journal steps of ``attempt`` served from the run's journal, many to a row: what a
         replayed step's :class:`StepRecord` holds, without building one (75 bytes a step),
-        or a :class:`ReplayRange` of steps replayed from consecutive records (73 bytes a
+        or a :class:`ReplayRange` of steps replayed from consecutive records (81 bytes a
         range). :meth:`list_steps` returns them as records of status ``"replayed"``.
 
         Args:
