@@ -31,7 +31,6 @@ import contextlib
 import errno
 import json
 import logging
-import operator
 import os
 import shutil
 import sqlite3
@@ -299,7 +298,6 @@ _AHEAD_RANGES = 2048
 #: store asks on every journal read and write whether it was inherited from a parent)
 _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
-_second = operator.itemgetter(1)
 _new_range = tuple.__new__
 #: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
 #: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
