@@ -3,8 +3,10 @@ buffered replay records stay exact when threads of one run use them at once."""
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +71,67 @@ def test_threads_never_get_one_occurrence_twice(switch_often: None) -> None:
     everything = [i for out in got for i in out]
     assert len(set(everything)) == len(everything) == 24_000
     assert set(everything) == {step_identity(None, key, n) for n in range(24_000)}
+
+
+def test_threads_racing_for_first_occurrences_get_each_number_once(switch_often: None
+                                                                  ) -> None:
+    """Eight threads call the same 2,000 keys in the same order: every key's first call is
+    raced for (one of them stores its mark, the others count on from it); each key gets
+    the occurrences 0 to 7, once each."""
+    ctx = _new_context()
+    keys = [f"{k:032x}" for k in range(2000)]
+    got: list[list[str]] = [[] for _ in range(8)]
+
+    def work(out: list[str]) -> None:
+        for key in keys:
+            out.append(ctx.step_id(None, key))
+
+    threads = [threading.Thread(target=work, args=(out,)) for out in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = sorted(i for out in got for i in out)
+    assert everything == sorted(step_identity(None, key, n) for key in keys for n in range(8))
+
+
+def test_a_run_s_threads_calling_one_step_alike_replay_each_call(store: Any) -> None:
+    """Threads of one run call a side effect with the same inputs at once: each call is a
+    step of its own (occurrences 0 to 3 of each input), executed once, replayed on resume."""
+    calls: list[int] = []
+
+    @durably.task(cache=False)
+    def note(x: int) -> int:
+        calls.append(x)
+        return x
+
+    fail = {"on": True}
+
+    @durably.entrypoint
+    def fan(n: int) -> int:
+        def work() -> int:
+            return sum(note(x) for x in range(n))
+
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(contextvars.copy_context().run, work) for _ in range(4)]
+            total = sum(f.result() for f in futures)
+        if fail["on"]:
+            raise RuntimeError("stopped after the threads, to be resumed")
+        return total
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with pytest.raises(RuntimeError):
+            fan(300)
+    finally:
+        sys.setswitchinterval(before)
+    assert sorted(calls) == sorted(list(range(300)) * 4)
+    fail["on"] = False
+    calls.clear()
+    run = fan.run(300)
+    assert run.result == 4 * sum(range(300)) and calls == []
+    assert run.counts()["replayed"] == 1200
 
 
 def test_replay_records_buffered_by_threads_are_all_taken(

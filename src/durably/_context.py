@@ -53,6 +53,7 @@ class RunContext:
         "_cache_since",
         "_cache_writes",
         "_claiming",
+        "_counting",
         "_lock",
         "_occurrences",
         "_pending",
@@ -168,7 +169,9 @@ class RunContext:
         self.renew_at = time.monotonic() + RENEW_SECONDS
         self.store = store
         self.attempt = attempt
-        self._occurrences: dict[int, itertools.count[int]] = {}
+        #: per xxh3-64 of a step's parent and key (see step_id): the position of its first
+        #: call while it has had one, then an ``itertools.count`` of the next occurrences
+        self._occurrences: dict[int, Any] = {}
         #: the position of the next step in this attempt (``next(ctx.positions)``)
         self.positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
@@ -179,6 +182,7 @@ class RunContext:
         self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
         self._claiming = threading.Lock()  # (claim() does I/O: not under _lock)
+        self._counting = threading.Lock()  # (occurrence_again)
         #: steps of this attempt by status: ran, cached, failed (replayed steps are counted
         #: in the journal)
         self.counts = {"ran": 0, "cached": 0, "failed": 0}
@@ -258,15 +262,29 @@ class RunContext:
         depends on timing.
 
         Occurrences are counted by an xxh3-64 of parent and key (the same in every
-        process: a collision would be the same in every attempt), without a lock: each
-        slot's counter is an ``itertools.count``, and ``dict.setdefault`` and ``next`` are
-        single steps under the GIL, so two threads never get one number."""
+        process: a collision would be the same in every attempt); see :meth:`occurrence`."""
         head = f"{parent or ''}/{key}".encode()
-        slot = xxhash.xxh3_64_intdigest(head)
-        counter = self._occurrences.get(slot)
-        if counter is None:
-            counter = self._occurrences.setdefault(slot, itertools.count())
-        return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, next(counter)))
+        n = self.occurrence(xxhash.xxh3_64_intdigest(head), object())
+        return xxhash.xxh3_128_hexdigest(b"%s/%d" % (head, n))
+
+    def occurrence(self, slot: int, mark: object) -> int:
+        """The occurrence of a call (from 0) among the calls counted under ``slot``;
+        ``mark``: an object no other call passes (the call path passes its position).
+
+        A first call costs one ``dict.setdefault`` (a single step under the GIL: of two
+        threads, one stores its mark, the other gets it back) and keeps only its mark, not
+        a counter (a run's steps mostly have inputs of their own: one slot each); a slot
+        called again gets a counter, under a lock."""
+        got = self._occurrences.setdefault(slot, mark)
+        return 0 if got is mark else self.occurrence_again(slot)
+
+    def occurrence_again(self, slot: int) -> int:
+        """The occurrence of a call counted under ``slot``, which was called before."""
+        with self._counting:
+            counter = self._occurrences[slot]
+            if type(counter) is not itertools.count:  # (the first call's mark)
+                counter = self._occurrences[slot] = itertools.count(1)
+            return next(counter)  # type: ignore[no-any-return]
 
     def next_interrupt(self, parent: str | None) -> int:
         """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""

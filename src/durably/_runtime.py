@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import itertools
 import logging
 import math
 import os
@@ -739,11 +738,8 @@ def call_path(ctx: RunContext, step_id: str) -> str:
 def _occurrence_id(ctx: RunContext, head: bytes) -> str:
     """The step id ``head`` gives its next occurrence (counted apart from the step ids
     in use: a legacy identity looked up on replay)."""
-    slot = _xxh3_64(b"legacy:" + head)
-    counter = ctx._occurrences.get(slot)
-    if counter is None:
-        counter = ctx._occurrences.setdefault(slot, itertools.count())
-    return _xxh3_128_hex(b"%s/%d" % (head, next(counter)))
+    n = ctx.occurrence(_xxh3_64(b"legacy:" + head), object())
+    return _xxh3_128_hex(b"%s/%d" % (head, n))
 
 
 def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -823,13 +819,16 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     else:
         # (RunContext.step_id, inlined: every call in a run; the same identity)
         head = f"{parent or ''}/{journal_key}".encode()
-    slot = _xxh3_64(head)
-    counter = ctx._occurrences.get(slot)
-    if counter is None:
-        counter = ctx._occurrences.setdefault(slot, itertools.count())
-    occurrence = next(counter)
-    step_id = _xxh3_128_hex(b"%s/%d" % (head, occurrence))
     position = next(ctx.positions)
+    slot = _xxh3_64(head)
+    # (RunContext.occurrence, inlined: its mark is the call's position)
+    got = ctx._occurrences.setdefault(slot, position)
+    if got is position:
+        occurrence = 0
+        step_id = _xxh3_128_hex(head + b"/0")
+    else:
+        occurrence = ctx.occurrence_again(slot)
+        step_id = _xxh3_128_hex(b"%s/%d" % (head, occurrence))
     started = _wall_clock()
     call: Call | None = None  # built only when needed: a replayed step does without
     if ctx.listener is not None:
@@ -1369,8 +1368,10 @@ class _Deferred:
         self.event, self.renewal = event, renewal
 
     def __call__(self, ctx: RunContext, ending: bool = False) -> None:
-        """Journal the attempt's start (``ending``: inside the transaction that ends it, no
-        lease taken); start renewing the lease it took.
+        """Journal the attempt's start and start renewing the lease it took; ``ending``:
+        inside the transaction that ends it, only check that no other process holds the
+        run (no lease taken; the start event is journaled with the end's, by
+        :func:`_write_final`).
 
         Raises:
             RunStateError: another process holds the run, or resumed it meanwhile."""
@@ -1384,9 +1385,10 @@ class _Deferred:
                           else store.acquire_run(record.run_id, owner))
                 if holder is not None:
                     raise _held(record.run_id, holder, owner)
-                if not ending and not store.put_run_if_current(record, previous=self.previous):
-                    raise _resumed_meanwhile(record, self.previous)
-                store.append_events([self.event])
+                if not ending:
+                    if not store.put_run_if_current(record, previous=self.previous):
+                        raise _resumed_meanwhile(record, self.previous)
+                    store.append_events([self.event])
         except BaseException as exc:
             if ending or isinstance(exc, RunStateError) or not _journaled(store, record):
                 raise  # (rolled back: its start is still to be journaled)
@@ -1655,7 +1657,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                     ctx.deferred = None  # (its start is in this transaction: joined below)
                     ctx.write(taken)
                     if not _write_final(store, record, info, checked=True,
-                                        previous=deferred.previous):
+                                        previous=deferred.previous, before=deferred.event):
                         raise _resumed_meanwhile(record, deferred.previous)
             except RunStateError as error:
                 # the run is another process's: nothing of this attempt is journaled
@@ -1768,17 +1770,18 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
 
 
 def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = False,
-                 previous: int | None = None) -> bool:
-    """Journal the run's final record and its final event; ``checked``: only while the run
-    is still this attempt's (with a store that can tell: ``put_run_if_current``; with
-    ``previous``, while its last attempt is that one). False when it is not (nothing
-    written)."""
+                 previous: int | None = None, before: EventRecord | None = None) -> bool:
+    """Journal the run's final record and its final event (after ``before``, the start
+    event of an attempt that only replayed); ``checked``: only while the run is still this
+    attempt's (with a store that can tell: ``put_run_if_current``; with ``previous``, while
+    its last attempt is that one). False when it is not (nothing written)."""
     if_current = getattr(store, "put_run_if_current", None) if checked else None
     if if_current is None:
         store.put_run(record)
     elif (if_current(record) if previous is None
           else if_current(record, previous=previous)) is False:
         return False
-    store.append_events([EventRecord(record.run_id, f"run_{record.status}", record.updated,
-                                     record.attempt, data=info)])
+    final = EventRecord(record.run_id, f"run_{record.status}", record.updated, record.attempt,
+                        data=info)
+    store.append_events([final] if before is None else [before, final])
     return True

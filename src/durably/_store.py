@@ -401,7 +401,7 @@ class ReadAhead:
         self.first = self.last_id = ""
         self.started = self.ended = 0.0
         self.horizon = self.opened = 0  # the journal's last step rowid when read, opened
-        self.next_position = -1  # the position that extends the open range
+        self.next_position = -1  # the position that extends the open range (-1: none open)
         self.ids: Sequence[str] = ()
         self._fill(tail, False)
 
@@ -458,8 +458,7 @@ class ReadAhead:
         """
         i = self.last + 1
         ids = self.ids
-        if self.count and position == self.next_position and i < len(ids) \
-                and ids[i] == step_id:
+        if position == self.next_position and i < len(ids) and ids[i] == step_id:
             # the record after the one replayed last, at the next position: the open range
             # goes on (a plain value, checked with the key in use: values are bytes only
             # while the store has no key, which changes only with the key generation)
