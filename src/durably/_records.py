@@ -104,6 +104,12 @@ class RunRecord:
     result: bytes | None = None
     error: str | None = None
 
+    def copy(self) -> RunRecord:
+        """A copy (``dataclasses.replace(self)``, without its cost: made at every resume)."""
+        return RunRecord(self.run_id, self.entrypoint, self.name, self.status, self.created,
+                         self.updated, self.attempt, self.input_digest, self.args,
+                         self.result, self.error)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class KeyRecord:

@@ -1364,7 +1364,7 @@ class _Deferred:
     def __init__(self, store: Any, record: RunRecord, previous: int, event: EventRecord,
                  renewal: _Renewal) -> None:
         # (a copy: the attempt's record becomes its final one, which the start must not be)
-        self.store, self.record, self.previous = store, dataclasses.replace(record), previous
+        self.store, self.record, self.previous = store, record.copy(), previous
         self.event, self.renewal = event, renewal
 
     def __call__(self, ctx: RunContext, ending: bool = False) -> None:
