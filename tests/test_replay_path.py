@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextvars
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from durably._context import RunContext
 from durably._lease import me
 from durably._runtime import step_identity
 from durably.testing import MemoryStore
+
+from .conftest import run_script, script_env, write_script
 
 _ids = st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)
 
@@ -132,6 +135,50 @@ def test_a_run_s_threads_calling_one_step_alike_replay_each_call(store: Any) -> 
     run = fan.run(300)
     assert run.result == 4 * sum(range(300)) and calls == []
     assert run.counts()["replayed"] == 1200
+
+
+def test_a_task_called_from_a_signal_handler_while_its_thread_counts(tmp_path: Path
+                                                                     ) -> None:
+    """A signal handler calls a task while the thread it interrupts is counting a step's
+    occurrence (a progress note on a timer): the run finishes, every call a step of its own
+    (a lock in the counting waited for itself: the run hung). In a process of its own, so
+    that a hang is a timeout, not a stuck test run."""
+    script = write_script(tmp_path / "alarm.py", """
+        import signal, sys
+        import durably
+
+        @durably.task(cache=False)
+        def tick(x):
+            return x
+
+        @durably.task(cache=False)
+        def note(msg):
+            return msg
+
+        busy = [False]
+
+        def on_alarm(signum, frame):
+            if not busy[0]:
+                busy[0] = True
+                try:
+                    note("progress")
+                finally:
+                    busy[0] = False
+
+        @durably.entrypoint
+        def job(n):
+            signal.signal(signal.SIGALRM, on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+            try:
+                return sum(tick(0) for _ in range(n))
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+
+        run = job.run(20_000)
+        print(run.status, run.counts()["ran"] - 20_000)
+        """)
+    out = run_script(script, script_env(tmp_path / "store"), timeout=90).stdout.split()
+    assert out[0] == "finished" and int(out[1]) > 0  # (the notes: each a step of its own)
 
 
 def test_replay_records_buffered_by_threads_are_all_taken(

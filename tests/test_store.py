@@ -709,30 +709,6 @@ def test_a_size_limit_below_the_cache_s_own_files_is_refused_not_a_wipe(
     assert prune(store, max_size=100_000) > 0 and store.cache.volume() <= 100_000
 
 
-def test_owner_tokens_are_unique_and_a_forked_child_makes_its_own() -> None:
-    """Each attempt's owner token is new (32 hex digits); a forked child, whose count goes
-    on from its parent's, has a random prefix of its own: no token of it is its parent's."""
-    from durably._lease import me
-
-    tokens = [me().token for _ in range(1000)]
-    assert len(set(tokens)) == 1000
-    assert all(len(t) == 32 and int(t, 16) >= 0 for t in tokens)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next tokens, to the parent
-        try:
-            os.write(write, " ".join(me().token for _ in range(3)).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        child = f.read().split()
-    os.waitpid(pid, 0)
-    after = me().token  # the parent's next token: the same count as the child's first
-    assert len(child) == 3 and after not in child
-    assert {t[:16] for t in child} != {after[:16]} and len({t[:16] for t in child}) == 1
-
-
 def test_a_run_record_copy_is_equal_and_apart() -> None:
     """RunRecord.copy (made at every resume) copies every field: a field added later and
     left out of it fails here."""

@@ -53,7 +53,7 @@ class RunContext:
         "_cache_since",
         "_cache_writes",
         "_claiming",
-        "_counting",
+        "_counters",
         "_lock",
         "_occurrences",
         "_pending",
@@ -169,9 +169,10 @@ class RunContext:
         self.renew_at = time.monotonic() + RENEW_SECONDS
         self.store = store
         self.attempt = attempt
-        #: per xxh3-64 of a step's parent and key (see step_id): the position of its first
-        #: call while it has had one, then an ``itertools.count`` of the next occurrences
-        self._occurrences: dict[int, Any] = {}
+        #: per xxh3-64 of a step's parent and key (see step_id): the mark of its first call
+        #: (its position), and of the heads called again, the count of their next calls
+        self._occurrences: dict[int, object] = {}
+        self._counters: dict[int, itertools.count[int]] = {}
         #: the position of the next step in this attempt (``next(ctx.positions)``)
         self.positions = itertools.count()
         self._pending: list[tuple[StepRecord, bytes | None]] = []
@@ -182,7 +183,6 @@ class RunContext:
         self._pending_bytes = 0  # of the results in _pending
         self._lock = threading.Lock()
         self._claiming = threading.Lock()  # (claim() does I/O: not under _lock)
-        self._counting = threading.Lock()  # (occurrence_again)
         #: steps of this attempt by status: ran, cached, failed (replayed steps are counted
         #: in the journal)
         self.counts = {"ran": 0, "cached": 0, "failed": 0}
@@ -271,20 +271,23 @@ class RunContext:
         """The occurrence of a call (from 0) among the calls counted under ``slot``;
         ``mark``: an object no other call passes (the call path passes its position).
 
-        A first call costs one ``dict.setdefault`` (a single step under the GIL: of two
-        threads, one stores its mark, the other gets it back) and keeps only its mark, not
-        a counter (a run's steps mostly have inputs of their own: one slot each); a slot
-        called again gets a counter, under a lock."""
+        Without a lock (a task called from a signal handler, or a ``__del__``, while its
+        thread counts: a lock would wait for itself): a first call costs one
+        ``dict.setdefault``, a single step under the GIL (of two threads, one stores its
+        mark, the other gets it back), and keeps only its mark, not a counter (a run's steps
+        mostly have inputs of their own: one slot each); a slot called again gets a counter
+        in a second dict, put there by ``setdefault`` too (of two made at once, both use the
+        one kept), and ``next`` on it is a single step as well."""
         got = self._occurrences.setdefault(slot, mark)
         return 0 if got is mark else self.occurrence_again(slot)
 
     def occurrence_again(self, slot: int) -> int:
-        """The occurrence of a call counted under ``slot``, which was called before."""
-        with self._counting:
-            counter = self._occurrences[slot]
-            if type(counter) is not itertools.count:  # (the first call's mark)
-                counter = self._occurrences[slot] = itertools.count(1)
-            return next(counter)  # type: ignore[no-any-return]
+        """The occurrence of a call counted under ``slot``, which was called before (see
+        :meth:`occurrence`): 1, 2, ..."""
+        counter = self._counters.get(slot)
+        if counter is None:
+            counter = self._counters.setdefault(slot, itertools.count(1))
+        return next(counter)
 
     def next_interrupt(self, parent: str | None) -> int:
         """The n-th ``interrupt()`` call under this parent in this attempt, from 0."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import itertools
 import logging
 import os
 import signal
@@ -115,10 +114,7 @@ class Owner:
         return f"process {self.pid} on {self.host}"
 
 
-#: this process (its token: the random prefix of the tokens me() gives, made anew in a
-#: forked child, which counts on from its parent's count)
-_ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), os.urandom(8).hex())
-_TOKENS = itertools.count()
+_ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), "")
 
 
 #: tokens of the attempts this process is executing now (see :func:`hold`)
@@ -273,10 +269,8 @@ def _no_renewal_at_exit() -> None:
 
 
 def me() -> Owner:
-    """A fresh owner token for this process (recomputed after a fork): 32 hex digits, a
-    random prefix of the process's and a count (no system call for each run)."""
+    """A fresh owner token for this process (recomputed after a fork)."""
     global _ME
     if _ME.pid != os.getpid():
-        _ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), os.urandom(8).hex())
-    return Owner(_ME.host, _ME.pid, _ME.started, f"{_ME.token}{next(_TOKENS):016x}",
-                 time.time())
+        _ME = Owner(_machine(), os.getpid(), _start_ticks(os.getpid()), "")
+    return Owner(_ME.host, _ME.pid, _ME.started, os.urandom(16).hex(), time.time())

@@ -1682,7 +1682,7 @@ class DiskStore:
             # fifth faster than reading them apart); any other value as (data,)
             check, header = xxhash.xxh3_64_intdigest, _PLAIN.pack
             values = [
-                p if (d is not None and d[:12] == header(MAGIC_PLAIN, check(p := d[12:]))
+                p if (type(d) is bytes and d[:12] == header(MAGIC_PLAIN, check(p := d[12:]))
                       and p[:_REF_LEN] != BLOB_REF)
                 else None if d is None else (d,)
                 for d in values]
