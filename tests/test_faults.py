@@ -277,30 +277,34 @@ def test_a_damaged_side_effect_step_raises_for_that_run_alone(
     assert job(3) == 5 and c.calls == [("notify", 5)]
 
 
+@pytest.mark.parametrize("value", ["'garbage'", "7", "2.5"])
+@pytest.mark.parametrize("steps", [3, 200])
 @pytest.mark.parametrize("task", ["square", "notify"])
-def test_a_result_stored_as_text_is_damage_said_for_its_step(
-        disk: durably.DiskStore, caplog: pytest.LogCaptureFixture, task: str) -> None:
-    """A journaled result that is TEXT, not a BLOB (a tool or a hand edited the journal),
-    read ahead with the steps it is replayed among: a cacheable step executes again (with a
-    warning), a side effect raises CorruptJournalError saying what is wrong; never a bare
-    TypeError for the whole resume."""
+def test_a_result_stored_as_text_or_a_number_is_damage_said_for_its_step(
+        disk: durably.DiskStore, caplog: pytest.LogCaptureFixture, task: str, steps: int,
+        value: str) -> None:
+    """A journaled result that is TEXT or a number, not a BLOB (a tool or a hand edited the
+    journal), read ahead with the steps it is replayed among (200 of them: the window's
+    size is counted): a cacheable step executes again (with a warning), a side effect raises
+    CorruptJournalError saying what is wrong; never a bare TypeError for the whole resume."""
     c = _Counter()
     _, _, job = _pipeline(c)
-    run = job.run(3)
+    run = job.run(steps)
+    total = sum(i * i for i in range(steps))
     disk.cache.clear()
     with _journal(disk.path) as con:
-        hit = con.execute("UPDATE steps SET result='garbage' WHERE rowid = (SELECT rowid FROM "
+        hit = con.execute(f"UPDATE steps SET result={value} WHERE rowid = (SELECT rowid FROM "
                           "steps WHERE task=? AND run_id=? LIMIT 1)", (task, run.id)).rowcount
     assert hit == 1
     c.calls.clear()
     if task == "square":
         with caplog.at_level(logging.WARNING, logger="durably"):
-            again = job.run(3)
-        assert again.result == 5 and c.calls == [("square", 0)]
+            again = job.run(steps)
+        assert again.result == total and c.calls == [("square", 0)]
         assert "cacheable" in caplog.text and run.id in caplog.text
         return
     with pytest.raises(durably.CorruptJournalError) as info:
-        job(3)
+        job(steps)
     message = str(info.value)
     assert "not a byte string" in message and "'notify'" in message
     assert "repair_run" in message and c.calls == []

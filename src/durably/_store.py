@@ -576,6 +576,15 @@ class ReadAhead:
         return taken
 
 
+def _size(values: list[Any]) -> int:
+    """The bytes of the results read ahead: of bytes and text only (a number in a damaged
+    row has none: said damaged when its step asks for it)."""
+    try:
+        return sum(map(len, filter(None, values)))
+    except TypeError:
+        return sum(len(d) for d in values if type(d) is bytes or type(d) is str)
+
+
 class DiskStore:
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
@@ -1667,11 +1676,10 @@ class DiskStore:
         del rows  # (its results, once the values are made)
         values: list[Any] = list(results)
         del results
-        if (len(values) * _AHEAD_LARGEST > _AHEAD_BYTES
-                and sum(map(len, filter(None, values))) > _AHEAD_BYTES):
+        if len(values) * _AHEAD_LARGEST > _AHEAD_BYTES and _size(values) > _AHEAD_BYTES:
             size = 0
             for i, data in enumerate(values):
-                if data is not None:
+                if type(data) is bytes or type(data) is str:
                     size += len(data)
                     if size > _AHEAD_BYTES:
                         values[i] = None
