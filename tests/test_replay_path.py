@@ -57,32 +57,10 @@ def test_step_ids_count_occurrences_per_parent_and_key(calls: list[tuple[str | N
         assert ctx.step_id(parent, key) == step_identity(parent, key, n)
 
 
-def test_threads_never_get_one_occurrence_twice(switch_often: None) -> None:
+def _ids_from_threads(keys: list[str]) -> list[str]:
+    """The step ids eight threads get calling ``ctx.step_id(None, key)`` for each key in
+    turn, on one new context, all of them."""
     ctx = _new_context()
-    key = "ab" * 16
-    got: list[list[str]] = [[] for _ in range(8)]
-
-    def work(out: list[str]) -> None:
-        for _ in range(3000):
-            out.append(ctx.step_id(None, key))
-
-    threads = [threading.Thread(target=work, args=(out,)) for out in got]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    everything = [i for out in got for i in out]
-    assert len(set(everything)) == len(everything) == 24_000
-    assert set(everything) == {step_identity(None, key, n) for n in range(24_000)}
-
-
-def test_threads_racing_for_first_occurrences_get_each_number_once(switch_often: None
-                                                                  ) -> None:
-    """Eight threads call the same 2,000 keys in the same order: every key's first call is
-    raced for (one of them stores its mark, the others count on from it); each key gets
-    the occurrences 0 to 7, once each."""
-    ctx = _new_context()
-    keys = [f"{k:032x}" for k in range(2000)]
     got: list[list[str]] = [[] for _ in range(8)]
 
     def work(out: list[str]) -> None:
@@ -94,7 +72,23 @@ def test_threads_racing_for_first_occurrences_get_each_number_once(switch_often:
         t.start()
     for t in threads:
         t.join()
-    everything = sorted(i for out in got for i in out)
+    return [i for out in got for i in out]
+
+
+def test_threads_never_get_one_occurrence_twice(switch_often: None) -> None:
+    key = "ab" * 16
+    everything = _ids_from_threads([key] * 3000)
+    assert len(set(everything)) == len(everything) == 24_000
+    assert set(everything) == {step_identity(None, key, n) for n in range(24_000)}
+
+
+def test_threads_racing_for_first_occurrences_get_each_number_once(switch_often: None
+                                                                  ) -> None:
+    """Eight threads call the same 2,000 keys in the same order: every key's first call is
+    raced for (one of them stores its mark, the others count on from it); each key gets
+    the occurrences 0 to 7, once each."""
+    keys = [f"{k:032x}" for k in range(2000)]
+    everything = sorted(_ids_from_threads(keys))
     assert everything == sorted(step_identity(None, key, n) for key in keys for n in range(8))
 
 
