@@ -277,16 +277,17 @@ def test_a_damaged_side_effect_step_raises_for_that_run_alone(
     assert job(3) == 5 and c.calls == [("notify", 5)]
 
 
-@pytest.mark.parametrize("value", ["'garbage'", "7", "2.5"])
+@pytest.mark.parametrize("value", ["'garbage'", "7", "2.5", "CAST(X'80ff41' AS TEXT)"])
 @pytest.mark.parametrize("steps", [3, 200])
 @pytest.mark.parametrize("task", ["square", "notify"])
 def test_a_result_stored_as_text_or_a_number_is_damage_said_for_its_step(
         disk: durably.DiskStore, caplog: pytest.LogCaptureFixture, task: str, steps: int,
         value: str) -> None:
-    """A journaled result that is TEXT or a number, not a BLOB (a tool or a hand edited the
-    journal), read ahead with the steps it is replayed among (200 of them: the window's
-    size is counted): a cacheable step executes again (with a warning), a side effect raises
-    CorruptJournalError saying what is wrong; never a bare TypeError for the whole resume."""
+    """A journaled result that is TEXT (UTF-8 or not) or a number, not a BLOB (a tool or a
+    hand edited the journal), read ahead with the steps it is replayed among (200 of them:
+    the window's size is counted): a cacheable step executes again (with a warning), a side
+    effect raises CorruptJournalError saying what is wrong, and repair_run sets it aside;
+    never a bare TypeError or a StoreError for the whole resume."""
     c = _Counter()
     _, _, job = _pipeline(c)
     run = job.run(steps)
@@ -306,8 +307,10 @@ def test_a_result_stored_as_text_or_a_number_is_damage_said_for_its_step(
     with pytest.raises(durably.CorruptJournalError) as info:
         job(steps)
     message = str(info.value)
-    assert "not a byte string" in message and "'notify'" in message
+    assert "damaged" in message and "'notify'" in message
     assert "repair_run" in message and c.calls == []
+    assert len(disk.repair_run(run.id)) == 1  # set aside: the side effect happens once more
+    assert job(steps) == total and c.calls == [("notify", total)]
 
 
 def test_a_garbage_step_row_raises_for_that_run_alone(disk: durably.DiskStore) -> None:

@@ -49,7 +49,8 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
     with store._write_journal, immediate(store._db()) as db:
         run = db.execute(f"SELECT rowid, {RUN_COLS} FROM runs WHERE run_id=?",
                          (run_id,)).fetchone()
-        steps = db.execute(f"SELECT rowid, {STEP_COLS}, result FROM steps WHERE run_id=?",
+        steps = db.execute(f"SELECT rowid, {STEP_COLS}, CAST(result AS BLOB) FROM steps "
+                           "WHERE run_id=?",
                            (run_id,)).fetchall()
         if run is None and not steps and not db.execute(
                 "SELECT 1 FROM replays WHERE run_id=? LIMIT 1", (run_id,)).fetchone():

@@ -288,6 +288,10 @@ _PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_
 _PUT_RUN_IF_CURRENT = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
                        f"(SELECT attempt FROM runs WHERE run_id=?) = ? {_RUN_UPSERT}")
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
+#: a step's result as read: as its bytes whatever its type (a TEXT value that is not UTF-8,
+#: written by a tool or a hand, would fail the whole read; as bytes it is damage said for
+#: its step, and repair_run can set it aside)
+_RESULT = "CAST(result AS BLOB)"
 _REF_LEN = len(BLOB_REF)  # (a payload that starts with BLOB_REF names a file in blobs/)
 _AHEAD_LARGEST = 65536  # the largest result the read-ahead keeps (larger: read alone)
 _AHEAD_MISS: Any = object()  # a step the read-ahead's window has no entry for
@@ -1588,7 +1592,7 @@ class DiskStore:
         """:meth:`find_step` without a read-ahead. ``data``: the result of the step's first
         record, when known."""
         if data is _AHEAD_MISS:
-            found = self._step_rows("result", run_id, step_id, 1)
+            found = self._step_rows(_RESULT, run_id, step_id, 1)
             if not found:
                 return None
             data = found[0][0]
@@ -1664,7 +1668,7 @@ class DiskStore:
         for). The journal is never held whole."""
         with self._read_journal:
             rows = self._db().execute(
-                f"SELECT step_id, CASE WHEN length(result) <= {_AHEAD_LARGEST} THEN result END "
+                f"SELECT step_id, CASE WHEN length(result) <= {_AHEAD_LARGEST} THEN {_RESULT} END "
                 "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') AND "
                 f"(attempt, position) {'>=' if inclusive else '>'} (?, ?) "
                 f"ORDER BY attempt, position LIMIT {_AHEAD_ROWS}",
@@ -1712,7 +1716,7 @@ class DiskStore:
     def _find_step_slow(self, run_id: str, step_id: str, why: str) -> bytes | None:
         """Another, sound record of the step (written when it ran again), else the verdict on
         the damaged one."""
-        rows = self._step_rows("result, cache_key, task", run_id, step_id, -1)
+        rows = self._step_rows(f"{_RESULT}, cache_key, task", run_id, step_id, -1)
         for data, _, _ in rows:  # (the damaged one among them reads as damaged again)
             value, _why = self._step_value(run_id, step_id, data)
             if value is not None:
