@@ -492,15 +492,8 @@ class ReadAhead:
         (read further when it is not among them), or -1 if it has no record. (A record
         replayed in order stays in the index: a step is asked for once.)"""
         index = self.index
-        if index is None:
-            ids = self.ids
-            i = max(self.last + 1, 0)
-            if i < len(ids) and ids[i] == step_id:  # (in order: no index needed)
-                return i
-            # each step's first record (in journal order) wins
-            index = self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1),
-                                          strict=True))
-        i = index.pop(step_id, -1)
+        i = (self._indexed(step_id, max(self.last + 1, 0)) if index is None
+             else index.pop(step_id, -1))
         return i if i >= 0 else self._seek(step_id)
 
     def _value(self, i: int, step_id: str) -> bytes | None:
@@ -526,7 +519,7 @@ class ReadAhead:
             # past the records read so far, the last of which was replayed last: the next
             # ones (continuing the open range)
             self._fill(tail, True)
-            i = self._indexed(step_id)
+            i = self._indexed(step_id, 0)
             if i >= 0:
                 return i
         found = [key for key in self.store._step_rows("attempt, position", self.run_id,
@@ -536,13 +529,15 @@ class ReadAhead:
             return -1
         # the step's first record in journal order, and the records after it
         self._fill((*min(found), True), False)
-        return self._indexed(step_id)
+        return self._indexed(step_id, 0)
 
-    def _indexed(self, step_id: str) -> int:
-        """The index of the step's first record among those read (just read), or -1."""
+    def _indexed(self, step_id: str, expected: int) -> int:
+        """The index of the step's first record among those read, taken out of the index,
+        or -1: ``expected`` when its record is there (in order: no index made), else looked
+        up in the index, made now (each step's first record in journal order wins)."""
         ids = self.ids
-        if ids and ids[0] == step_id:  # (in order: no index needed)
-            return 0
+        if expected < len(ids) and ids[expected] == step_id:
+            return expected
         index = self.index = dict(zip(reversed(ids), range(len(ids) - 1, -1, -1), strict=True))
         return index.pop(step_id, -1)
 
@@ -578,15 +573,6 @@ class ReadAhead:
         self._close()
         taken, self.ranges, self.due = self.ranges, [], False
         return taken
-
-
-def _size(values: list[Any]) -> int:
-    """The bytes of the results read ahead: of bytes and text only (a number in a damaged
-    row has none: said damaged when its step asks for it)."""
-    try:
-        return sum(map(len, filter(None, values)))
-    except TypeError:
-        return sum(len(d) for d in values if type(d) is bytes or type(d) is str)
 
 
 class DiskStore:
@@ -1680,10 +1666,11 @@ class DiskStore:
         del rows  # (its results, once the values are made)
         values: list[Any] = list(results)
         del results
-        if len(values) * _AHEAD_LARGEST > _AHEAD_BYTES and _size(values) > _AHEAD_BYTES:
+        if (len(values) * _AHEAD_LARGEST > _AHEAD_BYTES
+                and sum(map(len, filter(None, values))) > _AHEAD_BYTES):
             size = 0
             for i, data in enumerate(values):
-                if type(data) is bytes or type(data) is str:
+                if data is not None:
                     size += len(data)
                     if size > _AHEAD_BYTES:
                         values[i] = None
