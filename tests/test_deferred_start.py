@@ -150,6 +150,46 @@ def test_a_resume_takes_the_lease_before_its_first_body_executes(
                                    ("run_started", 2), ("run_finished", 2)]
 
 
+def test_a_resume_of_an_ended_run_reads_it_without_the_write_lock(
+        store: durably.DiskStore) -> None:
+    """Another connection holds the journal's write lock (a long write of another process):
+    an attempt of a run that ended reads the run and replays its steps meanwhile, and
+    waits for the lock only to journal its end."""
+    import sqlite3
+
+    _failed_run(3)
+    replayed = threading.Event()
+    BETWEEN.append(replayed.set)  # (called once the first step replayed)
+    other = sqlite3.connect(store.path / "journal.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(_catch(lambda: job.run(3, run_id="r"))))
+    try:
+        thread.start()
+        assert replayed.wait(10), "the resume waited for the write lock before replaying"
+        assert thread.is_alive()  # its end waits for the lock
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        thread.join(30)
+    (run,) = got
+    assert (run.status, run.result, run.attempt) == ("finished", 6, 2)
+    assert EXECUTED == []
+
+
+def test_a_resume_of_an_ended_run_held_by_a_live_process_is_refused_at_once(
+        store: durably.DiskStore) -> None:
+    """A live process of another machine holds the run (it resumed it, and executes it): a
+    call that finds it so stops before its first step, and journals nothing."""
+    _failed_run(3)
+    before = (store.find_run("r"), _events(store, "r"), store.list_steps("r"))
+    _held_elsewhere(store, "r")()
+    BETWEEN.append(lambda: pytest.fail("a step was called"))
+    with pytest.raises(RunStateError, match="held by process 7 on elsewhere"):
+        job.run(3, run_id="r")
+    assert (store.find_run("r"), _events(store, "r"), store.list_steps("r")) == before
+
+
 def test_an_attempt_resumed_meanwhile_by_another_keeps_nothing_of_its_replay(
         store: durably.DiskStore) -> None:
     """Another attempt (another thread here: another process alike) resumes and finishes the

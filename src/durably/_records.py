@@ -684,12 +684,14 @@ class immediate:
     look like a block still running, until the garbage collector closed it.
     """
 
-    __slots__ = ("db", "depth", "joined")
+    __slots__ = ("begin", "db", "depth", "joined")
 
-    def __init__(self, db: sqlite3.Connection, depth: int = 1) -> None:
+    def __init__(self, db: sqlite3.Connection, depth: int = 1,
+                 begin: str = "BEGIN IMMEDIATE") -> None:
         self.db = db
         self.depth = depth  # frames between __enter__ and the one running the `with`
         self.joined = False
+        self.begin = begin  # "BEGIN": a read transaction (one snapshot), no write lock
 
     def __enter__(self) -> sqlite3.Connection:
         db = self.db
@@ -701,7 +703,7 @@ class immediate:
             _rollback(db)  # a leftover
         key = id(db)
         try:
-            db.execute("BEGIN IMMEDIATE")
+            db.execute(self.begin)
             _OPEN[key] = sys._getframe(self.depth)
             return db
         except BaseException:

@@ -1155,75 +1155,71 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     owner = me()
     hold(owner)  # from now on, a lease of this process with its token is not a leftover
     leasing: str | None = None  # the run whose lease this attempt may hold
+    ahead: ReadAhead | None = None  # the run's first steps, read with its record
+    existing: RunRecord | None
     # the lease, the run's record and its start event commit together: one commit, and no
     # other process sees the lease without the record (a store without batch(): one each)
     try:
-        with _one_transaction(store):
-            # read inside the transaction: no other process can start or end an attempt of
-            # the run between this read and the lease (a store without batch(): read again
-            # once the lease is held, below)
-            run_id, existing = _resolve_run(store, spec, run_id, fresh, input_digest)
-            leasing = run_id
-            # a run that ended (failed, stopped, finished) is most often resumed to replay
-            # its journal and execute what follows: its start is journaled with its first
-            # write, or with its end (see _Deferred); only looked at by lease now
-            check_run: Any = getattr(store, "check_run", None)  # (DiskStore has it)
-            deferred = (existing is not None and existing.status in _DEFERRED_FROM
-                        and listener is None and on_lease is None and read_cache
-                        and check_run is not None and hasattr(store, "batch"))
-            holder = (check_run(run_id, owner) if deferred
-                      else store.acquire_run(run_id, owner))
-            if holder is not None:
-                raise _held(run_id, holder, owner)
-            try:
-                if not hasattr(store, "batch"):
-                    # read again under the lease: another process may have finished an attempt
-                    existing = store.find_run(run_id)
-                if on_lease is not None:
-                    on_lease(store, existing)
-                t = now()
-                record = RunRecord(
-                    run_id=run_id,
-                    entrypoint=spec.identity,
-                    name=spec.name,
-                    status="running",
-                    created=existing.created if existing else t,
-                    updated=t,
-                    attempt=(existing.attempt + 1) if existing else 1,
-                    input_digest=input_digest,
-                    args=stored_args,
-                )
-                if not deferred:
-                    store.put_run(record)
-                # a record still "running" whose lease this process could take: its
-                # process died while executing it
-                resumed_from = None if existing is None else (
-                    "crashed" if existing.status == "running" else existing.status)
-                answers: dict[str, bytes] = {}
-                asked: set[str] = set()
-                questions: dict[str, bytes | None] = {}
-                codes: dict[str, str] = {}  # the code that asked each question, if known
-                if existing is not None:
-                    for e in store.list_events(run_id, ("interrupt", "answer",
-                                                        "interrupt_code")):
-                        if e.kind == "answer" and e.data is not None:
-                            answers[e.key] = e.data
-                        elif e.kind == "interrupt_code" and e.data is not None:
-                            codes[e.key] = e.data.decode("ascii", "replace")
-                        elif e.kind == "interrupt":
-                            questions[e.key] = e.data
-                            if e.step_id is not None:
-                                asked.add(e.step_id)
-                started_event = EventRecord(
-                    run_id, "run_started", t, record.attempt,
-                    data=_serde.dumps({"status": resumed_from or "new"},
-                                      what="a run event"))
-                if not deferred:
-                    store.append_events([started_event])
-            except BaseException:
-                if not deferred:
-                    store.release_run(run_id, owner)  # never leave a lease behind
-                raise
+        ended = _ended_run(store, spec, run_id, input_digest, owner) if (
+            not fresh and listener is None and on_lease is None and read_cache) else None
+        if ended is not None:
+            # a run that ended (failed, stopped, finished), read without a write lock: its
+            # start is journaled with its first write, or with its end (see _Deferred)
+            run_id, existing, events, ahead = ended
+            deferred = True
+            record, resumed_from, started_event = _attempt_record(
+                spec, run_id, existing, input_digest, stored_args)
+        else:
+            with _one_transaction(store):
+                # read inside the transaction: no other process can start or end an attempt
+                # of the run between this read and the lease (a store without batch(): read
+                # again once the lease is held, below)
+                run_id, existing = _resolve_run(store, spec, run_id, fresh, input_digest)
+                leasing = run_id
+                # a run that ended (failed, stopped, finished) is most often resumed to
+                # replay its journal and execute what follows: its start is journaled with
+                # its first write, or with its end (see _Deferred); only looked at by lease
+                # now (a store without snapshot(): see _ended_run)
+                check_run: Any = getattr(store, "check_run", None)
+                deferred = (existing is not None and existing.status in _DEFERRED_FROM
+                            and listener is None and on_lease is None and read_cache
+                            and check_run is not None and hasattr(store, "batch"))
+                holder = (check_run(run_id, owner) if deferred
+                          else store.acquire_run(run_id, owner))
+                if holder is not None:
+                    raise _held(run_id, holder, owner)
+                try:
+                    if not hasattr(store, "batch"):
+                        # read again under the lease: another process may have finished an
+                        # attempt
+                        existing = store.find_run(run_id)
+                    if on_lease is not None:
+                        on_lease(store, existing)
+                    record, resumed_from, started_event = _attempt_record(
+                        spec, run_id, existing, input_digest, stored_args)
+                    if not deferred:
+                        store.put_run(record)
+                    events = [] if existing is None else store.list_events(run_id, _ASKED)
+                    if not deferred:
+                        store.append_events([started_event])
+                except BaseException:
+                    if not deferred:
+                        store.release_run(run_id, owner)  # never leave a lease behind
+                    raise
+        t = record.updated
+        answers: dict[str, bytes] = {}
+        asked: set[str] = set()
+        questions: dict[str, bytes | None] = {}
+        codes: dict[str, str] = {}  # the code that asked each question, if known
+        for e in events:
+            if e.kind == "answer" and e.data is not None:
+                answers[e.key] = e.data
+            elif e.kind == "interrupt_code" and e.data is not None:
+                codes[e.key] = e.data.decode("ascii", "replace")
+            elif e.kind == "interrupt":
+                questions[e.key] = e.data
+                if e.step_id is not None:
+                    asked.add(e.step_id)
     except BaseException:
         _abandon(store)
         try:
@@ -1255,10 +1251,10 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
         read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
-        if read_ahead is not None:
+        if ahead is None and read_ahead is not None:
             ahead = read_ahead(run_id)
-            if listener is None:  # (a listener is shown each replayed step's whole record)
-                ctx.ahead = ahead
+        if listener is None:  # (a listener is shown each replayed step's whole record)
+            ctx.ahead = ahead
         ctx.uncacheable.update(held)
         renewal.ctx = ctx
         if deferred:
@@ -1289,6 +1285,69 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         finally:
             let_go(owner)
         raise
+
+
+#: the events an attempt reads when it starts: the questions asked and answered so far
+_ASKED = ("interrupt", "answer", "interrupt_code")
+
+
+def _ended_run(store: Store, spec: Spec, run_id: str | None, input_digest: str, owner: Owner
+               ) -> tuple[str, RunRecord, list[EventRecord], ReadAhead | None] | None:
+    """The run a call resumes, if it had ended (failed, stopped, finished: see _Deferred) and
+    no live process holds it: its id, record, questions and answers, and its first steps,
+    read in one snapshot of a store that takes them (a DiskStore), without a write lock.
+    None when the run is new, or in another state, or the store cannot take such a
+    snapshot: the attempt starts in a write transaction instead.
+
+    Raises:
+        RunStateError: another live process holds the run (as when the lease is taken).
+    """
+    snapshot: Any = getattr(store, "snapshot", None)
+    holder_of: Any = getattr(store, "run_holder", None)
+    if (snapshot is None or holder_of is None or not hasattr(store, "check_run")
+            or not hasattr(store, "batch")):
+        return None
+    with snapshot():
+        run_id, existing = _resolve_run(store, spec, run_id, False, input_digest)
+        if existing is None or existing.status not in _DEFERRED_FROM:
+            return None
+        holder = holder_of(run_id)
+        if holder is not None and holder.token != owner.token:
+            raise _held(run_id, holder, owner)
+        events = store.list_events(run_id, _ASKED)
+        read_ahead = getattr(store, "read_ahead", None)
+        return run_id, existing, events, None if read_ahead is None else read_ahead(run_id)
+
+
+def _attempt_record(spec: Spec, run_id: str, existing: RunRecord | None, input_digest: str,
+                    args: bytes | None) -> tuple[RunRecord, str | None, EventRecord]:
+    """The record of the attempt that starts now (running), the status of the run it
+    resumes (None: a new run; "crashed": one still running whose process died), and the
+    attempt's start event."""
+    t = now()
+    record = RunRecord(
+        run_id=run_id,
+        entrypoint=spec.identity,
+        name=spec.name,
+        status="running",
+        created=existing.created if existing else t,
+        updated=t,
+        attempt=(existing.attempt + 1) if existing else 1,
+        input_digest=input_digest,
+        args=args,
+    )
+    resumed_from = None if existing is None else (
+        "crashed" if existing.status == "running" else existing.status)
+    started_event = EventRecord(
+        run_id, "run_started", t, record.attempt,
+        data=_started_data(resumed_from or "new"))
+    return record, resumed_from, started_event
+
+
+@functools.lru_cache(maxsize=16)
+def _started_data(status: str) -> bytes | None:
+    """The data of a start event (the status the run is resumed from), made once each."""
+    return _serde.dumps({"status": status}, what="a run event")
 
 
 class _Renewal:

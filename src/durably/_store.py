@@ -241,10 +241,10 @@ class _Batch:
     """:meth:`DiskStore.batch`: a class, so that a KeyboardInterrupt landing between its
     BEGIN and its block rolls the transaction back (see :class:`immediate`)."""
 
-    __slots__ = ("store", "tx")
+    __slots__ = ("begin", "store", "tx")
 
-    def __init__(self, store: DiskStore) -> None:
-        self.store = store
+    def __init__(self, store: DiskStore, begin: str = "BEGIN IMMEDIATE") -> None:
+        self.store, self.begin = store, begin
         self.tx: immediate | None = None
 
     def __enter__(self) -> None:
@@ -253,7 +253,8 @@ class _Batch:
         store = self.store
         tx = None
         try:
-            tx = immediate(store._db(), depth=2)  # the frame running `with store.batch()`
+            # (depth: the frame running `with store.batch()`)
+            tx = immediate(store._db(), depth=2, begin=self.begin)
             tx.__enter__()
             self.tx = tx
             return None
@@ -261,13 +262,15 @@ class _Batch:
             if tx is not None:
                 tx.__exit__(type(exc), exc, exc.__traceback__)
             if isinstance(exc, (OSError, sqlite3.Error)):
-                raise store.store_error(exc, "journal.sqlite3", "write the journal") from exc
+                raise store.store_error(exc, "journal.sqlite3", "read the journal" if
+                                        self.begin == "BEGIN" else "write the journal") from exc
             raise
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         tx, self.tx = self.tx, None
         if tx is not None:
-            with self.store._write_journal:
+            with (self.store._read_journal if self.begin == "BEGIN"
+                  else self.store._write_journal):
                 tx.__exit__(kind, exc, tb)
 
 
@@ -283,10 +286,11 @@ _MEMO_RECHECK = 0.05  # seconds between two looks for another connection's write
 _RUN_UPSERT = "ON CONFLICT(run_id) DO UPDATE SET " + ", ".join(
     f"{c.strip()}=excluded.{c.strip()}" for c in RUN_COLS.split(",")[1:])
 _PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_UPSERT}"
-#: the same, only while the run is still the attempt's: its record has that attempt (the
-#: SELECT's WHERE keeps the parser from reading ON CONFLICT as a join's)
-_PUT_RUN_IF_CURRENT = (f"INSERT INTO runs ({RUN_COLS}) SELECT {', '.join('?' * 11)} WHERE "
-                       f"(SELECT attempt FROM runs WHERE run_id=?) = ? {_RUN_UPSERT}")
+#: the same, only while the run is still the attempt's: its record has that attempt (a
+#: run's record exists from its first attempt's start on: an UPDATE, a third faster than
+#: an upsert whose SELECT looks the attempt up)
+_PUT_RUN_IF_CURRENT = ("UPDATE runs SET " + ", ".join(
+    f"{c.strip()}=?" for c in RUN_COLS.split(",")[1:]) + " WHERE run_id=? AND attempt=?")
 _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at most
 #: a step's result as read: as its bytes whatever its type (a TEXT value that is not UTF-8,
 #: written by a tool or a hand, would fail the whole read; as bytes it is damage said for
@@ -1398,6 +1402,28 @@ class DiskStore:
         """
         return _Batch(self)
 
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """Make the journal reads this thread does inside one read transaction: they all see
+        the journal as it was when the first of them read it (other processes' commits
+        after that are not seen), and no write lock is taken, so writers never wait for
+        the block. durably reads the run an attempt resumes this way (its record, lease,
+        questions and first steps: one consistent view) when the run had ended.
+
+        Do not write inside it (a write would need the lock the block did not take).
+
+        Raises:
+            StoreError: the journal cannot be read.
+
+        Example:
+            >>> import tempfile
+            >>> store = DiskStore(tempfile.mkdtemp())
+            >>> store.put_run(RunRecord("r1", "m:f", "f", "failed", 1.0, 1.0, 1, "d"))
+            >>> with store.snapshot():
+            ...     (store.find_run("r1").status, store.run_holder("r1"))
+            ('failed', None)
+        """
+        return _Batch(self, "BEGIN")
+
     def _abandon(self) -> None:
         """Roll back the journal transaction this thread's connection has open: the caller
         left the ``with batch()`` block that began it without ending it (a KeyboardInterrupt
@@ -1427,7 +1453,7 @@ class DiskStore:
         """
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
-        values = (*run_row(record)[:8], args, result, record.error, record.run_id,
+        values = (*run_row(record)[1:8], args, result, record.error, record.run_id,
                   record.attempt if previous is None else previous)
         with self._write_journal:
             return self._db().execute(_PUT_RUN_IF_CURRENT, values).rowcount == 1
