@@ -285,3 +285,34 @@ def test_a_store_reopened_after_each_crash_keeps_no_descriptor_of_an_old_wal_ind
         kept = [fd for fd in _wal._INDEX_FDS.values()
                 if os.fstat(fd).st_ino and str(tmp_path) in os.readlink(f"/proc/self/fd/{fd}")]
         assert len(kept) <= 1, kept
+
+
+def test_processes_calling_one_finished_run_at_once_all_get_its_result(tmp_path: Path) -> None:
+    """Web workers or cron jobs that call one finished run (same arguments) at the same
+    moment: each only replays it, and each gets its result; none executes a step, none is
+    refused (an attempt that only replayed and finds at its end that another one was
+    journaled meanwhile returns the journal's result without journaling itself)."""
+    script = write_script(tmp_path / "pipeline.py", PIPELINE)
+    marks, go = tmp_path / "marks.txt", tmp_path / "go"
+    env = script_env(tmp_path / "store", MARKS=str(marks))
+    first = subprocess.run([sys.executable, str(script), "same", "10"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert first.stdout.strip() == f"result {_expected(10)}", first.stderr
+    executed = len(marks.read_text().splitlines())
+    env["GO"] = str(go)
+    for _batch in range(3):
+        procs = [_start(script, env, "same", "10") for _ in range(6)]
+        time.sleep(0.5)
+        go.touch()
+        outs = [p.communicate(timeout=300) for p in procs]
+        go.unlink()
+        for p, (out, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0 and err == "", err
+            assert out.strip() == f"result {_expected(10)}"  # not "busy: ..."
+    assert len(marks.read_text().splitlines()) == executed  # no body executed again
+    store = durably.DiskStore(tmp_path / "store")
+    (run,) = store.list_runs()
+    assert run.status == "finished" and run.result is not None
+    assert store.run_holder(run.run_id) is None
+    store.close()
+    _assert_sound(tmp_path / "store")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextvars
+import logging
 import os
 import signal
 import subprocess
@@ -191,9 +192,11 @@ def test_a_resume_of_an_ended_run_held_by_a_live_process_is_refused_at_once(
 
 
 def test_an_attempt_resumed_meanwhile_by_another_keeps_nothing_of_its_replay(
-        store: durably.DiskStore) -> None:
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
     """Another attempt (another thread here: another process alike) resumes and finishes the
-    run while this one replays: this one's end is refused, nothing of it is journaled."""
+    run while this one replays: nothing of this one is journaled, and since every step it
+    called came from the journal, its call returns the run's result (no error: two
+    processes calling a finished run at once both get it)."""
     _failed_run(3)
 
     def other() -> None:
@@ -202,14 +205,40 @@ def test_an_attempt_resumed_meanwhile_by_another_keeps_nothing_of_its_replay(
         assert done.status == "finished"
 
     BETWEEN.append(lambda: _in_thread(other))
-    with pytest.raises(RunStateError, match="resumed by another process"):
-        job.run(3, run_id="r")
+    with caplog.at_level(logging.INFO, logger="durably"):
+        run = job.run(3, run_id="r")
+    assert (run.status, run.result) == ("finished", 6)
+    assert "resumed by another process while this call replayed it" in caplog.text
     rec = store.find_run("r")
     assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
     assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
                                    ("run_started", 2), ("run_finished", 2)]
     assert EXECUTED == []
     assert job.run(3, run_id="r").result == 6  # the run goes on
+
+
+def test_an_error_of_an_attempt_resumed_meanwhile_is_the_error_of_its_call(
+        store: durably.DiskStore) -> None:
+    """The entrypoint raises after replaying only, and another attempt finished the run
+    meanwhile: the call raises the entrypoint's error (said to be unjournaled in a note),
+    not an error about the other process; the run is as the other attempt left it."""
+    _failed_run(3)
+
+    def other_then_fail() -> None:
+        BETWEEN.clear()
+        _in_thread(lambda: None if job.run(3, run_id="r").status == "finished" else 1 / 0)
+        raise ValueError("the entrypoint's own error")
+
+    BETWEEN.append(other_then_fail)
+    with pytest.raises(ValueError, match="the entrypoint's own error") as caught:
+        job.run(3, run_id="r")
+    assert any("resumed by another process while this call replayed it" in n
+               for n in caught.value.__notes__)
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+    assert EXECUTED == []
 
 
 @durably.task

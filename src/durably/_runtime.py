@@ -1770,9 +1770,19 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         finally:
             failure = None  # no reference cycle: what the error holds is freed with it
     if refused is not None:
-        if exc is None or isinstance(exc, (Exception, StopRun, InterruptSignal)):
-            raise refused
-        exc.add_note(str(refused))  # a Ctrl-C, SystemExit or cancellation goes on as it is
+        if isinstance(exc, (StopRun, InterruptSignal)):
+            raise refused  # (a pause or a stop that is not journaled would not be seen)
+        # the attempt only replayed: every step it called came from the journal, so its
+        # result (or its error) is the run's as journaled, and is the call's; only its
+        # attempt is not journaled (the run's record is the other process's)
+        log.info("durably: run %r was resumed by another process while this call replayed "
+                 "it; the call's %s comes from the journal, its attempt is not journaled",
+                 record.run_id, "result" if exc is None else "error")
+        if exc is not None:  # (a Ctrl-C, SystemExit or cancellation goes on as it is too)
+            exc.add_note(
+                f"durably: run {record.run_id!r} was resumed by another process while this "
+                "call replayed it: every step came from the journal, and this attempt is not "
+                "journaled (the run's record is the other attempt's).")
         return
     if lost:
         lost_error = _lost(ctx, record, exc)
