@@ -515,6 +515,30 @@ def test_a_ctrl_c_ending_an_attempt_refused_at_its_end_goes_on(
                                    ("run_started", 2), ("run_finished", 2)]
 
 
+def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that only replayed and returns a large result (journaled apart, its start
+    first) finds that another attempt finished the run meanwhile: as with a small result,
+    its call returns the result it replayed, and nothing of it is journaled."""
+    from durably import _runtime
+
+    _failed_run(3)
+    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+
+    def other() -> None:
+        BETWEEN.clear()
+        assert job.run(3, run_id="r").status == "finished"
+
+    BETWEEN.append(lambda: _in_thread(other))
+    run = job.run(3, run_id="r")
+    assert (run.status, run.result) == ("finished", 6)
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+    assert store.run_holder("r") is None and EXECUTED == []
+
+
 def test_a_large_result_never_journals_the_start_as_the_end(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """An attempt that only replayed and returns a large result journals its start on its

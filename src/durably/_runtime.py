@@ -1751,10 +1751,17 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # waiting while it is sealed (and written to blobs/); its record only while the run is
         # still this attempt's (the statement that writes it checks); after a failure, the
         # lease is released anyway. An attempt that only replayed journals its start first
-        # (with a lease): refused, it journals nothing more
+        # (with a lease): refused, it journals nothing more (and ends as below)
+        replayed_only = ctx.deferred is not None and failure is None
         try:
-            ctx.claim()
-            ctx.write(taken)
+            try:
+                ctx.claim()
+            except RunStateError as error:
+                if not replayed_only:
+                    raise
+                refused = error
+            else:
+                ctx.write(taken)
         finally:
             try:
                 if info is None:
