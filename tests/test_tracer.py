@@ -726,6 +726,68 @@ def test_a_crash_inside_a_step_keeps_it_and_its_children_in_the_graph(tmp_path: 
                                       ("step", "ran", "wrapper")])
 
 
+def test_a_crash_inside_a_map_item_keeps_the_item_as_the_parent_of_its_children(
+        tmp_path: Path) -> None:
+    """Items of a task.map on threads, inside a nested body, call tasks of their own; the
+    process is killed while one item is between two of them: that item is in the graph
+    (started), its finished child nested under it, as for a plain call (no step's parent
+    is missing); the next call finishes the run, executing only what had not finished."""
+    script = write_script(tmp_path / "crashy.py", """
+        import os, signal, sys, time
+        import durably
+
+        @durably.task
+        def leaf(x):
+            if x == 105 and sys.argv[1:] == ["run"]:
+                time.sleep(0.3)  # (the other items finish meanwhile)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return x * 10
+
+        @durably.task
+        def item(x):
+            first = leaf(x)
+            time.sleep(0.05)
+            return first + leaf(x + 100)
+
+        @durably.task
+        def mid(n):
+            return sum(item.map(range(n), max_workers=4))
+
+        @durably.entrypoint
+        def job(n):
+            return mid(n)
+
+        if __name__ == "__main__":
+            if sys.argv[1:] == ["show"]:
+                run = durably.get_run("job-1")
+                ids = {s.step_id for s in run.steps}
+                print(sorted({(s.task, s.status) for s in run.steps
+                              if s.parent_id is not None and s.parent_id not in ids}))
+                print(sorted((s.task, s.status) for s in run.steps if s.task != "leaf"))
+            else:
+                print(job.run(8, run_id="job-1").result)
+    """)
+    import subprocess
+    import sys
+
+    env = script_env(tmp_path / "store")
+    killed = subprocess.run([sys.executable, str(script), "run"], env=env, cwd=tmp_path,
+                            capture_output=True, timeout=120)
+    assert killed.returncode != 0
+    out = subprocess.run([sys.executable, str(script), "show"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    orphans, callers = out.stdout.strip().splitlines()
+    assert orphans == "[]"  # every journaled step's parent is in the journal
+    # (a step's latest record: the killed item started, the others ran)
+    assert callers == str(sorted([("mid", "started"), ("item", "started")]
+                                 + [("item", "ran")] * 7))
+    done = subprocess.run([sys.executable, str(script), "again"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sum(x * 10 + (x + 100) * 10 for x in range(8)))
+
+
 @given(st.one_of(st.integers(), st.floats(allow_nan=True), st.booleans(), st.none(),
                  st.text(max_size=80)),
        st.integers(min_value=10, max_value=200))

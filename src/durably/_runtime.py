@@ -690,7 +690,7 @@ def _mark_started(ctx: RunContext, step_id: str) -> None:
     """Journal that a step with nested steps is executing (one row per such step), so the
     graph of a run that crashes inside it still shows it and nests its children."""
     ctx.marked.add(step_id)
-    caller = ctx.open.get(step_id)
+    caller = ctx.executing(step_id)  # (a plain call, or an item of a fan-out)
     if caller is not None:
         ctx.journal([(caller.record("started"), None)])
 
