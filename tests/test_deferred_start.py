@@ -6,6 +6,7 @@ meanwhile keeps it, and nothing of the refused attempt is journaled."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import contextvars
 import logging
 import os
@@ -232,8 +233,9 @@ def test_an_error_of_an_attempt_resumed_meanwhile_is_the_error_of_its_call(
     BETWEEN.append(other_then_fail)
     with pytest.raises(ValueError, match="the entrypoint's own error") as caught:
         job.run(3, run_id="r")
-    assert any("resumed by another process while this call replayed it" in n
-               for n in caught.value.__notes__)
+    notes = caught.value.__notes__
+    assert any("resumed by another process while this call replayed it" in n for n in notes)
+    assert not any("failed; its finished steps are kept" in n for n in notes), notes
     rec = store.find_run("r")
     assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
     assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
@@ -515,6 +517,83 @@ def test_a_ctrl_c_ending_an_attempt_refused_at_its_end_goes_on(
                                    ("run_started", 2), ("run_finished", 2)]
 
 
+@durably.task
+def twice(x: int) -> int:
+    """A step with a nested one: journaled after it, so a replay of it in call order is
+    out of journal order (each starts a new replay range)."""
+    return inc(x) * 2
+
+
+@durably.entrypoint
+def nested(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += twice(i)
+        if i == 0:
+            for hook in BETWEEN:
+                hook()
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    return total
+
+
+def test_replays_refused_when_journaled_on_the_way_leave_the_call_its_result(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that only replays journals its start with its first batch of replay
+    records (many out of order); another attempt finished the run before that: the batch
+    is refused, the attempt goes on replaying without journaling, and its call returns the
+    run's result, as when it is refused at its end (was: RunStateError)."""
+    from durably import _store
+
+    monkeypatch.setattr(_store, "_AHEAD_RANGES", 2)  # a batch every 2 ranges
+    FAIL["on"] = True
+    with pytest.raises(RuntimeError):
+        nested.run(8, run_id="r")
+    FAIL["on"] = False
+    EXECUTED.clear()
+
+    def other() -> None:
+        BETWEEN.clear()
+        assert nested.run(8, run_id="r").status == "finished"
+
+    BETWEEN.append(lambda: _in_thread(other))
+    run = nested.run(8, run_id="r")
+    assert (run.status, run.result) == ("finished", sum((i + 1) * 2 for i in range(8)))
+    assert EXECUTED == []
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)  # the other attempt's
+    assert _events(store, "r") == [("run_started", 1), ("run_failed", 1),
+                                   ("run_started", 2), ("run_finished", 2)]
+    assert store.run_holder("r") is None
+
+
+@durably.entrypoint
+def stubborn(n: int) -> int:
+    """Carries on after its next step is refused: the step after it stops the attempt."""
+    total = sum(inc(i) for i in range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    for hook in BETWEEN:
+        hook()
+    with contextlib.suppress(RunStateError):
+        looked_at(100)
+    return total + looked_at(101)
+
+
+def test_a_call_stopped_by_a_refusal_says_why_not_stoprun(store: durably.DiskStore) -> None:
+    """The attempt's start is refused before a step executes (another process holds the
+    run); the entrypoint (or a thread of its own) goes on and calls another step, which
+    stops it: the call raises RunStateError, never durably's internal StopRun (a
+    BaseException that `except Exception` would not catch)."""
+    _failed_run(3, entry=stubborn)
+    before = (store.find_run("r"), _events(store, "r"), store.list_steps("r"))
+    BETWEEN.append(_held_elsewhere(store, "r"))
+    with pytest.raises(RunStateError, match="resumed by another process"):
+        stubborn.run(3, run_id="r")
+    assert EXECUTED == []
+    assert (store.find_run("r"), _events(store, "r"), store.list_steps("r")) == before
+
+
 def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """An attempt that only replayed and returns a large result (journaled apart, its start
@@ -539,14 +618,18 @@ def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
     assert store.run_holder("r") is None and EXECUTED == []
 
 
-def test_a_large_result_never_journals_the_start_as_the_end(
+def test_a_large_result_of_an_attempt_that_only_replayed_is_journaled_in_one_commit(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An attempt that only replayed and returns a large result journals its start on its
-    own: that record says running (killed before its end: crashed), not its final status."""
+    """An attempt that only replayed and returns a large result (sealed, and written to
+    blobs/ if very large, before the transaction) journals its start and end in one commit,
+    without a lease, as with a small one. When that commit fails, the start is journaled
+    on its own, then the end: killed before the end, the record says running (crashed),
+    never the final status."""
     from durably import _runtime
 
     _failed_run(3)
     monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+    real = _runtime._write_final
 
     def killed(*args: Any, **kwargs: Any) -> bool:
         raise SystemExit("killed before the end was written")
@@ -554,7 +637,18 @@ def test_a_large_result_never_journals_the_start_as_the_end(
     monkeypatch.setattr(_runtime, "_write_final", killed)
     with pytest.raises(SystemExit):
         job.run(3, run_id="r")
-    monkeypatch.undo()
     rec = store.find_run("r")
     assert (rec.status, rec.attempt, rec.result) == ("running", 2, None)
-    assert job.run(3, run_id="r").result == 6
+    assert store.run_holder("r") is None
+    monkeypatch.setattr(_runtime, "_write_final", real)
+    before = _commits(store)
+    run = job.run(3, run_id="r")
+    assert (run.result, run.attempt) == (6, 3) and EXECUTED == []
+    assert run.resumed_from == "crashed"
+    before = _commits(store)
+    run = job.run(3, run_id="r")  # (a finished run: only replayed)
+    assert (run.result, run.attempt) == (6, 4) and EXECUTED == []
+    assert _commits(store) == before + 1
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 4)
+    assert durably.get_run("r").result == 6  # (its sealed result reads back)

@@ -91,6 +91,7 @@ class RunContext:
         "stop",
         "store",
         "uncacheable",
+        "unjournaled",
         "unwaited",
     )
 
@@ -161,6 +162,10 @@ class RunContext:
         #: _runtime._Deferred: an attempt of a run that ended, which has only replayed so
         #: far); None once done, or for an attempt that journaled its start at once
         self.deferred: Any = None
+        #: an attempt that only replayed was refused when it was to journal its replays
+        #: (another process has the run): it goes on replaying without journaling them (a
+        #: step it must execute is refused), and its end journals nothing
+        self.unjournaled = False
         #: steps whose result depends on an answer to interrupt() (theirs or a nested
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()
@@ -212,25 +217,34 @@ class RunContext:
             step = caller.parent if caller is not None else None
         return False
 
-    def claim(self) -> None:
+    def claim(self, replays: bool = False) -> bool:
         """Journal the attempt's start now if it was deferred (:attr:`deferred`), before
         anything else of it is journaled or executed; once, whichever thread asks first.
         A refusal (another process holds the run, or resumed it meanwhile) stops the attempt
-        (:meth:`lose_lease`): nothing of it is journaled.
+        (:meth:`lose_lease`): nothing of it is journaled. With ``replays`` (what is to be
+        journaled is only replay records), a refusal does not stop it: False, the replays
+        are not journaled (nor any later ones: :attr:`unjournaled`), and the attempt goes
+        on replaying (every step from the journal: its result is the run's).
 
         Raises:
-            RunStateError: the run is another process's now."""
+            RunStateError: the run is another process's now (not with ``replays``)."""
         if self.deferred is None:
-            return
+            return True
+        if replays and self.unjournaled:
+            return False
         with self._claiming:
             deferred = self.deferred
             if deferred is None:
-                return
+                return True
             try:
                 deferred(self)
             except RunStateError:
+                if replays:
+                    self.unjournaled = True
+                    return False
                 self.lose_lease()
                 raise
+        return True
 
     def journal(self, steps: list[tuple[StepRecord, bytes | None]]) -> None:
         """Journal step records of this attempt, only while the run is still its own (with a
@@ -408,8 +422,9 @@ class RunContext:
         """Journal what :meth:`take_pending` handed over: replays many to a row in a store
         that keeps them so (``append_replays``), as step records in any other."""
         pending, replays = taken
-        if self.deferred is not None and (pending or replays):
-            self.claim()
+        if self.deferred is not None and (pending or replays) and not self.claim(
+                replays=not pending):
+            return  # (replays of an attempt refused: another process has the run)
         append = getattr(self.store, "append_replays", None)
         if replays and append is None:
             run_id, attempt = self.run_id, self.attempt

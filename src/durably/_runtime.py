@@ -1635,7 +1635,7 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
         except Exception as summary_exc:  # noqa: BLE001 - a log line never fails the run
             log.warning("durably: run %r %s; its summary cannot be read: %s", record.run_id,
                         record.status, summary_exc)
-    if exc is not None and isinstance(exc, Exception):
+    if exc is not None and isinstance(exc, Exception) and not ctx.unjournaled:
         exc.add_note(
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
@@ -1694,8 +1694,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     if lost and ctx.deferred is not None:
         # its start was refused when it was to write (the run is another process's: the
         # RunStateError it raised is the attempt's end): nothing of it is journaled
-        if exc is None:
-            raise _resumed_meanwhile(record, ctx.deferred.previous)  # (the error was caught)
+        ctx.unjournaled = True
+        if exc is None or isinstance(exc, StopRun):
+            # (the error was caught; or a thread of the user's, stopped by the refusal at
+            # its next step, surfaced first: the call says why, not StopRun)
+            raise _resumed_meanwhile(record, ctx.deferred.previous)
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     try:
@@ -1705,11 +1708,15 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
         deferred = ctx.deferred  # (None once something of the attempt was journaled)
-        if deferred is not None and (
-                record.result is None or len(record.result) <= _BATCHED_RESULT):
+        large = record.result is not None and len(record.result) > _BATCHED_RESULT
+        seal_ahead: Any = getattr(store, "seal_ahead", None) if large else None
+        if deferred is not None and (not large or seal_ahead is not None):
             # an attempt that only replayed: its start, its replays and its end in one
             # commit, without a lease; refused (nothing written) unless the run's last
-            # attempt is still the one before it
+            # attempt is still the one before it (a large result sealed, and written to
+            # blobs/, before: other writers do not wait for it)
+            if seal_ahead is not None:
+                record.result = seal_ahead(record.result, "result", record.run_id)
             try:
                 with _one_transaction(store):
                     deferred(ctx, ending=True)
@@ -1721,6 +1728,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             except RunStateError as error:
                 # the run is another process's: nothing of this attempt is journaled
                 ctx.deferred = deferred
+                ctx.unjournaled = True
                 refused = error
                 written = True  # (there is nothing to write)
             except BaseException:
@@ -1759,6 +1767,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             except RunStateError as error:
                 if not replayed_only:
                     raise
+                ctx.unjournaled = True
                 refused = error
             else:
                 ctx.write(taken)

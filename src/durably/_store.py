@@ -196,6 +196,12 @@ def _read_only(path: Path) -> bool:
     return False
 
 
+class Sealed(bytes):
+    """A journal value sealed already (:meth:`DiskStore.seal_ahead`): written as it is."""
+
+    __slots__ = ()
+
+
 class _Translate:
     __slots__ = ("action", "store", "where")
 
@@ -1299,6 +1305,8 @@ class DiskStore:
         """A journal value as it is stored: sealed, large ones as a reference to blobs/."""
         if value is None:
             return None
+        if type(value) is Sealed:
+            return value
         if isinstance(value, Unreadable):
             raise value.error
         signer = self._signing()
@@ -1308,6 +1316,28 @@ class DiskStore:
             with self._translate(root / "blobs", "store a large value"):
                 value = blob_ref(root, as_spilled(value), signer)
         return seal(value, signer, ctx)
+
+    def seal_ahead(self, value: bytes, *context: str) -> Sealed:
+        """``value`` as the journal will store it (sealed; a large one written to blobs/
+        now, the journal keeping a reference), for a write that follows: a large value is
+        sealed before a transaction, which then does not keep other writers waiting while
+        it is. ``context``: where it goes, as the write will say (``"result", run_id``).
+
+        Raises:
+            StoreError: blobs/ cannot be written.
+
+        Example:
+            >>> import tempfile
+            >>> store = DiskStore(tempfile.mkdtemp())
+            >>> rec = RunRecord("r1", "m:f", "f", "finished", 1.0, 1.0, 1, "d")
+            >>> rec.result = store.seal_ahead(b"x" * 2_000_000, "result", "r1")
+            >>> store.put_run(rec)  # (written as it is: nothing sealed in the transaction)
+            >>> store.find_run("r1").result == b"x" * 2_000_000
+            True
+        """
+        sealed = self._seal_blob(value, *context)
+        assert sealed is not None
+        return Sealed(sealed)
 
     def _open_journal_value(self, data: Any, context: tuple[str, ...], eager: bool,
                             error: Any) -> tuple[bytes | None, str]:
