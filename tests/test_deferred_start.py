@@ -618,6 +618,36 @@ def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
     assert store.run_holder("r") is None and EXECUTED == []
 
 
+@pytest.mark.parametrize("entry", ["job", "grows"])
+def test_an_end_whose_commit_times_out_once_is_journaled_on_a_second_try(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
+    """The transaction that ends an attempt fails with StoreError (another process held the
+    journal's write lock past the busy timeout); the end is then journaled write by write,
+    and it succeeds: the call returns its result (was: the first StoreError), for an
+    attempt that only replayed (job) and for one that executed a step (grows)."""
+    from durably import _runtime
+    from durably.exceptions import StoreError
+
+    entrypoint = job if entry == "job" else grows
+    _failed_run(3, entry=entrypoint)
+    real = _runtime._write_final
+    calls = [0]
+
+    def locked_once(*args: Any, **kwargs: Any) -> bool:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise StoreError("cannot write the journal: database is locked (held 60 s)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_runtime, "_write_final", locked_once)
+    run = entrypoint.run(3, run_id="r")
+    assert calls[0] == 2 and run.status == "finished"
+    assert run.result == (6 if entry == "job" else 107)
+    rec = store.find_run("r")
+    assert (rec.status, rec.attempt) == ("finished", 2)
+    assert store.run_holder("r") is None
+
+
 def test_a_large_result_of_an_attempt_that_only_replayed_is_journaled_in_one_commit(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """An attempt that only replayed and returns a large result (sealed, and written to

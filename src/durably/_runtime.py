@@ -65,7 +65,7 @@ from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._store import EventRecord, KeyRecord, ReadAhead, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
-from .exceptions import DefinitionError, RunStateError, SerializationError
+from .exceptions import DefinitionError, RunStateError, SerializationError, StoreError
 
 __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "is_cancelled",
            "validate_run_id"]
@@ -1701,9 +1701,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise _resumed_meanwhile(record, ctx.deferred.previous)
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
+    cached = False  # the queued cache writes are written (a failure after: the journal's)
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
+        cached = True
         if sum(len(data) for _, data in taken[0] if data is not None) > _BATCHED_RESULT:
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
@@ -1760,7 +1762,9 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # still this attempt's (the statement that writes it checks); after a failure, the
         # lease is released anyway. An attempt that only replayed journals its start first
         # (with a lease): refused, it journals nothing more (and ends as below)
-        replayed_only = ctx.deferred is not None and failure is None
+        replayed_only = ctx.deferred is not None and (
+            failure is None or isinstance(failure, StoreError))
+        recovered = False  # the end journaled here after all
         try:
             try:
                 ctx.claim()
@@ -1775,11 +1779,20 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             try:
                 if info is None:
                     info = _final_record(record, result, exc, wall)
-                if not lost and not ctx.lost and not _write_final(store, record, info,
-                                                                   checked=True):
-                    lost = True
+                if not lost and not ctx.lost and refused is None:
+                    if _write_final(store, record, info, checked=True):
+                        recovered = True
+                    else:
+                        lost = True
             finally:
                 store.release_run(record.run_id, ctx.owner)
+        if (cached and isinstance(failure, StoreError) and (recovered or refused is not None)):
+            # the journal's transaction failed (its write lock held past the busy timeout
+            # by another process, say), and the writes above made up for it: the attempt
+            # is journaled, or another one's record stands; nothing to report
+            log.info("durably: run %r: the end of attempt %d was journaled on a second "
+                     "try (the first failed: %s)", record.run_id, record.attempt, failure)
+            failure = None
     if failure is not None:
         try:
             raise failure
