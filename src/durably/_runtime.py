@@ -1789,9 +1789,10 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         if (cached and isinstance(failure, StoreError) and (recovered or refused is not None)):
             # the journal's transaction failed (its write lock held past the busy timeout
             # by another process, say), and the writes above made up for it: the attempt
-            # is journaled, or another one's record stands; nothing to report
-            log.info("durably: run %r: the end of attempt %d was journaled on a second "
-                     "try (the first failed: %s)", record.run_id, record.attempt, failure)
+            # is journaled, or another one's record stands; said, not raised
+            log.warning("durably: run %r: the end of attempt %d was journaled on a second "
+                        "try, write by write (the transaction that ends it failed: %s)",
+                        record.run_id, record.attempt, failure)
             failure = None
     if failure is not None:
         try:
