@@ -648,6 +648,29 @@ def test_an_end_whose_commit_times_out_once_is_journaled_on_a_second_try(
     assert store.run_holder("r") is None
 
 
+@durably.entrypoint
+def offset(base: int) -> int:
+    return sum(inc(base + i) for i in range(3))
+
+
+def test_a_large_result_ends_its_attempt_in_one_commit_with_the_lease_s_release(
+        store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that executed and returns a large result journals its final record and
+    releases its lease in one commit, as with a small one: no moment where the journal says
+    finished while the lease still holds the run (a call then was refused)."""
+    from durably import _runtime
+
+    def commits(base: int) -> int:
+        before = _commits(store)
+        assert offset.run(base).result == 3 * base + 6  # (steps on new inputs: executed)
+        return _commits(store) - before
+
+    offset.run(0)  # (the journal and its log made)
+    small = commits(10)
+    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+    assert commits(20) == small
+
+
 def test_a_large_result_of_an_attempt_that_only_replayed_is_journaled_in_one_commit(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """An attempt that only replayed and returns a large result (sealed, and written to

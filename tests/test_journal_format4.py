@@ -285,31 +285,37 @@ def test_a_streamed_attempt_keeps_the_inputs_of_its_replayed_steps(
     assert shown == kept == ["x=0", "x=1"]
 
 
-def test_a_large_result_is_written_outside_the_transaction_that_ends_the_attempt(
+def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Other processes' journal writes wait for that transaction: a large result (pickled,
-    perhaps written to blobs/) is written on its own; a small one with the rest."""
+    perhaps written to blobs/) is sealed before it, and written in it as it is, with the
+    rest (the final record and the lease's release in one commit); a small one is sealed
+    in it."""
     from durably import _runtime
+    from durably._store import Sealed
 
-    seen: list[tuple[str, bool]] = []
-    real, real_checked = store.put_run, store.put_run_if_current
-
-    def put_run(record: Any) -> None:
-        seen.append((record.status, store._db().in_transaction))
-        real(record)
+    seen: list[tuple[str, bool, bool]] = []
+    sealed: list[bool] = []
+    real_checked, real_seal = store.put_run_if_current, store.seal_ahead
 
     def put_run_if_current(record: Any, previous: Any = None) -> bool:  # (checked)
-        seen.append((record.status, store._db().in_transaction))
+        seen.append((record.status, store._db().in_transaction,
+                     isinstance(record.result, Sealed)))
         return real_checked(record, previous)
 
-    monkeypatch.setattr(store, "put_run", put_run)
+    def seal_ahead(value: bytes, *context: str) -> Any:
+        sealed.append(store._db().in_transaction)
+        return real_seal(value, *context)
+
     monkeypatch.setattr(store, "put_run_if_current", put_run_if_current)
+    monkeypatch.setattr(store, "seal_ahead", seal_ahead)
     assert chain(2) == 3
-    assert seen[-1] == ("finished", True)
+    assert seen[-1] == ("finished", True, False) and sealed == []
     monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every pickled result is larger
     assert chain(3) == 6
-    assert seen[-1] == ("finished", False)
-    assert store.find_run(chain.run(3).id) is not None
+    assert seen[-1] == ("finished", True, True) and sealed == [False]
+    assert store.find_run(chain.run(3).id).result is not None
+    assert _serde.loads(store.find_run(chain.run(3).id).result) == 6
 
 
 def test_a_run_start_that_fails_leaves_the_run_as_it_was(store: durably.DiskStore,

@@ -1712,13 +1712,15 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         deferred = ctx.deferred  # (None once something of the attempt was journaled)
         large = record.result is not None and len(record.result) > _BATCHED_RESULT
         seal_ahead: Any = getattr(store, "seal_ahead", None) if large else None
-        if deferred is not None and (not large or seal_ahead is not None):
+        if seal_ahead is not None:
+            # a large result sealed, and written to blobs/, before the transaction: other
+            # writers do not wait for it, and it ends in one commit with the rest
+            record.result = seal_ahead(record.result, "result", record.run_id)
+            large = False
+        if deferred is not None and not large:
             # an attempt that only replayed: its start, its replays and its end in one
             # commit, without a lease; refused (nothing written) unless the run's last
-            # attempt is still the one before it (a large result sealed, and written to
-            # blobs/, before: other writers do not wait for it)
-            if seal_ahead is not None:
-                record.result = seal_ahead(record.result, "result", record.run_id)
+            # attempt is still the one before it
             try:
                 with _one_transaction(store):
                     deferred(ctx, ending=True)
@@ -1741,7 +1743,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                 written = True
                 raise
             written = True
-        elif record.result is None or len(record.result) <= _BATCHED_RESULT:
+        elif not large:
             # the buffered records, the final status and the lease's release: one commit;
             # the status only while the run is still this attempt's (another process that
             # took it over owns its record now). In this order: a store without
@@ -1757,11 +1759,12 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         failure = error
         _abandon(store)
     if not written:
-        # each write on its own: a large result does not keep other processes' journal writes
-        # waiting while it is sealed (and written to blobs/); its record only while the run is
-        # still this attempt's (the statement that writes it checks); after a failure, the
-        # lease is released anyway. An attempt that only replayed journals its start first
-        # (with a lease): refused, it journals nothing more (and ends as below)
+        # each write on its own (the transaction failed; or a store that cannot seal a large
+        # result ahead: other processes' journal writes do not wait while it is sealed); its
+        # record only while the run is still this attempt's (the statement that writes it
+        # checks); after a failure, the lease is released anyway. An attempt that only
+        # replayed journals its start first (with a lease): refused, it journals nothing
+        # more (and ends as below)
         replayed_only = ctx.deferred is not None and (
             failure is None or isinstance(failure, StoreError))
         recovered = False  # the end journaled here after all
