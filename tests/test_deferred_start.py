@@ -52,17 +52,23 @@ def looked_at(x: int) -> int:
     return x + 1
 
 
-@durably.entrypoint
-def job(n: int) -> int:
+def _calls(n: int, step: Callable[[int], int]) -> int:
+    """step(i) for i below n, summed (the hooks called after the first); raising while FAIL
+    is set."""
     total = 0
     for i in range(n):
-        total += inc(i)
+        total += step(i)
         if i == 0:
             for hook in BETWEEN:
                 hook()
     if FAIL["on"]:
         raise RuntimeError("stop after the steps")
     return total
+
+
+@durably.entrypoint
+def job(n: int) -> int:
+    return _calls(n, inc)
 
 
 @durably.entrypoint
@@ -526,15 +532,7 @@ def twice(x: int) -> int:
 
 @durably.entrypoint
 def nested(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += twice(i)
-        if i == 0:
-            for hook in BETWEEN:
-                hook()
-    if FAIL["on"]:
-        raise RuntimeError("stop after the steps")
-    return total
+    return _calls(n, twice)
 
 
 def test_replays_refused_when_journaled_on_the_way_leave_the_call_its_result(

@@ -682,6 +682,22 @@ def test_a_custom_event_that_cannot_be_pickled_never_fails_the_run(
     assert "progress" in custom.data and "lock" in caplog.text
 
 
+def _killed_then_shown(script: Path) -> str:
+    """What ``script show`` prints after ``script run`` killed its own process (both on the
+    store beside the script)."""
+    import subprocess
+    import sys
+
+    env = script_env(script.parent / "store")
+    killed = subprocess.run([sys.executable, str(script), "run"], env=env, cwd=script.parent,
+                            capture_output=True, timeout=120)
+    assert killed.returncode != 0
+    out = subprocess.run([sys.executable, str(script), "show"], env=env, cwd=script.parent,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_a_crash_inside_a_step_keeps_it_and_its_children_in_the_graph(tmp_path: Path) -> None:
     script = write_script(tmp_path / "crashy.py", """
         import os, signal, sys
@@ -711,19 +727,9 @@ def test_a_crash_inside_a_step_keeps_it_and_its_children_in_the_graph(tmp_path: 
                 print([(n.task, n.status, g.node(n.parent).task if n.parent else None)
                        for n in g.nodes])
     """)
-    import subprocess
-    import sys
-
-    env = script_env(tmp_path / "store")
-    killed = subprocess.run([sys.executable, str(script), "run"], env=env, cwd=tmp_path,
-                            capture_output=True, timeout=120)
-    assert killed.returncode != 0
-    out = subprocess.run([sys.executable, str(script), "show"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str([("step", "ran", None), ("step", "ran", None),
-                                      ("wrapper", "started", None),
-                                      ("step", "ran", "wrapper")])
+    assert _killed_then_shown(script).strip() == str([
+        ("step", "ran", None), ("step", "ran", None), ("wrapper", "started", None),
+        ("step", "ran", "wrapper")])
 
 
 def test_a_crash_inside_a_map_item_keeps_the_item_as_the_parent_of_its_children(
@@ -767,23 +773,17 @@ def test_a_crash_inside_a_map_item_keeps_the_item_as_the_parent_of_its_children(
             else:
                 print(job.run(8, run_id="job-1").result)
     """)
-    import subprocess
-    import sys
-
-    env = script_env(tmp_path / "store")
-    killed = subprocess.run([sys.executable, str(script), "run"], env=env, cwd=tmp_path,
-                            capture_output=True, timeout=120)
-    assert killed.returncode != 0
-    out = subprocess.run([sys.executable, str(script), "show"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    orphans, callers = out.stdout.strip().splitlines()
+    orphans, callers = _killed_then_shown(script).strip().splitlines()
     assert orphans == "[]"  # every journaled step's parent is in the journal
     # (a step's latest record: the killed item started, the others ran)
     assert callers == str(sorted([("mid", "started"), ("item", "started")]
                                  + [("item", "ran")] * 7))
-    done = subprocess.run([sys.executable, str(script), "again"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(script), "again"], cwd=script.parent,
+                          env=script_env(script.parent / "store"), capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sum(x * 10 + (x + 100) * 10 for x in range(8)))
 
