@@ -578,6 +578,33 @@ def stubborn(n: int) -> int:
     return total + looked_at(101)
 
 
+@durably.entrypoint
+def grouped(n: int) -> int:
+    """stubborn, whose refusal and the StopRun after it come out in one exception group (as
+    from asyncio's TaskGroup, whose tasks the refusal stops at their next step)."""
+    total = sum(inc(i) for i in range(n))
+    if FAIL["on"]:
+        raise RuntimeError("stop after the steps")
+    for hook in BETWEEN:
+        hook()
+    errors: list[BaseException] = []
+    for x in (100, 101):
+        try:
+            total += looked_at(x)
+        except BaseException as exc:  # noqa: BLE001 - gathered, as a TaskGroup does
+            errors.append(exc)
+    raise BaseExceptionGroup("the tasks failed", errors)
+
+
+def test_a_call_stopped_by_a_refusal_says_why_not_stoprun_in_a_group(
+        store: durably.DiskStore) -> None:
+    _failed_run(3, entry=grouped)
+    BETWEEN.append(_held_elsewhere(store, "r"))
+    with pytest.raises(RunStateError, match="resumed by another process"):
+        grouped.run(3, run_id="r")
+    assert EXECUTED == []
+
+
 def test_a_call_stopped_by_a_refusal_says_why_not_stoprun(store: durably.DiskStore) -> None:
     """The attempt's start is refused before a step executes (another process holds the
     run); the entrypoint (or a thread of its own) goes on and calls another step, which

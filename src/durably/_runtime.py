@@ -1695,9 +1695,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # its start was refused when it was to write (the run is another process's: the
         # RunStateError it raised is the attempt's end): nothing of it is journaled
         ctx.unjournaled = True
-        if exc is None or isinstance(exc, StopRun):
-            # (the error was caught; or a thread of the user's, stopped by the refusal at
-            # its next step, surfaced first: the call says why, not StopRun)
+        if exc is None or isinstance(exc, StopRun) or (
+                isinstance(exc, BaseExceptionGroup) and exc.split(StopRun)[0] is not None):
+            # (the error was caught; or a thread or task of the user's, stopped by the
+            # refusal at its next step, surfaced first, alone or in a group (asyncio's
+            # TaskGroup): the call says why, not StopRun)
             raise _resumed_meanwhile(record, ctx.deferred.previous)
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
