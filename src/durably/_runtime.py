@@ -1703,11 +1703,11 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise _resumed_meanwhile(record, ctx.deferred.previous)
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
-    cached = False  # the queued cache writes are written (a failure after: the journal's)
+    cache_written = False  # the queued cache writes are (a failure after: the journal's)
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
-        cached = True
+        cache_written = True
         if sum(len(data) for _, data in taken[0] if data is not None) > _BATCHED_RESULT:
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
@@ -1791,13 +1791,16 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                         lost = True
             finally:
                 store.release_run(record.run_id, ctx.owner)
-        if (cached and isinstance(failure, StoreError) and (recovered or refused is not None)):
+        if cache_written and isinstance(failure, StoreError) and (
+                recovered or refused is not None):
             # the journal's transaction failed (its write lock held past the busy timeout
             # by another process, say), and the writes above made up for it: the attempt
             # is journaled, or another one's record stands; said, not raised
-            log.warning("durably: run %r: the end of attempt %d was journaled on a second "
-                        "try, write by write (the transaction that ends it failed: %s)",
-                        record.run_id, record.attempt, failure)
+            log.warning("durably: run %r: %s (the transaction that ends it failed: %s)",
+                        record.run_id, f"the end of attempt {record.attempt} was journaled "
+                        "on a second try, write by write" if recovered else "another process "
+                        "resumed it meanwhile: this call's attempt is not journaled",
+                        failure)
             failure = None
     if failure is not None:
         try:
