@@ -4,6 +4,7 @@ in a real subprocess."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -201,3 +202,120 @@ def test_a_cache_value_replaced_while_read_is_still_journaled(
     assert store.find_step(run.id, step.step_id) is not None  # journaled, readable
     assert pipeline.run(run_id=run.id).counts()["replayed"] == 1
     assert not list((tmp_path / "s" / "tmp").glob("hold-*"))  # the private copy went
+
+
+CALLS = {"n": 0}  # calls of the entrypoints below (a result that differs at each call)
+HOOKS: list[Any] = []  # called by tagged() after its step
+
+
+@durably.task
+def made(seed: int) -> bytes:
+    return _value(300_000, seed)
+
+
+@durably.entrypoint
+def built(seed: int) -> bytes:
+    return made(seed) + b"!"  # pickled again at each call: a new spill file every time
+
+
+@durably.entrypoint
+def tagged(seed: int) -> bytes:
+    CALLS["n"] += 1
+    mine = CALLS["n"]
+    data = made(seed)
+    for hook in HOOKS:
+        hook()
+    return data + bytes([mine])  # (differs from the stored result at every call)
+
+
+def _blob_files(store: durably.DiskStore) -> set[str]:
+    folder = store.path / "blobs"
+    return {p.name for p in folder.iterdir()} if folder.exists() else set()
+
+
+def _result_blob(store: durably.DiskStore, run_id: str) -> Path:
+    """The file in blobs/ the run's stored result refers to."""
+    import sqlite3
+
+    from durably._blobs import BLOB_REF
+    from durably._seal import open_seal
+
+    with contextlib.closing(sqlite3.connect(store.path / "journal.sqlite3")) as con:
+        (data,) = con.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    payload, _ = open_seal(data)
+    assert payload is not None and payload.startswith(BLOB_REF)
+    return store.path / "blobs" / json.loads(payload[len(BLOB_REF):])["blob"]
+
+
+@pytest.mark.parametrize("key", [None, b"k" * 16 + b"-a-test-signing-key"])
+def test_calls_of_a_finished_run_keep_one_copy_of_its_large_result(
+        tmp_path: Path, key: bytes | None) -> None:
+    """Every call of a finished run replays it and journals its final record again: a large
+    result the same as the stored one refers to the file the journal has, instead of adding
+    a copy to blobs/ at every call (a notebook cell run again and again)."""
+    store = durably.DiskStore(tmp_path / "s", key=key)
+    durably.configure(store=store)
+    expected = _value(300_000, 1) + b"!"
+    run = built.run(1)
+    assert run.result == expected
+    files = _blob_files(store)
+    assert len(files) == 2  # the step's result and the run's
+    for attempt in (2, 3, 4):
+        again = built.run(1)
+        assert (again.result, again.attempt, again.counts()["replayed"]) == (
+            expected, attempt, 1)
+        assert _blob_files(store) == files
+    assert durably.get_run(run.id).result == expected
+    assert durably.DiskStore(tmp_path / "s", key=key).find_run(run.id).status == "finished"
+
+
+def test_a_damaged_copy_of_a_large_result_is_not_kept_for_the_next_call(
+        tmp_path: Path) -> None:
+    """The stored result is compared byte for byte, not by its digest: a file in blobs/
+    damaged since (its length unchanged) is not referred to again; the next call writes a
+    sound copy, and the run's result reads back."""
+    store = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=store)
+    expected = _value(300_000, 2) + b"!"
+    run = built.run(2)
+    damaged = _result_blob(store, run.id)
+    raw = bytearray(damaged.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(raw))
+    assert built(2) == expected
+    assert _result_blob(store, run.id) != damaged
+    assert durably.get_run(run.id).result == expected
+
+
+def test_a_large_result_of_a_refused_attempt_leaves_no_file_behind(tmp_path: Path) -> None:
+    """An attempt that only replayed, refused at its end because another one finished the
+    run meanwhile, had written its large result to blobs/ before the transaction that was
+    refused: the file is removed (no journal refers to it), the other attempt's stays."""
+    import threading
+
+    store = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=store)
+    CALLS["n"] = 0
+    HOOKS.clear()
+    tagged.run(3, run_id="t")
+
+    def other() -> None:
+        HOOKS.clear()
+        assert tagged.run(3, run_id="t").status == "finished"
+
+    def in_thread() -> None:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(30)
+
+    HOOKS.append(in_thread)
+    try:
+        run = tagged.run(3, run_id="t")
+    finally:
+        HOOKS.clear()
+    assert run.result == _value(300_000, 3) + bytes([2])  # this call's, not journaled
+    assert store.find_run("t").attempt == 2  # the other attempt's record stands
+    assert durably.get_run("t").result == _value(300_000, 3) + bytes([3])
+    # the step's file, the first attempt's result and the other attempt's: no other
+    assert len(_blob_files(store)) == 3
+    assert _result_blob(store, "t").name in _blob_files(store)

@@ -43,8 +43,8 @@ from .exceptions import StoreError
 
 __all__ = ["BLOB_REF", "FileValue", "Garbage", "LinkIn", "as_spilled", "blob_ref", "clean_tmp",
            "content_mac", "copy_with_header", "disk_class", "large_for_cache",
-           "large_from_cache", "open_blob", "place", "set_aside", "share_bits", "share_file",
-           "subdir", "valid_blob_name"]
+           "large_from_cache", "open_blob", "place", "same_content", "set_aside", "share_bits",
+           "share_file", "subdir", "valid_blob_name"]
 
 #: A journal value that lives in ``blobs/`` is stored as this prefix and a JSON reference.
 BLOB_REF = b"DRBLOB1\n"
@@ -425,15 +425,44 @@ def large_for_cache(root: Path, value: Spilled, signer: SigningKey | None, conte
     return LinkIn(temp, size)
 
 
-def blob_ref(root: Path, value: Spilled, signer: SigningKey | None) -> bytes:
-    """Keep a large value in ``blobs/`` (a hard link to its file, else a copy); the reference
-    a journal stores instead of the value."""
+def same_content(value: Spilled, stored: Spilled, root: Path) -> bool:
+    """Whether ``stored``, a value the journal keeps in ``blobs/``, holds the very bytes of
+    ``value`` (compared byte for byte, not by digest alone), its file ending with them as
+    its reference says: a journal can refer to it instead of keeping another copy."""
+    if (stored.size != value.size or stored.digest != value.digest
+            or os.path.dirname(stored.path) != str(root / "blobs")):
+        return False
+    try:
+        with open(stored.path, "rb") as old, open(value.path, "rb") as new:
+            if os.fstat(old.fileno()).st_size != stored.offset + stored.size:
+                return False
+            old.seek(stored.offset)
+            new.seek(value.offset)
+            left = value.size
+            while left:
+                n = min(left, _CHUNK)
+                chunk = old.read(n)
+                if len(chunk) != n or chunk != new.read(n):
+                    return False
+                left -= n
+            return True
+    except OSError:
+        return False  # (missing, unreadable: another copy is written)
+
+
+def blob_ref(root: Path, value: Spilled, signer: SigningKey | None,
+             placed: list[str] | None = None) -> bytes:
+    """Keep a large value in ``blobs/`` (a hard link to its file, else a copy; a value in
+    ``blobs/`` already: that file); the reference a journal stores instead of the value.
+    ``placed``: the path of a file this call put in ``blobs/`` is appended to it."""
     blobs = root / "blobs"
     if os.path.dirname(value.path) == str(blobs):
         name = os.path.basename(value.path)
     else:
         name = uuid.uuid4().hex
         place(value.path, str(subdir(root, "blobs") / name))
+        if placed is not None:
+            placed.append(str(blobs / name))
         share_file(root, blobs / name)
     mac = content_mac(value, signer) if signer is not None else None
     ref = {"blob": name, "offset": value.offset, "size": value.size,

@@ -1704,6 +1704,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     cache_written = False  # the queued cache writes are (a failure after: the journal's)
+    unwritten = False  # its final record was not journaled (another attempt's stands)
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
@@ -1712,7 +1713,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
         deferred = ctx.deferred  # (None once something of the attempt was journaled)
-        large = record.result is not None and len(record.result) > _BATCHED_RESULT
+        large = record.result is not None and (len(record.result) > _BATCHED_RESULT or isinstance(
+            record.result, _serde.Spilled))  # (a file: sealed ahead, whatever its size)
         seal_ahead: Any = getattr(store, "seal_ahead", None) if large else None
         if seal_ahead is not None:
             # a large result sealed, and written to blobs/, before the transaction: other
@@ -1736,7 +1738,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                 ctx.deferred = deferred
                 ctx.unjournaled = True
                 refused = error
-                written = True  # (there is nothing to write)
+                written = unwritten = True  # (there is nothing to write)
             except BaseException:
                 if not _journaled(store, record):
                     ctx.deferred = deferred  # rolled back: its start is not journaled
@@ -1752,8 +1754,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             # transactions never shows the run released but still running ("crashed")
             with _one_transaction(store):
                 ctx.write(taken)
-                if not lost and not _write_final(store, record, info, checked=True):
-                    lost = True
+                if lost or not _write_final(store, record, info, checked=True):
+                    lost = unwritten = True
                 if store.release_run(record.run_id, ctx.owner) is False:
                     lost = True
             written = True
@@ -1802,6 +1804,9 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                         "resumed it meanwhile: this call's attempt is not journaled",
                         failure)
             failure = None
+    discard: Any = getattr(store, "discard_ahead", None) if unwritten else None
+    if discard is not None and getattr(record.result, "placed", None) is not None:
+        discard(record.result)  # (a large result's file in blobs/ that no journal refers to)
     if failure is not None:
         try:
             raise failure

@@ -54,6 +54,7 @@ from ._blobs import (
     large_for_cache,
     large_from_cache,
     open_blob,
+    same_content,
     set_aside,
     share_bits,
     share_file,
@@ -197,9 +198,14 @@ def _read_only(path: Path) -> bool:
 
 
 class Sealed(bytes):
-    """A journal value sealed already (:meth:`DiskStore.seal_ahead`): written as it is."""
+    """A journal value sealed already (:meth:`DiskStore.seal_ahead`): written as it is.
 
-    __slots__ = ()
+    Attributes:
+        placed: The file sealing it put in ``blobs/`` (a large value), else None: removed
+            by :meth:`DiskStore.discard_ahead` when the write it was sealed for is not made.
+    """
+
+    placed: str | None = None
 
 
 class _Translate:
@@ -1301,8 +1307,12 @@ class DiskStore:
         }
 
     # -- journal values --------------------------------------------------------------------
-    def _seal_blob(self, value: bytes | None, *context: str) -> bytes | None:
-        """A journal value as it is stored: sealed, large ones as a reference to blobs/."""
+    def _seal_blob(self, value: bytes | None, *context: str,
+                   placed: list[str] | None = None) -> bytes | None:
+        """A journal value as it is stored: sealed, large ones as a reference to blobs/
+        (``placed``: the file put there is appended to it). A run's result that is the one
+        its record holds already (every call of a finished run ends with it) refers to the
+        file it is in, instead of writing another copy to blobs/ at every call."""
         if value is None:
             return None
         if type(value) is Sealed:
@@ -1314,8 +1324,26 @@ class DiskStore:
         if isinstance(value, Spilled) or len(value) > _serde.SPILL_BYTES:
             root = self._open()
             with self._translate(root / "blobs", "store a large value"):
-                value = blob_ref(root, as_spilled(value), signer)
+                spilled = as_spilled(value)
+                if len(context) == 2 and context[0] == "result":
+                    spilled = self._stored_result(context[1], spilled, root)
+                value = blob_ref(root, spilled, signer, placed)
         return seal(value, signer, ctx)
+
+    def _stored_result(self, run_id: str, value: Spilled, root: Path) -> Spilled:
+        """The run's stored result when it holds the bytes of ``value`` (the file in blobs/
+        it refers to), else ``value``."""
+        try:
+            row = self._query_one("SELECT result FROM runs WHERE run_id=?", (run_id,))
+        except StoreError:
+            return value  # (another copy is written: the journal says what is wrong)
+        if row is None or type(row[0]) is not bytes:
+            return value
+        stored, _ = self._open_journal_value(
+            row[0], ("result", run_id), False,
+            lambda why: self._corrupt(run_id, "its stored result", why))
+        return stored if isinstance(stored, Spilled) and same_content(
+            value, stored, root) else value
 
     def seal_ahead(self, value: bytes, *context: str) -> Sealed:
         """``value`` as the journal will store it (sealed; a large one written to blobs/
@@ -1335,9 +1363,20 @@ class DiskStore:
             >>> store.find_run("r1").result == b"x" * 2_000_000
             True
         """
-        sealed = self._seal_blob(value, *context)
-        assert sealed is not None
-        return Sealed(sealed)
+        placed: list[str] = []
+        data = self._seal_blob(value, *context, placed=placed)
+        assert data is not None
+        sealed = Sealed(data)
+        if placed:
+            sealed.placed = placed[0]
+        return sealed
+
+    def discard_ahead(self, sealed: Sealed) -> None:
+        """Remove the file :meth:`seal_ahead` put in ``blobs/`` for a write that was not
+        made (another process's record stands): no journal refers to it."""
+        if sealed.placed is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(sealed.placed)
 
     def _open_journal_value(self, data: Any, context: tuple[str, ...], eager: bool,
                             error: Any) -> tuple[bytes | None, str]:
