@@ -1029,3 +1029,47 @@ def test_a_list_returned_by_a_step_flows_from_it_not_from_its_last_item() -> Non
     into_report = sorted(task_of[e.source] for e in graph.edges
                          if task_of[e.target] == "report")
     assert into_report == ["evaluate"]
+
+
+def test_a_child_on_another_thread_is_journaled_after_its_parent_s_start(
+        disk_store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's body calls tasks from threads of its own: the first child journals that
+    the step started, and a child on another thread meanwhile waits for that record before
+    it executes. Its record is never committed first (killed between the two, the journal
+    would hold a child whose parent it does not name)."""
+    import concurrent.futures
+    import contextvars
+    import time
+
+    real = disk_store.append_steps_if_current
+
+    def slow_start(steps: Any) -> Any:
+        if any(rec.status == "started" for rec, _ in steps):
+            time.sleep(0.3)  # (the other thread's child would be journaled meanwhile)
+        return real(steps)
+
+    monkeypatch.setattr(disk_store, "append_steps_if_current", slow_start)
+
+    @task
+    def leaf(x: int) -> int:
+        return x * 10
+
+    @task
+    def fan(n: int) -> int:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            # (each call in a copy of this thread's context: inside the step, as durably's
+            # own fan-outs do)
+            calls = [pool.submit(contextvars.copy_context().run, leaf, x) for x in range(n)]
+            return sum(f.result() for f in calls)
+
+    @entrypoint
+    def job(n: int) -> int:
+        return fan(n)
+
+    run = job.run(2)
+    assert run.result == 10
+    with sqlite3.connect(disk_store.path / "journal.sqlite3") as con:
+        order = [(task, status) for task, status in con.execute(
+            "SELECT task, status FROM steps WHERE run_id=? ORDER BY rowid", (run.id,))]
+    assert [_n(t) for t, _ in order] == ["fan", "leaf", "leaf", "fan"]
+    assert order[0][1] == "started" and order[-1][1] == "ran"

@@ -76,6 +76,7 @@ class RunContext:
         "listener",
         "lost",
         "marked",
+        "marking",
         "name",
         "open",
         "owner",
@@ -147,6 +148,9 @@ class RunContext:
         #: shows where the run was)
         self.open: dict[str, Any] = {}
         self.marked: set[str] = set()
+        #: held while a step's "started" row is journaled (reentrant: a task called from a
+        #: signal handler meanwhile does not wait for itself)
+        self.marking = threading.RLock()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
         #: the process executing the attempt: a process forked inside the run (whose copy of

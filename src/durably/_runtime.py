@@ -688,11 +688,16 @@ _SERVED = Call.__new__(Call)
 
 def _mark_started(ctx: RunContext, step_id: str) -> None:
     """Journal that a step with nested steps is executing (one row per such step), so the
-    graph of a run that crashes inside it still shows it and nests its children."""
-    ctx.marked.add(step_id)
-    caller = ctx.executing(step_id)  # (a plain call, or an item of a fan-out)
-    if caller is not None:
-        ctx.journal([(caller.record("started"), None)])
+    graph of a run that crashes inside it still shows it and nests its children. Marked
+    once the row is journaled: a child on another thread of the step's waits for it here,
+    so that no child's record is committed before its parent's."""
+    with ctx.marking:
+        if step_id in ctx.marked:
+            return  # (by another thread, meanwhile)
+        caller = ctx.executing(step_id)  # (a plain call, or an item of a fan-out)
+        if caller is not None:
+            ctx.journal([(caller.record("started"), None)])
+        ctx.marked.add(step_id)
 
 
 def _file_stamps(fp: Fingerprint) -> dict[File, Any]:
