@@ -307,6 +307,35 @@ def _held_elsewhere(store: durably.DiskStore, run_id: str) -> Callable[[], None]
     return hook
 
 
+def test_a_call_of_a_run_a_live_process_executes_is_refused_without_the_write_lock(
+        store: durably.DiskStore) -> None:
+    """The run is running, its lease held by a live process (of another machine here), and
+    another connection holds the journal's write lock: a call of the run is refused at once
+    (it reads the lease in a snapshot), not after waiting for the lock."""
+    import sqlite3
+
+    _failed_run(3)
+    with store.batch():
+        store._db().execute("UPDATE runs SET status='running' WHERE run_id='r'")
+    _held_elsewhere(store, "r")()
+    other = sqlite3.connect(store.path / "journal.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(_catch(lambda: job.run(3, run_id="r"))))
+    try:
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "the call waited for the write lock before refusing"
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        thread.join(90)
+    (error,) = got
+    assert isinstance(error, RunStateError), error
+    assert "held by process 7 on elsewhere" in str(error)
+    assert store.find_run("r").status == "running" and EXECUTED == []
+
+
 def test_an_attempt_that_must_execute_is_refused_while_another_holds_the_run(
         store: durably.DiskStore) -> None:
     """Another process took the run's lease while this attempt replayed: this one stops

@@ -1314,11 +1314,15 @@ def _ended_run(store: Store, spec: Spec, run_id: str | None, input_digest: str, 
         return None
     with snapshot():
         run_id, existing = _resolve_run(store, spec, run_id, False, input_digest)
-        if existing is None or existing.status not in _DEFERRED_FROM:
+        if existing is None:
             return None
+        # (a run another live process executes is refused here too, without waiting for
+        # the journal's write lock; in another state, the attempt starts as said above)
         holder = holder_of(run_id)
         if holder is not None and holder.token != owner.token:
             raise _held(run_id, holder, owner)
+        if existing.status not in _DEFERRED_FROM:
+            return None
         events = store.list_events(run_id, _ASKED)
         read_ahead = getattr(store, "read_ahead", None)
         return run_id, existing, events, None if read_ahead is None else read_ahead(run_id)
