@@ -158,27 +158,37 @@ def test_a_resume_takes_the_lease_before_its_first_body_executes(
                                    ("run_started", 2), ("run_finished", 2)]
 
 
+@contextlib.contextmanager
+def _write_lock_held(store: durably.DiskStore) -> Iterator[None]:
+    """Another connection holds the journal's write lock inside the block (a long write of
+    another process)."""
+    import sqlite3
+
+    other = sqlite3.connect(store.path / "journal.sqlite3", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
 def test_a_resume_of_an_ended_run_reads_it_without_the_write_lock(
         store: durably.DiskStore) -> None:
     """Another connection holds the journal's write lock (a long write of another process):
     an attempt of a run that ended reads the run and replays its steps meanwhile, and
     waits for the lock only to journal its end."""
-    import sqlite3
-
     _failed_run(3)
     replayed = threading.Event()
     BETWEEN.append(replayed.set)  # (called once the first step replayed)
-    other = sqlite3.connect(store.path / "journal.sqlite3", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(_catch(lambda: job.run(3, run_id="r"))))
     try:
-        thread.start()
-        assert replayed.wait(10), "the resume waited for the write lock before replaying"
-        assert thread.is_alive()  # its end waits for the lock
+        with _write_lock_held(store):
+            thread.start()
+            assert replayed.wait(10), "the resume waited for the write lock before replaying"
+            assert thread.is_alive()  # its end waits for the lock
     finally:
-        other.execute("ROLLBACK")
-        other.close()
         thread.join(30)
     (run,) = got
     assert (run.status, run.result, run.attempt) == ("finished", 6, 2)
@@ -312,23 +322,18 @@ def test_a_call_of_a_run_a_live_process_executes_is_refused_without_the_write_lo
     """The run is running, its lease held by a live process (of another machine here), and
     another connection holds the journal's write lock: a call of the run is refused at once
     (it reads the lease in a snapshot), not after waiting for the lock."""
-    import sqlite3
-
     _failed_run(3)
     with store.batch():
         store._db().execute("UPDATE runs SET status='running' WHERE run_id='r'")
     _held_elsewhere(store, "r")()
-    other = sqlite3.connect(store.path / "journal.sqlite3", isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(_catch(lambda: job.run(3, run_id="r"))))
     try:
-        thread.start()
-        thread.join(10)
-        assert not thread.is_alive(), "the call waited for the write lock before refusing"
+        with _write_lock_held(store):
+            thread.start()
+            thread.join(10)
+            assert not thread.is_alive(), "the call waited for the write lock before refusing"
     finally:
-        other.execute("ROLLBACK")
-        other.close()
         thread.join(90)
     (error,) = got
     assert isinstance(error, RunStateError), error
