@@ -911,6 +911,46 @@ def _garble(path: Path, at: int, size: int = 16) -> None:
         f.write(b"\xde\xad\xbe\xef" * (size // 4))
 
 
+def test_a_damaged_write_ahead_log_is_found_when_its_lock_was_held_at_open(
+        tmp_path: Path) -> None:
+    """As above (the log damaged in the middle), while another connection holds the
+    journal's write lock as the process opens it: the process does not wait for the lock to
+    check the log there, but it checks it before its first write, and is refused then; no
+    finished step executes again."""
+    import signal
+    import sqlite3
+    import threading
+
+    script = write_script(tmp_path / "job.py", DAMAGED_WAL)
+    log = tmp_path / "effects.log"
+    store = tmp_path / "store"
+    env = script_env(store, LOG=str(log), HOLD="1")
+    proc = _paused([sys.executable, str(script)], env)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    wal = store / "journal.sqlite3-wal"
+    _garble(wal, wal.stat().st_size // 3)
+    log.write_text("")
+    env.pop("HOLD")
+    holder = sqlite3.connect(str(store / "journal.sqlite3"), isolation_level=None,
+                             check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+
+    def release() -> None:
+        holder.execute("ROLLBACK")
+        holder.close()
+
+    timer = threading.Timer(3.0, release)  # (the process opens the journal meanwhile)
+    timer.start()
+    try:
+        again = run_script(script, env)
+    finally:
+        timer.join()
+    assert again.stdout.startswith("refused:"), again.stdout
+    assert "is damaged at frame" in again.stdout
+    assert log.read_text() == ""  # no step executed again
+
+
 @pytest.mark.parametrize("where", ["middle", "last commit"])
 def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
         tmp_path: Path, where: str) -> None:

@@ -25,7 +25,7 @@ import durably
 from durably._context import current_run
 from durably.exceptions import RunStateError
 
-from .conftest import script_env, write_script
+from .conftest import run_script, script_env, write_script
 
 FAIL = {"on": False}
 EXECUTED: list[int] = []
@@ -339,6 +339,43 @@ def test_a_call_of_a_run_a_live_process_executes_is_refused_without_the_write_lo
     assert isinstance(error, RunStateError), error
     assert "held by process 7 on elsewhere" in str(error)
     assert store.find_run("r").status == "running" and EXECUTED == []
+
+
+def test_a_new_process_is_refused_a_run_a_live_process_executes_without_the_write_lock(
+        tmp_path: Path) -> None:
+    """As above, from a process that opens the journal while the write lock is held (its
+    check of the journal's write-ahead log, which takes that lock, waits for its first
+    write): refused without waiting for the lock (its busy timeout is 60 s)."""
+    script = write_script(tmp_path / "call.py", """
+        import time
+        import durably
+
+        @durably.task
+        def inc(x):
+            return x + 1
+
+        @durably.entrypoint
+        def job(n):
+            return sum(inc(i) for i in range(n))
+
+        started = time.monotonic()
+        try:
+            print("result", job.run(3, run_id="r").result)
+        except durably.RunStateError as exc:
+            print(f"refused after {time.monotonic() - started:.0f} s: {exc}")
+    """)
+    env = script_env(tmp_path / "s")
+    assert run_script(script, env).stdout.strip() == "result 6"
+    store = durably.DiskStore(tmp_path / "s")
+    with store.batch():
+        store._db().execute("UPDATE runs SET status='running' WHERE run_id='r'")
+    _held_elsewhere(store, "r")()
+    with _write_lock_held(store):
+        out = run_script(script, env, timeout=120).stdout.strip()
+    assert out.startswith("refused after "), out
+    assert int(out.split()[2]) < 30, out  # (not the lock's 60 s)
+    assert "held by process 7 on elsewhere" in out
+    store.close()
 
 
 def test_an_attempt_that_must_execute_is_refused_while_another_holds_the_run(

@@ -117,7 +117,7 @@ from ._seal import (
     unseal,
 )
 from ._serde import Spilled, Unreadable
-from ._wal import lost_commits
+from ._wal import BUSY, lost_commits
 from .exceptions import CorruptJournalError, DefinitionError, NotFoundError, StoreError
 
 __all__ = [
@@ -225,6 +225,18 @@ class _Translate:
             raise self.store.store_error(exc, self.where, self.action) from exc
 
 
+class _WriteJournal(_Translate):
+    """The errors of the journal's writes, translated; and before the first write of a
+    store whose write-ahead log could not be checked when it was opened (another
+    connection held the write lock), that check (see :meth:`DiskStore._check_wal`)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        if self.store._wal_unchecked:
+            self.store._check_wal_before_write()
+
+
 _TRUE = ("1", "true", "yes", "on")
 #: the column diskcache updates on a read, by eviction policy (None: nothing)
 _EVICT_ON_GET: dict[str, Any] = {"none": None, "least-recently-stored": None}
@@ -264,6 +276,9 @@ class _Batch:
         # its __exit__ there): a KeyboardInterrupt in that gap would leave it open
         store = self.store
         tx = None
+        if store._wal_unchecked and self.begin != "BEGIN":
+            with store._write_journal:  # (its check, before the transaction begins)
+                pass
         try:
             # (depth: the frame running `with store.batch()`)
             tx = immediate(store._db(), depth=2, begin=self.begin)
@@ -675,6 +690,7 @@ class DiskStore:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
+        self._wal_unchecked = False  # not yet: its write lock was held when it was opened
         self._cache: Any = None
         self._root: Path | None = None
         self._pid = 0
@@ -695,7 +711,7 @@ class DiskStore:
         self._read_cache = _Translate(self, "cache", "read the cache")
         self._write_cache = _Translate(self, "cache", "write the cache")
         self._read_journal = _Translate(self, "journal.sqlite3", "read the journal")
-        self._write_journal = _Translate(self, "journal.sqlite3", "write the journal")
+        self._write_journal = _WriteJournal(self, "journal.sqlite3", "write the journal")
 
     def __repr__(self) -> str:
         return f"DiskStore({str(self.path)!r})"
@@ -942,7 +958,10 @@ class DiskStore:
                 con.execute(f"PRAGMA synchronous={self.synchronous.upper()}")
                 con.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
                 if not self._wal_sound:
-                    self._check_wal(con, path)  # (before anything is written after a crash)
+                    # (before anything is written after a crash; while another connection
+                    # holds the write lock, before this store's first write instead: a read
+                    # does not wait for the lock)
+                    self._check_wal(con, path, wait=version < JOURNAL_FORMAT)
                 if version < JOURNAL_FORMAT:
                     self._upgrade(con)
                 if not marker.exists():  # from now on a lost journal is noticed
@@ -965,7 +984,14 @@ class DiskStore:
         except NotFoundError:
             return 0
 
-    def _check_wal(self, con: sqlite3.Connection, path: Path) -> None:
+    def _check_wal_before_write(self) -> None:
+        """:meth:`_check_wal`, waiting for the write lock, before a write (outside a
+        transaction: a write inside one was checked when it began)."""
+        con = self._db()
+        if not con.in_transaction:
+            self._check_wal(con, self._open() / "journal.sqlite3", wait=True)
+
+    def _check_wal(self, con: sqlite3.Connection, path: Path, wait: bool = True) -> None:
         """Refuse a journal whose write-ahead log lost commits behind a damaged frame (see
         :mod:`durably._wal`): read as it is, its runs' latest steps would look unfinished
         and execute again. The damaged log is copied aside first (``-wal.damaged``): the
@@ -974,9 +1000,13 @@ class DiskStore:
         the log is found sound."""
         wal = path.with_name(path.name + "-wal")
         kept = path.with_name(path.name + "-wal.damaged")
-        lost = lost_commits(con, path)
+        lost = lost_commits(con, path, wait)
+        if lost == BUSY:
+            self._wal_unchecked = True  # (checked before the first write: _WriteJournal)
+            return
         if lost is None and not kept.exists():
             self._wal_sound = True
+            self._wal_unchecked = False
             return
         if lost is not None and not kept.exists():
             with contextlib.suppress(OSError):  # (a full disk: refused all the same)

@@ -30,7 +30,14 @@ import sqlite3
 import struct
 from pathlib import Path
 
-__all__ = ["lost_commits"]
+__all__ = ["BUSY", "lost_commits"]
+
+#: what :func:`lost_commits` returns, not waiting, when another connection holds the write
+#: lock (no frame is numbered 0)
+BUSY = (0, 0)
+#: how long :func:`lost_commits` waits for the write lock when it is not to wait (ms): the
+#: commits of durably's own processes take less
+_BRIEF_MS = 100
 
 _MAGICS = (0x377F0682, 0x377F0683)
 _HEADER = 32
@@ -65,22 +72,37 @@ def _index_header(shm: Path) -> bytes:
     return os.pread(fd, 48, 0)
 
 
-def lost_commits(con: sqlite3.Connection, journal: Path) -> tuple[int, int] | None:
+def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
+                 ) -> tuple[int, int] | None:
     """``(frame, commits)`` when the write-ahead log of ``journal`` holds ``commits`` commits
     SQLite stopped reading at ``frame`` (the first frame it did not accept), counting from
     1; None when it holds none, or when that cannot be told (no log, a log another
     connection is writing, an index in another format).
 
     Takes the journal's write lock for the time it reads (``BEGIN IMMEDIATE``): no commit
-    can be appended while the frames past the accepted ones are counted. Never raises for
-    a journal it cannot lock or read: that is for the caller's own statements to say.
+    can be appended while the frames past the accepted ones are counted. ``wait``: for as
+    long as the connection's busy timeout, else 0.1 s, and :data:`BUSY` when another
+    connection holds it longer. Never raises for a journal it cannot lock or read: that is
+    for the caller's own statements to say.
     """
     wal = journal.with_name(journal.name + "-wal")
     shm = journal.with_name(journal.name + "-shm")
     try:
         if os.path.getsize(wal) <= _HEADER:
             return None
-        con.execute("BEGIN IMMEDIATE")
+        if wait:
+            con.execute("BEGIN IMMEDIATE")
+        else:
+            (timeout,) = con.execute("PRAGMA busy_timeout").fetchone()
+            con.execute(f"PRAGMA busy_timeout={_BRIEF_MS}")
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                    return BUSY
+                raise
+            finally:
+                con.execute(f"PRAGMA busy_timeout={int(timeout)}")
     except (OSError, sqlite3.Error):
         return None
     try:
