@@ -303,9 +303,9 @@ def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
                      isinstance(record.result, Sealed)))
         return real_checked(record, previous)
 
-    def seal_ahead(value: bytes, *context: str) -> Any:
+    def seal_ahead(value: bytes, *context: str, reuse: Any = None) -> Any:
         sealed.append(store._db().in_transaction)
-        return real_seal(value, *context)
+        return real_seal(value, *context, reuse=reuse)
 
     monkeypatch.setattr(store, "put_run_if_current", put_run_if_current)
     monkeypatch.setattr(store, "seal_ahead", seal_ahead)

@@ -218,6 +218,19 @@ def built(seed: int) -> bytes:
     return made(seed) + b"!"  # pickled again at each call: a new spill file every time
 
 
+@durably.task(cache=False)
+def noted(count: int) -> int:
+    return count
+
+
+@durably.entrypoint
+def stamped(seed: int) -> bytes:
+    """built, executing a step at every call (a side effect on new inputs)."""
+    CALLS["n"] += 1
+    noted(CALLS["n"])
+    return made(seed) + b"!"
+
+
 @durably.entrypoint
 def tagged(seed: int) -> bytes:
     CALLS["n"] += 1
@@ -248,22 +261,27 @@ def _result_blob(store: durably.DiskStore, run_id: str) -> Path:
 
 
 @pytest.mark.parametrize("key", [None, b"k" * 16 + b"-a-test-signing-key"])
+@pytest.mark.parametrize("entry", ["replays", "executes"])
 def test_calls_of_a_finished_run_keep_one_copy_of_its_large_result(
-        tmp_path: Path, key: bytes | None) -> None:
-    """Every call of a finished run replays it and journals its final record again: a large
-    result the same as the stored one refers to the file the journal has, instead of adding
-    a copy to blobs/ at every call (a notebook cell run again and again)."""
+        tmp_path: Path, key: bytes | None, entry: str) -> None:
+    """Every call of a finished run journals its final record again: a large result the same
+    as the stored one refers to the file the journal has, instead of adding a copy to blobs/
+    at every call (a notebook cell run again and again); also when the call executes a step
+    (its start then journals the run as running, without its result)."""
     store = durably.DiskStore(tmp_path / "s", key=key)
     durably.configure(store=store)
+    CALLS["n"] = 0
+    job = built if entry == "replays" else stamped
     expected = _value(300_000, 1) + b"!"
-    run = built.run(1)
+    run = job.run(1)
     assert run.result == expected
     files = _blob_files(store)
     assert len(files) == 2  # the step's result and the run's
     for attempt in (2, 3, 4):
-        again = built.run(1)
+        again = job.run(1)
         assert (again.result, again.attempt, again.counts()["replayed"]) == (
             expected, attempt, 1)
+        assert again.counts()["ran"] == (entry == "executes")
         assert _blob_files(store) == files
     assert durably.get_run(run.id).result == expected
     assert durably.DiskStore(tmp_path / "s", key=key).find_run(run.id).status == "finished"

@@ -91,6 +91,7 @@ class RunContext:
         "spent",
         "stop",
         "store",
+        "stored_result",
         "uncacheable",
         "unjournaled",
         "unwaited",
@@ -166,6 +167,9 @@ class RunContext:
         #: _runtime._Deferred: an attempt of a run that ended, which has only replayed so
         #: far); None once done, or for an attempt that journaled its start at once
         self.deferred: Any = None
+        #: the run's large result as journaled when the attempt started (its file in
+        #: blobs/), if any: an end with the same bytes refers to it instead of a new copy
+        self.stored_result: bytes | None = None
         #: an attempt that only replayed was refused when it was to journal its replays
         #: (another process has the run): it goes on replaying without journaling them (a
         #: step it must execute is refused), and its end journals nothing

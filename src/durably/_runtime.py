@@ -1255,6 +1255,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name,
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
+        if existing is not None and isinstance(existing.result, _serde.Spilled):
+            ctx.stored_result = existing.result  # (a large one, kept in blobs/)
         read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
         if ahead is None and read_ahead is not None:
             ahead = read_ahead(run_id)
@@ -1728,7 +1730,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         if seal_ahead is not None:
             # a large result sealed, and written to blobs/, before the transaction: other
             # writers do not wait for it, and it ends in one commit with the rest
-            record.result = seal_ahead(record.result, "result", record.run_id)
+            record.result = seal_ahead(record.result, "result", record.run_id,
+                                       reuse=ctx.stored_result)
             large = False
         if deferred is not None and not large:
             # an attempt that only replayed: its start, its replays and its end in one

@@ -1338,11 +1338,13 @@ class DiskStore:
 
     # -- journal values --------------------------------------------------------------------
     def _seal_blob(self, value: bytes | None, *context: str,
-                   placed: list[str] | None = None) -> bytes | None:
+                   placed: list[str] | None = None, reuse: bytes | None = None
+                   ) -> bytes | None:
         """A journal value as it is stored: sealed, large ones as a reference to blobs/
-        (``placed``: the file put there is appended to it). A run's result that is the one
-        its record holds already (every call of a finished run ends with it) refers to the
-        file it is in, instead of writing another copy to blobs/ at every call."""
+        (``placed``: the file put there is appended to it). ``reuse``: the value the journal
+        holds for it now (a run's stored result: every call of a finished run ends with it
+        again); when it is in blobs/ with the same bytes, the reference names its file
+        instead of a new copy."""
         if value is None:
             return None
         if type(value) is Sealed:
@@ -1355,31 +1357,19 @@ class DiskStore:
             root = self._open()
             with self._translate(root / "blobs", "store a large value"):
                 spilled = as_spilled(value)
-                if len(context) == 2 and context[0] == "result":
-                    spilled = self._stored_result(context[1], spilled, root)
+                if isinstance(reuse, Spilled) and same_content(spilled, reuse, root):
+                    spilled = reuse
                 value = blob_ref(root, spilled, signer, placed)
         return seal(value, signer, ctx)
 
-    def _stored_result(self, run_id: str, value: Spilled, root: Path) -> Spilled:
-        """The run's stored result when it holds the bytes of ``value`` (the file in blobs/
-        it refers to), else ``value``."""
-        try:
-            row = self._query_one("SELECT result FROM runs WHERE run_id=?", (run_id,))
-        except StoreError:
-            return value  # (another copy is written: the journal says what is wrong)
-        if row is None or type(row[0]) is not bytes:
-            return value
-        stored, _ = self._open_journal_value(
-            row[0], ("result", run_id), False,
-            lambda why: self._corrupt(run_id, "its stored result", why))
-        return stored if isinstance(stored, Spilled) and same_content(
-            value, stored, root) else value
-
-    def seal_ahead(self, value: bytes, *context: str) -> Sealed:
+    def seal_ahead(self, value: bytes, *context: str, reuse: bytes | None = None) -> Sealed:
         """``value`` as the journal will store it (sealed; a large one written to blobs/
         now, the journal keeping a reference), for a write that follows: a large value is
         sealed before a transaction, which then does not keep other writers waiting while
         it is. ``context``: where it goes, as the write will say (``"result", run_id``).
+        ``reuse``: the value stored there so far, as read from the journal (a run's result
+        when its attempt started): a large one with the same bytes is referred to, not
+        written again.
 
         Raises:
             StoreError: blobs/ cannot be written.
@@ -1394,7 +1384,7 @@ class DiskStore:
             True
         """
         placed: list[str] = []
-        data = self._seal_blob(value, *context, placed=placed)
+        data = self._seal_blob(value, *context, placed=placed, reuse=reuse)
         assert data is not None
         sealed = Sealed(data)
         if placed:
