@@ -337,3 +337,21 @@ def test_a_large_result_of_a_refused_attempt_leaves_no_file_behind(tmp_path: Pat
     # the step's file, the first attempt's result and the other attempt's: no other
     assert len(_blob_files(store)) == 3
     assert _result_blob(store, "t").name in _blob_files(store)
+
+
+def test_a_missing_file_of_a_stored_result_is_said_to_be_missing(tmp_path: Path) -> None:
+    """The file in blobs/ a finished run's result refers to was deleted: loading the result
+    says so, naming the file and the fix (not that its type's code is not loaded); the
+    rerun the fix names stores it again."""
+    from durably.exceptions import CorruptJournalError
+
+    durably.configure(store=durably.DiskStore(tmp_path / "s"))
+    expected = _value(300_000, 4) + b"!"
+    run = built.run(4)
+    gone = _result_blob(durably.DiskStore(tmp_path / "s"), run.id)
+    gone.unlink()
+    with pytest.raises(CorruptJournalError, match="is missing") as caught:
+        _ = durably.get_run(run.id).result
+    assert str(gone) in str(caught.value) and "rerun the entrypoint" in str(caught.value)
+    assert built(4) == expected
+    assert durably.get_run(run.id).result == expected

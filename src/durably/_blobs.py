@@ -393,7 +393,10 @@ def large_from_cache(root: Path, found: FileValue, signer: SigningKey | None, co
                 os.unlink(path)
         return None, why
 
-    def check(again: IO[bytes]) -> None:
+    def check(again: IO[bytes] | OSError) -> None:
+        if isinstance(again, OSError):
+            raise StoreError(f"the cache value file {path} cannot be read ({again}). Fix: "
+                             "rerun (it will be recomputed).")
         if scan(again, LARGE_HEADER, None)[0] != digest:
             raise StoreError(f"the cache value file {path} changed after it was checked. "
                              "Fix: rerun (it will be recomputed).")
@@ -496,7 +499,10 @@ def open_blob(root: Path, ref: bytes, signer: SigningKey | None, eager: bool,
             return f"its file {path} is not signed with this store's key"
         return ""
 
-    def check(f: IO[bytes]) -> None:
+    def check(f: IO[bytes] | OSError) -> None:
+        if isinstance(f, OSError):
+            raise error(f"its file {path} is missing" if isinstance(f, FileNotFoundError)
+                        else f"its file {path} cannot be read ({f})")
         why = verify(f)
         if why:
             raise error(why)

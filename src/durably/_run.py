@@ -12,7 +12,7 @@ from ._history import Checkpoint, checkpoints
 from ._interrupt import Interrupt, pending_interrupts
 from ._store import RunRecord, StepRecord, Store
 from ._tracer import Event, RunGraph, build_graph
-from .exceptions import NotFoundError, RunStateError, SerializationError
+from .exceptions import NotFoundError, RunStateError, SerializationError, StoreError
 
 __all__ = ["Run", "get_run", "list_runs"]
 
@@ -110,6 +110,9 @@ class Run(Generic[R]):
         Raises:
             RunStateError: the run has not finished (it failed, is interrupted or running),
                 or its result could not be stored.
+            CorruptJournalError: its stored result is damaged, or its file in ``blobs/`` is
+                missing (rerunning the entrypoint stores it again).
+            SerializationError: its type cannot be loaded here.
         """
         if self._result is not _UNSET:
             return self._result  # type: ignore[no-any-return]
@@ -126,6 +129,8 @@ class Run(Generic[R]):
                                 f"stored: {rec.error}")
         try:
             return _serde.loads(rec.result)  # type: ignore[no-any-return]
+        except StoreError:
+            raise  # (its file damaged or missing: said as it is, with its fix)
         except Exception as exc:  # noqa: BLE001 - report as ours, with the way out
             raise SerializationError(
                 f"cannot load the result of run {rec.run_id!r} ({exc}): its type is defined in "

@@ -100,12 +100,12 @@ class Spilled(bytes):
     header_free: bool
     macs: dict[bytes, bytes]
     _file: IO[bytes] | None
-    _check: Callable[[IO[bytes]], None] | None
+    _check: Callable[[IO[bytes] | OSError], None] | None
     _owned: str | None
 
     def __new__(cls, path: str, offset: int, size: int, digest: bytes, *, owned: bool = False,
                 header_free: bool = False, file: IO[bytes] | None = None,
-                check: Callable[[IO[bytes]], None] | None = None) -> Spilled:
+                check: Callable[[IO[bytes] | OSError], None] | None = None) -> Spilled:
         self = super().__new__(cls, f"<durably: {size}-byte pickle in {path}>".encode())
         self.path = path
         self.offset = offset
@@ -128,7 +128,12 @@ class Spilled(bytes):
         """The file, positioned at the pickle; checked first when it came from a store."""
         f, self._file = self._file, None
         if f is None or f.closed:
-            f = open(self.path, "rb")  # noqa: SIM115 - the caller closes it
+            try:
+                f = open(self.path, "rb")  # noqa: SIM115 - the caller closes it
+            except OSError as exc:
+                if self._check is not None:
+                    self._check(exc)  # (says what it means for the store it came from)
+                raise
             if self._check is not None:
                 try:
                     self._check(f)
