@@ -951,6 +951,36 @@ def test_a_damaged_write_ahead_log_is_found_when_its_lock_was_held_at_open(
     assert log.read_text() == ""  # no step executed again
 
 
+def test_a_write_is_refused_while_the_write_ahead_log_cannot_be_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check of the log could not get the journal's write lock when the store was
+    opened, nor before its first write (another connection held it past the busy timeout:
+    simulated): the write fails with the lock's StoreError instead of writing over a log
+    that may hide lost commits; reads go on; once the check is made, writes do."""
+    import durably
+    from durably import _store
+    from durably._store import RunRecord
+    from durably._wal import BUSY
+    from durably.exceptions import StoreError
+
+    path = tmp_path / "s"
+    writer = durably.DiskStore(path)  # (kept open: its log keeps its frames)
+    writer.put_run(RunRecord("r", "m:f", "f", "finished", 1.0, 1.0, 1, "d" * 32))
+    monkeypatch.setattr(_store, "lost_commits", lambda con, journal, wait=True: BUSY)
+    store = durably.DiskStore(path)
+    assert store.find_run("r").attempt == 1  # (a read: the check waits for a write)
+    with pytest.raises(StoreError, match="database is locked"):
+        store.put_run(RunRecord("r", "m:f", "f", "finished", 1.0, 2.0, 2, "d" * 32))
+    with pytest.raises(StoreError, match="database is locked"), store.batch():
+        pass
+    assert writer.find_run("r").attempt == 1
+    monkeypatch.undo()
+    store.put_run(RunRecord("r", "m:f", "f", "finished", 1.0, 2.0, 2, "d" * 32))
+    assert writer.find_run("r").attempt == 2
+    store.close()
+    writer.close()
+
+
 @pytest.mark.parametrize("where", ["middle", "last commit"])
 def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
         tmp_path: Path, where: str) -> None:

@@ -1003,7 +1003,12 @@ class DiskStore:
         lost = lost_commits(con, path, wait)
         if lost == BUSY:
             self._wal_unchecked = True  # (checked before the first write: _WriteJournal)
-            return
+            if not wait:
+                return
+            # (the write that follows would wait for the lock as long: it fails the same
+            # way, and never writes over a log that could not be checked)
+            raise self.store_error(sqlite3.OperationalError("database is locked"), path,
+                                   "write the journal")
         if lost is None and not kept.exists():
             self._wal_sound = True
             self._wal_unchecked = False

@@ -32,8 +32,8 @@ from pathlib import Path
 
 __all__ = ["BUSY", "lost_commits"]
 
-#: what :func:`lost_commits` returns, not waiting, when another connection holds the write
-#: lock (no frame is numbered 0)
+#: what :func:`lost_commits` returns when another connection holds the write lock longer
+#: than it waits (no frame is numbered 0)
 BUSY = (0, 0)
 #: how long :func:`lost_commits` waits for the write lock when it is not to wait (ms): the
 #: commits of durably's own processes take less
@@ -80,8 +80,8 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
     connection is writing, an index in another format).
 
     Takes the journal's write lock for the time it reads (``BEGIN IMMEDIATE``): no commit
-    can be appended while the frames past the accepted ones are counted. ``wait``: for as
-    long as the connection's busy timeout, else 0.1 s, and :data:`BUSY` when another
+    can be appended while the frames past the accepted ones are counted, waiting for it for
+    the connection's busy timeout (``wait``), else 0.1 s: :data:`BUSY` when another
     connection holds it longer. Never raises for a journal it cannot lock or read: that is
     for the caller's own statements to say.
     """
@@ -90,18 +90,17 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
     try:
         if os.path.getsize(wal) <= _HEADER:
             return None
-        if wait:
-            con.execute("BEGIN IMMEDIATE")
-        else:
-            (timeout,) = con.execute("PRAGMA busy_timeout").fetchone()
+        (timeout,) = con.execute("PRAGMA busy_timeout").fetchone()
+        if not wait:
             con.execute(f"PRAGMA busy_timeout={_BRIEF_MS}")
-            try:
-                con.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
-                    return BUSY
-                raise
-            finally:
+        try:
+            con.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY:
+                return BUSY
+            raise
+        finally:
+            if not wait:
                 con.execute(f"PRAGMA busy_timeout={int(timeout)}")
     except (OSError, sqlite3.Error):
         return None
