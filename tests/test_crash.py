@@ -905,6 +905,22 @@ except durably.StoreError as exc:
 """
 
 
+def _killed_after_effects(tmp_path: Path) -> tuple[Path, Path, Path, dict[str, str]]:
+    """DAMAGED_WAL's job SIGKILLed after its 200 side effects, all committed to the
+    journal's write-ahead log: (script, side-effect log, store, environment to run it
+    again)."""
+    script = write_script(tmp_path / "job.py", DAMAGED_WAL)
+    log = tmp_path / "effects.log"
+    store = tmp_path / "store"
+    env = script_env(store, LOG=str(log), HOLD="1")
+    proc = _paused([sys.executable, str(script)], env)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert len(log.read_text().splitlines()) == 200
+    env.pop("HOLD")
+    return script, log, store, env
+
+
 def _garble(path: Path, at: int, size: int = 16) -> None:
     with open(path, "r+b") as f:
         f.seek(at)
@@ -917,21 +933,13 @@ def test_a_damaged_write_ahead_log_is_found_when_its_lock_was_held_at_open(
     journal's write lock as the process opens it: the process does not wait for the lock to
     check the log there, but it checks it before its first write, and is refused then; no
     finished step executes again."""
-    import signal
     import sqlite3
     import threading
 
-    script = write_script(tmp_path / "job.py", DAMAGED_WAL)
-    log = tmp_path / "effects.log"
-    store = tmp_path / "store"
-    env = script_env(store, LOG=str(log), HOLD="1")
-    proc = _paused([sys.executable, str(script)], env)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
+    script, log, store, env = _killed_after_effects(tmp_path)
     wal = store / "journal.sqlite3-wal"
     _garble(wal, wal.stat().st_size // 3)
     log.write_text("")
-    env.pop("HOLD")
     holder = sqlite3.connect(str(store / "journal.sqlite3"), isolation_level=None,
                              check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
@@ -990,16 +998,7 @@ def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
     instead, with the fix, also after the last connection closed (a copy of the damaged
     log is kept), until the user accepts the loss. A damaged last commit reads as the
     commit a killed process was writing (no refusal: only that step executes again)."""
-    import signal
-
-    script = write_script(tmp_path / "job.py", DAMAGED_WAL)
-    log = tmp_path / "effects.log"
-    store = tmp_path / "store"
-    env = script_env(store, LOG=str(log), HOLD="1")
-    proc = _paused([sys.executable, str(script)], env)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert len(log.read_text().splitlines()) == 200
+    script, log, store, env = _killed_after_effects(tmp_path)
     wal = store / "journal.sqlite3-wal"
     size = wal.stat().st_size
     if where == "middle":
@@ -1008,7 +1007,6 @@ def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
         page = int.from_bytes(wal.read_bytes()[8:12], "big")
         _garble(wal, size - page // 2)
     log.write_text("")
-    env.pop("HOLD")
     again = run_script(script, env)
     if where == "last commit":
         assert again.stdout.strip() == "result 19900"
