@@ -198,7 +198,7 @@ def test_show_gives_the_steps_with_status_duration_and_cache_hits(sample: Sample
     text = ok(durably("show", sample.ids["p3"], cwd=sample.project, store=sample.store))
     assert "flows:pipeline" in text and "finished (attempt 1)" in text
     assert "cache hits 3 of 6 (50%)" in text
-    assert "{'count': 3, 'total': 5}" in text  # the result
+    assert "result      {'total': 5, 'count': 3}" in text  # the result (as Python writes it)
     table = text[text.index("#  TASK"):].splitlines()
     assert table[0].split() == ["#", "TASK", "STATUS", "DURATION", "STEP", "OUTPUT"]
     rows = [line.split() for line in table[1:]]
@@ -215,6 +215,28 @@ def test_show_gives_the_steps_with_status_duration_and_cache_hits(sample: Sample
     every = ok(durably("show", sample.ids["p4"], "--all", cwd=sample.project,
                        store=sample.store))
     assert "ATTEMPT" in every and len(every.splitlines()) > len(replayed.splitlines())
+
+
+def test_show_writes_a_short_repr_of_a_large_result(tmp_path: Path) -> None:
+    """A run whose result is a large bytes value (not JSON): ``show`` and ``show --json``
+    write a short repr of it (its size said), never the whole repr (which took several
+    times a result of hundreds of MB in memory, and wrote that much with --json)."""
+    script = write_script(tmp_path / "big.py", """
+        import durably
+
+        @durably.entrypoint
+        def big(n):
+            return b"\\x01" * n
+
+        print(big.run(3_000_000, run_id="big").status)
+    """)
+    store = tmp_path / "store"
+    assert run_script(script, script_env(store)).stdout.strip() == "finished"
+    text = ok(durably("show", "big", cwd=tmp_path, store=store))
+    (line,) = [row for row in text.splitlines() if row.startswith("result")]
+    assert line.startswith("result      b'\\x01\\x01") and len(line) < 220
+    data = as_json(durably("show", "big", "--json", cwd=tmp_path, store=store))
+    assert data["result"].endswith("...(3,000,000 bytes)") and len(data["result"]) <= 2000
 
 
 def test_show_json_is_the_run_and_its_steps(sample: Sample) -> None:
@@ -332,7 +354,7 @@ def test_fork_at_a_checkpoint_prefix_with_an_update(sample: Sample, tmp_path: Pa
                    cwd=s.project, store=s.store)
     text = ok(proc)
     assert f"at checkpoint {first_square['id'][:12]} (step square)" in text
-    assert "{'count': 4, 'total': 114}" in text  # 100 + 1 + 4 + 9
+    assert "{'total': 114, 'count': 4}" in text  # 100 + 1 + 4 + 9
     runs = as_json(durably("runs", "--json", cwd=s.project, store=s.store))
     assert runs[0]["id"].startswith(s.ids["p4"] + "-fork-") and runs[0]["status"] == "finished"
     # forking an interrupted run at its interrupt pauses the fork there again

@@ -7,12 +7,12 @@ import datetime
 import json
 import math
 import re
-import reprlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
 
+from ._tracer import short_repr
 from .exceptions import DurablyError
 
 __all__ = [
@@ -38,10 +38,6 @@ __all__ = [
 ]
 
 
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 60
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxset = _REPR.maxdict = 5
-_REPR.maxlevel = 3
 _EXIT_CTRL_C = 130
 
 # -- errors: one line on stderr, never a traceback ---------------------------------------------
@@ -191,11 +187,10 @@ def _parse_call(args: Sequence[str]) -> tuple[list[Any], dict[str, Any]]:
 
 # -- output ------------------------------------------------------------------------------------
 def _short(value: Any, limit: int = 60) -> str:
-    try:
-        text = _REPR.repr(value)
-    except Exception:  # noqa: BLE001 - a broken __repr__ still gets a cell
-        text = f"<{type(value).__qualname__}>"
-    return _clip(text, limit)
+    # (the tracer's short repr: it never writes the whole repr of a large bytes value, a
+    # dataclass or a model first, which for a result of hundreds of MB took several times
+    # its size in memory)
+    return _clip(short_repr(value, max(limit, 120)), limit)
 
 
 def _clip(text: str | None, limit: int) -> str:
@@ -273,11 +268,12 @@ def _fields(rows: Sequence[tuple[str, str]]) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    """The value when JSON can write it as it is, else its ``repr``."""
+    """The value when JSON can write it as it is, else a short ``repr`` of it (long values
+    abbreviated with ``...``, at most 2,000 characters)."""
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
-        return repr(value)
+        return short_repr(value, 2000)
     return value
 
 
