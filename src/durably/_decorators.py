@@ -656,7 +656,9 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         With the default ``run_id``, the run's id is derived from the entrypoint and a digest
         of its arguments, so calling again with the same arguments continues the same run:
         steps it finished are replayed from its journal, and only steps whose code or inputs
-        changed execute. An async entrypoint returns a coroutine of the handle.
+        changed execute. (Precisely: the latest run of the entrypoint with these arguments,
+        one started with ``fresh=True`` or a ``run_id`` too; not a fork.) An async
+        entrypoint returns a coroutine of the handle.
 
         Args:
             *args: The entrypoint's positional arguments.
