@@ -1724,8 +1724,9 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             ctx.write(taken)  # many results of cached steps: before it, on their own
             taken = [], []
         deferred = ctx.deferred  # (None once something of the attempt was journaled)
-        large = record.result is not None and (len(record.result) > _BATCHED_RESULT or isinstance(
-            record.result, _serde.Spilled))  # (a file: sealed ahead, whatever its size)
+        # (a result in a file is sealed ahead whatever its size)
+        large = record.result is not None and (
+            len(record.result) > _BATCHED_RESULT or isinstance(record.result, _serde.Spilled))
         seal_ahead: Any = getattr(store, "seal_ahead", None) if large else None
         if seal_ahead is not None:
             # a large result sealed, and written to blobs/, before the transaction: other

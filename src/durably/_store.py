@@ -277,8 +277,7 @@ class _Batch:
         store = self.store
         tx = None
         if store._wal_unchecked and self.begin != "BEGIN":
-            with store._write_journal:  # (its check, before the transaction begins)
-                pass
+            store._check_wal_before_write()  # (before the transaction begins)
         try:
             # (depth: the frame running `with store.batch()`)
             tx = immediate(store._db(), depth=2, begin=self.begin)

@@ -90,8 +90,8 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
     try:
         if os.path.getsize(wal) <= _HEADER:
             return None
-        (timeout,) = con.execute("PRAGMA busy_timeout").fetchone()
-        if not wait:
+        timeout = None if wait else con.execute("PRAGMA busy_timeout").fetchone()[0]
+        if timeout is not None:
             con.execute(f"PRAGMA busy_timeout={_BRIEF_MS}")
         try:
             con.execute("BEGIN IMMEDIATE")
@@ -100,7 +100,7 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
                 return BUSY
             raise
         finally:
-            if not wait:
+            if timeout is not None:
                 con.execute(f"PRAGMA busy_timeout={int(timeout)}")
     except (OSError, sqlite3.Error):
         return None
