@@ -246,6 +246,12 @@ def _blob_files(store: durably.DiskStore) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.exists() else set()
 
 
+def _blob_inodes(store: durably.DiskStore) -> set[int]:
+    """The files in blobs/, whatever their names (hard links to one file: one)."""
+    folder = store.path / "blobs"
+    return {p.stat().st_ino for p in folder.iterdir()} if folder.exists() else set()
+
+
 def _result_blob(store: durably.DiskStore, run_id: str) -> Path:
     """The file in blobs/ the run's stored result refers to."""
     import sqlite3
@@ -265,9 +271,11 @@ def _result_blob(store: durably.DiskStore, run_id: str) -> Path:
 def test_calls_of_a_finished_run_keep_one_copy_of_its_large_result(
         tmp_path: Path, key: bytes | None, entry: str) -> None:
     """Every call of a finished run journals its final record again: a large result the same
-    as the stored one refers to the file the journal has, instead of adding a copy to blobs/
-    at every call (a notebook cell run again and again); also when the call executes a step
-    (its start then journals the run as running, without its result)."""
+    as the stored one refers to the file the journal has (a new name linked to it, which no
+    collection of blobs/ can race), instead of adding a copy to blobs/ at every call (a
+    notebook cell run again and again); also when the call executes a step (its start then
+    journals the run as running, without its result). The names left unreferenced take no
+    space and are collected."""
     store = durably.DiskStore(tmp_path / "s", key=key)
     durably.configure(store=store)
     CALLS["n"] = 0
@@ -275,14 +283,17 @@ def test_calls_of_a_finished_run_keep_one_copy_of_its_large_result(
     expected = _value(300_000, 1) + b"!"
     run = job.run(1)
     assert run.result == expected
-    files = _blob_files(store)
+    files = _blob_inodes(store)
     assert len(files) == 2  # the step's result and the run's
     for attempt in (2, 3, 4):
         again = job.run(1)
         assert (again.result, again.attempt, again.counts()["replayed"]) == (
             expected, attempt, 1)
         assert again.counts()["ran"] == (entry == "executes")
-        assert _blob_files(store) == files
+        assert _blob_inodes(store) == files
+    assert len(_blob_files(store)) == 5
+    assert store.collect_blobs(grace=0) == (3, 0)
+    assert len(_blob_files(store)) == 2 and _blob_inodes(store) == files
     assert durably.get_run(run.id).result == expected
     assert durably.DiskStore(tmp_path / "s", key=key).find_run(run.id).status == "finished"
 

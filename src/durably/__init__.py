@@ -17,7 +17,7 @@ from ._hashing import ENCODING_VERSION, digest, register_encoder
 from ._history import Checkpoint
 from ._interrupt import Interrupt, get_writer, idempotency_key, interrupt
 from ._retry import Retry
-from ._run import Run, get_run, list_runs
+from ._run import Run, delete_runs, get_run, list_runs
 from ._store import DiskStore, StepRecord, Store
 from ._tracer import Event, RunGraph
 from .exceptions import (
@@ -89,6 +89,7 @@ __all__ = [
     "Task",
     "TaskTimeoutError",
     "configure",
+    "delete_runs",
     "digest",
     "entrypoint",
     "file",

@@ -455,17 +455,23 @@ def same_content(value: Spilled, stored: Spilled, root: Path) -> bool:
 
 def blob_ref(root: Path, value: Spilled, signer: SigningKey | None,
              placed: list[str] | None = None) -> bytes:
-    """Keep a large value in ``blobs/`` (a hard link to its file, else a copy; a value in
-    ``blobs/`` already: that file); the reference a journal stores instead of the value.
-    ``placed``: the path of a file this call put in ``blobs/`` is appended to it."""
+    """Keep a large value in ``blobs/`` under a new name (a hard link to its file, else a
+    copy); the reference a journal stores instead of the value. ``placed``: the path of the
+    file this call put in ``blobs/`` is appended to it.
+
+    A value already in ``blobs/`` (a fork's copy of a step, a finished run's result stored
+    again) gets a new name too, linked to the same file (no space): each name is referred to
+    by the records written with it, so :meth:`DiskStore.collect_blobs` never removes a name
+    that a write under way is about to refer to (a new name is younger than its grace, and a
+    name removed before it was linked raises FileNotFoundError: never a reference to
+    nothing)."""
     blobs = root / "blobs"
-    if os.path.dirname(value.path) == str(blobs):
-        name = os.path.basename(value.path)
-    else:
-        name = uuid.uuid4().hex
-        place(value.path, str(subdir(root, "blobs") / name))
-        if placed is not None:
-            placed.append(str(blobs / name))
+    name = uuid.uuid4().hex
+    dest = str(subdir(root, "blobs") / name)
+    place(value.path, dest)
+    if placed is not None:
+        placed.append(dest)
+    if os.path.dirname(value.path) != str(blobs):
         share_file(root, blobs / name)
     mac = content_mac(value, signer) if signer is not None else None
     ref = {"blob": name, "offset": value.offset, "size": value.size,

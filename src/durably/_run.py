@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from . import _serde
@@ -424,3 +426,93 @@ def list_runs(entrypoint: Any = None, *, store: Store | None = None) -> list[Run
             f"list_runs(entrypoint=...) takes an entrypoint or its name, not {entrypoint!r}"
         )
     return [Run(rec, st) for rec in st.list_runs(key)]
+
+
+#: the statuses a run can have (:attr:`Run.status`)
+RUN_STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
+
+
+def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | None = None,
+                status: str | Iterable[str] | None = None, entrypoint: Any = None,
+                dry_run: bool = False, store: Store | None = None) -> list[str]:
+    """Delete runs and their journals (records, steps, events, answers, and the large values
+    in ``blobs/`` only they refer to): the runs named, or every run that matches the
+    filters. The cache is kept, so their steps still serve later calls. A run a live
+    process is executing is never deleted. Like LangGraph's ``delete_thread`` or a DBOS
+    garbage collection, for a store that grows with every run.
+
+    Args:
+        run_ids: The runs to delete. With filters too: only those of them that match.
+        older_than: Only runs last updated more than this many seconds ago (``0``: any).
+        status: Only runs with this status, or one of these: ``"crashed"``,
+            ``"finished"``, ``"failed"``, ``"interrupted"``, ``"stopped"``, ``"forked"``.
+        entrypoint: Only runs of this entrypoint (the decorated function, its name or its
+            ``module:name``).
+        dry_run: Say which runs would be deleted; delete nothing.
+        store: The store. Default: the configured store (an entrypoint's own store, if it
+            has one and ``store`` is not given).
+
+    Returns:
+        The ids of the runs deleted (with ``dry_run``: that would be). Runs named by id
+        that do not exist are skipped; with filters, a run being executed is left out.
+
+    Raises:
+        ValueError: neither ``run_ids`` nor a filter was given (pass ``older_than=0`` to
+            mean every run), ``older_than`` is negative, or ``status`` is not a status.
+        RunStateError: a run named by id is being executed by a live process (nothing
+            is deleted).
+        TypeError: the store cannot delete runs.
+        StoreError: the store cannot be read or written.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def square(x):
+        ...     return x * x
+        >>> _ = square(2), square(3)
+        >>> ids = [r.id for r in durably.list_runs(store=store)]
+        >>> durably.delete_runs(status="finished", store=store, dry_run=True) == ids
+        True
+        >>> durably.delete_runs(ids[0], store=store) == ids[:1]
+        True
+        >>> durably.delete_runs(older_than=0, entrypoint=square, store=store) == ids[1:]
+        True
+        >>> durably.list_runs(store=store)
+        []
+    """
+    statuses: set[str] | None = None
+    if status is not None:
+        statuses = {status} if isinstance(status, str) else set(status)
+        wrong = sorted(statuses - set(RUN_STATUSES))
+        if wrong:
+            raise ValueError(f"delete_runs(status=...): {wrong[0]!r} is not a run status; "
+                             f"use {', '.join(RUN_STATUSES[1:])}")
+    if older_than is not None and not older_than >= 0:
+        raise ValueError(f"delete_runs(older_than=...) must be seconds >= 0, not "
+                         f"{older_than!r}")
+    if isinstance(run_ids, str):
+        run_ids = [run_ids]
+    filtered = older_than is not None or statuses is not None or entrypoint is not None
+    if run_ids is None and not filtered:
+        raise ValueError("delete_runs() needs run ids or a filter (older_than=, status=, "
+                         "entrypoint=); older_than=0 deletes every run")
+    st = _store_of(store)
+    spec = getattr(entrypoint, "_self_spec", None)
+    if store is None and spec is not None and spec.store is not None:
+        st = spec.store  # (its runs are there, as list_runs reads them)
+    delete: Any = getattr(st, "delete_runs", None)
+    if delete is None:
+        raise TypeError(f"the store {st!r} cannot delete runs (a DiskStore can)")
+    if not filtered:
+        assert run_ids is not None
+        return list(delete(run_ids, dry_run=dry_run))
+    runs = list_runs(entrypoint, store=st)
+    cutoff = time.time() - older_than if older_than is not None else None
+    chosen = [r.id for r in runs
+              if (cutoff is None or r.updated < cutoff)
+              and (statuses is None or r.status in statuses)]
+    if run_ids is not None:
+        named = set(run_ids)
+        chosen = [i for i in chosen if i in named]
+    return list(delete(chosen, dry_run=dry_run, skip_executing=True))

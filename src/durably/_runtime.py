@@ -1457,7 +1457,7 @@ class _Deferred:
                     raise _held(record.run_id, holder, owner)
                 if not ending:
                     if not store.put_run_if_current(record, previous=self.previous):
-                        raise _resumed_meanwhile(record, self.previous)
+                        raise _resumed_meanwhile(record, self.previous, store)
                     store.append_events([self.event])
         except BaseException as exc:
             if ending or isinstance(exc, RunStateError) or not _journaled(store, record):
@@ -1490,8 +1490,19 @@ def _journaled(store: Any, record: RunRecord) -> bool:
             and stored.status == record.status and stored.updated == record.updated)
 
 
-def _resumed_meanwhile(record: RunRecord, previous: int) -> RunStateError:
-    """The error of an attempt whose run another process resumed while it replayed."""
+def _resumed_meanwhile(record: RunRecord, previous: int, store: Any = None
+                       ) -> RunStateError:
+    """The error of an attempt whose run another process resumed (or deleted) while it
+    replayed; ``store``: read to tell the two apart."""
+    gone = False
+    if store is not None:
+        with contextlib.suppress(Exception):  # (unreadable: said as a resume)
+            gone = store.find_run(record.run_id) is None
+    if gone:
+        return RunStateError(
+            f"run {record.run_id!r} was deleted (durably.delete_runs, or durably delete) "
+            "while this attempt replayed its journal: this attempt stopped before it executed "
+            "or journaled anything. Fix: call the entrypoint again to start the run anew.")
     return RunStateError(
         f"run {record.run_id!r} was resumed by another process while this one replayed its "
         f"journal (its last attempt is no longer {previous}): two processes must not execute "
@@ -1711,7 +1722,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             # (the error was caught; or a thread or task of the user's, stopped by the
             # refusal at its next step, surfaced first, alone or in a group (asyncio's
             # TaskGroup): the call says why, not StopRun)
-            raise _resumed_meanwhile(record, ctx.deferred.previous)
+            raise _resumed_meanwhile(record, ctx.deferred.previous, store)
         return
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     cache_written = False  # the queued cache writes are (a failure after: the journal's)
@@ -1745,7 +1756,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                     ctx.write(taken)
                     if not _write_final(store, record, info, checked=True,
                                         previous=deferred.previous, before=deferred.event):
-                        raise _resumed_meanwhile(record, deferred.previous)
+                        raise _resumed_meanwhile(record, deferred.previous, store)
             except RunStateError as error:
                 # the run is another process's: nothing of this attempt is journaled
                 ctx.deferred = deferred

@@ -32,6 +32,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -59,8 +60,9 @@ from ._blobs import (
     share_bits,
     share_file,
     subdir,
+    valid_blob_name,
 )
-from ._lease import Owner
+from ._lease import Owner, me
 from ._records import (
     EVENT_COLS,
     EVENT_TYPES,
@@ -323,6 +325,14 @@ _AHEAD_BYTES = 8 << 20  # the results a replay's read-ahead keeps in memory, at 
 #: its step, and repair_run can set it aside)
 _RESULT = "CAST(result AS BLOB)"
 _REF_LEN = len(BLOB_REF)  # (a payload that starts with BLOB_REF names a file in blobs/)
+#: the tables holding a run's rows besides runs (deleted with it: see delete_runs)
+_RUN_TABLES = ("steps", "replays", "events", "set_aside", "leases")
+#: the columns a reference to a file in blobs/ may be in: (table, column, only short values)
+_REF_COLUMNS = (("runs", "args", True), ("runs", "result", True), ("steps", "result", True),
+                ("events", "data", True), ("set_aside", "data", False),
+                ("set_aside", "row", False))
+_REF_LARGEST = 4096  # a sealed reference's length is far below this (about 250 bytes)
+_REF_NAME = re.compile(rb'"blob": ?"([0-9a-f]{32})"')  # (a name in a reference's JSON)
 _AHEAD_LARGEST = 65536  # the largest result the read-ahead keeps (larger: read alone)
 _AHEAD_MISS: Any = object()  # a step the read-ahead's window has no entry for
 _AHEAD_ROWS = 512  # the rows a read-ahead reads at once
@@ -1347,8 +1357,8 @@ class DiskStore:
         """A journal value as it is stored: sealed, large ones as a reference to blobs/
         (``placed``: the file put there is appended to it). ``reuse``: the value the journal
         holds for it now (a run's stored result: every call of a finished run ends with it
-        again); when it is in blobs/ with the same bytes, the reference names its file
-        instead of a new copy."""
+        again); when it is in blobs/ with the same bytes, the reference names a new hard link
+        to its file instead of a new copy (see :func:`blob_ref`)."""
         if value is None:
             return None
         if type(value) is Sealed:
@@ -1361,9 +1371,12 @@ class DiskStore:
             root = self._open()
             with self._translate(root / "blobs", "store a large value"):
                 spilled = as_spilled(value)
+                ref: bytes | None = None
                 if isinstance(reuse, Spilled) and same_content(spilled, reuse, root):
-                    spilled = reuse
-                value = blob_ref(root, spilled, signer, placed)
+                    # (a hard link to its file: no space; collected meanwhile: a copy)
+                    with contextlib.suppress(FileNotFoundError):
+                        ref = blob_ref(root, reuse, signer, placed)
+                value = ref if ref is not None else blob_ref(root, spilled, signer, placed)
         return seal(value, signer, ctx)
 
     def seal_ahead(self, value: bytes, *context: str, reuse: bytes | None = None) -> Sealed:
@@ -1670,6 +1683,180 @@ class DiskStore:
                 ).fetchall()
         found = (self._run_from_row(row, strict=False) for row in rows)
         return [rec for rec in found if rec is not None]
+
+    def delete_runs(self, run_ids: Iterable[str], *, dry_run: bool = False,
+                    skip_executing: bool = False) -> list[str]:
+        """Delete runs from the journal: each run's record, steps, replays, events (its
+        questions and answers among them), records set aside by :meth:`repair_run` and
+        lease; then the files in ``blobs/`` that only they referred to. The cache is kept:
+        a step of a deleted run still serves later calls. Each run is deleted in one
+        transaction, all of it or nothing (a crash leaves at most unreferenced files in
+        ``blobs/``, which :meth:`collect_blobs` removes). A call with the same arguments
+        afterwards starts a new run.
+
+        Args:
+            run_ids: The runs' ids; an id with no run is skipped.
+            dry_run: Check the runs and say which would be deleted; delete nothing.
+            skip_executing: Leave out a run a live process is executing (not deleted, not
+                returned) instead of raising.
+
+        Returns:
+            The ids of the runs deleted (with ``dry_run``: that would be), in the order given.
+
+        Raises:
+            RunStateError: a live process is executing one of the runs (its lease): checked
+                for every run before the first is deleted, and then nothing is deleted; a
+                run that started since stops the deletion there (those before it are
+                deleted).
+            StoreError: the journal or ``blobs/`` cannot be read or written.
+
+        Example:
+            >>> import durably, tempfile
+            >>> store = durably.DiskStore(tempfile.mkdtemp())
+            >>> @durably.entrypoint(store=store)
+            ... def greet(name):
+            ...     return f"hello {name}"
+            >>> run = greet.run("ada")
+            >>> store.delete_runs([run.id, "no-such-run"]) == [run.id]
+            True
+            >>> store.list_runs()
+            []
+        """
+        ids = list(dict.fromkeys(run_ids))
+        for run_id in ids:
+            if not isinstance(run_id, str):
+                raise TypeError(f"delete_runs() takes run ids (str), not {run_id!r}")
+        owner = me()
+        with self._read_journal:
+            db = self._db()
+            found = [r for r in ids
+                     if db.execute("SELECT 1 FROM runs WHERE run_id=?", (r,)).fetchone()]
+        for run_id in list(found):
+            holder = self.run_holder(run_id)
+            if holder is not None:
+                if not skip_executing:
+                    raise self._executing(run_id, holder)
+                found.remove(run_id)
+        if dry_run:
+            return found
+        deleted: list[str] = []
+        named: set[str] = set()  # the blobs/ files the deleted rows referred to
+        try:
+            for run_id in found:
+                with self._write_journal, immediate(self._db()) as db:
+                    holder = self._live_holder(db, run_id, owner)
+                    if holder is not None:  # (started since: left as it is)
+                        if skip_executing:
+                            continue
+                        raise self._executing(run_id, holder)
+                    named |= self._blob_names(db, run_id)
+                    gone = db.execute("DELETE FROM runs WHERE run_id=?", (run_id,)).rowcount
+                    for table in _RUN_TABLES:
+                        db.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+                if gone:
+                    deleted.append(run_id)
+        finally:
+            if deleted:  # (and the files attempts left behind: see collect_blobs)
+                self.collect_blobs(named=named)
+        return deleted
+
+    def _executing(self, run_id: str, holder: Owner) -> Exception:
+        from .exceptions import RunStateError
+
+        return RunStateError(
+            f"run {run_id!r} at {self.path} is being executed by {holder.describe()}: a run "
+            "is deleted only while no process executes it. Fix: wait for that attempt to end "
+            "(or stop it), then delete the run again.")
+
+    def _blob_names(self, db: sqlite3.Connection, run_id: str | None = None) -> set[str]:
+        """The names of the files in ``blobs/`` that the journal's rows refer to (only the
+        run's rows, with ``run_id``), read with ``db`` (inside a transaction)."""
+        names: set[str] = set()
+        for table, column, small in _REF_COLUMNS:
+            where = f"instr(CAST({column} AS BLOB), ?) > 0"
+            if small:  # (a reference is short: a larger value is read no further)
+                where = f"length({column}) <= {_REF_LARGEST} AND {where}"
+            params: tuple[Any, ...] = (BLOB_REF,)
+            if run_id is not None:
+                where, params = f"run_id=? AND {where}", (run_id, BLOB_REF)
+            for (data,) in db.execute(
+                    f"SELECT CAST({column} AS BLOB) FROM {table} WHERE {where}", params):
+                names.update(m.decode("ascii") for m in _REF_NAME.findall(data))
+        return names
+
+    def collect_blobs(self, grace: float = 3600.0, *, named: Iterable[str] = (),
+                      dry_run: bool = False) -> tuple[int, int]:
+        """Remove the files in ``blobs/`` that no journal row refers to: large values of
+        deleted runs, and those left by attempts that were killed or refused between
+        writing a large value and journaling it. A file changed less than ``grace`` seconds
+        ago is kept (a write under way may be about to refer to it), unless it is in
+        ``named`` (files whose references were deleted). A file no journal refers to is
+        never read again, so removing it loses nothing.
+
+        Args:
+            grace: Keep files younger than this many seconds (changed or linked since).
+            named: Names of files in ``blobs/`` removed whatever their age once nothing
+                refers to them.
+            dry_run: Count what would be removed; remove nothing.
+
+        Returns:
+            ``(files, bytes)`` removed (with ``dry_run``: that would be); the bytes are
+            those freed (a file with hard links elsewhere, in the cache say, frees none).
+
+        Raises:
+            ValueError: ``grace`` is negative.
+            StoreError: the journal or ``blobs/`` cannot be read.
+
+        Example:
+            >>> import tempfile
+            >>> DiskStore(tempfile.mkdtemp()).collect_blobs()
+            (0, 0)
+        """
+        if not grace >= 0:
+            raise ValueError(f"collect_blobs(grace=...) must be seconds >= 0, not {grace!r}")
+        root = self._open()
+        folder = root / "blobs"
+        named = set(named)
+        try:
+            files = [e for e in os.scandir(folder) if valid_blob_name(e.name)]
+        except FileNotFoundError:
+            return 0, 0
+        except OSError as exc:
+            raise self.store_error(exc, folder, "read blobs/") from exc
+        if not files:
+            return 0, 0
+        with self.snapshot(), self._read_journal:  # (one view of every row)
+            referred = self._blob_names(self._db())
+        cutoff = time.time() - grace
+        doomed: list[tuple[os.DirEntry[str], os.stat_result]] = []
+        for entry in files:  # (every file looked at before any is removed: removing a
+            # name of a file with other links makes its other names look changed now)
+            if entry.name in referred:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise self.store_error(exc, entry.path, "read blobs/") from exc
+            if entry.name in named or max(st.st_mtime, st.st_ctime) <= cutoff:
+                doomed.append((entry, st))
+        links: dict[tuple[int, int], int] = {}  # the names removed of each file
+        for _, st in doomed:
+            links[(st.st_dev, st.st_ino)] = links.get((st.st_dev, st.st_ino), 0) + 1
+        freed = sum({(st.st_dev, st.st_ino): st.st_size for _, st in doomed
+                     if links[(st.st_dev, st.st_ino)] >= st.st_nlink}.values())
+        removed = 0
+        for entry, _ in doomed:
+            if not dry_run:
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise self.store_error(exc, entry.path, "remove a file of blobs/") from exc
+            removed += 1
+        return removed, freed
 
     def find_step(self, run_id: str, step_id: str) -> bytes | None:
         """The result of a finished step of the run, or None.

@@ -30,6 +30,7 @@ The command uses only durably's public API, and :mod:`durably._maintenance` for 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -383,6 +384,68 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
                        for r, s in found], right=(3,)))
     if total > len(found):
         click.echo(f"({len(found)} of {total} runs; --limit 0 lists all)")
+
+
+@cli.command("delete")
+@click.argument("run_ids", metavar="[RUN]...", nargs=-1)
+@click.option("--older-than", "older_than", metavar="AGE",
+              help="Only runs last updated longer ago than this: 30d, 12h, 90m, 45s (0: any).")
+@click.option("--status", "-s", "statuses", metavar="STATUS", multiple=True,
+              help="Only runs with this status (repeat for several): "
+                   f"{', '.join(STATUSES[1:])}.")
+@click.option("--entrypoint", "-e", "entrypoint", metavar="NAME",
+              help="Only runs of this entrypoint (its name, or module:name).")
+@click.option("--dry-run", is_flag=True, help="List the runs that would be deleted; delete "
+              "nothing.")
+@_dir_option
+@click.pass_context
+def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str | None,
+                   statuses: tuple[str, ...], entrypoint: str | None, dry_run: bool) -> None:
+    """Delete runs and their journals: the RUNs named, or the runs matching the filters.
+
+    The cache is kept (their steps still serve later calls); the large values in blobs/
+    that only they referred to are removed. A run being executed is never deleted: named,
+    it is an error; matched by a filter, it is left out. Examples: `durably delete RUN`,
+    `durably delete --older-than 30d`, `durably delete --status failed --status crashed`.
+    """
+    wrong = [s for s in statuses if s not in STATUSES]
+    if wrong:
+        _usage(f"--status {wrong[0]!r} is not a run status. Use one of: "
+               f"{', '.join(STATUSES[1:])}.")
+    if not run_ids and older_than is None and not statuses and entrypoint is None:
+        _usage("delete needs RUN ids or a filter: --older-than AGE, --status STATUS, "
+               "--entrypoint NAME (--older-than 0 matches every run).")
+    age = (None if older_than is None else 0.0 if older_than.strip() == "0"
+           else _parse_duration("--older-than", older_than))
+    store = _store(ctx)
+    ids = [_find_run(store, text).id for text in run_ids] if run_ids else None
+    before = _blob_bytes(store)
+    deleted = durably.delete_runs(ids, older_than=age, status=statuses or None,
+                                  entrypoint=entrypoint, dry_run=dry_run, store=store)
+    noun = f"run{'' if len(deleted) == 1 else 's'}"
+    for run_id in deleted:
+        click.echo(run_id)
+    if dry_run:
+        click.echo(f"would delete {len(deleted):,} {noun} (dry run)")
+        return
+    freed = before - _blob_bytes(store)
+    click.echo(f"deleted {len(deleted):,} {noun} from {store.path}"
+               + (f"; {_size(freed)} of large values freed in blobs/" if freed > 0 else "")
+               + "; the cache is kept")
+
+
+def _blob_bytes(store: durably.DiskStore) -> int:
+    """What the files in the store's blobs/ take (0 when it has none; hard links to one
+    file counted once)."""
+    sizes: dict[tuple[int, int], int] = {}
+    try:
+        for entry in os.scandir(store.path / "blobs"):
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                sizes[(st.st_dev, st.st_ino)] = st.st_size
+    except OSError:
+        return 0
+    return sum(sizes.values())
 
 
 def _depths(steps: Sequence[durably.StepRecord]) -> list[int]:
