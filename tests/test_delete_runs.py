@@ -190,6 +190,14 @@ def test_the_function_refuses_unclear_requests(disk_store: durably.DiskStore) ->
         durably.delete_runs(older_than=-1)
     with pytest.raises(TypeError, match="takes run ids"):
         disk_store.delete_runs([3])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="not one id"):
+        disk_store.delete_runs("job-1")
+    with pytest.raises(TypeError, match="takes run ids"):
+        durably.delete_runs(123)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="30 \\* 86400"):
+        durably.delete_runs(older_than="30d")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="grace"):
+        disk_store.collect_blobs(grace="1h")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="cannot delete runs"):
         durably.delete_runs(older_than=0, store=durably.testing.MemoryStore())
     assert len(durably.list_runs()) == 1
@@ -390,3 +398,29 @@ def test_the_command_deletes_named_runs_or_those_the_filters_match(tmp_path: Pat
     assert durably.DiskStore(store).list_runs() == []
     gone = _cli("delete", bad_id, cwd=tmp_path, store=store)
     assert gone.returncode == 1 and "no run" in gone.stderr
+
+
+def test_a_resume_of_a_run_deleted_as_it_starts_says_so(
+        disk_store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume() checks the run is interrupted, then reads it again under its lease: a run
+    deleted between the two raises NotFoundError, and no answer is recorded."""
+    @durably.entrypoint
+    def asker(x: int) -> Any:
+        return durably.interrupt("ok?")
+
+    run = asker.run(1)
+    assert run.status == "interrupted"
+    real = disk_store.find_run
+    calls: list[str] = []
+
+    def find_run(run_id: str) -> Any:
+        found = real(run_id)
+        if not calls:
+            calls.append(run_id)
+            durably.delete_runs([run_id])  # (another process, between the two reads)
+        return found
+
+    monkeypatch.setattr(disk_store, "find_run", find_run)
+    with pytest.raises(durably.NotFoundError, match="was deleted while this resume"):
+        asker.resume(run.id, "yes")
+    assert calls == [run.id] and real(run.id) is None

@@ -960,7 +960,10 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
 
         def answer(store: Store, current: RunRecord | None) -> None:
             # under the run's lease: a second resumer waits for nothing and answers nothing
-            assert current is not None
+            if current is None:  # (deleted since it was read: delete_runs)
+                raise NotFoundError(
+                    f"run {run_id!r} was deleted while this resume() started; the answer is "
+                    "not recorded. Fix: start the run anew by calling the entrypoint.")
             _require_interrupted(current)
             pending = pending_interrupts(store, run_id, current.attempt)
             if pending:

@@ -488,11 +488,16 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
         if wrong:
             raise ValueError(f"delete_runs(status=...): {wrong[0]!r} is not a run status; "
                              f"use {', '.join(RUN_STATUSES[1:])}")
-    if older_than is not None and not older_than >= 0:
-        raise ValueError(f"delete_runs(older_than=...) must be seconds >= 0, not "
-                         f"{older_than!r}")
+    if older_than is not None and (isinstance(older_than, bool) or not isinstance(
+            older_than, (int, float)) or not older_than >= 0):
+        raise ValueError(f"delete_runs(older_than=...) must be seconds >= 0 (a number: "
+                         f"30 days is 30 * 86400), not {older_than!r}")
     if isinstance(run_ids, str):
         run_ids = [run_ids]
+    elif isinstance(run_ids, bytes) or (
+            run_ids is not None and not isinstance(run_ids, Iterable)):
+        raise TypeError(f"delete_runs() takes run ids (a str or a list of them), not "
+                        f"{run_ids!r}")
     filtered = older_than is not None or statuses is not None or entrypoint is not None
     if run_ids is None and not filtered:
         raise ValueError("delete_runs() needs run ids or a filter (older_than=, status=, "

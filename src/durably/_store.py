@@ -1722,6 +1722,9 @@ class DiskStore:
             >>> store.list_runs()
             []
         """
+        if isinstance(run_ids, (str, bytes)):
+            raise TypeError(f"delete_runs() takes a list of run ids, not one id: "
+                            f"delete_runs([{run_ids!r}])")
         ids = list(dict.fromkeys(run_ids))
         for run_id in ids:
             if not isinstance(run_id, str):
@@ -1812,7 +1815,7 @@ class DiskStore:
             >>> DiskStore(tempfile.mkdtemp()).collect_blobs()
             (0, 0)
         """
-        if not grace >= 0:
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not grace >= 0:
             raise ValueError(f"collect_blobs(grace=...) must be seconds >= 0, not {grace!r}")
         root = self._open()
         folder = root / "blobs"
