@@ -12,7 +12,8 @@ EXPECTED = [
     "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "RenderError",
     "Retry", "Run", "RunGraph", "RunInterrupted", "RunStateError", "Send", "SerializationError",
     "StateGraph", "StepRecord", "Store",
-    "StoreError", "Task", "TaskTimeoutError", "configure", "digest", "entrypoint", "file", "fork",
+    "StoreError", "Task", "TaskTimeoutError", "configure", "delete_runs", "digest",
+    "entrypoint", "file", "fork",
     "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "register_encoder",
     "task",
 ]
