@@ -114,7 +114,8 @@ def _parse_size(option: str, text: str) -> int:
 
 
 def _parse_duration(option: str, text: str) -> float:
-    """Seconds from ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or a sum of them (``1h30m``).
+    """Seconds from ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or a sum of them (``1h30m``);
+    ``0`` is 0.
 
     Raises:
         _CommandError: not a duration; the message names the option and gives an example.
@@ -122,8 +123,12 @@ def _parse_duration(option: str, text: str) -> float:
     Example:
         >>> _parse_duration("--older-than", "30d"), _parse_duration("--older-than", "1h30m")
         (2592000.0, 5400.0)
+        >>> _parse_duration("--older-than", "0")
+        0.0
     """
     compact = text.strip().lower().replace(" ", "")
+    if compact == "0":
+        return 0.0  # (no time at all needs no unit)
     parts = _DURATION_PART.findall(compact)
     if (not parts or "".join(n + u for n, u in parts) != compact
             or any(u not in _DURATION_UNITS for _, u in parts)):

@@ -1490,14 +1490,12 @@ def _journaled(store: Any, record: RunRecord) -> bool:
             and stored.status == record.status and stored.updated == record.updated)
 
 
-def _resumed_meanwhile(record: RunRecord, previous: int, store: Any = None
-                       ) -> RunStateError:
+def _resumed_meanwhile(record: RunRecord, previous: int, store: Any) -> RunStateError:
     """The error of an attempt whose run another process resumed (or deleted) while it
-    replayed; ``store``: read to tell the two apart."""
+    replayed; ``store`` is read to tell the two apart."""
     gone = False
-    if store is not None:
-        with contextlib.suppress(Exception):  # (unreadable: said as a resume)
-            gone = store.find_run(record.run_id) is None
+    with contextlib.suppress(Exception):  # (unreadable: said as a resume)
+        gone = store.find_run(record.run_id) is None
     if gone:
         return RunStateError(
             f"run {record.run_id!r} was deleted (durably.delete_runs, or durably delete) "

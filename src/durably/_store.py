@@ -120,7 +120,13 @@ from ._seal import (
 )
 from ._serde import Spilled, Unreadable
 from ._wal import BUSY, lost_commits
-from .exceptions import CorruptJournalError, DefinitionError, NotFoundError, StoreError
+from .exceptions import (
+    CorruptJournalError,
+    DefinitionError,
+    NotFoundError,
+    RunStateError,
+    StoreError,
+)
 
 __all__ = [
     "FINISHED_STEP",
@@ -1763,9 +1769,7 @@ class DiskStore:
                 self.collect_blobs(named=named)
         return deleted
 
-    def _executing(self, run_id: str, holder: Owner) -> Exception:
-        from .exceptions import RunStateError
-
+    def _executing(self, run_id: str, holder: Owner) -> RunStateError:
         return RunStateError(
             f"run {run_id!r} at {self.path} is being executed by {holder.describe()}: a run "
             "is deleted only while no process executes it. Fix: wait for that attempt to end "

@@ -66,13 +66,14 @@ from ._cli_support import (
     _usage,
     _when,
 )
+from ._run import RUN_STATUSES
 from .exceptions import DurablyError
 
 __all__ = ["cli", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
+STATUSES = RUN_STATUSES
 _FORMATS = {"mermaid": "mermaid", "mmd": "mermaid", "dot": "dot", "svg": "svg", "html": "html"}
 _EXIT_INTERRUPTED = 3
 _EXIT_CTRL_C = 130
@@ -415,8 +416,7 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
     if not run_ids and older_than is None and not statuses and entrypoint is None:
         _usage("delete needs RUN ids or a filter: --older-than AGE, --status STATUS, "
                "--entrypoint NAME (--older-than 0 matches every run).")
-    age = (None if older_than is None else 0.0 if older_than.strip() == "0"
-           else _parse_duration("--older-than", older_than))
+    age = _parse_duration("--older-than", older_than) if older_than is not None else None
     store = _store(ctx)
     ids = [_find_run(store, text).id for text in run_ids] if run_ids else None
     before = _blob_bytes(store)
