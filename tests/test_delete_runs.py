@@ -388,6 +388,13 @@ def test_the_command_deletes_named_runs_or_those_the_filters_match(tmp_path: Pat
     assert dry.returncode == 0 and dry.stdout.splitlines() == [
         bad_id, "would delete 1 run (dry run)"]
     assert len(durably.DiskStore(store).list_runs()) == 3
+    typo = _cli("delete", "--older-than", "0", "-e", "godo", cwd=tmp_path, store=store)
+    assert typo.returncode == 1 and "belongs to an entrypoint 'godo'" in typo.stderr
+    assert "entrypoints with runs: bad (jobs:bad), good (jobs:good)" in typo.stderr
+    listed = _cli("runs", "-e", "godo", cwd=tmp_path, store=store)
+    assert listed.returncode == 0 and "no runs of 'godo'" in listed.stdout
+    assert "entrypoints with runs: bad (jobs:bad), good (jobs:good)" in listed.stdout
+    assert len(durably.DiskStore(store).list_runs()) == 3
     one = _cli("delete", bad_id[:8], cwd=tmp_path, store=store)
     assert one.returncode == 0 and one.stdout.splitlines()[0] == bad_id
     assert "deleted 1 run from" in one.stdout
@@ -396,6 +403,8 @@ def test_the_command_deletes_named_runs_or_those_the_filters_match(tmp_path: Pat
     rest = _cli("delete", "--older-than", "0", "-e", "good", cwd=tmp_path, store=store)
     assert rest.returncode == 0 and sorted(rest.stdout.splitlines()[:2]) == sorted(ids["good"])
     assert durably.DiskStore(store).list_runs() == []
+    empty = _cli("delete", "-e", "good", "--older-than", "0", cwd=tmp_path, store=store)
+    assert empty.returncode == 0 and empty.stdout.startswith("deleted 0 runs")
     gone = _cli("delete", bad_id, cwd=tmp_path, store=store)
     assert gone.returncode == 1 and "no run" in gone.stderr
 

@@ -378,7 +378,8 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
     if not found:
         what = " ".join(filter(None, [status, "runs" if not entrypoint else
                                       f"runs of {entrypoint!r}"]))
-        click.echo(f"no {what} in the store at {store.path}")
+        click.echo(f"no {what} in the store at {store.path}"
+                   + (_other_entrypoints(store) if entrypoint and not runs else ""))
         return
     click.echo(_table(("RUN", "ENTRYPOINT", "STATUS", "ATTEMPT", "UPDATED"),
                       [(r.id, r.entrypoint, s, str(r.attempt), _when(r.updated))
@@ -422,6 +423,11 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
     before = _blob_bytes(store)
     deleted = durably.delete_runs(ids, older_than=age, status=statuses or None,
                                   entrypoint=entrypoint, dry_run=dry_run, store=store)
+    if not deleted and entrypoint is not None and durably.list_runs(store=store) and not (
+            durably.list_runs(entrypoint, store=store)):  # (a misspelt name, most likely)
+        _fail(f"no run in the store at {store.path} belongs to an entrypoint {entrypoint!r}"
+              f"{_other_entrypoints(store)}. Fix: name one of them with --entrypoint "
+              "(its name, or module:name).")
     noun = f"run{'' if len(deleted) == 1 else 's'}"
     for run_id in deleted:
         click.echo(run_id)
@@ -432,6 +438,16 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
     click.echo(f"deleted {len(deleted):,} {noun} from {store.path}"
                + (f"; {_size(freed)} of large values freed in blobs/" if freed > 0 else "")
                + "; the cache is kept")
+
+
+def _other_entrypoints(store: durably.DiskStore) -> str:
+    """What follows "no runs of NAME": the entrypoints that have runs in the store (an
+    --entrypoint that matches none is most likely misspelt)."""
+    names = sorted({(r.name, r.entrypoint) for r in durably.list_runs(store=store)})
+    if not names:
+        return " (it has no runs)"
+    shown = ", ".join(f"{name} ({identity})" for name, identity in names[:10])
+    return f" (entrypoints with runs: {shown}{', ...' if len(names) > 10 else ''})"
 
 
 def _blob_bytes(store: durably.DiskStore) -> int:
