@@ -491,6 +491,80 @@ def test_a_mutation_by_code_the_task_does_not_reach_keeps_the_value_configuratio
 
 
 @pytest.mark.parametrize("body", [
+    'return int(DF["a"].add(k).sum())',  # Series.add: a new Series
+    'return list(COLS.append(pd.Index([k])))',  # Index.append: a new Index
+    'return int(DF.pop.__name__ == "pop") + k',  # named, not called
+    'return CLIP.add(k)',  # a method of the user's class that changes nothing
+])
+def test_a_method_named_like_a_mutator_keeps_a_package_s_value_configuration(
+        body: str) -> None:
+    """Only a container of the language's kind (list, dict, set, deque...) or an object of
+    the user's classes whose method changes it is state by a call of ``append``, ``add``,
+    ``update``...: pandas' ``Series.add`` and ``Index.append`` return new objects, and the
+    global read through them is configuration (new data in it is noticed). Taken for state,
+    a notebook's new data (or a script's new CSV) was served the old result."""
+    import pandas as pd
+
+    ns = define(f"""
+        import pandas as pd
+        DF = pd.DataFrame({{"a": [1, 2, 3]}})
+        COLS = pd.Index(["a", "b"])
+        class Clip:
+            def __init__(self, top):
+                self.top = top
+            def add(self, x):
+                return min(self.top, x)
+        CLIP = Clip(5)
+        def task(k):
+            {body}
+        """)
+    first = fingerprint_function(ns["task"])
+    ns["DF"] = pd.DataFrame({"a": [10, 20, 30]})  # the data cell run again with new data
+    ns["COLS"] = pd.Index(["x"])
+    ns["CLIP"] = ns["Clip"](50)
+    assert not first.valid()
+    assert fp(ns["task"]) != first.digest
+
+
+def test_a_package_s_object_changed_by_its_method_is_noticed_not_stale(
+        tmp_path: Path) -> None:
+    """A value of an installed package that the task really changes through a method named
+    like a mutator (``DataFrame.insert``, ``ndarray.sort``) is configuration: the change is
+    seen, so the result computed with the value before it is not served for the value after
+    it (taken for state, the second calls returned 3.0 and 1). (A later process's first call,
+    a hit, does not sort ARR again: a task's effect on a global is not cached.)"""
+    script = write_script(tmp_path / "job.py", """
+        import sys, warnings
+        import numpy as np, pandas as pd
+        import durably
+
+        ARR = np.array([3.0, 1.0, 2.0])
+        DF = pd.DataFrame({"a": [1, 2]})
+
+        @durably.task
+        def first_then_sort(k):
+            first = float(ARR[0])
+            ARR.sort()  # in place
+            return first + k
+
+        @durably.task
+        def width_then_insert(k):
+            width = DF.shape[1]
+            if "b" not in DF:
+                DF.insert(1, "b", [0, 0])  # in place
+            return width + k
+
+        warnings.simplefilter("ignore")
+        print(first_then_sort(0), width_then_insert(0), first_then_sort(0),
+              width_then_insert(0))
+        """)
+    done = subprocess.run([sys.executable, str(script)], env=script_env(tmp_path / "store"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["3.0", "1", "1.0", "2"]  # as without durably
+
+
+@pytest.mark.parametrize("body", [
     'return CONFIG.get("a"), CONFIG.copy(), list(CONFIG.items()), "a" in CONFIG',
     # in a nested function: a local, a parameter of the same name
     "def f():\n        CONFIG = {}\n        CONFIG['a'] = x\n    return f(), CONFIG['a']",

@@ -9,6 +9,9 @@ See :mod:`durably._fingerprint` for the whole picture: code, configuration or st
 
 from __future__ import annotations
 
+import array
+import collections
+import collections.abc
 import datetime as _dt
 import decimal
 import enum
@@ -64,6 +67,21 @@ def _iterator_types() -> tuple[type, ...]:
 #: values that only ever hold state (a lock, an iterator, a generator, a queue, a file):
 #: recorded by type, whether or not the walked code is seen changing them
 _STATEFUL = _iterator_types()
+
+
+#: the mutable containers whose methods named in _MUTATORS change them (and their subclasses)
+_MUTABLE_KINDS = (list, dict, set, bytearray, collections.deque, array.array,
+                  collections.abc.MutableSequence, collections.abc.MutableMapping,
+                  collections.abc.MutableSet)
+
+
+def _mutable_kind(v: Any) -> bool:
+    """Whether ``v`` is a mutable container of the language's kind, or an object of the
+    user's own classes: what a method named in :data:`_MUTATORS` changes."""
+    try:
+        return isinstance(v, _MUTABLE_KINDS) or is_user_module(type(v).__module__)
+    except Exception:  # noqa: BLE001 - an odd __class__ or __instancecheck__: not a container
+        return False
 
 
 def _is_stateful(v: Any) -> bool:
@@ -223,12 +241,31 @@ class _StateFinder:
             if obj is _MISSING:
                 break
             path.append(obj)
-        if op == "call" and name not in _MUTATORS and (
-            inside or obj is _MISSING or not self.method_changes_self(obj, name)
-        ):
+        if op == "call" and not self.call_changes(obj, path[-1], inside, name):
             return
         for v in path:
             self.mark(v)
+
+    def call_changes(self, obj: Any, container: Any, inside: bool, name: str) -> bool:
+        """Whether calling method ``name`` of ``obj`` (``_MISSING``: a computed attribute;
+        ``inside``: of an item of ``container``, the last value reached) changes it.
+
+        A name in :data:`_MUTATORS` changes a mutable container of the language's kind (a
+        list, a dict, a set, a deque, ...) or an object of the user's own classes (whose
+        method's bytecode is read when it is theirs); any other object's method is judged
+        by its bytecode, so an installed package's object is never state by a method's
+        name alone: ``Series.add`` and ``Index.append`` of pandas return new objects. Taken
+        for configuration, such a value is digested, and a real change in place is noticed
+        (a rerun, or a warning), never served a stale result; taken for state wrongly, a
+        new value would have been."""
+        if name in _MUTATORS:
+            if inside or obj is _MISSING:
+                return _mutable_kind(container)
+            holder = _class_holder(type(obj), name)
+            if holder is not None and is_user_module(holder.__module__):
+                return self.changes_first(type(obj), vars(holder)[name])
+            return _mutable_kind(obj)
+        return not inside and obj is not _MISSING and self.method_changes_self(obj, name)
 
     def method_changes_self(self, obj: Any, name: str) -> bool:
         cls = type(obj)
