@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import pytest
 
 import durably
 from durably._serde import dumps, loads
+from tests.conftest import script_env, write_script
 
 
 @pytest.fixture
@@ -89,3 +92,61 @@ def test_a_task_returning_an_open_file_fails_and_caches_nothing(
         for f in handles:
             f.close()
         durably.configure()
+
+
+def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path: Path) -> None:
+    """``python -m job`` names its tasks ``job:...``, like ``import job``, and they share cache
+    entries and runs: a result of a class defined in the script was pickled as
+    ``__main__.Result``, which a process that imports ``job`` does not have (the call, the
+    entrypoint, even ``fresh=True`` raised SerializationError). It is pickled by the name the
+    script is imported by, and loads back as the class of ``__main__`` in a later
+    ``python -m job``, without importing the script a second time."""
+    write_script(tmp_path / "job.py", """
+        import dataclasses, sys
+        import durably
+
+        print("imported as", __name__, file=sys.stderr)
+
+        @dataclasses.dataclass
+        class Result:
+            score: float
+            scale: object = None
+
+        def half(x):
+            return x / 2
+
+        @durably.task
+        def evaluate(n):
+            return Result(n / 10, half)
+
+        @durably.task
+        def echo(r):
+            return r
+
+        @durably.entrypoint
+        def main(n):
+            return evaluate(n)
+
+        if __name__ == "__main__":
+            r = main(3)
+            print(type(r) is Result, r.scale is half, r.score, main.run(3).status,
+                  evaluate.cache_key(3) + echo.cache_key(Result(1.0)))
+        """)
+    env = script_env(tmp_path / "store")
+
+    def python(*args: str) -> list[str]:
+        done = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.count("imported as") == 1, done.stderr  # never imported twice
+        return done.stdout.split()
+
+    *started, key = python("-m", "job")
+    assert started == ["True", "True", "0.3", "finished"]
+    imported = python("-c", "import job; r = job.evaluate(3); s = job.main(3); "
+                      "print(type(r) is job.Result, r == s, r.scale is job.half, "
+                      "job.main.run(3, fresh=True).result == r, "
+                      "job.evaluate.cache_key(3) + job.echo.cache_key(job.Result(1.0)))")
+    # one cache entry, shared; a script's class in an argument is named as the script is
+    assert imported == ["True", "True", "True", "True", key]
+    assert python("-m", "job") == [*started, key]  # replayed

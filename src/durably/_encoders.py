@@ -46,10 +46,16 @@ _UNSET = object()
 
 
 def type_path(t: type) -> bytes:
-    """``module.qualname`` of a type, as bytes (cached)."""
+    """``module.qualname`` of a type, as bytes (cached); a class of the script names the
+    module as the task identities do (``python -m job`` and ``import job``: ``job``)."""
     p = _TYPE_PATHS.get(t)
     if p is None:
-        p = f"{t.__module__}.{t.__qualname__}".encode()
+        module = t.__module__
+        if module in ("__main__", "__mp_main__"):
+            from ._runtime import module_identity
+
+            module = module_identity(module)
+        p = f"{module}.{t.__qualname__}".encode()
         _TYPE_PATHS[t] = p
     return p
 

@@ -23,8 +23,10 @@ import errno
 import io
 import os
 import pickle
+import sys
 import tempfile
 import threading
+import types
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any
 
@@ -356,7 +358,13 @@ def dumps(obj: Any, *, what: str) -> bytes:
         pickler = local.pickler
         pickler.clear_memo()
         pickler.dump(obj)
-        return sink.finish()
+        data = sink.finish()
+        main = _main_as_module()
+        if main is not None and (type(data) is not bytes or _MAIN_TAG in data):
+            if type(data) is Spilled:  # (a name of __main__ in it, maybe: not read back)
+                data.discard()
+            return _dumps_main(obj, what, main)
+        return data
     except StoreError:
         local.sink = local.pickler = None
         raise
@@ -367,6 +375,89 @@ def dumps(obj: Any, *, what: str) -> bytes:
         if local.pickler is not None:
             local.pickler.clear_memo()  # never keep the value alive through the memo
         local.busy = False
+    return _dumps_fresh(obj, what, cloud=True)
+
+
+#: what a pickle naming the script's module holds (``__main__``, and ``_main__`` of
+#: ``__mp_main__``, the script run again in a process multiprocessing spawned)
+_MAIN_TAG = b"_main__"
+_MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+_main_seen: list[Any] = [None, None]  # (the __main__ module looked at, what it ran as)
+
+
+def _main_as_module() -> dict[str, str] | None:
+    """When the script runs as a module (``python -m job``): its module names (``__main__``,
+    ``__mp_main__``) and the name it is imported by; else None. (Looked at again only when
+    ``__main__`` is another module: every executed step asks.)"""
+    main = sys.modules.get("__main__")
+    if main is _main_seen[0]:
+        return _main_seen[1]  # type: ignore[no-any-return]
+    found = {}
+    for alias in _MAIN_MODULES:
+        spec = getattr(sys.modules.get(alias), "__spec__", None)
+        name = getattr(spec, "name", None)
+        if isinstance(name, str) and name and name not in _MAIN_MODULES:
+            found[alias] = name
+    _main_seen[:] = [main, found or None]
+    return found or None
+
+
+def main_global(module: str, qualname: str) -> Any:
+    """What a class or function of a script run as ``python -m module`` is pickled as
+    (:func:`dumps`): the object named ``qualname`` in ``module``, read from the script's
+    ``__main__`` when this process runs that module as its script (not imported a second
+    time), else from the module imported. So a value a task of ``python -m job`` returned
+    loads in a process that imports ``job`` (the task's identity is ``job:task`` in both,
+    and they share its cache entries), and in a later ``python -m job``.
+
+    Raises:
+        ImportError: the module cannot be imported.
+        AttributeError: it defines no such name.
+
+    Example:
+        >>> main_global("collections", "OrderedDict.fromkeys").__qualname__
+        'OrderedDict.fromkeys'
+    """
+    found: Any = None
+    for alias in _MAIN_MODULES:
+        main = sys.modules.get(alias)
+        if getattr(getattr(main, "__spec__", None), "name", None) == module:
+            found = main
+            break
+    if found is None:
+        import importlib
+
+        found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def _dumps_main(obj: Any, what: str, main: dict[str, str]) -> bytes:
+    """:func:`dumps` in a script run as ``python -m job``: its classes and functions are
+    pickled as :func:`main_global` of ``job`` instead of as attributes of ``__main__``, which
+    a process that imports ``job`` does not have."""
+    class _MainPickler(pickle.Pickler):
+        def reducer_override(self, o: Any) -> Any:
+            if isinstance(o, (type, types.FunctionType)):
+                module = main.get(getattr(o, "__module__", None) or "")
+                qualname = getattr(o, "__qualname__", "")
+                if module is not None and isinstance(qualname, str) and (
+                        "<" not in qualname):  # (not a lambda, nor defined in a function)
+                    return main_global, (module, qualname)
+            return NotImplemented
+
+    sink = _Sink()
+    sink.what = what
+    try:
+        _MainPickler(sink, protocol=5).dump(obj)
+        return sink.finish()
+    except StoreError:
+        raise
+    except Exception:  # noqa: BLE001 - fall back to cloudpickle (by value)
+        sink.reset()
     return _dumps_fresh(obj, what, cloud=True)
 
 
