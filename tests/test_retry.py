@@ -187,3 +187,36 @@ def test_an_abandoned_try_cannot_repeat_a_side_effect() -> None:
     assert run.result == "sent" and sent == [1] and len(tries) == 2
     assert sorted(r.task.rpartition(".")[2] for r in run.records() if r.status == "ran") == [
         "send_email", "step"]
+
+
+def test_a_timeout_counts_from_the_call_and_imports_nothing(tmp_path: Any) -> None:
+    """The first ``timeout=`` call of a process imported dask's ``distributed`` (0.3 s or
+    more, when it is installed) after starting the body and before starting to wait: a body
+    taking twice its timeout returned normally. Only a process that has it imported (a Dask
+    worker) looks at it; the wait ends ``seconds`` after the body started."""
+    import subprocess
+    import sys
+
+    from tests.conftest import script_env, write_script
+
+    script = write_script(tmp_path / "timed.py", """
+        import sys, threading, time
+        import durably
+
+        never = threading.Event()
+
+        @durably.task(timeout=0.5)
+        def stuck(x):
+            never.wait(30)
+            return x
+
+        started = time.monotonic()
+        try:
+            stuck(1)
+        except durably.TaskTimeoutError:
+            print("timed out", "distributed" in sys.modules, time.monotonic() - started < 25)
+        """)
+    done = subprocess.run([sys.executable, str(script)], env=script_env(tmp_path / "store"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["timed", "out", "False", "True"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -132,9 +133,10 @@ def call_with_timeout(name: str, seconds: float, fn: Callable[..., Any],
 
     from ._worker import Seceded
 
+    deadline = time.monotonic() + seconds
     threading.Thread(target=target, name=f"durably-timeout-{name}", daemon=True).start()
     with Seceded():  # (on a Dask worker: the body's own maps may need this pool thread)
-        finished = done.wait(seconds)
+        finished = done.wait(max(deadline - time.monotonic(), 0.0))
     if not finished:
         flag.cut = True  # the tasks it calls from now on do not join the run
         raise TaskTimeoutError(
