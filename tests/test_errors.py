@@ -87,6 +87,10 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
      durably.SerializationError, "entrypoint '_ep': cannot digest argument 'x'"),
     ("durably.file of a missing file", lambda: durably.file("/nonexistent/x"),
      FileNotFoundError, "no such file"),
+    ("durably.file of a non-path", lambda: durably.file(3),  # type: ignore[arg-type]
+     durably.DefinitionError, "takes a path"),
+    ("a map with no workers", lambda: _t.map([1], max_workers=0), durably.DefinitionError,
+     "max_workers must be a positive int"),
 ]
 
 

@@ -651,8 +651,9 @@ def test_executor_submit_and_errors(store: Any) -> None:
         Thread().submit(len, [1])
     with pytest.raises(durably.DefinitionError, match="executor must be"):
         add.map([1], [2], executor="gpu")
-    with pytest.raises(ValueError, match="max_workers"):
+    with pytest.raises(ValueError, match="max_workers") as bad:
         add.map([1], [2], max_workers=0)
+    assert isinstance(bad.value, durably.DefinitionError)  # durably's, and a ValueError
     with pytest.raises(TypeError, match="at least one iterable"):
         add.map()
     with pytest.raises(TypeError):

@@ -519,11 +519,17 @@ class Dask(Executor):
                 log.warning("durably: could not cancel Dask futures: %s", exc)
 
 
+class _BadWorkers(DefinitionError, ValueError):
+    """``max_workers=`` out of range: a durably error, and the ValueError that
+    ``concurrent.futures`` raises for it."""
+
+
 def _check_workers(max_workers: Any) -> int | None:
     if max_workers is not None and (
         isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1
     ):
-        raise ValueError(f"max_workers must be a positive int or None, not {max_workers!r}")
+        raise _BadWorkers(f"max_workers must be a positive int or None, not {max_workers!r}. "
+                          "Fix: max_workers=4, or leave it out (the executor's default).")
     return max_workers
 
 
@@ -744,13 +750,17 @@ class _FanOut:
                 data = cached_now(other.call)
                 if data is None:
                     continue
-                waiting.remove(other)
                 try:
-                    self.results[other.index] = serve_cached(other.call, data)
-                except Exception as exc:  # noqa: BLE001 - (cannot load it): that item's failure
+                    value = serve_cached(other.call, data)
+                except Exception as exc:  # noqa: BLE001 - (cannot journal it): its failure
+                    waiting.remove(other)
                     self.failures[other.index] = exc
                     self.bar.count("failed")
                     continue
+                if value is _MISS:  # (cannot load it: set aside) it runs after all
+                    continue
+                waiting.remove(other)
+                self.results[other.index] = value
                 self.bar.count("cached")
             if not waiting:
                 return []

@@ -110,6 +110,7 @@ def file(path: str | os.PathLike[str]) -> File:
 
     Raises:
         FileNotFoundError: no file at ``path``.
+        DefinitionError: ``path`` is not a path.
 
     Example:
         >>> import durably, pathlib, tempfile
@@ -120,7 +121,14 @@ def file(path: str | os.PathLike[str]) -> File:
         >>> durably.digest(durably.file(p)) == before
         False
     """
-    p = Path(path)
+    try:
+        p = Path(path)
+    except TypeError:
+        from .exceptions import DefinitionError
+
+        raise DefinitionError(
+            f"durably.file() takes a path (a str or a pathlib.Path), not {path!r} of type "
+            f"{type(path).__name__}. Fix: durably.file('data/input.csv')") from None
     if not p.is_file():
         raise FileNotFoundError(
             f"durably.file({str(path)!r}): no such file"
