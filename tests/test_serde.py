@@ -150,3 +150,58 @@ def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path
     # one cache entry, shared; a script's class in an argument is named as the script is
     assert imported == ["True", "True", "True", "True", key]
     assert python("-m", "job") == [*started, key]  # replayed
+
+
+class _LoadsBroken:
+    """Pickles, but does not load back while BROKEN is set (a __reduce__ that drops the
+    argument __init__ needs: what a user's class got wrong)."""
+
+    BROKEN = True
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+    def __reduce__(self) -> Any:
+        return (_LoadsBroken, ()) if _LoadsBroken.BROKEN else (_LoadsBroken, (self.x,))
+
+
+@durably.task
+def _make(x: int) -> _LoadsBroken:
+    _MADE.append(x)
+    return _LoadsBroken(x)
+
+
+_MADE: list[int] = []
+
+
+@durably.entrypoint
+def _uses(xs: list[int]) -> list[int]:
+    return [r.x for r in _make.map(xs)] + [_make(xs[0]).x]
+
+
+def test_a_cached_value_that_cannot_be_loaded_is_set_aside_and_computed_again(
+        disk_store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A cache entry whose value does not load back is never worth a failure: it is set
+    aside in damaged/ with a warning and the task executes again, outside a run, inside
+    one (a new run, fresh=True, used to fail on it like the old one), and for a fan-out's
+    duplicate item waiting for the first. A finished run's journaled value cannot be
+    executed again: its error says what may be wrong, without blaming an edit only."""
+    _MADE.clear()
+    _LoadsBroken.BROKEN = True
+    assert _make(7).x == 7 and _MADE == [7]  # stored; the live object returned
+    with caplog.at_level("WARNING", logger="durably"):
+        assert _make(7).x == 7  # not loadable: executed again
+    assert _MADE == [7, 7]
+    assert "cannot be loaded" in caplog.text and "set aside" in caplog.text
+    assert any((disk_store.path / "damaged").iterdir())
+
+    assert _uses([1, 1]) == [1, 1, 1]
+    assert sorted(_MADE[2:]) == [1, 1, 1]  # each copy executed: none could be served
+    with pytest.raises(durably.SerializationError, match="cannot be unpickled at all"):
+        _uses([1, 1])  # the finished run replays its journal, which cannot load
+    run = _uses.run([1, 1], fresh=True)
+    assert run.result == [1, 1, 1] and {s.status for s in run.steps} == {"ran"}
+    _LoadsBroken.BROKEN = False  # fixed: stored and served from then on
+    assert _uses.run([2, 2], fresh=True).result == [2, 2, 2]
+    made = len(_MADE)
+    assert _uses.run([2, 2], fresh=True).result == [2, 2, 2] and len(_MADE) == made

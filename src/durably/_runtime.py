@@ -495,10 +495,33 @@ def _load(data: bytes, spec: Spec, where: str) -> Any:
         return _serde.loads(data)
     except Exception as exc:  # noqa: BLE001 - report as ours, with the way out
         raise SerializationError(
-            f"cannot load the {where} result of task {spec.name!r}: {exc}. The code that "
-            "defines its type changed incompatibly. Fix: restore it, or start a new run "
-            "(fresh=True) / clear the cache entry."
+            f"cannot load the {where} result of task {spec.name!r}: {exc!r}. Either the code "
+            "that defines its type changed incompatibly since it was stored, or the value "
+            "cannot be unpickled at all (its class's __reduce__ or __init__: a value must "
+            "load back as it was pickled). Fix: restore the code and call again, or fix the "
+            "class and start a new run (fresh=True)."
         ) from None
+
+
+def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
+    """The value of a cache entry, or ``_MISS`` when it cannot be loaded: the entry is set
+    aside (a store that can: ``discard_cache``) with a warning, and the task executes
+    again, its new result stored in its place (a cache entry is never worth a failure)."""
+    try:
+        return _serde.loads(data)
+    except (MemoryError, RecursionError) as exc:  # (this process's limits: the entry is fine)
+        raise SerializationError(f"cannot load the cached result of task {spec.name!r}: "
+                                 f"{exc!r}. Fix: free memory, or raise the limit") from exc
+    except Exception as exc:  # noqa: BLE001 - any other failure to load: not served
+        why = (f"its value cannot be loaded ({exc!r}: the code that defines its type "
+               "changed incompatibly, or the value cannot be unpickled at all)")
+        discard = getattr(store, "discard_cache", None)
+        if discard is not None:
+            discard(key, why, data)
+        else:
+            log.warning("durably: the cache entry %s of task %r is not served: %s; the task "
+                        "executes again", key, spec.name, why)
+        return _MISS
 
 
 class Call:
@@ -792,7 +815,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if spec.cache:
             data = store.cache_get(key)
             if data is not None:
-                return _load(data, spec, "cached"), outside
+                value = _load_cached(data, spec, store, key)
+                if value is not _MISS:
+                    return value, outside
             if arguments is None:
                 arguments = spec.arguments(instance, args, kwargs)
             outside.started = _wall_clock()
@@ -920,7 +945,10 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.classes = classes
         call.trace_inputs(arguments, None, taken)
         if data is not None:
-            return serve_cached(call, data), call
+            value = serve_cached(call, data)
+            if value is not _MISS:
+                return value, call
+            call.files = _file_inputs(spec, files, before)  # (as for a miss)
     else:
         # the digests of whole arguments the tracer takes: those taken with the key ("" for
         # a value too common to mean a flow, as trace_digest gives; the others, its own)
@@ -942,11 +970,11 @@ def cached_now(call: Call) -> bytes | None:
 
 def serve_cached(call: Call, data: bytes) -> Any:
     """Finish ``call`` from the cross-run cache: its value, journaled as a cached step
-    inside a run.
-
-    Raises:
-        SerializationError: the cached value cannot be loaded."""
-    value = _load(data, call.spec, "cached")
+    inside a run; ``_MISS`` when the value cannot be loaded (see :func:`_load_cached`):
+    the call is not finished, its body must run."""
+    value = _load_cached(data, call.spec, call.store, call.key)
+    if value is _MISS:
+        return _MISS
     ctx = call.ctx
     if ctx is not None:
         record = call.record("cached", None, short_repr(value), *trace_digests(value))

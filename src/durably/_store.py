@@ -1204,6 +1204,34 @@ class DiskStore:
                 if payload is not None:
                     self._memo_bytes -= len(payload)
 
+    def discard_cache(self, key: str, why: str, data: bytes | None = None) -> None:
+        """Take a cache entry that must not be served out of the cache: its value (``data``,
+        as :meth:`cache_get` returned it) is kept in ``damaged/`` in the store, and a
+        warning names the key, ``why`` and where it was kept. The runtime calls it for an
+        entry whose value cannot be loaded (then the task executes again).
+
+        Args:
+            key: The cache key.
+            why: What is wrong with it, for the warning ("its value cannot be loaded ...").
+            data: The entry's bytes, to keep (None: nothing kept; a large value's file is
+                moved there).
+
+        Raises:
+            StoreError: the store cannot be opened.
+
+        Example:
+            >>> import durably, tempfile
+            >>> store = durably.DiskStore(tempfile.mkdtemp())
+            >>> store.cache_put("k1", b"not a pickle")
+            >>> store.discard_cache("k1", "its value cannot be loaded", b"not a pickle")
+            >>> store.cache_get("k1") is None
+            True
+        """
+        if isinstance(data, Spilled):  # (a large value: its file in the cache)
+            self._cache_damaged(key, why, path=data.path)
+        else:
+            self._cache_damaged(key, why, data=data)
+
     def _cache_damaged(self, key: str, why: str, *, path: str | None = None,
                        data: bytes | None = None) -> None:
         """Keep a damaged entry aside, drop it from the cache, warn naming both."""
