@@ -96,21 +96,26 @@ def test_a_task_returning_an_open_file_fails_and_caches_nothing(
 
 def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path: Path) -> None:
     """``python -m job`` names its tasks ``job:...``, like ``import job``, and they share cache
-    entries and runs: a result of a class defined in the script was pickled as
+    entries and runs (an Enum of the script in the code or an argument named its class
+    after ``__main__``: no key was shared): a result of a class defined in the script was pickled as
     ``__main__.Result``, which a process that imports ``job`` does not have (the call, the
     entrypoint, even ``fresh=True`` raised SerializationError). It is pickled by the name the
     script is imported by, and loads back as the class of ``__main__`` in a later
     ``python -m job``, without importing the script a second time."""
     write_script(tmp_path / "job.py", """
-        import dataclasses, sys
+        import dataclasses, enum, sys
         import durably
 
         print("imported as", __name__, file=sys.stderr)
+
+        class Grade(enum.Enum):
+            GOOD = "good"
 
         @dataclasses.dataclass
         class Result:
             score: float
             scale: object = None
+            grade: Grade = Grade.GOOD
 
         def half(x):
             return x / 2
@@ -129,8 +134,8 @@ def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path
 
         if __name__ == "__main__":
             r = main(3)
-            print(type(r) is Result, r.scale is half, r.score, main.run(3).status,
-                  evaluate.cache_key(3) + echo.cache_key(Result(1.0)))
+            print(type(r) is Result, r.scale is half and r.grade is Grade.GOOD, r.score,
+                  main.run(3).status, evaluate.cache_key(3) + echo.cache_key(Result(1.0)))
         """)
     env = script_env(tmp_path / "store")
 

@@ -41,6 +41,7 @@ from ._encoders import (
     _pack_d,
     _pack_Q,
     _pack_q,
+    script_module,
     type_path,
     without_cached,
 )
@@ -531,7 +532,10 @@ class Encoder:
                 "method, or call durably.register_encoder(type, fn)."
             ) from None
         if isinstance(rv, str):
-            self.text(b"G", f"{getattr(obj, '__module__', '')}.{rv}")
+            module = getattr(obj, "__module__", "")
+            if isinstance(module, str):
+                module = script_module(module, obj, rv)
+            self.text(b"G", f"{module}.{rv}")
             return
         if not self.enter(obj):
             return
@@ -595,7 +599,11 @@ def _class_code() -> Callable[[Encoder, type], bytes]:
 
 
 def _callable_name(f: Any) -> str:
-    return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+    module = getattr(f, "__module__", "")
+    qualname = getattr(f, "__qualname__", repr(f))
+    if isinstance(module, str) and isinstance(qualname, str):
+        module = script_module(module, f, qualname)
+    return f"{module}.{qualname}"
 
 
 def _is_user_code(f: Any) -> bool:

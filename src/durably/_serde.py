@@ -435,6 +435,19 @@ def main_global(module: str, qualname: str) -> Any:
     return found
 
 
+def _found_in(module: Any, qualname: str, obj: Any) -> bool:
+    """Whether ``module`` holds ``obj`` under ``qualname`` (what plain pickle checks before it
+    pickles an object by its name: code run with ``exec`` in a namespace of its own says
+    ``__main__`` without being there)."""
+    found = module
+    try:
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # noqa: BLE001 - not there, or a failing __getattr__
+        return False
+    return found is obj
+
+
 def _dumps_main(obj: Any, what: str, main: dict[str, str]) -> bytes:
     """:func:`dumps` in a script run as ``python -m job``: its classes and functions are
     pickled as :func:`main_global` of ``job`` instead of as attributes of ``__main__``, which
@@ -442,10 +455,11 @@ def _dumps_main(obj: Any, what: str, main: dict[str, str]) -> bytes:
     class _MainPickler(pickle.Pickler):
         def reducer_override(self, o: Any) -> Any:
             if isinstance(o, (type, types.FunctionType)):
-                module = main.get(getattr(o, "__module__", None) or "")
+                alias = getattr(o, "__module__", None) or ""
+                module = main.get(alias)
                 qualname = getattr(o, "__qualname__", "")
                 if module is not None and isinstance(qualname, str) and (
-                        "<" not in qualname):  # (not a lambda, nor defined in a function)
+                        "<" not in qualname and _found_in(sys.modules.get(alias), qualname, o)):
                     return main_global, (module, qualname)
             return NotImplemented
 
