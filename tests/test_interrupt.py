@@ -1350,3 +1350,31 @@ def main(ticket):
     again = v2.main.run("T-1")
     assert again.status == "interrupted"
     assert [i.payload for i in again.interrupts] == ["Refund the customer?"]  # asked anew
+
+
+def test_a_retry_gets_the_answer_given_before_its_try_failed(
+        disk_store: durably.DiskStore) -> None:
+    """A task with ``retry=`` that asked a question, was answered, then failed: its next try
+    asks the same question (the same interrupt id) and gets the same answer; it paused the
+    run to ask it again under a new id."""
+    tries: list[str] = []
+
+    @durably.task(retry=durably.Retry(attempts=3, backoff=0.0))
+    def approve_and_post(draft: str) -> str:
+        verdict = durably.interrupt({"approve?": draft})
+        tries.append(verdict)
+        if len(tries) == 1:
+            raise ConnectionError("flaky network")  # after the answer
+        return f"{draft}: {verdict}"
+
+    @durably.entrypoint
+    def publish(draft: str) -> str:
+        return approve_and_post(draft)
+
+    run = publish.run("owls")
+    assert run.status == "interrupted" and len(run.interrupts) == 1
+    assert publish.resume(run.id, "yes") == "owls: yes"
+    assert tries == ["yes", "yes"]
+    statuses = [s.status for s in durably.get_run(run.id).records()
+                if s.task.endswith("approve_and_post")]
+    assert statuses[-2:] == ["failed", "ran"]

@@ -1075,6 +1075,16 @@ def _try_label(policy: Retry, tries: int, exc: BaseException) -> str:
     return label
 
 
+def _retry_asks_again(call: Call) -> None:
+    """Before another try of a step: its ``interrupt()`` calls are counted from the first
+    again, so a question answered before a try failed gets the same answer (the same
+    interrupt id), instead of pausing the run to ask it a second time."""
+    ctx = call.ctx
+    if ctx is not None and call.step_id:
+        with ctx._lock:
+            ctx.interrupts.pop(call.step_id, None)
+
+
 def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
                       args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Execute a body under ``retry=`` / ``timeout=``: every failed try is journaled."""
@@ -1086,6 +1096,7 @@ def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
             tries += 1
             if tries > 1:
                 call.started = now()
+                _retry_asks_again(call)
             call.enter()
             try:
                 if spec.timeout is not None:
@@ -1113,6 +1124,7 @@ async def _acall_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any]
             tries += 1
             if tries > 1:
                 call.started = now()
+                _retry_asks_again(call)
             call.enter()
             try:
                 if spec.timeout is not None:
