@@ -1378,3 +1378,29 @@ def test_a_retry_gets_the_answer_given_before_its_try_failed(
     statuses = [s.status for s in durably.get_run(run.id).records()
                 if s.task.endswith("approve_and_post")]
     assert statuses[-2:] == ["failed", "ran"]
+
+
+def test_a_submitted_call_nobody_waits_for_pauses_the_run_without_a_failure_warning(
+        disk_store: durably.DiskStore) -> None:
+    """``ask.submit(n)`` whose future is never asked, and whose body calls ``interrupt()``:
+    the run pauses for it and names the task; it warned that the run finished and that the
+    call failed (showing durably's InterruptSignal), and the interrupt named no task."""
+    import warnings
+
+    @durably.task
+    def ask(x: int) -> Any:
+        return durably.interrupt({"q": x})
+
+    @durably.entrypoint
+    def job(n: int) -> str:
+        ask.submit(n)
+        return "done"
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        run = job.run(1)
+    assert run.status == "interrupted"
+    assert [(i.task.rpartition(".")[2], i.payload) for i in run.interrupts] == [
+        ("ask", {"q": 1})]
+    assert not [w for w in said if "durably" in str(w.message)]
+    assert job.resume(run.id, "yes") == "done"

@@ -1229,7 +1229,9 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
     ctx = call.ctx
 
     def fail(exc: BaseException) -> None:
-        if ctx is not None:  # (before the future is done: the run's end waits for that)
+        # (before the future is done: the run's end waits for that); an interrupt() is no
+        # failure: the run pauses for it, and reports it whether or not anybody waited
+        if ctx is not None and not isinstance(exc, InterruptSignal):
             asked = getattr(future, "asked", [True])
             ctx.unwaited.append((target.spec.name, asked, repr(exc)[:200]))
         future.set_exception(exc)

@@ -184,7 +184,12 @@ def interrupt(payload: Any = None) -> Any:
                                   interrupt_id, code.encode()))
     ctx.claim()  # (an attempt that only replayed so far: its start first)
     ctx.store.append_events(events)
-    pending = Interrupt(interrupt_id, payload, step, "" if step else ctx.name)
+    # named by the task asking (its step's call), also when the signal never reaches the
+    # call (a submitted call nobody waits for: the run reports its interrupts all the same)
+    caller = ctx.executing(step) if step else None
+    pending = Interrupt(interrupt_id, payload, step,
+                        ctx.name if not step else caller.spec.name if caller is not None
+                        else "")
     ctx.raised.append(pending)
     raise InterruptSignal([pending])
 
