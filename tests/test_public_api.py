@@ -38,6 +38,20 @@ def test_implementation_modules_are_private() -> None:
     assert public == {"cli", "exceptions", "executors", "render", "stategraph", "testing"}
 
 
+def test_public_errors_are_named_where_they_are_documented() -> None:
+    """A traceback names an error by the module a user imports it from."""
+    import pickle
+
+    from durably import exceptions, stategraph
+
+    for module in (exceptions, stategraph):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if isinstance(obj, type) and issubclass(obj, Exception):
+                assert obj.__module__ == module.__name__, name
+                assert pickle.loads(pickle.dumps(obj)) is obj
+
+
 def test_heavy_parts_are_imported_on_first_use() -> None:
     import subprocess
     import sys

@@ -653,6 +653,8 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
         fix = {
             "finished": f"Its result: durably show {run.id}.",
             "forked": f"Execute it with: durably fork {run.id}, or call the entrypoint.",
+            "running": f"A process is executing it now: answer once it pauses (see it with "
+                       f"durably show {run.id}).",
         }.get(run.status, "Fix: call the entrypoint again with the same arguments to "
                           "continue it.")
         _fail(f"run {run.id!r} is {run.status}, not interrupted: it waits for no answer. {fix}")

@@ -68,6 +68,12 @@ from ._store import Store
 from ._tracer import Event, short_repr
 from .exceptions import CorruptJournalError, DefinitionError, RunStateError
 
+# the errors a user catches are documented here: tracebacks and reprs name them here too
+for _error in (GraphChangedError, GraphValidationError, InvalidRouteError, StepLimitError,
+               InvalidUpdateError):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "END",
     "START",
