@@ -96,26 +96,21 @@ def test_a_task_returning_an_open_file_fails_and_caches_nothing(
 
 def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path: Path) -> None:
     """``python -m job`` names its tasks ``job:...``, like ``import job``, and they share cache
-    entries and runs (an Enum of the script in the code or an argument named its class
-    after ``__main__``: no key was shared): a result of a class defined in the script was pickled as
+    entries and runs: a result of a class defined in the script was pickled as
     ``__main__.Result``, which a process that imports ``job`` does not have (the call, the
     entrypoint, even ``fresh=True`` raised SerializationError). It is pickled by the name the
     script is imported by, and loads back as the class of ``__main__`` in a later
     ``python -m job``, without importing the script a second time."""
     write_script(tmp_path / "job.py", """
-        import dataclasses, enum, sys
+        import dataclasses, sys
         import durably
 
         print("imported as", __name__, file=sys.stderr)
-
-        class Grade(enum.Enum):
-            GOOD = "good"
 
         @dataclasses.dataclass
         class Result:
             score: float
             scale: object = None
-            grade: Grade = Grade.GOOD
 
         def half(x):
             return x / 2
@@ -124,18 +119,14 @@ def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path
         def evaluate(n):
             return Result(n / 10, half)
 
-        @durably.task
-        def echo(r):
-            return r
-
         @durably.entrypoint
         def main(n):
             return evaluate(n)
 
         if __name__ == "__main__":
             r = main(3)
-            print(type(r) is Result, r.scale is half and r.grade is Grade.GOOD, r.score,
-                  main.run(3).status, evaluate.cache_key(3) + echo.cache_key(Result(1.0)))
+            print(type(r) is Result, r.scale is half, r.score, main.run(3).status,
+                  evaluate.cache_key(3))
         """)
     env = script_env(tmp_path / "store")
 
@@ -150,10 +141,8 @@ def test_a_value_of_a_script_run_as_a_module_loads_where_it_is_imported(tmp_path
     assert started == ["True", "True", "0.3", "finished"]
     imported = python("-c", "import job; r = job.evaluate(3); s = job.main(3); "
                       "print(type(r) is job.Result, r == s, r.scale is job.half, "
-                      "job.main.run(3, fresh=True).result == r, "
-                      "job.evaluate.cache_key(3) + job.echo.cache_key(job.Result(1.0)))")
-    # one cache entry, shared; a script's class in an argument is named as the script is
-    assert imported == ["True", "True", "True", "True", key]
+                      "job.main.run(3, fresh=True).result == r, job.evaluate.cache_key(3))")
+    assert imported == ["True", "True", "True", "True", key]  # (one cache entry: shared)
     assert python("-m", "job") == [*started, key]  # replayed
 
 
@@ -210,3 +199,33 @@ def test_a_cached_value_that_cannot_be_loaded_is_set_aside_and_computed_again(
     assert _uses.run([2, 2], fresh=True).result == [2, 2, 2]
     made = len(_MADE)
     assert _uses.run([2, 2], fresh=True).result == [2, 2, 2] and len(_MADE) == made
+
+
+def test_a_package_run_as_a_program_is_never_imported_to_load_a_value(tmp_path: Path) -> None:
+    """``python -m app`` runs ``app/__main__.py``: importing ``app.__main__`` would run the
+    program again, so its classes are not pickled by that name (they are by ``job``'s
+    under ``python -m job``), and :func:`~durably._serde.main_global` refuses it."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    program = """
+        import dataclasses
+        from durably._serde import dumps
+
+        @dataclasses.dataclass
+        class Res:
+            x: int
+
+        print(b"main_global" in dumps(Res(1), what="x"))
+        """
+    write_script(tmp_path / "app" / "__main__.py", program)
+    write_script(tmp_path / "job.py", program)
+    env = script_env(tmp_path / "store")
+    for module, named in (("app", "False"), ("job", "True")):
+        done = subprocess.run([sys.executable, "-m", module], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [named]
+    from durably._serde import main_global
+
+    with pytest.raises(ImportError, match="would run it"):
+        main_global("app.__main__", "Res")

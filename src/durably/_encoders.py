@@ -45,41 +45,11 @@ PLAIN_CLASS = "plain class"
 _UNSET = object()
 
 
-def script_module(module: str, obj: Any, qualname: str) -> str:
-    """The module name digests give ``obj``, a function or class named ``qualname`` in
-    ``module``: the script's (``__main__``, or ``__mp_main__`` when multiprocessing runs it
-    again in a worker it spawned) is the name it is imported by when it runs as
-    ``python -m job`` (``job``: the same as in a process that imports it, as task identities
-    are), else ``__main__``; any other module is itself. An object that says ``__main__``
-    but is not found there under its name (code run with ``exec`` in a namespace of its
-    own, under ``python -m pytest``) is ``__main__``."""
-    if module not in ("__main__", "__mp_main__"):
-        return module
-    main = sys.modules.get(module)
-    name = getattr(getattr(main, "__spec__", None), "name", None)
-    if not isinstance(name, str) or not name or name == "__mp_main__":
-        return "__main__"
-    found: Any = main
-    try:
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except Exception:  # noqa: BLE001 - not there (or a failing __getattr__): not the script's
-        return "__main__"
-    for _ in range(10):  # (the script's name may hold a decorator of it: a task, a cache)
-        if found is obj:
-            return name
-        found = getattr(found, "__wrapped__", None)
-        if found is None:
-            break
-    return "__main__"
-
-
 def type_path(t: type) -> bytes:
-    """``module.qualname`` of a type, as bytes (cached); a class of the script is named
-    after :func:`script_module`."""
+    """``module.qualname`` of a type, as bytes (cached)."""
     p = _TYPE_PATHS.get(t)
     if p is None:
-        p = f"{script_module(t.__module__, t, t.__qualname__)}.{t.__qualname__}".encode()
+        p = f"{t.__module__}.{t.__qualname__}".encode()
         _TYPE_PATHS[t] = p
     return p
 

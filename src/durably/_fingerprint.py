@@ -109,7 +109,6 @@ import wrapt
 import xxhash
 
 from ._bytecode import _Refs, _scan
-from ._encoders import script_module
 from ._files import SEEN, File
 from ._hashing import Encoder, type_path
 from ._origin import _import_user_module, _package_version, _resolve_import, is_user_module
@@ -292,7 +291,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 def _type_text(t: Any) -> str:
     """An annotation as text, without memory addresses (stable across processes)."""
     if isinstance(t, type):
-        return f"{script_module(t.__module__, t, t.__qualname__)}.{t.__qualname__}"
+        return f"{t.__module__}.{t.__qualname__}"
     return _ADDRESS.sub("", repr(t))
 
 
@@ -622,8 +621,7 @@ class _Walker(_StateFinder):
             names: set[str] = set()
             for base in c.__bases__:
                 self.value(e, base, names)
-                own.text(b"B", f"{script_module(base.__module__, base, base.__qualname__)}."
-                                  f"{base.__qualname__}")
+                own.text(b"B", f"{base.__module__}.{base.__qualname__}")
             meta = type(c)
             if meta is not type and is_user_module(meta.__module__):
                 # a metaclass of the user's: its methods are the class's (type(s).tag())
@@ -845,12 +843,11 @@ _PASSES = 3  # a second pass when state was found after it was encoded as config
 
 
 def _module_of(obj: Any) -> str:
-    """The module name of a function or class as fingerprints write it
-    (:func:`~durably._encoders.script_module`): a script's, whether it runs as ``__main__``
-    or again in a worker multiprocessing spawned (``__mp_main__``), so both give one
-    fingerprint (a recursive task names itself), and ``python -m job`` the same as
-    ``import job`` (an Enum's members name their class)."""
-    return script_module(str(obj.__module__), obj, str(getattr(obj, "__qualname__", "")))
+    """The module name of a function or class as fingerprints write it: a script's, whether
+    it runs as ``__main__`` or again in a worker multiprocessing spawned (``__mp_main__``),
+    so both give one fingerprint (a recursive task names itself)."""
+    module = obj.__module__
+    return "__main__" if module == "__mp_main__" else str(module)
 
 
 def fingerprint_function(func: Any) -> Fingerprint:

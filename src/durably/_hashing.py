@@ -41,7 +41,6 @@ from ._encoders import (
     _pack_d,
     _pack_Q,
     _pack_q,
-    script_module,
     type_path,
     without_cached,
 )
@@ -532,10 +531,7 @@ class Encoder:
                 "method, or call durably.register_encoder(type, fn)."
             ) from None
         if isinstance(rv, str):
-            module = getattr(obj, "__module__", "")
-            if isinstance(module, str):
-                module = script_module(module, obj, rv)
-            self.text(b"G", f"{module}.{rv}")
+            self.text(b"G", f"{getattr(obj, '__module__', '')}.{rv}")
             return
         if not self.enter(obj):
             return
@@ -599,11 +595,7 @@ def _class_code() -> Callable[[Encoder, type], bytes]:
 
 
 def _callable_name(f: Any) -> str:
-    module = getattr(f, "__module__", "")
-    qualname = getattr(f, "__qualname__", repr(f))
-    if isinstance(module, str) and isinstance(qualname, str):
-        module = script_module(module, f, qualname)
-    return f"{module}.{qualname}"
+    return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
 
 
 def _is_user_code(f: Any) -> bool:

@@ -353,18 +353,19 @@ def dumps(obj: Any, *, what: str) -> bytes:
         local.pickler = pickle.Pickler(sink, protocol=5)
     sink.limit = SPILL_BYTES
     sink.what = what
+    main = _main_as_module()
+    if main is not None:  # (python -m job: its own pickler, one pass)
+        local.busy = True
+        try:
+            return _dumps_main(obj, what, main)
+        finally:
+            local.busy = False
     local.busy = True
     try:
         pickler = local.pickler
         pickler.clear_memo()
         pickler.dump(obj)
-        data = sink.finish()
-        main = _main_as_module()
-        if main is not None and (type(data) is not bytes or _MAIN_TAG in data):
-            if type(data) is Spilled:  # (a name of __main__ in it, maybe: not read back)
-                data.discard()
-            return _dumps_main(obj, what, main)
-        return data
+        return sink.finish()
     except StoreError:
         local.sink = local.pickler = None
         raise
@@ -378,9 +379,8 @@ def dumps(obj: Any, *, what: str) -> bytes:
     return _dumps_fresh(obj, what, cloud=True)
 
 
-#: what a pickle naming the script's module holds (``__main__``, and ``_main__`` of
-#: ``__mp_main__``, the script run again in a process multiprocessing spawned)
-_MAIN_TAG = b"_main__"
+#: the names a script's module runs under: ``__main__``, and ``__mp_main__`` when
+#: multiprocessing runs it again in a process it spawned
 _MAIN_MODULES = ("__main__", "__mp_main__")
 
 
@@ -398,7 +398,9 @@ def _main_as_module() -> dict[str, str] | None:
     for alias in _MAIN_MODULES:
         spec = getattr(sys.modules.get(alias), "__spec__", None)
         name = getattr(spec, "name", None)
-        if isinstance(name, str) and name and name not in _MAIN_MODULES:
+        # (not a package's __main__, `python -m app`: importing it runs the program)
+        if isinstance(name, str) and name and name.rpartition(".")[2] not in (
+                "__main__", "__mp_main__"):
             found[alias] = name
     _main_seen[:] = [main, found or None]
     return found or None
@@ -413,7 +415,8 @@ def main_global(module: str, qualname: str) -> Any:
     and they share its cache entries), and in a later ``python -m job``.
 
     Raises:
-        ImportError: the module cannot be imported.
+        ImportError: the module cannot be imported, or it is a package's ``__main__``
+            (importing it would run the program).
         AttributeError: it defines no such name.
 
     Example:
@@ -427,6 +430,9 @@ def main_global(module: str, qualname: str) -> Any:
             found = main
             break
     if found is None:
+        if module.rpartition(".")[2] == "__main__":
+            raise ImportError(f"{module} is a program (a package's __main__): durably does "
+                              "not import it to load a value, which would run it")
         import importlib
 
         found = importlib.import_module(module)
@@ -448,25 +454,34 @@ def _found_in(module: Any, qualname: str, obj: Any) -> bool:
     return found is obj
 
 
+class _MainPickler(pickle.Pickler):
+    """Plain pickle, naming the classes and functions of a script run as ``python -m job``
+    by :func:`main_global` of ``job`` (``reducer_override`` is not called for ints, floats,
+    strings, bytes and plain containers: a large array or list costs no more)."""
+
+    def __init__(self, file: Any, main: dict[str, str]) -> None:
+        super().__init__(file, protocol=5)
+        self.main = main
+
+    def reducer_override(self, o: Any) -> Any:
+        if isinstance(o, (type, types.FunctionType)):
+            alias = getattr(o, "__module__", None) or ""
+            module = self.main.get(alias)
+            qualname = getattr(o, "__qualname__", "")
+            if module is not None and isinstance(qualname, str) and (
+                    "<" not in qualname and _found_in(sys.modules.get(alias), qualname, o)):
+                return main_global, (module, qualname)
+        return NotImplemented
+
+
 def _dumps_main(obj: Any, what: str, main: dict[str, str]) -> bytes:
     """:func:`dumps` in a script run as ``python -m job``: its classes and functions are
     pickled as :func:`main_global` of ``job`` instead of as attributes of ``__main__``, which
     a process that imports ``job`` does not have."""
-    class _MainPickler(pickle.Pickler):
-        def reducer_override(self, o: Any) -> Any:
-            if isinstance(o, (type, types.FunctionType)):
-                alias = getattr(o, "__module__", None) or ""
-                module = main.get(alias)
-                qualname = getattr(o, "__qualname__", "")
-                if module is not None and isinstance(qualname, str) and (
-                        "<" not in qualname and _found_in(sys.modules.get(alias), qualname, o)):
-                    return main_global, (module, qualname)
-            return NotImplemented
-
     sink = _Sink()
     sink.what = what
     try:
-        _MainPickler(sink, protocol=5).dump(obj)
+        _MainPickler(sink, main).dump(obj)
         return sink.finish()
     except StoreError:
         raise
