@@ -494,7 +494,7 @@ def test_a_mutation_by_code_the_task_does_not_reach_keeps_the_value_configuratio
     'return int(DF["a"].add(k).sum())',  # Series.add: a new Series
     'return list(COLS.append(pd.Index([k])))',  # Index.append: a new Index
     'return int(DF.pop.__name__ == "pop") + k',  # named, not called
-    'return CLIP.add(k)',  # a method of the user's class that changes nothing
+    'return int(FRAMES["a"].add(k).sum().sum())',  # of an item of a dict of frames
 ])
 def test_a_method_named_like_a_mutator_keeps_a_package_s_value_configuration(
         body: str) -> None:
@@ -509,19 +509,14 @@ def test_a_method_named_like_a_mutator_keeps_a_package_s_value_configuration(
         import pandas as pd
         DF = pd.DataFrame({{"a": [1, 2, 3]}})
         COLS = pd.Index(["a", "b"])
-        class Clip:
-            def __init__(self, top):
-                self.top = top
-            def add(self, x):
-                return min(self.top, x)
-        CLIP = Clip(5)
+        FRAMES = {{"a": pd.DataFrame({{"a": [1]}})}}
         def task(k):
             {body}
         """)
     first = fingerprint_function(ns["task"])
     ns["DF"] = pd.DataFrame({"a": [10, 20, 30]})  # the data cell run again with new data
     ns["COLS"] = pd.Index(["x"])
-    ns["CLIP"] = ns["Clip"](50)
+    ns["FRAMES"] = {"a": pd.DataFrame({"a": [100]})}
     assert not first.valid()
     assert fp(ns["task"]) != first.digest
 
@@ -861,6 +856,60 @@ STATE = {
         BAG = Bag()
         def task(x):
             BAG.seen.add(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "a list subclass whose method calls the list's": """
+        class Log(list):
+            def append(self, x):
+                super().append(("at", x))
+        LOG = Log()
+        def task(x):
+            LOG.append(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "the user's class changing itself through a library function": """
+        import heapq
+        class Queue:
+            def __init__(self):
+                self.heap = []
+            def add(self, x):
+                heapq.heappush(self.heap, x)
+        QUEUE = Queue()
+        def task(x):
+            QUEUE.add(x)
+            return x
+        def fill():
+            task(2)
+        """,
+    "the user's class changing itself with setattr": """
+        class Settings:
+            def update(self, **kw):
+                for k, v in kw.items():
+                    setattr(self, k, v)
+        SEEN = Settings()
+        def task(x):
+            SEEN.update(last=x)
+            return x
+        def fill():
+            task(3)
+        """,
+    "lists in a tuple appended to": """
+        BUCKETS = ([], [])
+        def task(x):
+            BUCKETS[x % 2].append(x)
+            return x
+        def fill():
+            task(1)
+        """,
+    "an element of the standard library appended to": """
+        import xml.etree.ElementTree as ET
+        ROOT = ET.Element("root")
+        def task(x):
+            ROOT.append(ET.Element("item"))
             return x
         def fill():
             task(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import subprocess
@@ -187,10 +188,16 @@ def test_a_cached_value_that_cannot_be_loaded_is_set_aside_and_computed_again(
         assert _make(7).x == 7  # not loadable: executed again
     assert _MADE == [7, 7]
     assert "cannot be loaded" in caplog.text and "set aside" in caplog.text
-    assert any((disk_store.path / "damaged").iterdir())
+    kept = list((disk_store.path / "damaged").iterdir())
+    assert len(kept) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="durably"):
+        assert _make(7).x == 7  # not cached again here: executed, without another warning
+    assert _MADE == [7, 7, 7] and not caplog.text
+    assert list((disk_store.path / "damaged").iterdir()) == kept  # (no copy per call)
 
     assert _uses([1, 1]) == [1, 1, 1]
-    assert sorted(_MADE[2:]) == [1, 1, 1]  # each copy executed: none could be served
+    assert sorted(_MADE[3:]) == [1, 1, 1]  # each copy executed: none could be served
     with pytest.raises(durably.SerializationError, match="cannot be unpickled at all"):
         _uses([1, 1])  # the finished run replays its journal, which cannot load
     run = _uses.run([1, 1], fresh=True)
@@ -229,3 +236,30 @@ def test_a_package_run_as_a_program_is_never_imported_to_load_a_value(tmp_path: 
 
     with pytest.raises(ImportError, match="would run it"):
         main_global("app.__main__", "Res")
+
+
+class _NeedsAPlugin:
+    """Loads only where ``_durably_test_plugin`` can be imported (another process's
+    environment: a package this one lacks)."""
+
+    def __reduce__(self) -> Any:
+        return (importlib.import_module, ("_durably_test_plugin",))
+
+
+@durably.task
+def _plugged(x: int) -> Any:
+    _MADE.append(x)
+    return _NeedsAPlugin()
+
+
+def test_a_cached_value_this_process_cannot_import_keeps_its_entry(
+        disk_store: durably.DiskStore) -> None:
+    """A value that does not load here because of this process (a module it cannot
+    import) may load elsewhere: the entry is kept, and the call says what is missing."""
+    _MADE.clear()
+    _plugged(1)
+    with pytest.raises(durably.SerializationError, match="_durably_test_plugin"):
+        _plugged(1)
+    assert _MADE == [1]
+    assert disk_store.cache_get(_plugged.cache_key(1)) is not None
+    assert not (disk_store.path / "damaged").exists()

@@ -503,24 +503,45 @@ def _load(data: bytes, spec: Spec, where: str) -> Any:
         ) from None
 
 
+#: cache keys whose stored value could not be loaded, in this process: their results are
+#: not cached again here (they would not load either), so a value that never loads back
+#: costs one warning and one set-aside copy, not one of each per call
+_UNLOADABLE: set[str] = set()
+#: failures to load that may be this process's, not the value's (a module it cannot import,
+#: a class it does not have, a file it cannot read, its memory): the entry is kept
+_NOT_THE_VALUE = (ImportError, AttributeError, OSError, MemoryError, RecursionError)
+
+
 def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
-    """The value of a cache entry, or ``_MISS`` when it cannot be loaded: the entry is set
-    aside (a store that can: ``discard_cache``) with a warning, and the task executes
-    again, its new result stored in its place (a cache entry is never worth a failure)."""
+    """The value of a cache entry, or ``_MISS`` when the value itself cannot be loaded (its
+    class's ``__reduce__`` or ``__init__`` does not take back what it pickled): the entry is
+    set aside (a store that can: ``discard_cache``) with a warning, and the task executes
+    again (a cache entry is never worth a failure); its results are not cached again in
+    this process.
+
+    Raises:
+        SerializationError: the failure may be this process's (see ``_NOT_THE_VALUE``):
+            the entry is kept for the processes that can load it."""
     try:
         return _serde.loads(data)
-    except (MemoryError, RecursionError) as exc:  # (this process's limits: the entry is fine)
-        raise SerializationError(f"cannot load the cached result of task {spec.name!r}: "
-                                 f"{exc!r}. Fix: free memory, or raise the limit") from exc
-    except Exception as exc:  # noqa: BLE001 - any other failure to load: not served
-        why = (f"its value cannot be loaded ({exc!r}: the code that defines its type "
-               "changed incompatibly, or the value cannot be unpickled at all)")
+    except _NOT_THE_VALUE as exc:
+        raise SerializationError(
+            f"cannot load the cached result of task {spec.name!r}: {exc!r}. This process "
+            "cannot import or find what the value is made of (or lacks the memory), or the "
+            "code that defines its type changed incompatibly. Fix: import or install what "
+            f"it needs, restore the code, or remove the entry ({spec.name}.clear())."
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the value does not load back: not served
+        _UNLOADABLE.add(key)
+        why = (f"its value cannot be loaded ({exc!r}: it does not unpickle as it was "
+               "pickled); the task executes again, and its results are not cached again in "
+               "this process")
         discard = getattr(store, "discard_cache", None)
         if discard is not None:
             discard(key, why, data)
         else:
-            log.warning("durably: the cache entry %s of task %r is not served: %s; the task "
-                        "executes again", key, spec.name, why)
+            log.warning("durably: the cache entry %s of task %r is not served: %s", key,
+                        spec.name, why)
         return _MISS
 
 
@@ -673,13 +694,15 @@ class Call:
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
-                    spec.changed_in_place(now() - self.started)) and not self.files_changed():
+                    spec.changed_in_place(now() - self.started)) and not self.files_changed() \
+                    and not (_UNLOADABLE and self.key in _UNLOADABLE):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
         cacheable = spec.cache and not spec.changed_in_place(
-            record.ended - record.started) and not self.files_changed()
+            record.ended - record.started) and not self.files_changed() and not (
+            _UNLOADABLE and self.key in _UNLOADABLE)
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:

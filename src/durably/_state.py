@@ -20,6 +20,7 @@ import io
 import itertools
 import pathlib
 import queue
+import sys
 import threading
 import types
 import uuid
@@ -76,12 +77,37 @@ _MUTABLE_KINDS = (list, dict, set, bytearray, collections.deque, array.array,
 
 
 def _mutable_kind(v: Any) -> bool:
-    """Whether ``v`` is a mutable container of the language's kind, or an object of the
-    user's own classes: what a method named in :data:`_MUTATORS` changes."""
+    """Whether ``v`` is a mutable container of the language's kind, an object of the
+    standard library (an ``xml.etree`` element, a ``TarFile``), or an object of the user's
+    own classes: what a method named in :data:`_MUTATORS` changes."""
     try:
-        return isinstance(v, _MUTABLE_KINDS) or is_user_module(type(v).__module__)
+        if isinstance(v, _MUTABLE_KINDS):
+            return True
+        module = type(v).__module__
+        return is_user_module(module) or module.partition(".")[0] in _STDLIB
     except Exception:  # noqa: BLE001 - an odd __class__ or __instancecheck__: not a container
         return False
+
+
+_STDLIB = frozenset(sys.stdlib_module_names) - {"__main__"}
+
+
+def _holds_mutable(container: Any) -> bool:
+    """Whether the items of ``container`` are what a method named in :data:`_MUTATORS`
+    changes (:func:`_mutable_kind`): judged by the first 64 (an empty container is filled
+    by the code that calls it: ``GROUPS[k].append(x)``); a container of another kind by
+    itself (an object of the user's class holding lists)."""
+    try:
+        if isinstance(container, dict):
+            items: Any = container.values()
+        elif isinstance(container, (list, tuple, collections.deque)):
+            items = container
+        else:
+            return _mutable_kind(container)
+        sample = list(itertools.islice(items, 64))
+    except Exception:  # noqa: BLE001 - changed meanwhile (another thread): as before
+        return True
+    return not sample or any(_mutable_kind(v) for v in sample)
 
 
 def _is_stateful(v: Any) -> bool:
@@ -250,21 +276,19 @@ class _StateFinder:
         """Whether calling method ``name`` of ``obj`` (``_MISSING``: a computed attribute;
         ``inside``: of an item of ``container``, the last value reached) changes it.
 
-        A name in :data:`_MUTATORS` changes a mutable container of the language's kind (a
-        list, a dict, a set, a deque, ...) or an object of the user's own classes (whose
-        method's bytecode is read when it is theirs); any other object's method is judged
-        by its bytecode, so an installed package's object is never state by a method's
-        name alone: ``Series.add`` and ``Index.append`` of pandas return new objects. Taken
-        for configuration, such a value is digested, and a real change in place is noticed
-        (a rerun, or a warning), never served a stale result; taken for state wrongly, a
-        new value would have been."""
+        A name in :data:`_MUTATORS` changes a container of the language's kind (a list, a
+        dict, a set, a deque, an object of the standard library) or an object of the
+        user's own classes; called on an item, it changes the container when the items are
+        such values. Any other method is judged by its bytecode (the user's classes). So an
+        installed package's object is never state by a method's name alone: pandas'
+        ``Series.add`` and ``Index.append`` return new objects. Taken for configuration,
+        such a value is digested, and a real change in place is noticed (a rerun, or a
+        warning), never served a stale result; taken for state wrongly, new data in it
+        would have been."""
         if name in _MUTATORS:
-            if inside or obj is _MISSING:
-                return _mutable_kind(container)
-            holder = _class_holder(type(obj), name)
-            if holder is not None and is_user_module(holder.__module__):
-                return self.changes_first(type(obj), vars(holder)[name])
-            return _mutable_kind(obj)
+            if inside:
+                return _holds_mutable(container)
+            return _mutable_kind(container if obj is _MISSING else obj)
         return not inside and obj is not _MISSING and self.method_changes_self(obj, name)
 
     def method_changes_self(self, obj: Any, name: str) -> bool:

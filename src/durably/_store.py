@@ -1227,7 +1227,15 @@ class DiskStore:
             >>> store.cache_get("k1") is None
             True
         """
-        if isinstance(data, Spilled):  # (a large value: its file in the cache)
+        kept = self._open() / "damaged"
+        if re.fullmatch(r"[0-9a-f]{8,64}", key) and kept.is_dir() and any(
+                kept.glob(f"{key}-*")):  # (one copy of a key's value is enough)
+            with contextlib.suppress(Exception):
+                self.cache.delete(key)
+            self.forget_memo((key,))
+            log.warning("durably: cache entry %s at %s is removed: %s (a copy was kept in "
+                        "%s before)", key, self.path, why, kept)
+        elif isinstance(data, Spilled):  # (a large value: its file in the cache)
             self._cache_damaged(key, why, path=data.path)
         else:
             self._cache_damaged(key, why, data=data)
