@@ -91,6 +91,8 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
      durably.DefinitionError, "takes a path"),
     ("a map with no workers", lambda: _t.map([1], max_workers=0), durably.DefinitionError,
      "max_workers must be a positive int"),
+    ("a map of a non-iterable", lambda: _t.map(5), durably.DefinitionError,  # type: ignore[arg-type]
+     "takes iterables of inputs"),
 ]
 
 

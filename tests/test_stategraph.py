@@ -408,6 +408,33 @@ def test_subgraph_and_async_nodes() -> None:
     assert "fetched" in final["items"]
 
 
+def test_a_sync_invoke_inside_a_running_event_loop_runs_an_async_node() -> None:
+    """``app.invoke`` from a notebook cell or a web handler (an event loop running in the
+    thread): an async node runs on a loop of its own, inside the run; it raised asyncio's
+    RuntimeError ("cannot be called from a running event loop") and failed the run."""
+    class S(TypedDict):
+        n: int
+
+    async def bump(state: S) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        seen.append(state["n"])
+        return {"n": state["n"] + 1}
+
+    seen: list[Any] = []
+    g = StateGraph(S, name="in_loop")
+    g.add_node("bump", bump).add_edge(START, "bump").add_edge("bump", END)
+    app = g.compile()
+
+    async def handler() -> Any:
+        return app.invoke({"n": 0}, run_id="in-a-loop")
+
+    assert asyncio.run(handler()) == {"n": 1}
+    run = durably.get_run("in-a-loop")
+    assert run.status == "finished" and len(seen) == 1
+    assert [s.status for s in run.steps if s.task.endswith("bump")] == ["ran"]
+    assert asyncio.run(handler()) == {"n": 1} and len(seen) == 1  # replayed, in a loop too
+
+
 def test_drawing_declared_structure_and_run_overlay() -> None:
     class S(TypedDict):
         n: int

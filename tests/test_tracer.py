@@ -1073,3 +1073,23 @@ def test_a_child_on_another_thread_is_journaled_after_its_parent_s_start(
             "SELECT task, status FROM steps WHERE run_id=? ORDER BY rowid", (run.id,))]
     assert [_n(t) for t, _ in order] == ["fan", "leaf", "leaf", "fan"]
     assert order[0][1] == "started" and order[-1][1] == "ran"
+
+
+@durably.task
+def _sq(x: int) -> int:
+    return x * x
+
+
+def test_a_graph_s_collapse_must_be_a_number_of_calls(store: Any) -> None:
+    """``run.graph(collapse=-1)`` looped for ever (every group is larger than -1, so the
+    graph never stopped changing); a wrong type raised a bare TypeError."""
+    @durably.entrypoint(store=store)
+    def few(n: int) -> int:
+        return sum(_sq(i) for i in range(n))
+
+    run = few.run(3)
+    for bad in (-1, "x", 2.5, True):
+        with pytest.raises(durably.DefinitionError, match="collapse"):
+            run.graph(collapse=bad)  # type: ignore[arg-type]
+    assert len(run.graph(collapse=0).nodes) == len(run.graph(collapse=None).nodes) == 3
+    assert len(run.graph(collapse=2).nodes) == 1  # (3 calls of one task: one node)

@@ -650,6 +650,15 @@ def _future_outcome(future: Any) -> _Outcome:
 def _items(iterables: tuple[Iterable[Any], ...], name: str) -> list[tuple[Any, ...]]:
     if not iterables:
         raise TypeError(f"{name}.map() needs at least one iterable of inputs")
+    for i, it in enumerate(iterables):
+        try:
+            iter(it)  # (an iterator, a generator: itself, nothing read)
+        except TypeError:
+            shown = repr(it)[:40]
+            raise DefinitionError(
+                f"{name}.map() takes iterables of inputs (one per parameter, like map()); "
+                f"argument {i + 1} is {shown}, of type {type(it).__name__}. Fix: "
+                f"{name}.map([{shown}]) for one call, or {name}.map(range(...)).") from None
     if len(iterables) == 1:
         return [(arg,) for arg in iterables[0]]
     lengths = [len(it) if isinstance(it, Sized) else "?" for it in iterables]

@@ -14,7 +14,13 @@ from ._history import Checkpoint, checkpoints
 from ._interrupt import Interrupt, pending_interrupts
 from ._store import RunRecord, StepRecord, Store
 from ._tracer import Event, RunGraph, build_graph
-from .exceptions import NotFoundError, RunStateError, SerializationError, StoreError
+from .exceptions import (
+    DefinitionError,
+    NotFoundError,
+    RunStateError,
+    SerializationError,
+    StoreError,
+)
 
 __all__ = ["Run", "get_run", "list_runs"]
 
@@ -191,6 +197,10 @@ class Run(Generic[R]):
             collapse: More than this many calls of one task under one parent draw as one
                 node (``parse ×1,200``, with counts per status); None or 0 draws every call.
 
+        Raises:
+            NotFoundError: the run has no such attempt.
+            DefinitionError: ``collapse`` is not a number of calls.
+
         Returns:
             A :class:`~durably.RunGraph`: ``.nodes`` (steps, nested by call), ``.edges``
             (data flow), ``.to_mermaid()``, ``.to_dot()``, ``.to_svg()``, ``.save(path)``.
@@ -211,6 +221,11 @@ class Run(Generic[R]):
             ...                             for e in g.edges]
             (['load', 'total'], [('load', 'total')])
         """
+        if collapse is not None and (isinstance(collapse, bool) or not isinstance(
+                collapse, int) or collapse < 0):
+            raise DefinitionError(f"run.graph(collapse=...) takes a number of calls (0 or "
+                                  f"more), or None, not {collapse!r}. Fix: collapse=20, or "
+                                  "collapse=None to draw every call.")
         rec = self._record
         latest = attempt is None or attempt == self.attempt
         attempt = self.attempt if attempt is None else attempt

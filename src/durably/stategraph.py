@@ -68,6 +68,29 @@ from ._store import Store
 from ._tracer import Event, short_repr
 from .exceptions import CorruptJournalError, DefinitionError, RunStateError
 
+
+def _run_beside_loop(afn: Callable[[Any], Any], state: Any) -> Any:
+    """An async node of a graph invoked synchronously from a thread whose event loop is
+    running (a notebook cell, a web handler): run on a loop of its own in a thread of its
+    own, with the caller's context (the run, the step), while the caller waits (its own
+    loop cannot run it: ``asyncio.run`` refuses to nest)."""
+    context = contextvars.copy_context()
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = context.run(asyncio.run, afn(state))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="durably-async-node", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 # the errors a user catches are documented here: tracebacks and reprs name them here too
 for _error in (GraphChangedError, GraphValidationError, InvalidRouteError, StepLimitError,
                InvalidUpdateError):
@@ -455,7 +478,11 @@ class CompiledGraph(Generic[S]):
             afn = fn
 
             def run_async(state: Any) -> Any:
-                return asyncio.run(afn(state))
+                try:
+                    asyncio.get_running_loop()
+                except RuntimeError:
+                    return asyncio.run(afn(state))
+                return _run_beside_loop(afn, state)
 
             run_async.__wrapped__ = afn  # type: ignore[attr-defined]
             run_async.__qualname__ = run_async.__name__ = getattr(fn, "__qualname__", name)
