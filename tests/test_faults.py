@@ -515,6 +515,9 @@ def test_a_large_value_that_does_not_fit_fails_cleanly(
     with pytest.raises(durably.StoreError, match="disk is full") as info:
         big(3_000_000)
     assert str(disk.path / "tmp") in str(info.value) and "Nothing was stored" in str(info.value)
+    written_bytes = int(str(info.value).split(" bytes so far")[0].rpartition("(")[2]
+                        .replace(",", ""))
+    assert written_bytes > 1_000_000  # what was written before the disk filled (said 0)
     assert list((disk.path / "tmp").iterdir()) == []  # the partial file is gone
     assert disk.cache_get(big.cache_key(3_000_000)) is None
     monkeypatch.setattr(_serde, "_os_write", real_write)
@@ -707,3 +710,18 @@ def test_a_value_larger_than_a_real_disk_fails_cleanly(tiny_fs: Path, tmp_path: 
     ok = subprocess.run([sys.executable, str(script), str(1 << 20)], env=env,
                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert ok.stdout.strip() == "stored", ok.stdout + ok.stderr
+
+
+def test_an_io_error_on_a_full_disk_says_the_disk_is_full(
+        disk: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite reports a full disk as "disk I/O error" when it cannot size a -shm file: the
+    error said to check permissions; the free space of the store's file system tells."""
+    error = sqlite3.OperationalError("disk I/O error")
+    assert "permissions" in str(disk.store_error(error, "cache", "open the cache"))
+
+    class Full:
+        f_bavail, f_frsize = 3, 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Full())
+    said = str(disk.store_error(error, "cache", "open the cache"))
+    assert "the disk is full" in said and str(disk.path / "cache") in said

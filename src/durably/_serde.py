@@ -283,13 +283,14 @@ class _Sink:
             raise self._error(exc, self.path) from None
 
     def _error(self, exc: OSError, where: str) -> StoreError:
+        size = self.size  # (before reset() forgets it)
         self.reset()
         full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         hint = ("the disk is full: free space (the value needs about "
-                f"{self.size:,} bytes or more), then rerun; finished steps are kept."
+                f"{size:,} bytes or more), then rerun; finished steps are kept."
                 if full else "check the store's permissions, or set DURABLY_DIR.")
         return StoreError(
-            f"cannot write {self.what} ({self.size:,} bytes so far) to {where}: "
+            f"cannot write {self.what} ({size:,} bytes so far) to {where}: "
             f"{exc.strerror or exc}. Nothing was stored. Fix: {hint}"
         )
 

@@ -183,6 +183,22 @@ def _ctx(*parts: str) -> bytes:
     return "\x00".join(parts).encode()
 
 
+_FULL_HINT = ("the disk is full: free space, then rerun; finished steps are kept and nothing "
+              "half-written is ever read back.")
+
+
+def _disk_full(path: Path) -> bool:
+    """Whether the file system of ``path`` (or of its nearest existing parent) has less than
+    64 KiB free for an unprivileged writer: what an I/O error there most likely means."""
+    for where in (path, *path.parents):
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        return st.f_bavail * st.f_frsize < 64 << 10
+    return False
+
+
 def _is_corrupt(exc: BaseException | None) -> bool:
     """Whether SQLite says the file is not a (sound) database."""
     if not isinstance(exc, sqlite3.DatabaseError):
@@ -876,8 +892,7 @@ class DiskStore:
                 )
             hint = f"the cache index is damaged: move {path} aside; the cache starts empty."
         elif "full" in text or code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            hint = ("the disk is full: free space, then rerun; finished steps are kept and "
-                    "nothing half-written is ever read back.")
+            hint = _FULL_HINT
         elif ("readonly" in text or "read-only" in text or "permission" in text
               or code in (errno.EACCES, errno.EPERM, errno.EROFS) or _read_only(path)):
             hint = ("the store is not writable: fix its permissions (chmod u+rwx), mount it "
@@ -885,6 +900,8 @@ class DiskStore:
         elif type(exc).__name__ == "Timeout" or "locked" in text:
             hint = ("another process holds the store's lock for too long: retry, or look for "
                     "a hung process using this store.")
+        elif _disk_full(path):  # (SQLite may say only "disk I/O error" on a full disk)
+            hint = _FULL_HINT
         else:
             hint = "check the path and its permissions, or set DURABLY_DIR to another one."
         return StoreError(f"cannot {action} at {path}: {exc}. Fix: {hint}")
