@@ -92,3 +92,55 @@ def test_a_damaged_lease_row_is_taken_over_with_a_warning(
     con.close()
     assert job.run().result == 1
     assert "is damaged" in caplog.text
+
+
+@durably.task
+def _large_value(n: int) -> bytes:
+    _LARGE_CALLS.append(n)
+    return b"v" * n  # over diskcache's inline limit: a .val file
+
+
+_LARGE_CALLS: list[int] = []
+
+
+@pytest.mark.parametrize("plant", ["fifo", "symlink to a device", "symlink to a file"])
+def test_a_cache_value_file_replaced_by_a_link_or_a_fifo_is_never_read(
+        tmp_path: Path, plant: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A value file of the cache turned into a FIFO hung the call for ever; a symbolic link
+    to /dev/zero read until memory ran out (and a link to any file was followed): such a
+    file is a miss, set aside with a warning, and the task executes again."""
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+    _LARGE_CALLS.clear()
+    assert len(_large_value(300_000)) == 300_000
+    [value] = (tmp_path / "store" / "cache").rglob("*.val")
+    value.unlink()
+    if plant == "fifo":
+        os.mkfifo(value)
+    else:
+        other = tmp_path / "other.bin"
+        other.write_bytes(b"x" * 300_000)
+        value.symlink_to("/dev/zero" if plant == "symlink to a device" else other)
+    with caplog.at_level("WARNING", logger="durably"):
+        assert _large_value(300_000) == b"v" * 300_000
+    assert _LARGE_CALLS == [300_000, 300_000]
+    assert "not a regular file" in caplog.text
+    assert _large_value(300_000) == b"v" * 300_000 and len(_LARGE_CALLS) == 2  # stored anew
+
+
+def test_open_regular_refuses_links_fifos_and_devices(tmp_path: Path) -> None:
+    import errno
+
+    from durably._serde import open_regular
+
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"ok")
+    with open_regular(str(plain)) as f:
+        assert f.read() == b"ok"
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link").symlink_to(plain)
+    for path, code in ((tmp_path / "fifo", errno.EINVAL), (tmp_path / "link", errno.ELOOP),
+                       (Path("/dev/zero"), errno.EINVAL)):
+        with pytest.raises(OSError) as info:
+            open_regular(str(path))
+        assert info.value.errno == code

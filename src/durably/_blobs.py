@@ -18,6 +18,7 @@ as garbage, not loaded), and never touches a file outside ``cache/`` whatever a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import os
@@ -38,7 +39,7 @@ from ._seal import (
     large_header,
     scan,
 )
-from ._serde import Spilled, host_tag, spill_bytes
+from ._serde import Spilled, host_tag, open_regular, spill_bytes
 from .exceptions import StoreError
 
 __all__ = ["BLOB_REF", "FileValue", "Garbage", "LinkIn", "as_spilled", "blob_ref", "clean_tmp",
@@ -301,7 +302,13 @@ def disk_class() -> Any:
             if mode == MODE_BINARY and isinstance(filename, str) \
                     and _VALUE_FILE.fullmatch(filename):
                 path = os.path.join(self._directory, filename)
-                f = open(path, "rb")  # noqa: SIM115 - an OSError is a miss (diskcache)
+                try:
+                    f = open_regular(path)  # (another OSError is a miss, as diskcache's)
+                except OSError as exc:
+                    if exc.errno not in (errno.ELOOP, errno.EINVAL):
+                        raise
+                    return Garbage(f"its file {path} is not a regular file (a link, a FIFO "
+                                   "or a device: durably never reads through one)", value)
                 head = f.read(4)
                 if head in LARGE_MAGICS:
                     return FileValue(path, None, f)
@@ -516,9 +523,11 @@ def open_blob(root: Path, ref: bytes, signer: SigningKey | None, eager: bool,
     if not eager:
         return Spilled(path, offset, size, digest, check=check), ""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - handed to the Spilled value
+        f = open_regular(path)  # (handed to the Spilled value)
     except OSError as exc:
-        return None, f"its file {path} is missing ({exc.strerror})"
+        return None, (f"its file {path} is not a regular file (durably never reads through "
+                      "a link, a FIFO or a device)" if exc.errno in (errno.ELOOP, errno.EINVAL)
+                      else f"its file {path} is missing ({exc.strerror})")
     why = verify(f)
     if why:
         f.close()

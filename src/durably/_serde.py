@@ -23,6 +23,7 @@ import errno
 import io
 import os
 import pickle
+import stat
 import sys
 import tempfile
 import threading
@@ -80,6 +81,28 @@ def write_all(fd: int, data: Any) -> None:
         view = view[n:]
 
 
+def open_regular(path: str) -> IO[bytes]:
+    """Open a file of a store for reading: a regular file only, never through a symbolic
+    link, never a FIFO or a device (one planted in the store would hang the read, or feed
+    it for ever).
+
+    Raises:
+        OSError: it cannot be opened, or it is not a regular file (``ELOOP``: a link;
+            ``EINVAL``: another kind of file).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        if flags & getattr(os, "O_NONBLOCK", 0):  # (as a regular file reads: blocking)
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Spilled(bytes):
     """A pickled value kept in a file rather than in memory (larger than SPILL_BYTES).
 
@@ -131,7 +154,7 @@ class Spilled(bytes):
         f, self._file = self._file, None
         if f is None or f.closed:
             try:
-                f = open(self.path, "rb")  # noqa: SIM115 - the caller closes it
+                f = open_regular(self.path)  # (the caller closes it)
             except OSError as exc:
                 if self._check is not None:
                     self._check(exc)  # (says what it means for the store it came from)
