@@ -725,3 +725,35 @@ def test_an_io_error_on_a_full_disk_says_the_disk_is_full(
     monkeypatch.setattr(os, "statvfs", lambda path: Full())
     said = str(disk.store_error(error, "cache", "open the cache"))
     assert "the disk is full" in said and str(disk.path / "cache") in said
+
+
+@durably.task
+def _three_kb(i: int) -> bytes:
+    return bytes([i]) * 3000
+
+
+def test_a_cache_index_found_damaged_by_a_read_is_moved_aside_not_fatal(
+        disk: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A damaged page of cache.db met by a read (not at open) failed every call of the task,
+    every run calling it, and `durably cache clear`: the cache is moved to damaged/ with a
+    warning, as when it is found damaged at open, and the call is a miss."""
+    for i in range(30):
+        _three_kb(i)
+    disk.close()
+    index = disk.path / "cache" / "cache.db"
+    con = sqlite3.connect(index)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    [(root,)] = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'Cache'")
+    page = con.execute("PRAGMA page_size").fetchone()[0]
+    con.close()
+    with open(index, "r+b") as f:  # the table's root page: its child pointers garbled
+        f.seek((root - 1) * page + 8)
+        f.write(b"\xff" * 200)
+    fresh = durably.DiskStore(disk.path)
+    durably.configure(store=fresh)
+    with caplog.at_level("WARNING", logger="durably"):
+        assert _three_kb(3) == bytes([3]) * 3000  # a miss, executed
+    assert "cache index" in caplog.text and "damaged" in caplog.text
+    assert any(p.name.startswith("cache") for p in (disk.path / "damaged").iterdir())
+    assert _three_kb(3) == bytes([3]) * 3000
+    assert fresh.cache_get(_three_kb.cache_key(3)) is not None  # the new cache works

@@ -244,6 +244,12 @@ class _Translate:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None or isinstance(exc, StoreError):
             return
+        if self.where == "cache" and _is_corrupt(exc):  # (found by a read or a write)
+            dest = self.store._cache_index_damaged(exc)
+            raise StoreError(f"cannot {self.action} at {self.store.path / 'cache'}: {exc}: "
+                             f"the cache index is damaged. It was moved to {dest} and the "
+                             "cache starts empty (runs' journals are kept). Fix: call "
+                             "again.") from exc
         if isinstance(exc, (OSError, sqlite3.Error)) or (
                 type(exc).__name__ == "Timeout" and type(exc).__module__.startswith("diskcache")):
             raise self.store.store_error(exc, self.where, self.action) from exc
@@ -1136,6 +1142,11 @@ class DiskStore:
                 if "decode" not in str(exc):
                     raise
                 found = Garbage(f"its index row holds text that is not UTF-8 ({exc})", b"")
+            except sqlite3.DatabaseError as exc:
+                if not _is_corrupt(exc):
+                    raise
+                self._cache_index_damaged(exc)  # (a miss: the cache starts empty)
+                return None
         if found is None:
             return None
         context = _ctx("cache", key) if signer is not None else b""
@@ -1256,6 +1267,30 @@ class DiskStore:
             self._cache_damaged(key, why, path=data.path)
         else:
             self._cache_damaged(key, why, data=data)
+
+    def _cache_index_damaged(self, exc: BaseException) -> Path:
+        """The cache's index (``cache.db``) was found damaged by a read or a write: move the
+        cache aside to ``damaged/`` (as when it is found damaged at open) and start an empty
+        one at the next use; where it was moved. A connection another thread or process
+        holds on it keeps the moved copy until it opens the cache again."""
+        root = self._open()
+        with self._lock:
+            cache, self._cache = self._cache, None
+            if cache is not None:
+                with contextlib.suppress(Exception):
+                    cache.close()
+            folder = root / "cache"
+            dest = folder
+            if folder.exists():
+                try:
+                    dest = set_aside(root, "cache", path=str(folder))
+                except OSError as move:
+                    log.warning("durably: the damaged cache %s could not be moved aside: %s",
+                                folder, move)
+        self.forget_memo()
+        log.warning("durably: the cache index %s is damaged (%s): the cache was moved to %s "
+                    "and starts empty", folder / "cache.db", exc, dest)
+        return dest
 
     def _cache_damaged(self, key: str, why: str, *, path: str | None = None,
                        data: bytes | None = None) -> None:
