@@ -1056,9 +1056,12 @@ class DiskStore:
                 tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
                 shutil.copyfile(wal, tmp)
                 os.replace(tmp, kept)
-        where = (f"is damaged at frame {lost[0]}: the {lost[1]} commits written after that "
-                 "frame cannot be read" if lost is not None else "was found damaged: the "
-                 "commits written after the damaged frame cannot be read")
+        if lost is not None:
+            what = "the commit" if lost[1] == 1 else f"the {lost[1]} commits"
+            where = f"is damaged at frame {lost[0]}: {what} written from it on cannot be read"
+        else:
+            where = ("was found damaged: the commits written after the damaged frame cannot "
+                     "be read")
         raise StoreError(
             f"the journal {path} cannot be read whole: its write-ahead log {wal} {where} "
             "(SQLite stops at the first damaged frame; a copy of the damaged log is kept at "
