@@ -757,3 +757,34 @@ def test_a_cache_index_found_damaged_by_a_read_is_moved_aside_not_fatal(
     assert any(p.name.startswith("cache") for p in (disk.path / "damaged").iterdir())
     assert _three_kb(3) == bytes([3]) * 3000
     assert fresh.cache_get(_three_kb.cache_key(3)) is not None  # the new cache works
+
+
+def test_a_cache_index_damaged_while_a_process_uses_it_is_moved_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Damage met by the look at what other connections wrote (the in-memory values' check)
+    deadlocked the call (a lock taken twice); and a second user of the store, still reading
+    the moved index, moved the new, healthy cache aside too. The damaged cache is moved
+    once; the other users let go of it and use the new one."""
+    root = tmp_path / "s"
+    first = durably.DiskStore(root)
+    durably.configure(store=first)
+    assert _three_kb(1) == bytes([1]) * 3000
+    assert _three_kb(1) == bytes([1]) * 3000  # (a hit: the in-memory values are in use)
+    second = durably.DiskStore(root, memo_entries=0)
+    assert second.cache_get(_three_kb.cache_key(1)) is not None  # it has the index open
+    index = root / "cache" / "cache.db"
+    sqlite3.connect(index).execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    with open(index, "r+b") as f:  # every page damaged, the header too
+        f.write(b"\xde\xad\xbe\xef" * (index.stat().st_size // 4))
+    first._memo_until = 0.0  # (the next hit looks at the index again at once)
+    with caplog.at_level("WARNING", logger="durably"):
+        assert _three_kb(1) == bytes([1]) * 3000  # (a deadlock before)
+        assert _three_kb(2) == bytes([2]) * 3000
+        assert second.cache_get(_three_kb.cache_key(2)) in (None, _serde.dumps(
+            bytes([2]) * 3000, what="x"))
+        second.cache_put("k-second", b"v")
+    assert len(list((root / "damaged").iterdir())) == 1  # moved once
+    assert "moved it aside already" in caplog.text
+    third = durably.DiskStore(root)
+    assert third.cache_get("k-second") is not None  # the second user writes the new cache
+    assert third.cache_get(_three_kb.cache_key(2)) is not None

@@ -1093,3 +1093,6 @@ def test_a_graph_s_collapse_must_be_a_number_of_calls(store: Any) -> None:
             run.graph(collapse=bad)  # type: ignore[arg-type]
     assert len(run.graph(collapse=0).nodes) == len(run.graph(collapse=None).nodes) == 3
     assert len(run.graph(collapse=2).nodes) == 1  # (3 calls of one task: one node)
+    import numpy as np
+
+    assert len(run.graph(collapse=np.int64(2)).nodes) == 1  # type: ignore[arg-type]

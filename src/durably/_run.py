@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import operator
 import time
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
@@ -221,11 +222,16 @@ class Run(Generic[R]):
             ...                             for e in g.edges]
             (['load', 'total'], [('load', 'total')])
         """
-        if collapse is not None and (isinstance(collapse, bool) or not isinstance(
-                collapse, int) or collapse < 0):
-            raise DefinitionError(f"run.graph(collapse=...) takes a number of calls (0 or "
-                                  f"more), or None, not {collapse!r}. Fix: collapse=20, or "
-                                  "collapse=None to draw every call.")
+        if collapse is not None:
+            try:  # (an int, a numpy integer: anything that is an index; not True, not 2.5)
+                limit = None if isinstance(collapse, bool) else operator.index(collapse)
+            except TypeError:
+                limit = None
+            if limit is None or limit < 0:
+                raise DefinitionError(f"run.graph(collapse=...) takes a number of calls (0 "
+                                      f"or more), or None, not {collapse!r}. Fix: "
+                                      "collapse=20, or collapse=None to draw every call.")
+            collapse = limit
         rec = self._record
         latest = attempt is None or attempt == self.attempt
         attempt = self.attempt if attempt is None else attempt

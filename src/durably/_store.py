@@ -724,7 +724,8 @@ class DiskStore:
         self.size_limit = size_limit
         self.synchronous = synchronous
         self.allow_shared = allow_shared
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: a damaged cache met under it is moved)
+        self._cache_ino: int | None = None  # the inode of the cache.db this object opened
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._wal_unchecked = False  # not yet: its write lock was held when it was opened
@@ -949,6 +950,8 @@ class DiskStore:
                     )
                     for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
                         share_file(root, folder / name)  # SQLite creates them 0644
+                    with contextlib.suppress(OSError):
+                        self._cache_ino = os.stat(folder / "cache.db").st_ino
                     return cache
             except StoreError as exc:
                 if retry or not _is_corrupt(exc.__cause__):
@@ -1139,6 +1142,8 @@ class DiskStore:
             if memo:
                 self._memo_current()  # drops what is stale before this read
                 gen = self._memo_gen
+                if self._cache is not cache:  # (found damaged by that look: moved aside)
+                    return None
             try:
                 found = _cache_fetch(cache, con, key)
             except sqlite3.OperationalError as exc:
@@ -1198,8 +1203,14 @@ class DiskStore:
                 self._watch = sqlite3.connect(str(root / "cache" / "cache.db"), timeout=60.0,
                                               isolation_level=None, check_same_thread=False)
                 self._watch_pid = pid
-            with self._read_cache:
-                version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            try:
+                with self._read_cache:
+                    version = self._watch.execute("PRAGMA data_version").fetchone()[0]
+            except StoreError:
+                if self._watch is not None:  # (a damaged cache, moved aside: nothing held)
+                    raise
+                self._drop_memo()
+                return False
             current = version == self._watch_version and sid == self._memo_signer
             if not current:
                 self._drop_memo()
@@ -1274,23 +1285,39 @@ class DiskStore:
     def _cache_index_damaged(self, exc: BaseException) -> Path:
         """The cache's index (``cache.db``) was found damaged by a read or a write: move the
         cache aside to ``damaged/`` (as when it is found damaged at open) and start an empty
-        one at the next use; where it was moved. A connection another thread or process
-        holds on it keeps the moved copy until it opens the cache again."""
+        one at the next use; where it was moved. A cache another process already moved and
+        started again (its ``cache.db`` is not the one this object opened) is left alone:
+        this object only lets go of the damaged one. A connection another thread holds on
+        it keeps the moved copy until the cache is opened again."""
         root = self._open()
+        folder = root / "cache"
         with self._lock:
             cache, self._cache = self._cache, None
             if cache is not None:
                 with contextlib.suppress(Exception):
                     cache.close()
-            folder = root / "cache"
-            dest = folder
-            if folder.exists():
-                try:
-                    dest = set_aside(root, "cache", path=str(folder))
-                except OSError as move:
-                    log.warning("durably: the damaged cache %s could not be moved aside: %s",
-                                folder, move)
-        self.forget_memo()
+            watch, self._watch, self._watch_version = self._watch, None, -1
+            if watch is not None and self._watch_pid == _pid[0]:
+                with contextlib.suppress(Exception):
+                    watch.close()
+            opened, self._cache_ino = self._cache_ino, None
+            self._drop_memo()
+            try:
+                now = os.stat(folder / "cache.db").st_ino
+            except OSError:
+                now = None
+            if now is None or (opened is not None and now != opened):
+                log.warning("durably: the cache index this process had open at %s was found "
+                            "damaged (%s); another process has moved it aside already: the "
+                            "cache in %s is used from now on", folder / "cache.db", exc,
+                            folder)
+                return folder
+            try:
+                dest = set_aside(root, "cache", path=str(folder))
+            except OSError as move:
+                log.warning("durably: the damaged cache %s could not be moved aside: %s",
+                            folder, move)
+                return folder
         log.warning("durably: the cache index %s is damaged (%s): the cache was moved to %s "
                     "and starts empty", folder / "cache.db", exc, dest)
         return dest

@@ -11,10 +11,12 @@ The log's format is documented (https://www.sqlite.org/fileformat2.html#walforma
 24-byte header (page number, the database size for the last frame of a commit, 0 for
 others, the salts, a checksum) and a page. The wal-index (``-shm``) says how many frames
 SQLite accepted (``mxFrame``). Frames of the current log past that point are either the
-unfinished commit of a process killed while writing it (at most one commit frame, and only
-its last frame may fail its checksum: a kill cuts a write short at its end), or commits lost
-behind a damaged frame: two commit frames or more, or one whose frames before its last fail
-their checksums (SQLite's own, recomputed here: cumulative from the log's header).
+unfinished commit of a process killed while writing it (at most one commit frame), or
+commits lost behind a damaged frame: two commit frames or more, or one whose first frame
+chains from the accepted ones by SQLite's checksum (recomputed here) while a later frame
+before its last does not (a kill cuts a write short at its end). A damaged first frame of a
+last commit reads like the tail of a commit a killed process never published, overwritten
+at its start by a shorter one: it is not refused (that step executes again).
 
 One sequence reads as damage without being one: two processes each killed in the
 microseconds between writing a commit's last frame and publishing it in the wal-index, while
@@ -87,9 +89,12 @@ def _checksum(data: bytes | memoryview, s0: int, s1: int, big: bool) -> tuple[in
 def _torn_commit(view: mmap.mmap, first: int, commit: int, frame_size: int, magic: int
                  ) -> bool:
     """Whether the frames from ``first`` to the commit frame at ``commit`` (offsets in the
-    log) read as a commit a killed process was still writing: each frame before the last
-    passes its checksum, chained from the frame before ``first`` (or the log's header).
-    False when one of them fails: the commit was whole, and was damaged since."""
+    log) can be what a killed process left: False only when the first of them passes its
+    checksum, chained from the frame before ``first`` (or from the log's header), and a
+    later one before the commit frame fails. A first frame that fails is no proof of
+    damage: the frames may be the end of a commit a killed process never published, whose
+    start a shorter commit of another connection overwrote (their checksums chain from
+    frames that are gone); a commit frame that fails may be a write cut short."""
     big = magic & 1 == 1
     if first > _HEADER:
         s0, s1 = struct.unpack_from(">II", view, first - frame_size + 16)
@@ -100,7 +105,7 @@ def _torn_commit(view: mmap.mmap, first: int, commit: int, frame_size: int, magi
         s0, s1 = _checksum(head, s0, s1, big)
         s0, s1 = _checksum(view[at + _FRAME_HEADER:at + frame_size], s0, s1, big)
         if (s0, s1) != struct.unpack_from(">II", view, at + 16):
-            return False
+            return at == first
     return True
 
 
@@ -164,8 +169,8 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
                             if commits == 1:
                                 torn = _torn_commit(view, first, at, frame_size, magic)
         # one commit frame past the accepted ones: the commit a killed process was writing,
-        # unless a frame before its last fails its checksum (a write cut short by a kill
-        # leaves only its last frame unfinished: an earlier one failing is damage)
+        # unless its frames chain from the accepted ones and one before its last fails (a
+        # kill cuts a write short at its end; see _torn_commit for what else can be there)
         return (accepted + 1, commits) if commits >= 2 or (commits == 1 and not torn) \
             else None
     except (OSError, ValueError, struct.error):
