@@ -183,6 +183,25 @@ def _ctx(*parts: str) -> bytes:
     return "\x00".join(parts).encode()
 
 
+def _index_damaged(path: Path) -> bool | None:
+    """Whether the SQLite file at ``path`` fails ``PRAGMA quick_check`` or reads as no
+    database (read on a connection of its own: seconds for an index of millions of entries,
+    paid only when damage was met); False when it passes; None when that cannot be told (it
+    is missing, locked, or cannot be opened)."""
+    if not path.exists():
+        return None
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+    except sqlite3.Error:
+        return None
+    try:
+        return bool(con.execute("PRAGMA quick_check(1)").fetchone()[0] != "ok")
+    except sqlite3.Error as exc:
+        return True if _is_corrupt(exc) else None
+    finally:
+        con.close()
+
+
 _FULL_HINT = ("the disk is full: free space, then rerun; finished steps are kept and nothing "
               "half-written is ever read back.")
 
@@ -725,7 +744,6 @@ class DiskStore:
         self.synchronous = synchronous
         self.allow_shared = allow_shared
         self._lock = threading.RLock()  # (reentrant: a damaged cache met under it is moved)
-        self._cache_ino: int | None = None  # the inode of the cache.db this object opened
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._wal_unchecked = False  # not yet: its write lock was held when it was opened
@@ -950,8 +968,6 @@ class DiskStore:
                     )
                     for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
                         share_file(root, folder / name)  # SQLite creates them 0644
-                    with contextlib.suppress(OSError):
-                        self._cache_ino = os.stat(folder / "cache.db").st_ino
                     return cache
             except StoreError as exc:
                 if retry or not _is_corrupt(exc.__cause__):
@@ -1285,10 +1301,12 @@ class DiskStore:
     def _cache_index_damaged(self, exc: BaseException) -> Path:
         """The cache's index (``cache.db``) was found damaged by a read or a write: move the
         cache aside to ``damaged/`` (as when it is found damaged at open) and start an empty
-        one at the next use; where it was moved. A cache another process already moved and
-        started again (its ``cache.db`` is not the one this object opened) is left alone:
-        this object only lets go of the damaged one. A connection another thread holds on
-        it keeps the moved copy until the cache is opened again."""
+        one at the next use; where it was moved. The index there now is checked first
+        (``PRAGMA quick_check``, on a connection of its own): one that is sound was started
+        again by another process or thread that moved the damaged one already, and is left
+        alone, as is one that cannot be checked; this object only lets go of the damaged
+        one. A connection another thread
+        holds on it keeps the moved copy until it meets the damage in turn."""
         root = self._open()
         folder = root / "cache"
         with self._lock:
@@ -1300,16 +1318,14 @@ class DiskStore:
             if watch is not None and self._watch_pid == _pid[0]:
                 with contextlib.suppress(Exception):
                     watch.close()
-            opened, self._cache_ino = self._cache_ino, None
             self._drop_memo()
-            try:
-                now = os.stat(folder / "cache.db").st_ino
-            except OSError:
-                now = None
-            if now is None or (opened is not None and now != opened):
+            damaged = _index_damaged(folder / "cache.db")
+            if not damaged:
                 log.warning("durably: the cache index this process had open at %s was found "
-                            "damaged (%s); another process has moved it aside already: the "
-                            "cache in %s is used from now on", folder / "cache.db", exc,
+                            "damaged (%s); %s: the cache in %s is used from now on",
+                            folder / "cache.db", exc,
+                            "another process or thread has moved it aside already"
+                            if damaged is False else "the one there now cannot be checked",
                             folder)
                 return folder
             try:

@@ -11,12 +11,8 @@ The log's format is documented (https://www.sqlite.org/fileformat2.html#walforma
 24-byte header (page number, the database size for the last frame of a commit, 0 for
 others, the salts, a checksum) and a page. The wal-index (``-shm``) says how many frames
 SQLite accepted (``mxFrame``). Frames of the current log past that point are either the
-unfinished commit of a process killed while writing it (at most one commit frame), or
-commits lost behind a damaged frame: two commit frames or more, or one whose first frame
-chains from the accepted ones by SQLite's checksum (recomputed here) while a later frame
-before its last does not (a kill cuts a write short at its end). A damaged first frame of a
-last commit reads like the tail of a commit a killed process never published, overwritten
-at its start by a shorter one: it is not refused (that step executes again).
+unfinished commit of a process killed while writing it (at most one commit frame), or commits
+lost behind a damaged frame: two commit frames or more.
 
 One sequence reads as damage without being one: two processes each killed in the
 microseconds between writing a commit's last frame and publishing it in the wal-index, while
@@ -76,39 +72,6 @@ def _index_header(shm: Path) -> bytes:
     return os.pread(fd, 48, 0)
 
 
-def _checksum(data: bytes | memoryview, s0: int, s1: int, big: bool) -> tuple[int, int]:
-    """SQLite's log checksum of ``data`` (a multiple of 8 bytes), continuing ``(s0, s1)``:
-    32-bit words in the byte order the log's magic number says."""
-    words = struct.unpack(f"{'>' if big else '<'}{len(data) // 4}I", data)
-    for i in range(0, len(words), 2):
-        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
-        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
-    return s0, s1
-
-
-def _torn_commit(view: mmap.mmap, first: int, commit: int, frame_size: int, magic: int
-                 ) -> bool:
-    """Whether the frames from ``first`` to the commit frame at ``commit`` (offsets in the
-    log) can be what a killed process left: False only when the first of them passes its
-    checksum, chained from the frame before ``first`` (or from the log's header), and a
-    later one before the commit frame fails. A first frame that fails is no proof of
-    damage: the frames may be the end of a commit a killed process never published, whose
-    start a shorter commit of another connection overwrote (their checksums chain from
-    frames that are gone); a commit frame that fails may be a write cut short."""
-    big = magic & 1 == 1
-    if first > _HEADER:
-        s0, s1 = struct.unpack_from(">II", view, first - frame_size + 16)
-    else:
-        s0, s1 = struct.unpack_from(">II", view, 24)
-    for at in range(first, commit, frame_size):
-        head = view[at:at + 8]
-        s0, s1 = _checksum(head, s0, s1, big)
-        s0, s1 = _checksum(view[at + _FRAME_HEADER:at + frame_size], s0, s1, big)
-        if (s0, s1) != struct.unpack_from(">II", view, at + 16):
-            return at == first
-    return True
-
-
 def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
                  ) -> tuple[int, int] | None:
     """``(frame, commits)`` when the write-ahead log of ``journal`` holds ``commits`` commits
@@ -157,22 +120,16 @@ def lost_commits(con: sqlite3.Connection, journal: Path, wait: bool = True
             frame_size = _FRAME_HEADER + page_size
             frames = (os.fstat(log.fileno()).st_size - _HEADER) // frame_size
             commits = 0
-            torn = True  # (one commit past the accepted frames: was it being written?)
             if frames > accepted:
                 # (mapped: a log keeps its size when it restarts, thousands of stale frames)
                 with mmap.mmap(log.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                    first = _HEADER + accepted * frame_size
-                    for at in range(first, _HEADER + frames * frame_size, frame_size):
+                    for at in range(_HEADER + accepted * frame_size,
+                                    _HEADER + frames * frame_size, frame_size):
                         # a frame of the current log (its salts) that ends a commit
                         if view[at + 8:at + 16] == salts and view[at + 4:at + 8] != _NOT_COMMIT:
                             commits += 1
-                            if commits == 1:
-                                torn = _torn_commit(view, first, at, frame_size, magic)
-        # one commit frame past the accepted ones: the commit a killed process was writing,
-        # unless its frames chain from the accepted ones and one before its last fails (a
-        # kill cuts a write short at its end; see _torn_commit for what else can be there)
-        return (accepted + 1, commits) if commits >= 2 or (commits == 1 and not torn) \
-            else None
+        # one commit frame past the accepted ones: the commit a killed process was writing
+        return (accepted + 1, commits) if commits >= 2 else None
     except (OSError, ValueError, struct.error):
         return None
     finally:
