@@ -788,3 +788,31 @@ def test_a_cache_index_damaged_while_a_process_uses_it_is_moved_once(
     third = durably.DiskStore(root)
     assert third.cache_get("k-second") is not None  # the second user writes the new cache
     assert third.cache_get(_three_kb.cache_key(2)) is not None
+
+
+def test_a_store_deleted_while_a_run_executes_is_not_reported_finished(
+        tmp_path: Path) -> None:
+    """The store's directory removed while a run executes: its steps went on being written
+    to the unlinked journal, and the run reported itself finished with nothing kept (a
+    rerun executed every side effect again). Its end raises StoreError saying so."""
+    import shutil
+
+    store = durably.DiskStore(tmp_path / "s")
+    durably.configure(store=store)
+    done: list[int] = []
+
+    @durably.task(cache=False)
+    def effect(i: int) -> int:
+        if i == 3:
+            shutil.rmtree(tmp_path / "s")  # (another shell: rm -rf)
+        done.append(i)
+        return i
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        return sum(effect(i) for i in range(n))
+
+    assert job(2) == 1  # a run kept in full
+    with pytest.raises(durably.StoreError, match="was deleted while this process used it"):
+        job(6)
+    assert done == [0, 1, 0, 1, 2, 3, 4, 5]

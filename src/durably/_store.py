@@ -1028,8 +1028,35 @@ class DiskStore:
             except BaseException:
                 con.close()
                 raise
+        with contextlib.suppress(OSError):
+            self._local.ino = os.stat(path).st_ino
         self._local.con = con
         return con
+
+    def _journal_here(self) -> None:
+        """Before a run's record is written: the journal this thread's connection writes is
+        still the store's (not deleted, nor replaced, since it was opened). A store deleted
+        while a run executed took the run's steps with it: the run must not report it
+        finished, as if they were kept.
+
+        Raises:
+            StoreError: the journal file is gone or is another one.
+        """
+        ino = getattr(self._local, "ino", None)
+        if ino is None or getattr(self._local, "con", None) is None:
+            return
+        path = (self._root or self.path) / "journal.sqlite3"
+        try:
+            now: int | None = os.stat(path).st_ino
+        except OSError:
+            now = None
+        if now != ino:
+            raise StoreError(
+                f"the journal {path} was {'deleted' if now is None else 'replaced'} while "
+                "this process used it: what it wrote since went to the file that was there "
+                "before, so the steps of the runs it executed meanwhile are not kept. Fix: "
+                "never delete a store in use; restart the process (or configure a new "
+                "DiskStore), and call again: those steps execute again.")
 
     def clear_task(self, task: str) -> int:
         """Remove the cache entries of the task of this identity (see ``Task.clear``); 0
@@ -1679,6 +1706,7 @@ class DiskStore:
             discard_leftover(con, force=True)
 
     def put_run(self, record: RunRecord) -> None:
+        self._journal_here()
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
         values = (*run_row(record)[:8], args, result, record.error)
@@ -1697,6 +1725,7 @@ class DiskStore:
         Raises:
             StoreError: the journal cannot be written.
         """
+        self._journal_here()
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
         values = (*run_row(record)[1:8], args, result, record.error, record.run_id,
