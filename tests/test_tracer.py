@@ -135,6 +135,11 @@ def test_async_entrypoint_streams_asynchronously() -> None:
     events = asyncio.run(consume())
     assert events[0] == ("run_started", "new") and events[-1] == ("run_finished", "finished")
     assert [s for k, s in events if k == "step_finished"] == ["ran"] * 3
+    with pytest.raises(durably.DefinitionError, match=r"async for event in pipeline\.stream"):
+        for _ in pipeline.stream(4):  # (Python's own TypeError named no fix)
+            pass
+    assert not durably.list_runs(pipeline) or all(
+        r.status == "finished" for r in durably.list_runs(pipeline))  # (nothing started)
 
     @task
     async def step(i: int) -> int:

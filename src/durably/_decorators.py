@@ -914,7 +914,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                      run_id: str | None, fresh: bool, on_lease: Any = None) -> Any:
         if self._self_spec.is_async:
-            return _stream_async(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease)
+            return _AsyncStream(self._self_spec.name.rpartition(".")[2], _stream_async(
+                self, wrapped, instance, args, kwargs, run_id, fresh, on_lease))
         return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease)
 
     def _self_stored_call(self, run_id: str, what: str, store: Store | None = None
@@ -1253,6 +1254,38 @@ def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: An
         worker.join()
     if failure and not isinstance(failure[0], StopRun):
         raise failure[0]
+
+
+class _AsyncStream:
+    """What ``stream()`` of an async entrypoint returns: its async generator of events (``async
+    for``, ``contextlib.aclosing``, ``aclose``), which a plain ``for`` refuses naming the fix
+    (Python's own error said only that an async generator is not iterable)."""
+
+    __slots__ = ("agen", "name")
+
+    def __init__(self, name: str, agen: Any) -> None:
+        self.name, self.agen = name, agen
+
+    def __aiter__(self) -> Any:
+        return self.agen.__aiter__()
+
+    def __anext__(self) -> Any:
+        return self.agen.__anext__()
+
+    def asend(self, value: Any) -> Any:
+        return self.agen.asend(value)
+
+    def athrow(self, *exc: Any) -> Any:
+        return self.agen.athrow(*exc)
+
+    def aclose(self) -> Any:
+        return self.agen.aclose()
+
+    def __iter__(self) -> NoReturn:
+        raise DefinitionError(
+            f"{self.name}.stream() of an async entrypoint is an async iterator. Fix: "
+            f"`async for event in {self.name}.stream(...)` inside a coroutine (close it "
+            "with contextlib.aclosing), or make the entrypoint a plain def.")
 
 
 async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
