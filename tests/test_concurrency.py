@@ -4,6 +4,7 @@ one run is executed by one process at a time (its lease)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -316,3 +317,32 @@ def test_processes_calling_one_finished_run_at_once_all_get_its_result(tmp_path:
     assert store.run_holder(run.run_id) is None
     store.close()
     _assert_sound(tmp_path / "store")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_child_forked_while_a_thread_holds_a_store_s_lock_uses_the_store(
+        tmp_path: Path) -> None:
+    """A thread of the parent held the DiskStore's lock when another thread forked: the
+    child inherited a lock nobody would release, and its first use of the store hung."""
+    import threading
+
+    store = durably.DiskStore(tmp_path / "s")
+    store.cache_put("k", b"v")
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with store._lock:
+            held.set()
+            release.wait(30)
+
+    threading.Thread(target=holder, daemon=True).start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only when the store answers (an alarm ends a hang)
+        import signal
+
+        signal.alarm(20)
+        os._exit(0 if store.cache_get("k") == b"v" else 3)
+    release.set()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -37,6 +37,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -389,6 +390,20 @@ _AHEAD_RANGES = 2048
 #: store asks on every journal read and write whether it was inherited from a parent)
 _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
+#: every DiskStore of this process: a forked child gives each a new lock (one a thread of
+#: the parent held at the fork would never be released in the child: its first use of the
+#: store hung)
+_STORES: weakref.WeakSet[DiskStore] = weakref.WeakSet()
+
+
+def _new_locks_in_child() -> None:
+    global _key_lock
+    _key_lock = threading.Lock()
+    for store in list(_STORES):
+        store._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_new_locks_in_child)
 _new_range = tuple.__new__
 #: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
 #: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
@@ -744,6 +759,7 @@ class DiskStore:
         self.synchronous = synchronous
         self.allow_shared = allow_shared
         self._lock = threading.RLock()  # (reentrant: a damaged cache met under it is moved)
+        _STORES.add(self)
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._wal_unchecked = False  # not yet: its write lock was held when it was opened
