@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import glob
 import itertools
 import json
 import os
@@ -44,8 +45,8 @@ from .exceptions import StoreError
 
 __all__ = ["BLOB_REF", "FileValue", "Garbage", "LinkIn", "as_spilled", "blob_ref", "clean_tmp",
            "content_mac", "copy_with_header", "disk_class", "large_for_cache",
-           "large_from_cache", "open_blob", "place", "same_content", "set_aside", "share_bits",
-           "share_file", "subdir", "valid_blob_name"]
+           "large_from_cache", "open_blob", "place", "same_content", "set_aside",
+           "set_aside_before", "share_bits", "share_file", "subdir", "valid_blob_name"]
 
 #: A journal value that lives in ``blobs/`` is stored as this prefix and a JSON reference.
 BLOB_REF = b"DRBLOB1\n"
@@ -214,12 +215,23 @@ def clean_tmp(folder: Path) -> int:
     return removed
 
 
+def _safe_stem(stem: str) -> str:
+    """The start of the name :func:`set_aside` keeps an entry under."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", stem)[:120] or "entry"
+
+
+def set_aside_before(root: Path, stem: str) -> bool:
+    """Whether :func:`set_aside` kept an entry of this ``stem`` already."""
+    folder = root / "damaged"
+    return folder.is_dir() and any(folder.glob(f"{glob.escape(_safe_stem(stem))}-*"))
+
+
 def set_aside(root: Path, stem: str, *, path: str | None = None, data: bytes | None = None
               ) -> Path:
     """Keep a damaged entry in ``<root>/damaged/<stem>-<time>``: the file moved there, else
     the bytes written there. Returns where it is."""
     folder = subdir(root, "damaged")
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", stem)[:120] or "entry"
+    safe = _safe_stem(stem)
     dest = folder / (f"{safe}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
                      f"-{next(_counter)}")
     if path is not None:

@@ -186,10 +186,11 @@ def interrupt(payload: Any = None) -> Any:
     ctx.store.append_events(events)
     # named by the task asking (its step's call), also when the signal never reaches the
     # call (a submitted call nobody waits for: the run reports its interrupts all the same)
-    caller = ctx.executing(step) if step else None
-    pending = Interrupt(interrupt_id, payload, step,
-                        ctx.name if not step else caller.spec.name if caller is not None
-                        else "")
+    task = ctx.name  # (asked by the entrypoint's own body)
+    if step:
+        caller = ctx.executing(step)
+        task = caller.spec.name if caller is not None else ""
+    pending = Interrupt(interrupt_id, payload, step, task)
     ctx.raised.append(pending)
     raise InterruptSignal([pending])
 

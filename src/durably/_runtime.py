@@ -93,9 +93,7 @@ def is_cancelled(exc: BaseException | None) -> bool:
     return aio is not None and isinstance(exc, aio.CancelledError)
 
 
-#: the names a script's module runs under: ``__main__``, and ``__mp_main__`` when
-#: multiprocessing runs it again in a worker it spawned
-MAIN_MODULES = ("__main__", "__mp_main__")
+MAIN_MODULES = _serde.MAIN_MODULES  # (``__main__``, ``__mp_main__``: a script's module)
 
 
 def module_identity(module: str | None) -> str:

@@ -347,6 +347,7 @@ class _Sink:
 class _Local(threading.local):
     sink: _Sink | None = None
     pickler: Any = None
+    main: dict[str, str] | None = None  # (what the pickler was made for: _main_as_module)
     busy = False
 
 
@@ -372,18 +373,12 @@ def dumps(obj: Any, *, what: str) -> bytes:
     if local.busy:  # a __reduce__ that pickles through durably: use a fresh sink
         return _dumps_fresh(obj, what)
     sink = local.sink
-    if sink is None:
+    main = _main_as_module()
+    if sink is None or local.main is not main:
         sink = local.sink = _Sink()
-        local.pickler = pickle.Pickler(sink, protocol=5)
+        local.pickler, local.main = _plain_pickler(sink, main), main
     sink.limit = SPILL_BYTES
     sink.what = what
-    main = _main_as_module()
-    if main is not None:  # (python -m job: its own pickler, one pass)
-        local.busy = True
-        try:
-            return _dumps_main(obj, what, main)
-        finally:
-            local.busy = False
     local.busy = True
     try:
         pickler = local.pickler
@@ -405,7 +400,7 @@ def dumps(obj: Any, *, what: str) -> bytes:
 
 #: the names a script's module runs under: ``__main__``, and ``__mp_main__`` when
 #: multiprocessing runs it again in a process it spawned
-_MAIN_MODULES = ("__main__", "__mp_main__")
+MAIN_MODULES = ("__main__", "__mp_main__")
 
 
 _main_seen: list[Any] = [None, None]  # (the __main__ module looked at, what it ran as)
@@ -419,15 +414,24 @@ def _main_as_module() -> dict[str, str] | None:
     if main is _main_seen[0]:
         return _main_seen[1]  # type: ignore[no-any-return]
     found = {}
-    for alias in _MAIN_MODULES:
+    for alias in MAIN_MODULES:
         spec = getattr(sys.modules.get(alias), "__spec__", None)
         name = getattr(spec, "name", None)
         # (not a package's __main__, `python -m app`: importing it runs the program)
-        if isinstance(name, str) and name and name.rpartition(".")[2] not in (
-                "__main__", "__mp_main__"):
+        if isinstance(name, str) and name and name.rpartition(".")[2] not in MAIN_MODULES:
             found[alias] = name
     _main_seen[:] = [main, found or None]
     return found or None
+
+
+def _attribute(root: Any, qualname: str) -> Any:
+    """The object named ``qualname`` (dotted) in ``root``.
+
+    Raises:
+        AttributeError: there is none."""
+    for part in qualname.split("."):
+        root = getattr(root, part)
+    return root
 
 
 def main_global(module: str, qualname: str) -> Any:
@@ -448,7 +452,7 @@ def main_global(module: str, qualname: str) -> Any:
         'OrderedDict.fromkeys'
     """
     found: Any = None
-    for alias in _MAIN_MODULES:
+    for alias in MAIN_MODULES:
         main = sys.modules.get(alias)
         if getattr(getattr(main, "__spec__", None), "name", None) == module:
             found = main
@@ -460,22 +464,17 @@ def main_global(module: str, qualname: str) -> Any:
         import importlib
 
         found = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    return found
+    return _attribute(found, qualname)
 
 
 def _found_in(module: Any, qualname: str, obj: Any) -> bool:
     """Whether ``module`` holds ``obj`` under ``qualname`` (what plain pickle checks before it
     pickles an object by its name: code run with ``exec`` in a namespace of its own says
     ``__main__`` without being there)."""
-    found = module
     try:
-        for part in qualname.split("."):
-            found = getattr(found, part)
+        return _attribute(module, qualname) is obj
     except Exception:  # noqa: BLE001 - not there, or a failing __getattr__
         return False
-    return found is obj
 
 
 class _MainPickler(pickle.Pickler):
@@ -498,20 +497,13 @@ class _MainPickler(pickle.Pickler):
         return NotImplemented
 
 
-def _dumps_main(obj: Any, what: str, main: dict[str, str]) -> bytes:
-    """:func:`dumps` in a script run as ``python -m job``: its classes and functions are
-    pickled as :func:`main_global` of ``job`` instead of as attributes of ``__main__``, which
-    a process that imports ``job`` does not have."""
-    sink = _Sink()
-    sink.what = what
-    try:
-        _MainPickler(sink, main).dump(obj)
-        return sink.finish()
-    except StoreError:
-        raise
-    except Exception:  # noqa: BLE001 - fall back to cloudpickle (by value)
-        sink.reset()
-    return _dumps_fresh(obj, what, cloud=True)
+def _plain_pickler(sink: _Sink, main: dict[str, str] | None) -> pickle.Pickler:
+    """The pickler :func:`dumps` tries first: plain pickle, or under ``python -m job``
+    (``main``, see :func:`_main_as_module`) one that names the script's classes and
+    functions by ``job`` (:class:`_MainPickler`)."""
+    if main is None:
+        return pickle.Pickler(sink, protocol=5)
+    return _MainPickler(sink, main)
 
 
 def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
@@ -519,7 +511,7 @@ def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
     sink.what = what
     if not cloud:
         try:
-            pickle.Pickler(sink, protocol=5).dump(obj)
+            _plain_pickler(sink, _main_as_module()).dump(obj)
             return sink.finish()
         except StoreError:
             raise

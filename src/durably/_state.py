@@ -70,6 +70,7 @@ def _iterator_types() -> tuple[type, ...]:
 _STATEFUL = _iterator_types()
 
 
+_STDLIB = frozenset(sys.stdlib_module_names) - {"__main__"}
 #: the mutable containers whose methods named in _MUTATORS change them (and their subclasses)
 _MUTABLE_KINDS = (list, dict, set, bytearray, collections.deque, array.array,
                   collections.abc.MutableSequence, collections.abc.MutableMapping,
@@ -87,9 +88,6 @@ def _mutable_kind(v: Any) -> bool:
         return is_user_module(module) or module.partition(".")[0] in _STDLIB
     except Exception:  # noqa: BLE001 - an odd __class__ or __instancecheck__: not a container
         return False
-
-
-_STDLIB = frozenset(sys.stdlib_module_names) - {"__main__"}
 
 
 def _holds_mutable(container: Any) -> bool:

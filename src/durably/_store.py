@@ -58,6 +58,7 @@ from ._blobs import (
     open_blob,
     same_content,
     set_aside,
+    set_aside_before,
     share_bits,
     share_file,
     subdir,
@@ -1328,14 +1329,13 @@ class DiskStore:
             >>> store.cache_get("k1") is None
             True
         """
-        kept = self._open() / "damaged"
-        if re.fullmatch(r"[0-9a-f]{8,64}", key) and kept.is_dir() and any(
-                kept.glob(f"{key}-*")):  # (one copy of a key's value is enough)
+        root = self._open()
+        if set_aside_before(root, key):  # (one copy of a key's value is enough)
             with contextlib.suppress(Exception):
                 self.cache.delete(key)
             self.forget_memo((key,))
             log.warning("durably: cache entry %s at %s is removed: %s (a copy was kept in "
-                        "%s before)", key, self.path, why, kept)
+                        "%s before)", key, self.path, why, root / "damaged")
         elif isinstance(data, Spilled):  # (a large value: its file in the cache)
             self._cache_damaged(key, why, path=data.path)
         else:
@@ -1348,8 +1348,8 @@ class DiskStore:
         (``PRAGMA quick_check``, on a connection of its own): one that is sound was started
         again by another process or thread that moved the damaged one already, and is left
         alone, as is one that cannot be checked; this object only lets go of the damaged
-        one. A connection another thread
-        holds on it keeps the moved copy until it meets the damage in turn."""
+        one. A connection another thread holds on it keeps the moved copy until it meets the
+        damage in turn."""
         root = self._open()
         folder = root / "cache"
         with self._lock:

@@ -74,21 +74,8 @@ def _run_beside_loop(afn: Callable[[Any], Any], state: Any) -> Any:
     running (a notebook cell, a web handler): run on a loop of its own in a thread of its
     own, with the caller's context (the run, the step), while the caller waits (its own
     loop cannot run it: ``asyncio.run`` refuses to nest)."""
-    context = contextvars.copy_context()
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = context.run(asyncio.run, afn(state))
-        except BaseException as exc:  # noqa: BLE001 - raised again in the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="durably-async-node", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    with concurrent.futures.ThreadPoolExecutor(1, "durably-async-node") as thread:
+        return thread.submit(contextvars.copy_context().run, asyncio.run, afn(state)).result()
 
 
 # the errors a user catches are documented here: tracebacks and reprs name them here too
