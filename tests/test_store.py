@@ -724,3 +724,36 @@ def test_a_run_record_copy_is_equal_and_apart() -> None:
     assert copy == rec == dc.replace(rec) and copy is not rec
     copy.status = "running"
     assert rec.status == "failed"
+
+
+def test_a_new_journal_has_2_kib_pages_and_an_older_one_keeps_its_own(tmp_path: Path) -> None:
+    old = tmp_path / "old"
+    old.mkdir()
+    con = sqlite3.connect(old / "journal.sqlite3")  # (as an older durably made it)
+    con.execute("PRAGMA page_size=4096")
+    con.execute("PRAGMA journal_mode=WAL")
+    con.close()
+    for root, page in ((tmp_path / "new", 2048), (old, 4096)):
+        store = durably.DiskStore(root)
+        durably.configure(store=store)
+
+        @durably.task
+        def inc(x: int) -> int:
+            return x + 1
+
+        @durably.entrypoint
+        def job(n: int) -> int:
+            return sum(inc(i) for i in range(n))
+
+        try:
+            assert job(30) == 465
+            assert job(30) == 465
+            steps = store.list_steps(store.list_runs()[0].run_id)
+            assert [s.status for s in steps].count("ran") == 30
+        finally:
+            durably.configure()
+            store.close()
+        con = sqlite3.connect(root / "journal.sqlite3")
+        assert con.execute("PRAGMA page_size").fetchone()[0] == page
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
