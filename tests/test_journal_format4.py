@@ -394,17 +394,18 @@ def test_batch_rolls_back_every_write_when_the_block_raises(tmp_path: Path) -> N
 
 def test_the_write_ahead_logs_are_checkpointed_less_often_than_sqlite_s_default(
         tmp_path: Path) -> None:
-    """A checkpoint costs two fsyncs: the journal's and the cache's logs grow to 8,192 pages
-    (32 MiB) before one, not SQLite's 1,000 (a checkpoint every ~170 executed steps)."""
+    """A checkpoint costs two fsyncs: the journal's and the cache's logs grow to 16,384 pages
+    before a writer's commit copies them, not SQLite's 1,000 (a checkpoint every ~170
+    executed steps); background checkpoints keep them shorter (test_checkpoint.py)."""
     store = durably.DiskStore(tmp_path / "s")
     store.cache_put("ab" * 16, b"v", None)
-    assert store._db().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
-    assert store.cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
+    assert store._db().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
+    assert store.cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
     store.close()
     again = durably.DiskStore(tmp_path / "s")  # each new connection, an existing store too
     assert again.cache_get("ab" * 16) == b"v"
-    assert again._db().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
-    assert again.cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 8192
+    assert again._db().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
+    assert again.cache._con.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 16384
 
 
 def test_a_batch_whose_end_never_ran_is_rolled_back_by_the_next_write(

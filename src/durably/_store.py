@@ -44,7 +44,7 @@ from typing import Any
 
 import xxhash
 
-from . import _serde
+from . import _checkpoint, _serde
 from ._blobs import (
     BLOB_REF,
     FileValue,
@@ -287,6 +287,15 @@ class _WriteJournal(_Translate):
         if self.store._wal_unchecked:
             self.store._check_wal_before_write()
 
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            store = self.store
+            store._journal_writes += 1
+            if store._journal_writes >= _checkpoint.EVERY:
+                store._checkpoint_soon("journal.sqlite3")
+            return
+        super().__exit__(kind, exc, tb)
+
 
 _TRUE = ("1", "true", "yes", "on")
 #: the column diskcache updates on a read, by eviction policy (None: nothing)
@@ -415,12 +424,14 @@ _new_range = tuple.__new__
 #: it once, when the database is created: an older journal keeps its own, and a process of
 #: an older durably reads either.
 _PAGE_SIZE = 2048
-#: pages (4 KiB) the write-ahead log of the journal and of the cache grows to before it is
-#: copied back into the database (a checkpoint: two fsyncs, milliseconds on many disks). A
-#: step writes about six pages, so SQLite's default of 1,000 cost a checkpoint every ~170
-#: steps, about half of what an executed step took; pages written again between two
-#: checkpoints are copied once. The log is deleted when the last connection closes.
-_WAL_PAGES = 8192
+#: pages the write-ahead log of the journal and of the cache grows to before the commit
+#: that crosses the mark copies it back into the database (a checkpoint: two fsyncs, 10-20
+#: ms for a log this size). Background checkpoints (see _checkpoint), asked for every
+#: 1,024 commits, do most of that work while the run goes on; a log they could not keep
+#: short (writes never pause long enough for them to finish) is copied by the commit that
+#: crosses this mark, as before. 32 MiB of log at 2 KiB pages. The log is deleted when
+#: the database's last connection closes.
+_WAL_PAGES = 16384
 
 
 def _wal_mode(con: sqlite3.Connection, seconds: float = 60.0) -> None:
@@ -773,6 +784,9 @@ class DiskStore:
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._wal_unchecked = False  # not yet: its write lock was held when it was opened
+        #: commits to the journal, and cache rows written, since the last request for a
+        #: checkpoint of each in the background (see _checkpoint)
+        self._journal_writes = self._cache_writes = 0
         self._cache: Any = None
         self._root: Path | None = None
         self._pid = 0
@@ -1423,6 +1437,17 @@ class DiskStore:
             if cache._txn_id == threading.get_ident():
                 cache._txn_id = None
 
+    def _checkpoint_soon(self, name: str) -> None:
+        """Ask for a checkpoint of the journal ("journal.sqlite3") or of the cache
+        ("cache.db") in the background (see :mod:`durably._checkpoint`)."""
+        if name == "journal.sqlite3":
+            self._journal_writes = 0
+            path = self._open() / name
+        else:
+            self._cache_writes = 0
+            path = self._open() / "cache" / name
+        _checkpoint.request(str(path), self.synchronous)
+
     def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
         self.cache_put_many(((key, value, info),))
 
@@ -1468,6 +1493,9 @@ class DiskStore:
             for temp in temps:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
+        self._cache_writes += len(items)
+        if self._cache_writes >= _checkpoint.EVERY:
+            self._checkpoint_soon("cache.db")
         infos = [key_row(info) for _, _, info in items if info is not None]
         if infos:
             try:

@@ -1,0 +1,143 @@
+"""The journal's and the cache's write-ahead logs are checkpointed in a background thread
+(durably._checkpoint)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+import durably
+from durably import _checkpoint
+
+from .conftest import run_script, script_env, write_script
+
+
+def _steps_in_file_alone(journal: Path, tmp: Path) -> int:
+    """Steps rows the database file holds by itself: what checkpoints copied out of the
+    log (a copy of the file, opened without its -wal)."""
+    copy = tmp / "alone.sqlite3"
+    shutil.copyfile(journal, copy)
+    con = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT count(*) FROM steps").fetchone()[0])
+    finally:
+        con.close()
+
+
+def test_a_run_s_steps_are_checkpointed_into_the_database_while_it_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "EVERY", 16)
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+
+    @durably.task
+    def double(x: int) -> int:
+        return 2 * x
+
+    seen: list[int] = []
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += double(i)
+            if i == 60:  # (in the middle of the run: the thread works while it goes on)
+                assert _checkpoint.wait_idle(10.0)
+                seen.append(_steps_in_file_alone(store.path / "journal.sqlite3", tmp_path))
+        return total
+
+    try:
+        assert job(100) == 9900
+        assert _checkpoint.wait_idle(10.0)
+        # without checkpoints, every row would still be in the log only (SQLite's own mark
+        # is thousands of pages away)
+        assert seen and seen[0] >= 32
+        assert _steps_in_file_alone(store.path / "journal.sqlite3", tmp_path) >= 80
+        # the cache is checkpointed too (its rows are written at the run's end)
+        monkeypatch.setattr(_checkpoint, "EVERY", 1)
+        assert job(120) == 14280
+        assert _checkpoint.wait_idle(10.0)
+        copy = tmp_path / "cache-alone.db"
+        shutil.copyfile(store.path / "cache" / "cache.db", copy)
+        con = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
+        assert con.execute("SELECT count(*) FROM Cache").fetchone()[0] >= 120
+        con.close()
+    finally:
+        durably.configure()
+        store.close()
+
+
+def test_a_database_deleted_before_its_checkpoint_is_not_created_again(tmp_path: Path) -> None:
+    gone = tmp_path / "gone" / "journal.sqlite3"
+    gone.parent.mkdir()
+    _checkpoint.request(str(gone))
+    assert _checkpoint.wait_idle(10.0)
+    assert not gone.exists()
+    assert list(gone.parent.iterdir()) == []
+
+
+def test_the_thread_ends_when_idle_and_closes_its_connections(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "IDLE_SECONDS", 0.05)
+    db = tmp_path / "j.sqlite3"
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (x)")
+    con.execute("INSERT INTO t VALUES (1)")
+    _checkpoint.request(str(db))
+    deadline = time.monotonic() + 10
+    while _checkpoint._thread[0] is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _checkpoint._thread[0] is None
+    assert _checkpoint.wait_idle(10.0)  # (its connections closed)
+    con.close()
+    # the last connection closed deletes the log: the thread's is closed too
+    assert not Path(f"{db}-wal").exists()
+    # and a later request starts a new thread
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("INSERT INTO t VALUES (2)")
+    _checkpoint.request(str(db))
+    assert _checkpoint.wait_idle(10.0)
+    con.close()
+
+
+def test_forks_during_checkpoints_never_hang_the_child_and_exit_deletes_the_log(
+        tmp_path: Path) -> None:
+    """A child forked while the thread checkpoints uses the same store at once (no lock of
+    SQLite's inherited held); a process that exits closes the thread's connections, so the
+    journal's log is deleted as before."""
+    script = write_script(tmp_path / "forks.py", """
+        import os, sys
+        import durably
+        from durably import _checkpoint
+        _checkpoint.EVERY = 2
+
+        @durably.task
+        def inc(x):
+            return x + 1
+
+        @durably.entrypoint
+        def job(base, n):
+            return sum(inc(base + i) for i in range(n))
+
+        children = []
+        for k in range(12):
+            job(1000 * k, 200)  # (requests a checkpoint every other commit)
+            pid = os.fork()
+            if pid == 0:
+                code = 0 if job(10**6 + k, 5) == 5 * (10**6 + k) + 15 else 3
+                os._exit(code)
+            children.append(pid)
+        for pid in children:
+            _, status = os.waitpid(pid, 0)
+            assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+    """)
+    proc = run_script(script, script_env(tmp_path / "store"), timeout=120)
+    assert proc.stdout.strip() == "ok"
+    assert (tmp_path / "store" / "journal.sqlite3").exists()
+    assert not (tmp_path / "store" / "journal.sqlite3-wal").exists()
