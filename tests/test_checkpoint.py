@@ -141,3 +141,36 @@ def test_forks_during_checkpoints_never_hang_the_child_and_exit_deletes_the_log(
     assert proc.stdout.strip() == "ok"
     assert (tmp_path / "store" / "journal.sqlite3").exists()
     assert not (tmp_path / "store" / "journal.sqlite3-wal").exists()
+
+
+def test_closing_a_store_closes_the_thread_s_connections_to_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a store is closed no connection of the thread keeps its log: the journal's log
+    is removed by the close, as before there was a thread (the directory can be copied
+    or moved whole)."""
+    monkeypatch.setattr(_checkpoint, "EVERY", 4)
+    root = tmp_path / "store"
+
+    @durably.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        return sum(inc(i) for i in range(n))
+
+    store = durably.DiskStore(root)
+    durably.configure(store=store)
+    try:
+        assert job(40) == 820
+        assert _checkpoint.wait_idle(10.0)
+        assert str(root / "journal.sqlite3") in _checkpoint._open
+    finally:
+        durably.configure()
+        store.close()
+    assert str(root / "journal.sqlite3") not in _checkpoint._open
+    assert str(root / "cache" / "cache.db") not in _checkpoint._open
+    assert not (root / "journal.sqlite3-wal").exists()
+    again = durably.DiskStore(root)
+    assert [r.status for r in again.list_runs()] == ["finished"]
+    again.close()

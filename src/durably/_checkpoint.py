@@ -30,6 +30,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterable
 from urllib.parse import quote
 
 log = logging.getLogger("durably")
@@ -54,6 +55,9 @@ _busy = [False]  # the thread is using SQLite (a fork waits: see _hold)
 _active: list[sqlite3.Connection | None] = [None]
 _held = [False]  # a fork is in progress: nothing starts using SQLite
 _exiting = [False]  # the interpreter exits: the thread closes its connections and ends
+#: databases the thread has a connection to, and those it is to close (see release)
+_open: set[str] = set()
+_releasing: set[str] = set()
 
 
 def request(path: str, synchronous: str = "normal") -> None:
@@ -110,6 +114,32 @@ def wait_idle(seconds: float) -> bool:
     return True
 
 
+def release(paths: Iterable[str], seconds: float = 1.0) -> None:
+    """Forget these databases: their pending requests are dropped, and the thread closes
+    its connections to them, waited for (``seconds`` at most). For a store being closed:
+    its journal's log is then removed by the store's own close, as the database's last
+    connection, and the directory may be copied or moved whole.
+
+    Args:
+        paths: Database paths, as given to :func:`request`.
+        seconds: How long to wait for the thread.
+    """
+    wanted = set(paths)
+    with _lock:
+        for path in wanted:
+            _pending.pop(path, None)
+        if not wanted & _open:
+            return
+        _releasing.update(wanted)
+        _wake.set()
+    deadline = time.monotonic() + seconds
+    while wanted & _open and time.monotonic() < deadline:
+        thread = _thread[0]
+        if thread is None or not thread.is_alive():
+            return
+        time.sleep(0.001)
+
+
 def _connect(path: str, synchronous: str) -> sqlite3.Connection:
     # mode=rw: a database deleted since it asked is not created again, empty
     con = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=0,
@@ -130,15 +160,18 @@ def _loop() -> None:
         woken = _wake.wait(IDLE_SECONDS)
         path = synchronous = ""
         ending = False
+        drop: set[str] = set()
         with _lock:
             if _thread[0] is not me:
                 return
             held = _held[0] and not _exiting[0]
             if not held:
+                drop = set(_releasing)
+                _releasing.clear()
                 ending = _exiting[0] or (not woken and not _pending)
                 if ending:
                     _thread[0] = None
-                else:
+                elif not drop:
                     _wake.clear()
                     if not _pending:
                         continue
@@ -153,10 +186,20 @@ def _loop() -> None:
             if ending:
                 for con in cons.values():
                     _close(con)
+                _open.clear()
                 return
-            con = cons.get(path) or cons.setdefault(path, _connect(path, synchronous))
-            _active[0] = con
-            con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if drop:  # (then the requests, at the next turn: _wake is still set)
+                for gone in drop:
+                    dropped = cons.pop(gone, None)
+                    if dropped is not None:
+                        _close(dropped)
+                    _open.discard(gone)
+                continue
+            if path not in cons:
+                cons[path] = _connect(path, synchronous)
+                _open.add(path)
+            _active[0] = cons[path]
+            cons[path].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         except sqlite3.Error as exc:
             # (interrupted, deleted, damaged: the writers' own checkpoints and checks remain)
             log.debug("durably: no background checkpoint of %s: %s", path, exc)
@@ -164,6 +207,7 @@ def _loop() -> None:
             dropped = cons.pop(path, None)
             if dropped is not None:
                 _close(dropped)
+            _open.discard(path)
         finally:
             _active[0] = None
             _busy[0] = False
@@ -204,6 +248,8 @@ def _after_fork_in_child() -> None:
     _pending.clear()
     _thread[0] = _active[0] = None
     _busy[0] = _held[0] = _exiting[0] = False
+    _open.clear()
+    _releasing.clear()
 
 
 os.register_at_fork(before=_hold, after_in_parent=_after_fork_in_parent,

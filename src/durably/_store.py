@@ -2483,6 +2483,9 @@ class DiskStore:
 
     def close(self) -> None:
         with self._lock:
+            if self._root is not None and self._pid == _pid[0]:
+                _checkpoint.release([str(self._root / "journal.sqlite3"),
+                                     str(self._root / "cache" / "cache.db")])
             con = getattr(self._local, "con", None)
             if con is not None:
                 con.close()
