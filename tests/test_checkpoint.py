@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,3 +176,137 @@ def test_closing_a_store_closes_the_thread_s_connections_to_it(
     again = durably.DiskStore(root)
     assert [r.status for r in again.list_runs()] == ["finished"]
     again.close()
+
+
+def _job() -> Any:
+    @durably.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        return sum(inc(i) for i in range(n))
+
+    return job
+
+
+def test_a_store_deleted_and_made_again_at_its_path_is_checkpointed_not_the_old_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "EVERY", 4)
+    root = tmp_path / "store"
+    job = _job()
+    first = durably.DiskStore(root)
+    durably.configure(store=first)
+    try:
+        assert job(50) == 1275
+        assert _checkpoint.wait_idle(10.0)
+        shutil.rmtree(root)  # (first is not closed: the thread still has its connection)
+        second = durably.DiskStore(root)
+        durably.configure(store=second)
+        assert job(60) == 1830
+        assert _checkpoint.wait_idle(10.0)
+        assert _steps_in_file_alone(root / "journal.sqlite3", tmp_path) >= 40
+        second.close()
+    finally:
+        durably.configure()
+        first.close()
+
+
+def test_a_connection_not_asked_for_lately_is_closed_while_others_keep_the_thread_busy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "EVERY", 4)
+    monkeypatch.setattr(_checkpoint, "IDLE_SECONDS", 0.2)
+    job = _job()
+    a, b = durably.DiskStore(tmp_path / "a"), durably.DiskStore(tmp_path / "b")
+    try:
+        durably.configure(store=a)
+        assert job(20) == 210
+        assert _checkpoint.wait_idle(10.0)
+        assert str(a.path / "journal.sqlite3") in _checkpoint._open
+        durably.configure(store=b)
+        end = time.monotonic() + 1.0
+        k = 0
+        while time.monotonic() < end:  # (b asks every few steps)
+            k += 1
+            assert job(20 + k) == (20 + k) * (21 + k) // 2
+        assert str(b.path / "journal.sqlite3") in _checkpoint._open
+        assert str(a.path / "journal.sqlite3") not in _checkpoint._open
+    finally:
+        durably.configure()
+        a.close()
+        b.close()
+
+
+def test_a_store_whose_path_is_not_utf_8_is_checkpointed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "EVERY", 4)
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/st\xff re?#"))
+    store = durably.DiskStore(root)
+    durably.configure(store=store)
+    try:
+        assert _job()(40) == 820
+        assert _checkpoint.wait_idle(10.0)
+        assert _steps_in_file_alone(root / "journal.sqlite3", tmp_path) >= 30
+    finally:
+        durably.configure()
+        store.close()
+
+
+def test_one_thread_at_a_time_uses_sqlite_even_while_the_last_one_closes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that comes while the thread closes its idle connections (a close may
+    checkpoint, with fsyncs) is taken by that thread afterwards: no second thread starts
+    beside it, which a fork would then not wait for."""
+    monkeypatch.setattr(_checkpoint, "IDLE_SECONDS", 0.1)
+    db = tmp_path / "j.sqlite3"
+    con = sqlite3.connect(db, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (x)")
+    _checkpoint.request(str(db))
+    assert _checkpoint.wait_idle(10.0)
+    first = _checkpoint._thread[0]
+    closing = []
+    real_close = _checkpoint._close
+
+    def slow_close(c: sqlite3.Connection) -> None:
+        closing.append(c)
+        time.sleep(0.5)
+        real_close(c)
+
+    monkeypatch.setattr(_checkpoint, "_close", slow_close)
+    deadline = time.monotonic() + 10
+    while not closing and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert closing and _checkpoint._busy[0]
+    con.execute("INSERT INTO t VALUES (1)")
+    _checkpoint.request(str(db))
+    assert _checkpoint._thread[0] is first and first is not None and first.is_alive()
+    assert _checkpoint.wait_idle(10.0)
+    assert os.path.getsize(db) >= 8192  # (the row's page was copied, by the same thread)
+    con.close()
+
+
+def test_a_ctrl_c_while_fork_waits_for_a_checkpoint_is_raised_after_the_fork(
+        tmp_path: Path) -> None:
+    script = write_script(tmp_path / "ctrlc.py", """
+        import os, signal, threading, time
+        from durably import _checkpoint
+        _checkpoint._busy[0] = True  # (a checkpoint in progress, for 0.4 s)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(0.4, _checkpoint._busy.__setitem__, (0, False)).start()
+        t = time.monotonic()
+        waited = None
+        try:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            waited = time.monotonic() - t
+            os.waitpid(pid, 0)
+            time.sleep(2.0)
+            print("no interrupt", waited)
+        except KeyboardInterrupt:
+            print("interrupted after the fork", waited is not None and waited >= 0.35)
+    """)
+    proc = run_script(script, script_env(tmp_path / "store"), timeout=60)
+    assert proc.stdout.strip() == "interrupted after the fork True", proc.stderr
+    assert "Exception ignored" not in proc.stderr

@@ -15,10 +15,12 @@ steady writes a background checkpoint seldom manages: the commit that crosses th
 copies the few frames left, with fsyncs of little, and the log starts over.
 
 Nothing changes on disk: what a checkpoint copies and when it syncs are SQLite's; a process
-killed during one leaves the log as a killed writer's checkpoint does. The thread ends, and
-closes its connections, :data:`IDLE_SECONDS` after the last request; at exit, and before a
-fork, a checkpoint in progress is interrupted (SQLite stops it between two pages) and
-waited for: a child must not inherit SQLite's locks held by a thread it does not have.
+killed during one leaves the log as a killed writer's checkpoint does. The thread closes a
+connection :data:`IDLE_SECONDS` after the last request for its database (at once when its
+store is closed: :func:`release`), and ends once it has none. Before a fork, and at exit, a
+checkpoint in progress is interrupted (SQLite stops it between two pages; an fsync under
+way finishes first) and waited for: a child must not inherit SQLite's locks held by a
+thread it does not have.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -35,15 +38,17 @@ from urllib.parse import quote
 
 log = logging.getLogger("durably")
 
-#: commits (or cache rows) of one database between two requests: about 3,000 pages of log
-#: for executed steps (three pages each), under the writers' own mark of 8,192
+#: commits of one database (for the cache: rows written) between two requests: about
+#: 3,000 pages of log for executed steps (three pages each), under the writers' own mark
 EVERY = 1024
-#: seconds without a request before the thread closes its connections and ends (no thread
-#: is left idle for a fork to inherit, and a store's log is deleted as its last connection
-#: closes)
-IDLE_SECONDS = 2.0
-#: seconds a fork or the interpreter's exit waits for a checkpoint in progress to stop
-_WAIT_SECONDS = 5.0
+#: seconds without a request for a database before the thread closes its connection to
+#: it; the thread ends once it has none (no thread is left idle for a fork to inherit)
+IDLE_SECONDS = 1.0
+#: seconds a fork waits for a checkpoint in progress to stop (as for a lease's renewal);
+#: an entry of _forks older than this (its hook was cut short) no longer holds the thread
+_FORK_SECONDS = 10.0
+#: seconds the interpreter's exit waits for the thread (a checkpoint, then its closes)
+_EXIT_SECONDS = 1.0
 
 _lock = threading.Lock()  # guards the state below and the thread's decisions
 _wake = threading.Event()
@@ -53,7 +58,10 @@ _thread: list[threading.Thread | None] = [None]
 _busy = [False]  # the thread is using SQLite (a fork waits: see _hold)
 #: the connection checkpointing now (interrupted by a fork or the exit), or None
 _active: list[sqlite3.Connection | None] = [None]
-_held = [False]  # a fork is in progress: nothing starts using SQLite
+#: forks in progress, by thread: when each began (the thread starts nothing meanwhile)
+_forks: dict[int, float] = {}
+#: threads whose fork() wait a Ctrl-C landed in: raised again once the fork is done
+_interrupted_forks: set[int] = set()
 _exiting = [False]  # the interpreter exits: the thread closes its connections and ends
 #: databases the thread has a connection to, and those it is to close (see release)
 _open: set[str] = set()
@@ -67,7 +75,7 @@ def request(path: str, synchronous: str = "normal") -> None:
 
     Args:
         path: An existing database in WAL mode (its file is never created: a database
-            deleted meanwhile is skipped).
+            deleted meanwhile is skipped; one replaced gets a new connection).
         synchronous: The writers' ``PRAGMA synchronous`` ("normal" or "full"), used by the
             checkpoint's own connection.
 
@@ -87,8 +95,8 @@ def request(path: str, synchronous: str = "normal") -> None:
         8192
     """
     with _lock:
-        if _held[0] or _exiting[0]:
-            return  # (forking, or exiting: the writer's own mark remains)
+        if _exiting[0]:
+            return  # (the writer's own mark remains)
         _pending[path] = synchronous
         _wake.set()
         thread = _thread[0]
@@ -101,17 +109,6 @@ def request(path: str, synchronous: str = "normal") -> None:
         except RuntimeError:  # no new thread (the interpreter is shutting down)
             _thread[0] = None
             _pending.clear()
-
-
-def wait_idle(seconds: float) -> bool:
-    """Wait until no checkpoint is pending or in progress (at most ``seconds``); whether
-    it is so. For tests and benchmarks."""
-    deadline = time.monotonic() + seconds
-    while _pending or _busy[0]:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 def release(paths: Iterable[str], seconds: float = 1.0) -> None:
@@ -140,12 +137,20 @@ def release(paths: Iterable[str], seconds: float = 1.0) -> None:
         time.sleep(0.001)
 
 
-def _connect(path: str, synchronous: str) -> sqlite3.Connection:
-    # mode=rw: a database deleted since it asked is not created again, empty
-    con = sqlite3.connect(f"file:{quote(path)}?mode=rw", uri=True, timeout=0,
-                          isolation_level=None, check_same_thread=False)
-    con.execute(f"PRAGMA synchronous={synchronous.upper()}")
-    return con
+def wait_idle(seconds: float) -> bool:
+    """Wait until no checkpoint is pending or in progress (at most ``seconds``); whether
+    it is so. For tests and benchmarks."""
+    deadline = time.monotonic() + seconds
+    while _pending or _busy[0]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def _holding() -> bool:
+    now = time.monotonic()
+    return any(now - began < _FORK_SECONDS for began in _forks.values())
 
 
 def _close(con: sqlite3.Connection) -> None:
@@ -153,90 +158,134 @@ def _close(con: sqlite3.Connection) -> None:
         con.close()  # log keeps it)
 
 
+#: a connection of the thread, and the (device, inode) of the file it opened
+_Entry = tuple[sqlite3.Connection, tuple[int, int]]
+
+
+def _checkpoint(cons: dict[str, _Entry], path: str, synchronous: str) -> None:
+    """Checkpoint one database, through the thread's connection to the file now at
+    ``path`` (a connection to a file since deleted or replaced is closed first)."""
+    entry = cons.get(path)
+    try:
+        st = os.stat(path)
+    except OSError:  # (deleted: nothing to checkpoint)
+        st = None
+    here = None if st is None else (st.st_dev, st.st_ino)
+    if entry is not None and entry[1] != here:
+        del cons[path]
+        _open.discard(path)
+        _close(entry[0])
+        entry = None
+    if here is None:
+        return
+    if entry is None:
+        # mode=rw: a database deleted since is not created again, empty; the path's bytes,
+        # as the file system has them (a name that is not UTF-8 too)
+        con = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode=rw", uri=True,
+                              timeout=0, isolation_level=None, check_same_thread=False)
+        entry = cons[path] = (con, here)
+        _open.add(path)
+        con.execute(f"PRAGMA synchronous={synchronous.upper()}")
+    _active[0] = entry[0]
+    entry[0].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+
 def _loop() -> None:
     me = threading.current_thread()
-    cons: dict[str, sqlite3.Connection] = {}  # one connection to each database asked for
+    cons: dict[str, _Entry] = {}  # the thread's connection to each database asked for
+    asked: dict[str, float] = {}  # when each was last asked for (monotonic)
     while True:
         woken = _wake.wait(IDLE_SECONDS)
-        path = synchronous = ""
-        ending = False
+        job: tuple[str, str] | None = None
         drop: set[str] = set()
         with _lock:
             if _thread[0] is not me:
                 return
-            held = _held[0] and not _exiting[0]
-            if not held:
-                drop = set(_releasing)
+            working = not _holding()
+            if working:
+                now = time.monotonic()
+                drop = {path for path in cons if _exiting[0] or path in _releasing or (
+                    now - asked.get(path, 0.0) >= IDLE_SECONDS and path not in _pending)}
                 _releasing.clear()
-                ending = _exiting[0] or (not woken and not _pending)
-                if ending:
-                    _thread[0] = None
-                elif not drop:
+                if drop:
+                    _wake.set()  # (then the requests, or the end)
+                else:
                     _wake.clear()
-                    if not _pending:
+                    if _pending and not _exiting[0]:
+                        job = _pending.popitem()
+                        asked[job[0]] = now
+                        if _pending:
+                            _wake.set()
+                    elif not cons and (_exiting[0] or not woken):
+                        _thread[0] = None  # (ends using no SQLite: no overlap with the next)
+                        return
+                    else:
                         continue
-                    path, synchronous = _pending.popitem()
-                    if _pending:
-                        _wake.set()
                 _busy[0] = True
-        if held:  # (a fork waits for nothing: this thread waits for it)
+        if not working:  # (a fork is waiting for nothing: this thread waits for it)
             time.sleep(0.001)
             continue
         try:
-            if ending:
-                for con in cons.values():
+            if job is None:
+                for path in drop:
+                    con, _ = cons.pop(path)
+                    asked.pop(path, None)
                     _close(con)
-                _open.clear()
-                return
-            if drop:  # (then the requests, at the next turn: _wake is still set)
-                for gone in drop:
-                    dropped = cons.pop(gone, None)
-                    if dropped is not None:
-                        _close(dropped)
-                    _open.discard(gone)
-                continue
-            if path not in cons:
-                cons[path] = _connect(path, synchronous)
-                _open.add(path)
-            _active[0] = cons[path]
-            cons[path].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        except sqlite3.Error as exc:
-            # (interrupted, deleted, damaged: the writers' own checkpoints and checks remain)
-            log.debug("durably: no background checkpoint of %s: %s", path, exc)
+                    _open.discard(path)
+            else:
+                _checkpoint(cons, *job)
+        except Exception as exc:  # noqa: BLE001 - interrupted, deleted, damaged...: the
+            # writers' own checkpoints and checks remain; this connection is not reused
+            log.debug("durably: no background checkpoint of %s: %s", job, exc)
             _active[0] = None
-            dropped = cons.pop(path, None)
-            if dropped is not None:
-                _close(dropped)
-            _open.discard(path)
+            if job is not None and job[0] in cons:
+                con, _ = cons.pop(job[0])
+                _open.discard(job[0])
+                _close(con)
         finally:
             _active[0] = None
             _busy[0] = False
 
 
-def _interrupt_and_wait() -> None:
+def _interrupt_and_wait(seconds: float) -> None:
     """Interrupt a checkpoint in progress (SQLite stops it between two pages) and wait for
-    the thread to stop using SQLite: :data:`_WAIT_SECONDS` at most (an fsync under way is
-    not cut short)."""
-    deadline = time.monotonic() + _WAIT_SECONDS
+    the thread to stop using SQLite, ``seconds`` at most (an fsync under way is not cut
+    short). A Ctrl-C meanwhile does not cut the wait short: it is raised again once the
+    fork is done (see _after_fork_in_parent)."""
+    deadline = time.monotonic() + seconds
     while _busy[0] and time.monotonic() < deadline:
-        con = _active[0]
-        if con is not None:
-            with contextlib.suppress(sqlite3.Error):  # (closed meanwhile)
-                con.interrupt()
-        time.sleep(0.0005)
+        try:
+            con = _active[0]
+            if con is not None:
+                with contextlib.suppress(sqlite3.Error):  # (closed meanwhile)
+                    con.interrupt()
+            time.sleep(0.0005)
+        except KeyboardInterrupt:
+            _interrupted_forks.add(threading.get_ident())
 
 
 def _hold() -> None:
-    """Before fork(): nothing starts using SQLite, and what is under way stops (a child
-    must not inherit SQLite's locks held by a thread it does not have)."""
-    with _lock:
-        _held[0] = True
-    _interrupt_and_wait()
+    """Before fork(): nothing starts using SQLite in the thread, and what is under way
+    stops (a child must not inherit SQLite's locks held by a thread it does not have)."""
+    me = threading.get_ident()
+    while me not in _forks:
+        try:
+            with _lock:
+                _forks[me] = time.monotonic()
+        except KeyboardInterrupt:
+            _interrupted_forks.add(me)
+    _interrupt_and_wait(_FORK_SECONDS)
 
 
 def _after_fork_in_parent() -> None:
-    with _lock:
-        _held[0] = False
+    me = threading.get_ident()
+    _forks.pop(me, None)
+    _wake.set()  # (requests that came meanwhile)
+    if me in _interrupted_forks:
+        _interrupted_forks.discard(me)
+        # the Ctrl-C the wait held back, once fork() returned (raised in a hook, it would
+        # be reported and dropped): SIGINT again, to the thread that forked
+        threading.Timer(0.01, signal.pthread_kill, (me, signal.SIGINT)).start()
 
 
 def _after_fork_in_child() -> None:
@@ -246,10 +295,12 @@ def _after_fork_in_child() -> None:
     global _lock, _wake
     _lock, _wake = threading.Lock(), threading.Event()
     _pending.clear()
-    _thread[0] = _active[0] = None
-    _busy[0] = _held[0] = _exiting[0] = False
+    _forks.clear()
+    _interrupted_forks.clear()
     _open.clear()
     _releasing.clear()
+    _thread[0] = _active[0] = None
+    _busy[0] = _exiting[0] = False
 
 
 os.register_at_fork(before=_hold, after_in_parent=_after_fork_in_parent,
@@ -260,11 +311,12 @@ os.register_at_fork(before=_hold, after_in_parent=_after_fork_in_parent,
 def _close_at_exit() -> None:
     """As the interpreter exits: stop checkpointing, and let the thread close its
     connections (each copies what is left and deletes the log if it is the database's
-    last), 1 s at most."""
+    last), :data:`_EXIT_SECONDS` at most in all."""
     with _lock:
         _exiting[0] = True
         _wake.set()
-    _interrupt_and_wait()
+    deadline = time.monotonic() + _EXIT_SECONDS
+    _interrupt_and_wait(_EXIT_SECONDS)
     thread = _thread[0]
     if thread is not None and thread.is_alive():
-        thread.join(1.0)
+        thread.join(max(deadline - time.monotonic(), 0.0))

@@ -427,10 +427,11 @@ _PAGE_SIZE = 2048
 #: pages the write-ahead log of the journal and of the cache grows to before the commit
 #: that crosses the mark copies it back into the database (a checkpoint: two fsyncs, 10-20
 #: ms for a log this size). Background checkpoints (see _checkpoint), asked for every
-#: 1,024 commits, do most of that work while the run goes on; a log they could not keep
-#: short (writes never pause long enough for them to finish) is copied by the commit that
-#: crosses this mark, as before. 32 MiB of log at 2 KiB pages. The log is deleted when
-#: the database's last connection closes.
+#: 1,024 commits, do most of that work while the run goes on; as a log starts over only
+#: once a checkpoint copied all of it with no commit meanwhile, under steady writes the
+#: commit that crosses this mark copies the rest (a little later when it finds the
+#: background checkpoint at work: about 36 MiB of log at 2 KiB pages for one writer, 45
+#: MiB for two). The log is deleted when the database's last connection closes.
 _WAL_PAGES = 16384
 
 
