@@ -310,3 +310,104 @@ def test_a_ctrl_c_while_fork_waits_for_a_checkpoint_is_raised_after_the_fork(
     proc = run_script(script, script_env(tmp_path / "store"), timeout=60)
     assert proc.stdout.strip() == "interrupted after the fork True", proc.stderr
     assert "Exception ignored" not in proc.stderr
+
+
+def _wal_db(path: Path) -> sqlite3.Connection:
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE t (x)")
+    return con
+
+
+def test_release_waits_for_a_connection_the_thread_is_opening(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "j.sqlite3"
+    con = _wal_db(db)
+    real = _checkpoint._checkpoint
+    started = []
+
+    def slow(*args: Any) -> None:  # (the thread took the request, and has not opened yet)
+        started.append(1)
+        time.sleep(0.3)
+        real(*args)
+
+    monkeypatch.setattr(_checkpoint, "_checkpoint", slow)
+    _checkpoint.request(str(db))
+    deadline = time.monotonic() + 10
+    while not started and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _checkpoint.release([str(db)], seconds=5.0)
+    assert _checkpoint.wait_idle(10.0)
+    assert str(db) not in _checkpoint._open
+    con.close()
+    assert not Path(f"{db}-wal").exists()  # (the last connection closed: none of the thread's)
+
+
+def test_a_failure_of_the_thread_itself_loses_no_request(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "j.sqlite3"
+    con = _wal_db(db)
+    failures = []
+    real = _checkpoint._holding
+
+    def once() -> bool:
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("dictionary changed size during iteration")
+        return real()
+
+    monkeypatch.setattr(_checkpoint, "_holding", once)
+    deadline = time.monotonic() + 10
+    while _checkpoint._thread[0] is not None and time.monotonic() < deadline:
+        time.sleep(0.01)  # (a thread of an earlier test ends first: this one starts anew)
+    _checkpoint.request(str(db))
+    assert _checkpoint.wait_idle(10.0)
+    assert failures
+    assert os.path.getsize(db) >= 8192  # (served by the thread that took its place)
+    con.close()
+
+
+def test_a_store_path_starting_with_two_slashes_is_checkpointed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_checkpoint, "EVERY", 4)
+    root = Path("//" + str(tmp_path).lstrip("/")) / "store"
+    assert str(root).startswith("//")
+    store = durably.DiskStore(root)
+    durably.configure(store=store)
+    try:
+        assert _job()(40) == 820
+        assert _checkpoint.wait_idle(10.0)
+        assert _steps_in_file_alone(root / "journal.sqlite3", tmp_path) >= 30
+    finally:
+        durably.configure()
+        store.close()
+
+
+def test_requests_are_served_oldest_first(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database that asks again and again while its checkpoints run never keeps another
+    one waiting."""
+    a, b = tmp_path / "a.sqlite3", tmp_path / "b.sqlite3"
+    cons = [_wal_db(a), _wal_db(b)]
+    served: list[str] = []
+    real = _checkpoint._checkpoint
+
+    def slow(c: Any, path: str, synchronous: str) -> None:
+        served.append(Path(path).name)
+        time.sleep(0.05)
+        real(c, path, synchronous)
+
+    monkeypatch.setattr(_checkpoint, "_checkpoint", slow)
+    _checkpoint.request(str(b))
+    deadline = time.monotonic() + 10
+    while not served and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _checkpoint.request(str(a))  # (while b's checkpoint runs)
+    end = time.monotonic() + 0.6
+    while time.monotonic() < end:
+        _checkpoint.request(str(b))
+        time.sleep(0.01)
+    assert _checkpoint.wait_idle(10.0)
+    assert served[:2] == ["b.sqlite3", "a.sqlite3"], served
+    for con in cons:
+        con.close()

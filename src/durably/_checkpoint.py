@@ -100,15 +100,8 @@ def request(path: str, synchronous: str = "normal") -> None:
         _pending[path] = synchronous
         _wake.set()
         thread = _thread[0]
-        if thread is not None and thread.is_alive():
-            return
-        thread = threading.Thread(target=_loop, name="durably-checkpoint", daemon=True)
-        _thread[0] = thread
-        try:
-            thread.start()
-        except RuntimeError:  # no new thread (the interpreter is shutting down)
-            _thread[0] = None
-            _pending.clear()
+        if thread is None or not thread.is_alive():
+            _start_locked()
 
 
 def release(paths: Iterable[str], seconds: float = 1.0) -> None:
@@ -129,6 +122,10 @@ def release(paths: Iterable[str], seconds: float = 1.0) -> None:
             return
         _releasing.update(wanted)
         _wake.set()
+        con = _active[0]
+        if con is not None and _active_path[0] in wanted:  # (the store's close copies it)
+            with contextlib.suppress(sqlite3.Error):
+                con.interrupt()
     deadline = time.monotonic() + seconds
     while wanted & _open and time.monotonic() < deadline:
         thread = _thread[0]
@@ -150,7 +147,8 @@ def wait_idle(seconds: float) -> bool:
 
 def _holding() -> bool:
     now = time.monotonic()
-    return any(now - began < _FORK_SECONDS for began in _forks.values())
+    # (a snapshot: a fork's hook may remove its entry meanwhile)
+    return any(now - began < _FORK_SECONDS for began in tuple(_forks.values()))
 
 
 def _close(con: sqlite3.Connection) -> None:
@@ -160,6 +158,16 @@ def _close(con: sqlite3.Connection) -> None:
 
 #: a connection of the thread, and the (device, inode) of the file it opened
 _Entry = tuple[sqlite3.Connection, tuple[int, int]]
+#: the database being checkpointed now (its path), or ""
+_active_path = [""]
+
+
+def _uri(path: str) -> str:
+    """The read-write URI of the database at ``path``: the path's bytes as the file
+    system has them (a name that is not UTF-8 too), under an empty authority (a path that
+    starts with ``//`` is not read as a host); ``mode=rw``, so that a database deleted
+    meanwhile is not created again, empty."""
+    return f"file://{quote(os.fsencode(os.path.abspath(path)))}?mode=rw"
 
 
 def _checkpoint(cons: dict[str, _Entry], path: str, synchronous: str) -> None:
@@ -173,27 +181,53 @@ def _checkpoint(cons: dict[str, _Entry], path: str, synchronous: str) -> None:
     here = None if st is None else (st.st_dev, st.st_ino)
     if entry is not None and entry[1] != here:
         del cons[path]
-        _open.discard(path)
         _close(entry[0])
         entry = None
     if here is None:
         return
     if entry is None:
-        # mode=rw: a database deleted since is not created again, empty; the path's bytes,
-        # as the file system has them (a name that is not UTF-8 too)
-        con = sqlite3.connect(f"file:{quote(os.fsencode(path))}?mode=rw", uri=True,
-                              timeout=0, isolation_level=None, check_same_thread=False)
+        con = sqlite3.connect(_uri(path), uri=True, timeout=0, isolation_level=None,
+                              check_same_thread=False)
         entry = cons[path] = (con, here)
-        _open.add(path)
         con.execute(f"PRAGMA synchronous={synchronous.upper()}")
     _active[0] = entry[0]
     entry[0].execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
 
+def _start_locked() -> None:
+    """Start the thread (under ``_lock``; none alive)."""
+    thread = threading.Thread(target=_loop, name="durably-checkpoint", daemon=True)
+    _thread[0] = thread
+    try:
+        thread.start()
+    except RuntimeError:  # no new thread (the interpreter is shutting down)
+        _thread[0] = None
+        _pending.clear()
+
+
 def _loop() -> None:
     me = threading.current_thread()
     cons: dict[str, _Entry] = {}  # the thread's connection to each database asked for
-    asked: dict[str, float] = {}  # when each was last asked for (monotonic)
+    try:
+        _serve(me, cons)
+    except Exception as exc:  # noqa: BLE001 - (a bug): the thread gives its place up
+        log.debug("durably: the checkpointing thread failed: %r", exc)
+        while _holding():
+            time.sleep(0.001)
+        _busy[0] = True
+        for con, _ in cons.values():
+            _close(con)
+        with _lock:
+            _active[0], _active_path[0], _busy[0] = None, "", False
+            if _thread[0] is me:
+                _open.clear()
+                _thread[0] = None
+                if _pending and not _exiting[0]:
+                    _start_locked()
+
+
+def _serve(me: threading.Thread, cons: dict[str, _Entry]) -> None:
+    asked: dict[str, float] = {}  # when each database was last asked for (monotonic)
     while True:
         woken = _wake.wait(IDLE_SECONDS)
         job: tuple[str, str] | None = None
@@ -212,8 +246,12 @@ def _loop() -> None:
                 else:
                     _wake.clear()
                     if _pending and not _exiting[0]:
-                        job = _pending.popitem()
-                        asked[job[0]] = now
+                        path = next(iter(_pending))  # (the oldest request first)
+                        job = path, _pending.pop(path)
+                        asked[path] = now
+                        # (counted open from now on: release() waits for it, not past it)
+                        _open.add(path)
+                        _active_path[0] = path
                         if _pending:
                             _wake.set()
                     elif not cons and (_exiting[0] or not woken):
@@ -240,10 +278,11 @@ def _loop() -> None:
             _active[0] = None
             if job is not None and job[0] in cons:
                 con, _ = cons.pop(job[0])
-                _open.discard(job[0])
                 _close(con)
         finally:
-            _active[0] = None
+            if job is not None and job[0] not in cons:
+                _open.discard(job[0])
+            _active[0], _active_path[0] = None, ""
             _busy[0] = False
 
 
@@ -253,8 +292,10 @@ def _interrupt_and_wait(seconds: float) -> None:
     short). A Ctrl-C meanwhile does not cut the wait short: it is raised again once the
     fork is done (see _after_fork_in_parent)."""
     deadline = time.monotonic() + seconds
-    while _busy[0] and time.monotonic() < deadline:
+    while True:
         try:
+            if not _busy[0] or time.monotonic() >= deadline:
+                return
             con = _active[0]
             if con is not None:
                 with contextlib.suppress(sqlite3.Error):  # (closed meanwhile)
@@ -279,7 +320,12 @@ def _hold() -> None:
 
 def _after_fork_in_parent() -> None:
     me = threading.get_ident()
-    _forks.pop(me, None)
+    while me in _forks:
+        try:
+            with _lock:
+                _forks.pop(me, None)
+        except KeyboardInterrupt:
+            _interrupted_forks.add(me)
     _wake.set()  # (requests that came meanwhile)
     if me in _interrupted_forks:
         _interrupted_forks.discard(me)
@@ -300,6 +346,7 @@ def _after_fork_in_child() -> None:
     _open.clear()
     _releasing.clear()
     _thread[0] = _active[0] = None
+    _active_path[0] = ""
     _busy[0] = _exiting[0] = False
 
 
