@@ -3,6 +3,7 @@ table with pass/miss and a JSON file."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import resource
@@ -96,7 +97,7 @@ def fmt(value: float | None, unit: str = "s") -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Rows as a text table: measure, durably, other, ratio, target, pass/miss."""
-    width = max(len(r["measure"]) for r in rows)
+    width = max((len(r["measure"]) for r in rows), default=len("measure"))
     lines = [f"{'measure':<{width}}  {'durably':>10}  {'other':>10}  {'ratio':>7}  "
              f"{'result':<6}  target"]
     for r in rows:
@@ -124,3 +125,25 @@ def report(name: str, rows: list[dict[str, Any]], **extra: Any) -> None:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "rows": rows, **extra,
     }, indent=2))
     print(f"(written to {out})")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of rounds, samples, steps)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1, sorted, distinct."""
+    return sorted({positive_int(part.strip()) for part in text.split(",") if part.strip()})
+
+
+def description(doc: str | None) -> str:
+    """A script's ``--help`` description: its docstring's first paragraph, whole."""
+    return (doc or "").partition("\n\n")[0].replace("\n", " ")
+

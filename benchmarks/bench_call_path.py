@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, median_of, ratio, report, worker
+from _common import description, emit, median_of, positive_int, ratio, report, worker
 from _workload import FAIL, chain, inc
 
 import durably
@@ -247,10 +247,11 @@ WORKERS = {"main": main_worker, "dbos": dbos_worker}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--steps", type=int, default=100, help="steps per run (default 100)")
-    parser.add_argument("--rounds", type=int, default=5, help="processes of each kind")
-    parser.add_argument("--repeat", type=int, default=7, help="samples per process")
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--steps", type=positive_int, default=100,
+                        help="steps per run (default 100)")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="processes of each kind")
+    parser.add_argument("--repeat", type=positive_int, default=7, help="samples per process")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report
+from _common import description, positive_int, report
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "stdlib_index.py"
 
@@ -28,10 +28,11 @@ def timed(args: list[str], cwd: str, env: dict[str, str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--limit", default=None)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="passed to the demo: how many items it processes")
     opts = parser.parse_args()
-    args = ["--limit", opts.limit] if opts.limit else []
+    args = ["--limit", str(opts.limit)] if opts.limit else []
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "DURABLY_DIR": str(Path(tmp) / "store")}
         first = timed(args, tmp, env)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report
+from _common import description, positive_int, report
 
 import durably
 
@@ -116,10 +116,10 @@ def run_langgraph(tmp: Path, steps: int, size: int) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--steps", default="100,400", help="super-steps per run, comma-separated")
-    parser.add_argument("--message", type=int, default=1000, help="bytes per message")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--message", type=positive_int, default=1000, help="bytes per message")
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--state", choices=("typeddict", "pydantic"), default="typeddict",
                         help="the state: a TypedDict (default) or a pydantic model")
     opts = parser.parse_args()

@@ -10,6 +10,7 @@ use instead.
 
 from __future__ import annotations
 
+import argparse
 import pickle
 import statistics
 import sys
@@ -22,7 +23,7 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median_seconds, report
+from _common import description, median_seconds, report
 
 import durably
 from durably._hashing import encode_arguments
@@ -42,6 +43,7 @@ def interleaved(a: Callable[[], Any], b: Callable[[], Any], repeat: int = 7
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=description(__doc__)).parse_args()  # (--help)
     rows = []
     small = {"n": 3, "name": "alpha", "lr": 0.01, "tags": ("a", "b")}
     d_small = median_seconds(lambda: encode_arguments(small), number=20_000)

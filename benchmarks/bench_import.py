@@ -30,7 +30,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report
+from _common import description, positive_int, report
 
 PROBE = ("import time; t, c = time.perf_counter(), time.process_time(); import {module}; "
          "print(time.process_time() - c, time.perf_counter() - t)")
@@ -49,8 +49,8 @@ def import_seconds(module: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--repeat", type=int, default=9)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--repeat", type=positive_int, default=9)
     opts = parser.parse_args()
     # durably's four core dependencies alone (info): most of `import durably` is theirs
     deps = "wrapt, cloudpickle, diskcache, xxhash"

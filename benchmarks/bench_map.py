@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report
+from _common import description, positive_int, report
 
 import durably
 
@@ -112,9 +112,9 @@ def cpu_rows() -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--items", type=int, default=10_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--items", type=positive_int, default=10_000)
+    parser.add_argument("--repeat", type=positive_int, default=5)
     parser.add_argument("--no-langgraph", action="store_true")
     parser.add_argument("--cpu-only", action="store_true", help="only process vs thread")
     opts = parser.parse_args()

@@ -8,7 +8,7 @@ warms up (a 10-step run: fingerprint, journal connection), then runs an entrypoi
 trivial steps on new inputs that fails after its last step (every step executed and
 journaled), then calls it again (every step replayed from the journal) and reports the wall
 and CPU times of both calls and its peak RSS. Each size is repeated in several processes
-(medians; two at 100,000 steps, about 35 s each), the sizes taken in turn round after round.
+(medians; two at 100,000 steps, about 10 s each), the sizes taken in turn round after round.
 
 - **cost per step**: time of the run less that of an empty run (the fixed cost of starting
   and ending a run, median of 5), / N; the figure is cost(largest) / cost(smallest), target
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, median_of, peak_rss_mb, ratio, report, worker
+from _common import description, emit, median_of, peak_rss_mb, positive_ints, ratio, report, worker
 from _workload import FAIL, chain
 
 import durably
@@ -113,16 +113,18 @@ def small_runs(base: int, fixed_cpu: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--sizes", default="100,1000,10000,100000",
-                        help="run sizes in steps, comma-separated")
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--sizes", type=positive_ints, default="100,1000,10000,100000",
+                        help="run sizes in steps, comma-separated (at least two)")
     parser.add_argument("--quick", action="store_true", help="fewer processes per size")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
         emit(run_worker(opts.worker))
         return
-    sizes = sorted(int(s) for s in opts.sizes.split(","))
+    sizes = opts.sizes
+    if len(sizes) < 2:
+        parser.error(f"--sizes needs at least two run sizes to compare, not {sizes}")
     counts = {n: (QUICK if opts.quick else REPEATS).get(n, 1) for n in sizes}
     samples: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
     for r in range(max(counts.values())):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median_seconds, report
+from _common import description, median_seconds, positive_int, report
 
 import durably
 from durably._seal import SigningKey, open_seal, seal
@@ -152,10 +152,10 @@ def large_rows(repeat: int, megabytes: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--large-mb", type=int, default=256)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--repeat", type=positive_int, default=7)
+    parser.add_argument("--steps", type=positive_int, default=200)
+    parser.add_argument("--large-mb", type=positive_int, default=256)
     opts = parser.parse_args()
     rows = seal_rows(opts.repeat) + call_path_rows(opts.repeat, opts.steps)
     if opts.large_mb > 0:

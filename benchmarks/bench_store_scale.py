@@ -27,7 +27,7 @@ from pathlib import Path
 import xxhash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt, median_seconds, report
+from _common import description, fmt, median_seconds, positive_int, report
 
 import durably
 from durably._store import KeyRecord
@@ -74,11 +74,11 @@ def cli_cache_stats(path: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("--entries", type=int, default=1_000_000)
+    parser = argparse.ArgumentParser(description=description(__doc__))
+    parser.add_argument("--entries", type=positive_int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="100,000 entries")
     parser.add_argument("--store", help="keep the filled store in this directory")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     opts = parser.parse_args()
     entries = 100_000 if opts.quick else opts.entries
     with tempfile.TemporaryDirectory() as tmp:

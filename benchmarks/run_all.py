@@ -5,7 +5,7 @@ Run: python benchmarks/run_all.py [--quick] [--store-entries N] [--only NAME,...
 
 Each script runs in its own process and writes ``results/<name>.json`` (its full output goes
 to ``results/<name>.log``); this runner reads them back. ``--quick`` fills the large store to
-100,000 entries instead of 1,000,000 (about 80 s to fill at 1,000,000) and takes fewer rounds
+100,000 entries instead of 1,000,000 (about 30 s to fill at 1,000,000) and takes fewer rounds
 and processes in the call path and run-size benchmarks. ``--demo`` adds the demo's rerun
 benchmark.
 """
@@ -37,32 +37,59 @@ SUITE = {  # name -> (script, title, extra arguments for --quick)
 
 
 def provenance() -> dict[str, Any]:
-    """Which durably was measured: its path, the repository's commit, whether its src/ had
-    uncommitted edits, and PYTHONPATH (set when another checkout was measured)."""
+    """Which durably was measured: the path it is imported from here (workers inherit this
+    environment, PYTHONPATH included), the commit of the git checkout holding it and whether
+    its ``src/`` has uncommitted edits (both None when it is not in a git checkout: an
+    installed copy, an archive), and PYTHONPATH (set when another checkout was measured)."""
     probe = subprocess.run([sys.executable, "-c", "import durably; print(durably.__file__)"],
                            capture_output=True, text=True, check=False)
-    git = ["git", "-C", str(HERE.parent)]
-    commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    dirty = subprocess.run([*git, "status", "--porcelain", "src"], capture_output=True,
-                           text=True, check=False).stdout.strip()
-    return {"durably": probe.stdout.strip() or probe.stderr.strip()[-300:], "commit": commit,
-            "src_modified": bool(dirty), "pythonpath": os.environ.get("PYTHONPATH")}
+    where = probe.stdout.strip()
+    commit: str | None = None
+    dirty: bool | None = None
+    if probe.returncode == 0 and where:
+        package = Path(where).resolve().parent
+        git = ["git", "-C", str(package)]
+        top = subprocess.run([*git, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, check=False)
+        if top.returncode == 0:
+            commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"],
+                                    capture_output=True, text=True,
+                                    check=False).stdout.strip() or None
+            status = subprocess.run([*git, "status", "--porcelain", "--", str(package.parent)],
+                                    capture_output=True, text=True, check=False)
+            dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return {"durably": where or probe.stderr.strip()[-300:], "commit": commit,
+            "src_modified": dirty, "pythonpath": os.environ.get("PYTHONPATH")}
+
+
+def _entries(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0].replace("\n", " "))
     parser.add_argument("--quick", action="store_true",
                         help="100,000-entry store, fewer rounds and processes")
-    parser.add_argument("--store-entries", type=int, help="entries of the large store")
+    parser.add_argument("--store-entries", type=_entries,
+                        help="entries of the large store (at least 1)")
     parser.add_argument("--only", help="comma-separated: " + ", ".join(SUITE))
     parser.add_argument("--demo", action="store_true", help="also run bench_demo_rerun.py")
     opts = parser.parse_args()
-    names = opts.only.split(",") if opts.only else [n for n in SUITE if n != "demo_rerun"
-                                                      or opts.demo]
+    if opts.only is not None:
+        names = list(dict.fromkeys(n.strip() for n in opts.only.split(",") if n.strip()))
+        if not names:
+            parser.error(f"--only names no benchmark; choose from {list(SUITE)}")
+    else:
+        names = [n for n in SUITE if n != "demo_rerun" or opts.demo]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         parser.error(f"unknown benchmark {unknown}; choose from {list(SUITE)}")
+    measured = provenance()
+    print(f"measuring durably at {measured['durably']} (commit {measured['commit']}, "
+          f"src modified: {measured['src_modified']})", file=sys.stderr, flush=True)
 
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -71,7 +98,7 @@ def main() -> None:
     for name in names:
         script, title, quick = SUITE[name]
         args = list(quick) if opts.quick else []
-        if name == "store_scale" and opts.store_entries:
+        if name == "store_scale" and opts.store_entries is not None:
             args = ["--entries", str(opts.store_entries)]
         print(f"== {title}: {script} {' '.join(args)}", file=sys.stderr, flush=True)
         out = RESULTS / f"{name}.json"
@@ -94,8 +121,11 @@ def main() -> None:
     print(table(rows))
     checked = [r for r in rows if r.get("limit") is not None]
     missed = [r["measure"].strip() for r in checked if verdict(r) != "pass"]
+    failed = [name for name, section in sections.items() if "error" in section]
     print(f"\n{len(checked) - len(missed)} of {len(checked)} targets met"
           + (f"; missed: {'; '.join(missed)}" if missed else "")
+          + (f"; FAILED, their targets not measured: {', '.join(failed)} (see their logs in "
+             f"{RESULTS})" if failed else "")
           + f". Ratios are durably / other (lower is better) unless the target says >=. "
           f"Suite: {time.perf_counter() - started:.0f} s; load average (1 min) "
           f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, on "
@@ -104,11 +134,13 @@ def main() -> None:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "python": sys.version,
         "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average": {"before": load_before, "after": os.getloadavg()},
-        **provenance(), "quick": opts.quick,
+        **measured, "quick": opts.quick, "failed": failed,
         "targets": [{**r, "result": verdict(r)} for r in checked], "benchmarks": sections,
     }
     (RESULTS / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"(written to {RESULTS / 'summary.json'})")
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
