@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+#: where the JSON files and logs go ($DURABLY_BENCH_RESULTS, else results/ beside the scripts)
+RESULTS = Path(os.environ.get("DURABLY_BENCH_RESULTS") or HERE / "results")
 
 
 def median_seconds(fn: Callable[[], Any], *, number: int = 1, repeat: int = 7) -> float:
@@ -118,7 +120,7 @@ def report(name: str, rows: list[dict[str, Any]], **extra: Any) -> None:
         if r.get("limit") is not None:
             r["result"] = verdict(r)
     print(table(rows))
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{name}.json"
     out.write_text(json.dumps({
         "benchmark": name, "python": sys.version, "machine": platform.platform(),

@@ -58,7 +58,9 @@ def provenance() -> dict[str, Any]:
             status = subprocess.run([*git, "status", "--porcelain", "--", str(package.parent)],
                                     capture_output=True, text=True, check=False)
             dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
-    return {"durably": where or probe.stderr.strip()[-300:], "commit": commit,
+    failure = (probe.stderr.strip().splitlines() or ["?"])[-1]
+    return {"durably": where if probe.returncode == 0 else f"not importable: {failure}",
+            "commit": commit,
             "src_modified": dirty, "pythonpath": os.environ.get("PYTHONPATH")}
 
 
@@ -91,7 +93,7 @@ def main() -> None:
     print(f"measuring durably at {measured['durably']} (commit {measured['commit']}, "
           f"src modified: {measured['src_modified']})", file=sys.stderr, flush=True)
 
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     sections: dict[str, Any] = {}
     started, load_before = time.perf_counter(), os.getloadavg()
