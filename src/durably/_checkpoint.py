@@ -56,8 +56,10 @@ _wake = threading.Event()
 _pending: dict[str, str] = {}
 _thread: list[threading.Thread | None] = [None]
 _busy = [False]  # the thread is using SQLite (a fork waits: see _hold)
-#: the connection checkpointing now (interrupted by a fork or the exit), or None
+#: the connection checkpointing now (interrupted by a fork or the exit), or None, and the
+#: database the thread is working on (its path), or ""
 _active: list[sqlite3.Connection | None] = [None]
+_active_path = [""]
 #: forks in progress, by thread: when each began (the thread starts nothing meanwhile)
 _forks: dict[int, float] = {}
 #: threads whose fork() wait a Ctrl-C landed in: raised again once the fork is done
@@ -136,7 +138,7 @@ def release(paths: Iterable[str], seconds: float = 1.0) -> None:
 
 def wait_idle(seconds: float) -> bool:
     """Wait until no checkpoint is pending or in progress (at most ``seconds``); whether
-    it is so. For tests and benchmarks."""
+    it is so. For tests."""
     deadline = time.monotonic() + seconds
     while _pending or _busy[0]:
         if time.monotonic() > deadline:
@@ -158,8 +160,6 @@ def _close(con: sqlite3.Connection) -> None:
 
 #: a connection of the thread, and the (device, inode) of the file it opened
 _Entry = tuple[sqlite3.Connection, tuple[int, int]]
-#: the database being checkpointed now (its path), or ""
-_active_path = [""]
 
 
 def _uri(path: str) -> str:
@@ -176,9 +176,9 @@ def _checkpoint(cons: dict[str, _Entry], path: str, synchronous: str) -> None:
     entry = cons.get(path)
     try:
         st = os.stat(path)
+        here: tuple[int, int] | None = (st.st_dev, st.st_ino)
     except OSError:  # (deleted: nothing to checkpoint)
-        st = None
-    here = None if st is None else (st.st_dev, st.st_ino)
+        here = None
     if entry is not None and entry[1] != here:
         del cons[path]
         _close(entry[0])
@@ -289,8 +289,8 @@ def _serve(me: threading.Thread, cons: dict[str, _Entry]) -> None:
 def _interrupt_and_wait(seconds: float) -> None:
     """Interrupt a checkpoint in progress (SQLite stops it between two pages) and wait for
     the thread to stop using SQLite, ``seconds`` at most (an fsync under way is not cut
-    short). A Ctrl-C meanwhile does not cut the wait short: it is raised again once the
-    fork is done (see _after_fork_in_parent)."""
+    short). A Ctrl-C meanwhile does not cut the wait short: before a fork it is raised
+    again once the fork is done (see _after_fork_in_parent); at exit it is dropped."""
     deadline = time.monotonic() + seconds
     while True:
         try:

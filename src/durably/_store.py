@@ -292,6 +292,7 @@ class _WriteJournal(_Translate):
             store = self.store
             store._journal_writes += 1
             if store._journal_writes >= _checkpoint.EVERY:
+                store._journal_writes = 0
                 store._checkpoint_soon("journal.sqlite3")
             return
         super().__exit__(kind, exc, tb)
@@ -425,8 +426,8 @@ _new_range = tuple.__new__
 #: an older durably reads either.
 _PAGE_SIZE = 2048
 #: pages the write-ahead log of the journal and of the cache grows to before the commit
-#: that crosses the mark copies it back into the database (a checkpoint: two fsyncs, 10-20
-#: ms for a log this size). Background checkpoints (see _checkpoint), asked for every
+#: that crosses the mark copies it back into the database (a checkpoint: two fsyncs, tens
+#: of ms for a log this size). Background checkpoints (see _checkpoint), asked for every
 #: 1,024 commits, do most of that work while the run goes on; as a log starts over only
 #: once a checkpoint copied all of it with no commit meanwhile, under steady writes the
 #: commit that crosses this mark copies the rest (a little later when it finds the
@@ -1438,16 +1439,10 @@ class DiskStore:
             if cache._txn_id == threading.get_ident():
                 cache._txn_id = None
 
-    def _checkpoint_soon(self, name: str) -> None:
-        """Ask for a checkpoint of the journal ("journal.sqlite3") or of the cache
-        ("cache.db") in the background (see :mod:`durably._checkpoint`)."""
-        if name == "journal.sqlite3":
-            self._journal_writes = 0
-            path = self._open() / name
-        else:
-            self._cache_writes = 0
-            path = self._open() / "cache" / name
-        _checkpoint.request(str(path), self.synchronous)
+    def _checkpoint_soon(self, *parts: str) -> None:
+        """Ask for a checkpoint, in the background, of the store's database at ``parts``
+        under its directory (see :mod:`durably._checkpoint`)."""
+        _checkpoint.request(str(self._open().joinpath(*parts)), self.synchronous)
 
     def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
         self.cache_put_many(((key, value, info),))
@@ -1496,7 +1491,8 @@ class DiskStore:
                     os.unlink(temp)
         self._cache_writes += len(items)
         if self._cache_writes >= _checkpoint.EVERY:
-            self._checkpoint_soon("cache.db")
+            self._cache_writes = 0
+            self._checkpoint_soon("cache", "cache.db")
         infos = [key_row(info) for _, _, info in items if info is not None]
         if infos:
             try:
