@@ -385,9 +385,12 @@ def test_golden_digests(value: Any, expected: str) -> None:
 # -- 4. numpy ---------------------------------------------------------------------------------
 def test_numpy_views_and_their_contiguous_copies_agree() -> None:
     a = np.arange(24, dtype=np.float64).reshape(4, 6)
-    for view in (a[::2], a.T, a[:, 1::3], a[::-1], np.asfortranarray(a)):
+    for view in (a[::2], a[:, 1::3], a[::-1]):  # (in C order: they share with their copy)
         assert not view.flags.c_contiguous
         assert digest(view) == digest(np.ascontiguousarray(view))
+    for view in (a.T, np.asfortranarray(a)):  # Fortran order is observable: never shared
+        assert digest(view) == digest(np.asfortranarray(view))
+        assert digest(view) != digest(np.ascontiguousarray(view))
     assert digest(a[::2]) != digest(a[1::2])
     assert digest(a.T) != digest(a)
     assert digest(np.arange(3, dtype=np.int32)) != digest(np.arange(3, dtype=np.int64))

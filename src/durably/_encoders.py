@@ -365,9 +365,14 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
             # when not C-contiguous
             data = np.ascontiguousarray(o)
             e.raw(b"b", data.reshape(-1).view(np.uint8))
+        if not o.flags.c_contiguous:  # (a C-contiguous array: nothing, its digest as it was)
+            layout = _layout(o)
+            if layout is not None:
+                e.buf += b"+"
+                e.encode(("layout", layout))
         ma = sys.modules.get("numpy.ma")
         if ma is not None and isinstance(o, ma.MaskedArray):
-            e.encode(ma.getmaskarray(o))
+            e.encode(np.asarray(ma.getmaskarray(o), order="C"))  # (the data's layout counted)
             e.encode(o.fill_value)
         elif t is not np.ndarray and not isinstance(o, np.memmap):
             # attributes of a subclass instance (a Quantity's unit) are state too
@@ -391,6 +396,35 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
             e.raw(b"b", o.tobytes())
         return True
     return False
+
+
+def _layout(a: Any) -> str | tuple[int, ...] | None:
+    """The memory order of an array that is not C-contiguous, as far as code can observe it:
+    the order in which ``ravel(order="K")`` (and ``copy(order="K")``, ufuncs' outputs)
+    visit its elements, and whether ``order="A"`` means Fortran order. ``"F"`` for a
+    Fortran-contiguous array; else the axes (of length > 1) slowest first when that is not
+    C order (a transposed view); None when its elements are visited in C order (a slice
+    such as ``a[:, ::2]`` or ``a[::-1]``), which its C-ordered copy shares.
+
+    The axes are sorted as numpy's iterator sorts them for ``order="K"``: by decreasing
+    absolute stride, stable, an axis of stride 0 or of length 1 never moving another."""
+    if a.flags.f_contiguous:
+        return "F"
+    shape, strides = a.shape, a.strides
+    perm: list[int] = []
+    for axis in range(len(shape)):  # insertion sort, as numpy's nditer does
+        stride = abs(strides[axis])
+        pos = len(perm)
+        for i in range(len(perm) - 1, -1, -1):
+            other = abs(strides[perm[i]])
+            if stride == 0 or other == 0 or shape[axis] == 1 or shape[perm[i]] == 1:
+                continue  # (no order between them: look further)
+            if stride <= other:
+                break
+            pos = i
+        perm.insert(pos, axis)
+    order = tuple(axis for axis in perm if shape[axis] > 1)
+    return None if order == tuple(sorted(order)) else order
 
 
 _X87: bool | None = None
@@ -459,7 +493,8 @@ def _probe_pandas(e: Encoder, o: Any, t: type) -> bool:
             e.encode((str(first), len(dtypes)))
             e.encode(o.columns)
             e.encode(o.index)
-            e.encode(np.asarray(o.to_numpy()).T)
+            # (in C order: the frame's block layout is pandas' own, not the frame's value)
+            e.encode(np.asarray(np.asarray(o.to_numpy()).T, order="C"))
         else:
             e.encode([str(c) for c in dtypes])
             e.encode(o.columns)

@@ -26,6 +26,7 @@ import array
 import copyreg
 import struct
 import sys
+import types
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from itertools import chain, islice, repeat
@@ -113,13 +114,14 @@ class Encoder:
     ``path`` names the argument being encoded, for error messages.
     """
 
-    __slots__ = ("active", "buf", "codes", "collect", "cycles", "elements", "hasher", "path",
-                 "quiet", "taps")
+    __slots__ = ("active", "buf", "codes", "collect", "cycles", "elements", "hashed", "hasher",
+                 "path", "quiet", "taps")
 
     def __init__(self, path: str = "", quiet: bool = False) -> None:
         self.quiet = quiet  # no warnings (the tracer digests results, not cache keys)
         self.buf: bytearray = bytearray()
         self.hasher: Any = None
+        self.hashed = 0  # bytes given to ``hasher`` so far (with ``buf``'s: the encoding's size)
         #: more hashers, each fed what is written from ``buf[start]`` on: ``[hasher, start]``
         #: (an argument's bytes, and one of its elements', for their own digests in the same
         #: pass: see _encode_from); a hasher is None once a buffer over 1 MiB went by
@@ -150,6 +152,7 @@ class Encoder:
         if n >= _LARGE:
             self.flush()
             self.hasher.update(data)
+            self.hashed += n
             if n > _TAP_LARGEST:
                 # no tap past a very large buffer (an array): hashing it again in this pass
                 # would cost what digesting its argument again does, when that is asked for
@@ -174,6 +177,7 @@ class Encoder:
                         tap[0].update(view[tap[1]:])
                     tap[1] = 0
         self.hasher.update(bytes(buf))
+        self.hashed += len(buf)
         buf.clear()
 
     def feed_taps(self, data: Any) -> None:
@@ -296,6 +300,7 @@ class Encoder:
         else:
             self.flush()  # (as raw() does: hashed in place, never copied into buf)
             self.hasher.update(block)
+            self.hashed += len(block)
             self.feed_taps(block)
         if not digests:
             return True
@@ -678,45 +683,110 @@ def digest(obj: Any) -> str:
 
 def locate_undigestable(name: str, value: Any, limit: int = 10_000) -> str | None:
     """Where in an argument the value that cannot be digested sits, as Python would write it
-    (``rows[1]['lock']``): searched depth first through lists, tuples and dicts, into the
-    first element whose digest fails, visiting at most ``limit`` elements. None when the
-    argument itself is that value, or when nothing is found. Only for an error message: it
-    digests the parts again."""
+    (``rows[1]['lock']``, ``rows[3].lock``): see :func:`locate_part`, searching for the
+    first part whose digest fails. None when the argument itself is that value, or when
+    nothing is found. Only for an error message: it digests the parts again."""
+
+    def digests(v: Any) -> None:
+        Encoder(quiet=True).encode(v)
+
+    return locate_part(name, value, digests, limit)
+
+
+#: keys of a dict never searched (they pickle and digest)
+_PLAIN_KEYS = (str, int, float, bytes, bool, type(None))
+
+
+def locate_part(name: str, value: Any, check: Callable[[Any], object],
+                limit: int = 10_000) -> str | None:
+    """The path, as Python would write it, from ``value`` (called ``name``) to the first part
+    of it that ``check`` raises on: ``rows[1]['lock']``, ``result.client.lock``,
+    ``list(tags)[0]`` (an element of a set, or a dict's key). Searched depth first through
+    lists, tuples (a NamedTuple's fields by name), dicts, sets and objects' attributes
+    (``__dict__`` and slots; not those of classes, modules and functions), into the first
+    part that fails, checking at most ``limit`` parts. None when ``value`` itself is that
+    part (none of its parts fails alone), or when nothing is found. For error messages
+    only: it runs ``check`` again on the parts.
+
+    Example:
+        >>> def check(v):  # (fails on "bad" and on what holds it)
+        ...     if "bad" in repr(v):
+        ...         raise ValueError(v)
+        >>> locate_part("rows", [{"a": 1}, {"a": "bad"}], check)
+        "rows[1]['a']"
+    """
     visited = 0
-    inside: set[int] = set()  # (a container that holds itself is searched once)
+    inside: set[int] = set()  # (a value that holds itself is searched once)
 
     def fails(v: Any) -> bool:
-        e = Encoder(quiet=True)
         try:
-            e.encode(v)
+            check(v)
         except Exception:  # noqa: BLE001 - what failed is what is searched for
             return True
         return False
 
+    def parts(v: Any, path: str) -> Any:
+        fields = getattr(v, "_fields", None) if isinstance(v, tuple) else None
+        if isinstance(v, dict):
+            for i, (k, x) in enumerate(list(v.items())):
+                yield f"{path}[{k!r}]", x
+                if not isinstance(k, _PLAIN_KEYS):
+                    yield f"list({path})[{i}]", k
+        elif isinstance(fields, tuple):  # a NamedTuple: its fields by name
+            for i, x in enumerate(v):
+                field = fields[i] if i < len(fields) else None
+                yield (f"{path}.{field}" if isinstance(field, str) else f"{path}[{i}]"), x
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                yield f"{path}[{i}]", x
+        elif isinstance(v, (set, frozenset)):
+            for i, x in enumerate(list(v)):
+                yield f"list({path})[{i}]", x
+        elif not isinstance(v, (type, types.ModuleType, types.FunctionType)):
+            for attribute, x in _attributes(v):
+                yield f"{path}.{attribute}", x
+
     def search(v: Any, path: str) -> str | None:
         nonlocal visited
-        t = type(v)
-        if t is list or t is tuple:
-            items: Any = ((f"{path}[{i}]", x) for i, x in enumerate(v))
-        elif t is dict:
-            items = ((f"{path}[{k!r}]", x) for k, x in v.items())
-        else:
-            return None
         inside.add(id(v))
-        for where, x in items:
+        for where, x in parts(v, path):
             visited += 1
             if visited > limit:
                 return None
             if id(x) in inside:
-                continue  # the container itself again (a cycle): searched already
+                continue  # the value itself again (a cycle): searched already
             if fails(x):
                 return search(x, where) or where
         return None
 
     try:
         return search(value, name)
-    except RecursionError:
+    except Exception:  # noqa: BLE001 - a part that cannot be read (RecursionError too)
         return None
+
+
+def _attributes(v: Any) -> list[tuple[str, Any]]:
+    """An object's attributes: its ``__dict__``, then its slots (``__x`` by its mangled
+    name)."""
+    found: list[tuple[str, Any]] = []
+    state = getattr(v, "__dict__", None)
+    if isinstance(state, dict):
+        found.extend((k, x) for k, x in list(state.items()) if isinstance(k, str))
+    names = {k for k, _ in found}
+    missing = object()
+    for klass in type(v).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if not isinstance(slot, str) or slot in ("__dict__", "__weakref__"):
+                continue
+            if slot.startswith("__") and not slot.endswith("__"):
+                slot = f"_{klass.__name__.lstrip('_')}{slot}"
+            if slot not in names:
+                x = getattr(v, slot, missing)
+                if x is not missing:
+                    found.append((slot, x))
+                    names.add(slot)
+    return found
 
 
 def too_common(obj: Any) -> bool:

@@ -35,8 +35,8 @@ import xxhash
 
 from .exceptions import SerializationError, StoreError
 
-__all__ = ["SPILL_BYTES", "Spilled", "Unreadable", "dumps", "host_tag", "loads", "set_spill_dir",
-           "spill_bytes"]
+__all__ = ["SPILL_BYTES", "Spilled", "Unreadable", "dumps", "host_tag", "loads",
+           "locate_unpicklable", "set_spill_dir", "spill_bytes"]
 
 #: A pickle larger than this many bytes is streamed to a file instead of kept in memory.
 SPILL_BYTES = 64 << 20
@@ -520,17 +520,79 @@ def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
     try:
         pickler_class()(sink, what).dump(obj)
         return sink.finish()
-    except (SerializationError, StoreError):
+    except StoreError:
         sink.reset()
+        raise
+    except SerializationError as exc:  # (an open file): where it is in the value
+        sink.reset()
+        head = f"cannot store {what}"
+        text = str(exc)
+        if text.startswith(head):
+            raise SerializationError(f"{head}{_at(what, obj)}{text[len(head):]}") from None
         raise
     except Exception as exc:  # noqa: BLE001 - any failure: report it as ours
         sink.reset()
         raise SerializationError(
-            f"cannot store {what}: a value of type {type(obj).__module__}."
+            f"cannot store {what}{_at(what, obj)}: a value of type {type(obj).__module__}."
             f"{type(obj).__qualname__} cannot be pickled ({exc}). Fix: return plain data "
             "(a list instead of a generator, a path instead of an open file, no locks or "
             "connections)."
         ) from None
+
+
+#: the words a value is named by in the path :func:`dumps` reports (from its ``what``)
+_ROOTS = ("result", "arguments", "argument", "payload", "answer", "state", "input", "update",
+          "event", "graph")
+
+
+def _at(what: str, obj: Any) -> str:
+    """`` (at result['conn'])``: where in ``obj`` the part that cannot be pickled is, named
+    after ``what`` ("the result of task 'f'": ``result``); "" when it is ``obj`` itself."""
+    root = next((w for w in what.replace("'", " ").split() if w in _ROOTS), "value")
+    where = locate_unpicklable(root, obj)
+    return "" if where is None else f" (at {where})"
+
+
+class _Discard:
+    """A file that forgets what is written to it (the pickles of :func:`locate_unpicklable`)."""
+
+    def write(self, data: Any) -> int:
+        return len(data) if type(data) is bytes else memoryview(data).nbytes
+
+
+def _pickles(value: Any) -> None:
+    """Pickle ``value`` as :func:`dumps` would at worst (cloudpickle, refusing open files),
+    writing nothing.
+
+    Raises:
+        Exception: it cannot be pickled."""
+    pickler_class()(_Discard(), "").dump(value)
+
+
+def locate_unpicklable(name: str, value: Any, limit: int = 10_000,
+                       pickles: Callable[[Any], object] = _pickles) -> str | None:
+    """Where in a value the part that cannot be pickled sits, as Python would write it
+    (``result['conn']``, ``rows[3].lock``): the path to the first part ``pickles`` raises on,
+    searched depth first through lists, tuples, dicts, sets and objects' attributes,
+    checking at most ``limit`` parts (see ``_hashing.locate_part``). None when the value
+    itself is that part, or when nothing is found. Only for an error message, after a
+    failure: it pickles the parts again.
+
+    Args:
+        name: What the value is called (the start of the path).
+        value: The value that failed to pickle.
+        limit: The most parts pickled in the search.
+        pickles: Pickles one part, raising when it cannot (by default as :func:`dumps`
+            does at worst: cloudpickle, refusing open files).
+
+    Example:
+        >>> import threading
+        >>> locate_unpicklable("result", {"n": 1, "conn": threading.Lock()})
+        "result['conn']"
+    """
+    from ._hashing import locate_part  # (the search digest errors use too)
+
+    return locate_part(name, value, pickles, limit)
 
 
 def spill_bytes(data: bytes, what: str) -> Spilled:

@@ -214,10 +214,17 @@ def _pack_arguments(spec: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
             try:
                 _pack(value, what="")
             except SerializationError:
+                where = _serde.locate_unpicklable(name, value, pickles=_pack_part)
+                at = "" if where is None else f" (at {where})"  # (rows[3].lock)
                 raise SerializationError(
                     str(exc).replace(f"the arguments of {spec.name!r}",
-                                     f"argument {name!r} of {spec.name!r}", 1)) from None
+                                     f"argument {name!r}{at} of {spec.name!r}", 1)) from None
         raise
+
+
+def _pack_part(value: Any) -> None:
+    """Pickle a part of a value for a worker, for :func:`_serde.locate_unpicklable`."""
+    _pack(value, what="")
 
 
 class _Unpickler(pickle.Unpickler):
@@ -429,6 +436,9 @@ def _run_job(head: bytes, body: bytes) -> bytes:
         return _pack((True, result, started, None, ended),
                      what=f"the result of task {spec.name!r}", back=True)
     except SerializationError as exc:
+        where = _serde.locate_unpicklable("result", result, pickles=_pack_part)
+        if where is not None:  # (result['conn'])
+            exc = SerializationError(str(exc).replace(" back from", f" (at {where}) back from", 1))
         return _pack_failure(started, exc)
 
 
