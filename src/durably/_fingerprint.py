@@ -115,7 +115,6 @@ from ._origin import _import_user_module, _package_version, _resolve_import, is_
 from ._revalidate import (
     _MISSING,
     _RECHECK_BYTES,
-    _RECHECK_SECONDS,
     _WALKING,
     Fingerprint,
     Unchecked,
@@ -522,7 +521,6 @@ class _Walker(_StateFinder):
         sub = Encoder(e.path)
         hits = self.hits
         where = self.where
-        start = time.perf_counter()
         token = _WALKING.set(self)  # functions inside the value are walked by this walk
         outer, self.met = self.met, {}
         try:
@@ -537,8 +535,8 @@ class _Walker(_StateFinder):
             met, self.met = self.met, outer
             if outer is not None:
                 outer.update(met)
-        took = time.perf_counter() - start
-        cheap = took <= _RECHECK_SECONDS and self.hits == hits
+        size = sub.hashed + len(sub.buf)  # (what digesting it again costs: sizes decide)
+        cheap = self.hits == hits  # (no function or class inside: its digest is the check's)
         small = sub.hasher is None and len(sub.buf) <= _RECHECK_BYTES
         digest = sub.hexdigest()
         e.raw(b"k", bytes.fromhex(digest))
@@ -546,7 +544,7 @@ class _Walker(_StateFinder):
             # without functions or classes inside, the contents digest is the check digest
             self.check(value, digest if cheap else None)
         if check and id(value) not in self.checks:
-            self.uncheck(value, where[1], digest, took, met)
+            self.uncheck(value, where[1], digest, size, met)
 
     def opaque(self, e: Encoder, value: Any, where: tuple[str, str]) -> None:
         """A value that cannot be digested: by its pickle, else by its type, with a warning
@@ -587,18 +585,19 @@ class _Walker(_StateFinder):
             self.keep.append(value)
             self.checks[id(value)] = found
 
-    def uncheck(self, value: Any, name: str, digest: str, took: float,
+    def uncheck(self, value: Any, name: str, digest: str, size: int,
                 met: dict[int, str]) -> None:
-        """A configuration value too large or too slow to check on every call: checked by
-        identity, and by its contents before a result is cached (see
-        :meth:`Fingerprint.changed_in_place`), with the digest this walk gave it (``took``
-        seconds) and the digests it gave the functions and classes inside (``met``)."""
+        """A configuration value too large to check by its pickle on every call: checked by
+        identity, and by its full digest before each call's key and before a result is
+        cached (see :meth:`Fingerprint.changed_in_place`), with the digest this walk gave it
+        (its encoding: ``size`` bytes) and the digests it gave the functions and classes
+        inside (``met``)."""
         if id(value) not in self.unchecked:
             self.keep.append(value)
             stamp = None  # a durably.file(): its stamp from before the walk read it
             if isinstance(value, File):
                 stamp = next((s for f, s in reversed(SEEN.get() or ()) if f is value), None)
-            self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, took,
+            self.unchecked[id(value)] = Unchecked(value, name or "a value", met, digest, size,
                                                   stamp)
 
     def klass(self, c: type) -> str:

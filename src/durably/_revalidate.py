@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextvars
 import io
 import pickle
-import time
 import types
 import warnings
 from collections.abc import Callable, Mapping
@@ -26,10 +25,13 @@ __all__ = ["Fingerprint", "Unchecked", "file_stamp", "full_digest", "registry_id
 
 #: stands for a name, attribute or closure cell that was not there when the walk read it
 _MISSING = object()
-#: a configuration value is checked again on each revalidation up to this encoded size ...
+#: a configuration value is checked on each revalidation by its pickle (or its digest) up to
+#: this encoded size; a larger one is digested again before each use of the fingerprint.
+#: Sizes alone decide, never a clock: the same program checks the same way on every machine
 _RECHECK_BYTES = 1 << 16
-#: ... and when pickling or digesting it takes at most this long (float seconds)
-_RECHECK_SECONDS = 0.001
+#: a configuration value larger than this (its encoding, in bytes) is still digested before
+#: each call, with a warning (once) that says what that costs and how to avoid it
+LARGE_VALUE_BYTES = 64 << 20
 # plain values: containers and scalars whose pickle is exact (type and value) and C-fast
 _PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})
 _PLAIN_CONTAINERS = frozenset({dict, list, tuple, set, frozenset})
@@ -148,22 +150,18 @@ def _is_plain(value: Any) -> bool:
 
 
 def _quick(how: Callable[[Any], Any], value: Any) -> Any:
-    """``how(value)`` when it is small and quick to compute (too slow twice: a pause of the
-    machine does not decide), else None."""
-    for _ in range(2):
-        start = time.perf_counter()
-        data = how(value)
-        if data is None or len(data) > _RECHECK_BYTES:
-            return None
-        if time.perf_counter() - start <= _RECHECK_SECONDS:
-            return data
-    return None
+    """``how(value)`` when it is small (at most ``_RECHECK_BYTES``), else None: by size
+    alone, so whether a value is checked this way never depends on the machine's load."""
+    data = how(value)
+    if data is None or len(data) > _RECHECK_BYTES:
+        return None
+    return data
 
 
 def _check_of(value: Any, keep: list[Any], digest: str | None) -> _Check | None:
-    """How to check ``value`` on revalidation, or None when it is too large or too slow to
-    check on every call (by identity only). ``digest``: its digest, when that is the check
-    digest (no function or class inside) and was quick to compute."""
+    """How to check ``value`` on revalidation, or None when it is too large to check by its
+    pickle on every call (it is digested again instead: see :class:`Unchecked`).
+    ``digest``: its digest, when that is the check digest (no function or class inside)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -219,19 +217,18 @@ def _encoded(value: Any, nested: _Nested | None) -> Encoder:
 
 
 class Unchecked:
-    """A configuration value too large or too slow to check on every call (by identity
-    only), checked by its contents before a result is cached (see
-    :meth:`Fingerprint.changed_in_place`)."""
+    """A configuration value too large to check by its pickle on every call: checked by
+    identity, and by its full digest before each key is made and before a result is cached
+    (see :meth:`Fingerprint.changed_in_place`)."""
 
-    __slots__ = ("checked", "cost", "digest", "met", "name", "stamp", "value")
+    __slots__ = ("digest", "met", "name", "size", "stamp", "value")
 
     def __init__(self, value: Any, name: str, met: dict[int, str], digest: str,
-                 cost: float, stamp: Any = None) -> None:
+                 size: int, stamp: Any = None) -> None:
         self.value, self.name = value, name
         self.met = met  # the digests the walk gave the functions and classes inside, by id
         self.digest = digest  # its digest when the fingerprint was taken
-        self.cost = cost  # seconds that digest took
-        self.checked = time.monotonic()  # when it was last digested
+        self.size = size  # bytes of its encoding (what digesting it again costs)
         #: a durably.file(): its os.stat() when digested (a stat on every call tells whether
         #: it may have changed; its contents are read again only then)
         #: (``stamp``: the one taken before the walk read it; a later write then shows)
@@ -326,37 +323,26 @@ class Fingerprint:
             return False
         return True
 
-    def changed_in_place(self, budget: float) -> Unchecked | None:
-        """The record of a configuration value too large or too slow to check on every call
-        (by identity only) whose contents changed since the fingerprint was taken: an
-        in-place edit (``DF.loc[0, "a"] = 1``) the key does not show. A value is digested
-        again when that takes at most ``budget`` seconds, or a tenth of the time since it
-        was last digested; a :func:`durably.file` whenever ``os.stat`` says it changed (its
-        size, times or inode); None if none changed."""
-        clock = time.monotonic()
+    def changed_in_place(self) -> Unchecked | None:
+        """The record of a configuration value too large to check by its pickle on every
+        call whose contents changed since the fingerprint was taken: an in-place edit
+        (``DF.loc[0, "a"] = 1``, ``ITEMS[0].w = 100``) the identity checks do not show.
+        Every such value is digested again, whatever its size and however long that takes
+        (the decision never depends on a clock or the machine's load); a
+        :func:`durably.file` only when ``os.stat`` says it changed (its size, times or
+        inode). None if none changed."""
         for u in self.unchecked:
             if isinstance(u.value, File):
                 stamp = file_stamp(u.value)
                 if stamp is not None and stamp == u.stamp:
                     continue  # not touched since it was digested
-                u.stamp, u.checked = stamp, clock
-                try:
-                    now_digest: str | None = full_digest(u.value, _AsWalked(u.met))
-                except Exception:  # noqa: BLE001 - gone or unreadable: it changed
-                    now_digest = None
-                if now_digest != u.digest:
-                    return u
-                continue
-            # within the budget, or when a tenth of the time since its last check covers it
-            # (a loop of quick steps spends at most about a tenth of its time on this)
-            if u.cost <= budget or u.cost <= (clock - u.checked) / 10:
-                u.checked = clock
-                try:
-                    now = full_digest(u.value, _AsWalked(u.met))
-                except Exception:  # noqa: BLE001 - no longer digestible: it changed
-                    now = None
-                if now != u.digest:
-                    return u
+                u.stamp = stamp
+            try:
+                now: str | None = full_digest(u.value, _AsWalked(u.met))
+            except Exception:  # noqa: BLE001 - gone, unreadable or no longer digestible
+                now = None
+            if now != u.digest:
+                return u
         return None
 
 

@@ -63,6 +63,7 @@ from ._hashing import (
 from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
+from ._revalidate import LARGE_VALUE_BYTES
 from ._store import EventRecord, KeyRecord, ReadAhead, RunRecord, StepRecord, Store, _pid, now
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError, StoreError
@@ -80,9 +81,8 @@ _MAX_ARGS_BYTES = 16 << 20  # arguments bigger than this are not kept with the r
 #: (other processes' journal writes wait for that transaction)
 _BATCHED_RESULT = LARGE_ROW
 _WRITE_THROUGH = 0.01  # seconds: a step slower than this writes its cache entry at once
-#: seconds: a configuration value checked by identity on each call is digested again before
-#: a result is cached when that takes at most this long, or a tenth of the step's time
-_RECHECK_FLOOR = 0.01
+#: (spec, name) of the large configuration values warned about (see Spec._warn_large)
+_LARGE_WARNED: set[tuple[Any, str]] = set()
 
 
 def is_cancelled(exc: BaseException | None) -> bool:
@@ -288,17 +288,36 @@ class Spec:
         fp = self._fingerprint
         if fp is None or not fp.valid():
             fp = self._fingerprint = fingerprint_function(self.raw)
+            if fp.unchecked:
+                self._warn_large(fp)
         return fp.digest
 
+    def _warn_large(self, fp: Any) -> None:
+        """Say once per value that a configuration value over ``LARGE_VALUE_BYTES`` is
+        digested before each call (how an in-place edit of it is noticed), and how to
+        avoid that cost."""
+        for u in fp.unchecked:
+            if u.size <= LARGE_VALUE_BYTES or isinstance(u.value, File) or (
+                    (self, u.name) in _LARGE_WARNED):
+                continue
+            _LARGE_WARNED.add((self, u.name))
+            warnings.warn(
+                f"durably: {self.kind} {self.name!r} reads {u.name}, a value of "
+                f"{u.size / (1 << 20):,.0f} MiB: it is digested again before each call, so "
+                "that an in-place edit of it is never served a result computed before the "
+                "edit. Fix, to avoid that cost: pass it as an argument (digested with the "
+                "call's inputs, and ignore=(...) can leave it out), or give the task an "
+                "explicit @task(version=...) that you change when the value changes.",
+                stacklevel=_user_stacklevel())
+
     def _edited_in_place(self, fp: Any) -> bool:
-        """Before a call's key is made (a hit, a replay): whether a configuration value
-        checked by identity only was edited in place since the fingerprint was taken, looked
-        at when a tenth of the time since its last check covers digesting it (a loop of
-        quick calls spends at most about a tenth of its time on this), and a
-        :func:`durably.file` whenever ``os.stat`` says it changed. Then the fingerprint is
-        taken again (with a warning): without this, every hit after such an edit was served
-        the result from before it until some call missed."""
-        changed = fp.changed_in_place(0.0)
+        """Before a call's key is made (a hit, a replay): whether a configuration value too
+        large to check by its pickle was edited in place since the fingerprint was taken
+        (it is digested again: see :meth:`Fingerprint.changed_in_place
+        <durably._revalidate.Fingerprint.changed_in_place>`), or a :func:`durably.file`
+        changed on disk. Then the fingerprint is taken again and the key follows the
+        edit."""
+        changed = fp.changed_in_place()
         if changed is None:
             return False
         self._in_place(changed, "its cache key is made anew")
@@ -306,35 +325,24 @@ class Spec:
 
     def _in_place(self, changed: Any, outcome: str) -> None:
         """Drop the fingerprint (taken again at the next call) after ``changed`` (an
-        :class:`~durably._revalidate.Unchecked`) was found edited, and say so: a warning
-        for a value edited in place, a log line for a durably.file() (editing a data file
-        is what it is for)."""
+        :class:`~durably._revalidate.Unchecked`) was found edited, and log it (editing a
+        value or a data file between calls is what they are for: it is noticed before
+        every call)."""
         self._fingerprint = None
-        if isinstance(changed.value, File):
-            log.info("durably: %s %r: %s changed; %s", self.kind, self.name, changed.name,
-                     outcome)
-            return
-        warnings.warn(
-            f"durably: {self.kind} {self.name!r}: {changed.name} was changed in place since "
-            "durably read it (a value over 64 KiB, or slow to digest, is checked only by "
-            f"identity on each call, and by its contents from time to time), so {outcome}, "
-            "and calls made since the change may have been served results computed before "
-            "it. Fix: rebind the name to a new value instead of editing it in place "
-            "(DF = DF.assign(...)), or pass the value as an argument.",
-            stacklevel=_user_stacklevel())
+        log.info("durably: %s %r: %s changed%s; %s", self.kind, self.name, changed.name,
+                 "" if isinstance(changed.value, File) else " in place", outcome)
 
     def changed_in_place(self, seconds: float) -> bool:
-        """Whether a configuration value of the code fingerprint that is checked by identity
-        only on each call (over 64 KiB, or slow to digest) was edited in place since the
-        fingerprint was taken: then a result just computed must not be cached under a key
-        made with the value before the edit (it would be served to every later process, and
-        after a restart), and the fingerprint is taken again at the next call. A value is
-        digested again when that takes at most a tenth of the step's ``seconds`` (or 10 ms),
-        or a tenth of the time since it was last checked."""
+        """Whether a configuration value of the code fingerprint too large to check by its
+        pickle (or a :func:`durably.file`) changed while the body executed: then a result
+        just computed must not be cached under a key made with the value before the edit
+        (it would be served to every later process, and after a restart), and the
+        fingerprint is taken again at the next call. ``seconds``: the step's duration
+        (unused: whether a value is checked never depends on time)."""
         fp = self._fingerprint
         if fp is None or not fp.unchecked or self.version is not None:
             return False
-        changed = fp.changed_in_place(max(_RECHECK_FLOOR, seconds / 10))
+        changed = fp.changed_in_place()
         if changed is None:
             return False
         self._in_place(changed, "this result is not cached")
