@@ -28,6 +28,7 @@ from . import _serde
 from ._config import default_store
 from ._context import StopRun, live_run
 from ._explain import Explanation, explain
+from ._fingerprint import nameless_callable
 from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
 from ._retry import Retry
@@ -108,6 +109,9 @@ _pickling = threading.local()  # ids of the tasks this thread is pickling by val
 
 def _reduce(wrapper: Any) -> tuple[Any, ...]:
     raw = wrapper._self_spec.raw
+    nameless = nameless_callable(raw) if getattr(raw, "__qualname__", None) is None else None
+    if nameless is not None:
+        return _reduce_nameless(wrapper, nameless[1])
     module, qualname = getattr(raw, "__module__", None), raw.__qualname__
     if module in MAIN_MODULES and "<locals>" not in qualname:
         reduced = _reduce_main_task(wrapper)
@@ -119,6 +123,33 @@ def _reduce(wrapper: Any) -> tuple[Any, ...]:
             "module level so other processes can import it."
         )
     return (_resolve, (module, qualname))
+
+
+def _reduce_nameless(wrapper: Any, runs: Any) -> tuple[Any, ...]:
+    """A task or entrypoint of a partial or a callable object pickles by reference when the
+    module of its code has a variable named like its ``name=`` holding it (``f1 =
+    durably.task(partial(f, 1), name="f1")``); else a task pickles by value: the partial or
+    the object itself (pickled as usual), its options, identity and fingerprint, so its
+    calls in a worker process use the caller's cache keys."""
+    spec = wrapper._self_spec
+    module = getattr(runs, "__module__", None)
+    found: Any = None
+    if module is not None:
+        with contextlib.suppress(Exception):  # (not importable by that name: by value)
+            found = _resolve(module, spec.name)
+    if found is wrapper:
+        return (_resolve, (module, spec.name))
+    if spec.kind != "task":
+        raise pickle.PicklingError(
+            f"cannot pickle {spec.kind} {spec.name!r} (of a {type(spec.raw).__qualname__}): "
+            f"other processes find it by its name= in the module of its code, and "
+            f"{module}.{spec.name} is not it. Fix: assign it there to a variable of that "
+            f"name, or make the entrypoint of a function.")
+    from ._worker import _rebuild_task
+
+    return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
+                            tuple(sorted(spec.ignore)), spec.identity, spec.code_version(),
+                            spec.code_parts(), spec.retry, spec.timeout))
 
 
 def _under_cloudpickle(depth: int) -> bool:
@@ -197,6 +228,13 @@ def _main_task_later(identity: str) -> Any:
     return live if live is not None else _LaterTask(identity)
 
 
+def _describe(kind: str, spec: Spec) -> str:
+    """``<durably.Task 'pkg.mod.fetch'>``: the repr of a task or an entrypoint, by its
+    module and name (wrapt's own showed two addresses and the wrapped object's type)."""
+    module, _, name = spec.identity.partition(":")
+    return f"<durably.{kind} {f'{module}.{name}'!r}>"
+
+
 def _instance_of(bound: Any) -> Any:
     """The instance (or, for a classmethod, the class) a bound wrapper passes as ``self``."""
     instance = bound._self_instance
@@ -267,6 +305,9 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         return _reduce_bound(self)
 
+    def __repr__(self) -> str:
+        return _describe("Task", self._self_parent._self_spec)
+
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """See :meth:`Task.explain`."""
         return explain(self._self_parent._self_spec, None, _instance_of(self), args, kwargs)
@@ -313,6 +354,9 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         return _reduce_bound(self)
+
+    def __repr__(self) -> str:
+        return _describe("Entrypoint", self._self_parent._self_spec)
 
     def run(self, *args: Any, run_id: str | None = None, fresh: bool = False, **kwargs: Any
             ) -> Any:
@@ -364,7 +408,8 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         # has none, so every call raised and cleared an AttributeError (0.6 us, a tenth of
         # a cache hit)
         self._self_direct: Any = functools.partial(call, func, None) if (
-            self._self_binding == "function" and not hasattr(func, "__self__")) else None
+            self._self_binding in ("function", "callable")  # (callable: a partial, an object)
+            and not hasattr(func, "__self__")) else None
         # a synchronous one does call_sync's work itself: a replayed step or a cache hit
         # returns from here, one Python frame fewer
         self._self_sync: Spec | None = spec if (
@@ -385,6 +430,9 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         if direct is not None:
             return direct(args, kwargs)  # type: ignore[no-any-return]
         return super().__call__(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return _describe("Task", self._self_spec)
 
     @property
     def spec(self) -> Spec:
@@ -623,6 +671,9 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         super().__init__(func, self._self_call)
         self._self_spec = spec
         _ENTRYPOINTS[spec.identity] = self
+
+    def __repr__(self) -> str:
+        return _describe("Entrypoint", self._self_spec)
 
     @property
     def spec(self) -> Spec:
@@ -1372,10 +1423,26 @@ def task(
     one cache entry. For a method, ``self`` is part of the inputs (ignore it with
     ``ignore=("self",)``).
 
+    It also takes what joblib.Memory and LangGraph take besides functions: a
+    :func:`functools.partial` (``durably.task(partial(fetch, url), name="fetch_home")``,
+    nested ones too) and a callable object (an instance of a class with ``__call__``, sync or
+    ``async def``), called as themselves. Their calls bind by the partial's or the object's
+    signature (``t(2)`` and ``t(x=2)`` share an entry). Their code fingerprint is that of
+    the function they run (the partial's function; the class's ``__call__`` and the rest of
+    the class's code) and of the values they hold, taken as configuration like a closure's
+    values: the partial's bound arguments and the object's attributes. So two partials bound
+    to different values, or two objects configured differently, never share an entry, and an
+    object changed in place is noticed on its next call (a value over 64 KiB, such as a
+    model's weights, only by identity and from time to time: rebind it, pass it as an
+    argument, or give ``version=``).
+
     Args:
-        func: The function (when used as ``@task`` without parentheses).
-        name: The task's name; with its module it forms the task identity. Default: the
-            function's qualified name.
+        func: The function (when used as ``@task`` without parentheses), a
+            :func:`functools.partial` or a callable object.
+        name: The task's name; with its module (the module of the code it runs) it forms
+            the task identity. Default: the function's qualified name. Required for a
+            partial and a callable object, which have none: ``durably.task(partial(f, 1),
+            name="f_1")``.
         version: A string that replaces the code fingerprint in the cache key: the cache
             is then kept across code edits until you change the string.
         cache: False for a side-effect task: never served from the cross-run cache, but
@@ -1392,7 +1459,8 @@ def task(
 
     Raises:
         DefinitionError: ``func`` is a class, a generator function or not callable; an
-            option has the wrong type; ``ignore`` names an unknown argument.
+            option has the wrong type; ``ignore`` names an unknown argument; ``func`` is a
+            partial or a callable object and ``name`` is not given.
 
     Calling the task raises :class:`~durably.SerializationError` when an argument cannot be
     digested or the result cannot be stored (before anything is written); exceptions raised
@@ -1408,6 +1476,16 @@ def task(
         ...     return x * x
         >>> slow_square(4), slow_square(x=4), calls
         (16, 16, [4])
+
+        A partial, named with ``name=``:
+
+        >>> import functools
+        >>> def power(base, exponent):
+        ...     calls.append((base, exponent))
+        ...     return base ** exponent
+        >>> cube = durably.task(functools.partial(power, exponent=3), name="cube")
+        >>> cube(2), cube(base=2), calls[-1]
+        (8, 8, (2, 3))
         >>> durably.configure()
     """
     _check_bare("task", func)
@@ -1442,10 +1520,14 @@ def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | N
     in that run. Code between tasks (the entrypoint's own body) re-executes on every
     attempt, so side effects belong in tasks. Use :meth:`Entrypoint.run` for the run handle.
 
+    Like :func:`task`, it also takes a :func:`functools.partial` or a callable object, with
+    ``name=``: ``durably.entrypoint(partial(main, config), name="main_prod")``.
+
     Args:
-        func: The function (when used as ``@entrypoint`` without parentheses).
+        func: The function (when used as ``@entrypoint`` without parentheses), a
+            :func:`functools.partial` or a callable object.
         name: The entrypoint's name (and the prefix of its run ids). Default: the
-            function's qualified name.
+            function's qualified name. Required for a partial and a callable object.
         store: Where its runs and results live. Default: the configured store
             (``durably.configure``), else ``$DURABLY_DIR``, else ``./.durably``.
 
@@ -1453,8 +1535,9 @@ def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | N
         An :class:`Entrypoint` (or, with options, a decorator making one).
 
     Raises:
-        DefinitionError: ``func`` is a class, a generator function or not callable, or an
-            option has the wrong type.
+        DefinitionError: ``func`` is a class, a generator function or not callable, an
+            option has the wrong type, or ``func`` is a partial or a callable object and
+            ``name`` is not given.
 
     Example:
         >>> import durably, tempfile

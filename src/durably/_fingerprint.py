@@ -125,7 +125,10 @@ from ._revalidate import (
 from ._state import _is_atom, _is_code, _is_stateful, _StateFinder, _wrapped_of
 from .exceptions import SerializationError
 
-__all__ = ["Fingerprint", "fingerprint_function", "fingerprint_of", "is_user_module"]
+__all__ = [
+    "Fingerprint", "fingerprint_function", "fingerprint_of", "is_user_module",
+    "nameless_callable",
+]
 
 #: when durably was imported: a module file modified since is not what this process loaded
 #: (for a module imported before durably, or whose import was not seen)
@@ -879,6 +882,27 @@ def fingerprint_function(func: Any) -> Fingerprint:
         first.setdefault(f, stamp)  # (its stamp from before its first read)
     fp.files = list(first.items())
     return fp
+
+
+def nameless_callable(obj: Any) -> tuple[str, Any] | None:
+    """What a callable without a name of its own runs, for ``@task`` and ``@entrypoint``:
+    ``("partial", f)`` for a :func:`functools.partial` (nested ones too: ``f`` is the
+    innermost function), ``("object", type(obj).__call__)`` for an instance of a class
+    with ``__call__``; None for anything else (a function, a method, a class, a callable
+    with a ``__qualname__`` or ``__name__``).
+
+    Its fingerprint (:func:`fingerprint_function` of the partial or the object itself)
+    covers that code and the values it holds: a partial's bound arguments and an object's
+    attributes are configuration, like a closure's cells and a function's defaults.
+    """
+    if isinstance(obj, functools.partial):
+        while isinstance(obj, functools.partial):
+            obj = obj.func
+        return ("partial", obj)
+    if isinstance(obj, type) or getattr(obj, "__qualname__", None) or getattr(
+            obj, "__name__", None):
+        return None
+    return ("object", type(obj).__call__) if callable(obj) else None
 
 
 _ARG_CACHE: weakref.WeakKeyDictionary[Any, Fingerprint] = weakref.WeakKeyDictionary()

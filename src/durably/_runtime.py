@@ -49,7 +49,7 @@ from ._context import (
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._files import SEEN as _files_seen
 from ._files import File, file_stamp
-from ._fingerprint import Fingerprint, fingerprint_function
+from ._fingerprint import Fingerprint, fingerprint_function, nameless_callable
 from ._hashing import (
     digest_each,
     encode_arguments,
@@ -163,8 +163,11 @@ class Spec:
                 f"(for a class, decorate the method that does the work)."
             )
         qualname = getattr(raw, "__qualname__", None) or getattr(raw, "__name__", None)
+        # a functools.partial or a callable object: named by name=, its code is what it runs
+        nameless = None if qualname is not None else nameless_callable(raw)
         if qualname is None:
-            raise DefinitionError(f"@{kind} needs a named function, got {raw!r}")
+            qualname = _name_of_nameless(kind, raw, name, nameless)
+        runs = raw if nameless is None else nameless[1]
         bound = None if isinstance(func, staticmethod) else _bound_to_object(raw)
         if bound is not None:
             # its object is not among its arguments: it would be left out of the cache key
@@ -173,7 +176,7 @@ class Spec:
                 f"{kind}() cannot take {qualname!r} bound to {bound}: that is not one of its "
                 f"arguments, so it would be left out of the cache key. Fix: "
                 + _unbound_fix(kind, raw, qualname))
-        if inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw):
+        if inspect.isgeneratorfunction(runs) or inspect.isasyncgenfunction(runs):
             raise DefinitionError(
                 f"@{kind} cannot decorate the generator function {qualname!r}: a generator "
                 "cannot be stored or replayed. Fix: return a list (or make each item a task)."
@@ -210,12 +213,12 @@ class Spec:
         self.func = func
         self.raw = raw
         self.name = name or qualname
-        self.identity = f"{module_identity(getattr(raw, '__module__', None))}:{self.name}"
+        self.identity = f"{module_identity(getattr(runs, '__module__', None))}:{self.name}"
         self.version = version
         self.cache = cache
         self.ignore = frozenset(ignore)
         self.signature = signature
-        self.is_async = inspect.iscoroutinefunction(raw)
+        self.is_async = inspect.iscoroutinefunction(runs)
         self.store = store
         self.retry = to_retry(retry, self.name)
         self.timeout = check_timeout(timeout, self.name)
@@ -443,6 +446,30 @@ class Spec:
         if classes:
             parts.update((CLASS_PART + path, d) for path, d in classes.items())
         return KeyRecord(self.identity, key, code, inputs, parts, now())
+
+
+def _name_of_nameless(kind: str, raw: Any, name: str | None,
+                      nameless: tuple[str, Any] | None) -> str:
+    """The ``name=`` of a callable without a name of its own (a partial, a callable object),
+    else a :class:`DefinitionError` naming the fix."""
+    if nameless is None:
+        raise DefinitionError(f"@{kind} needs a named function, got {raw!r}")
+    if isinstance(name, str) and name:
+        return name
+    what, runs = nameless
+    runs_name = getattr(runs, "__qualname__", None) or type(runs).__qualname__
+    if what == "partial":
+        suggested = runs_name.rpartition(".")[2] + "_bound"
+        raise DefinitionError(
+            f"durably.{kind}() of functools.partial({runs_name}, ...) needs a name: a partial "
+            "has none of its own, and two partials of one function (bound to different "
+            f"values) must not be one {kind}. Fix: durably.{kind}(partial(...), "
+            f"name={suggested!r}) with a name of your choosing.")
+    klass = type(raw).__qualname__
+    raise DefinitionError(
+        f"durably.{kind}() of a callable {klass} object needs a name: an object has none "
+        f"of its own, and two objects configured differently must not be one {kind}. Fix: "
+        f"durably.{kind}(obj, name={klass.lower()!r}) with a name of your choosing.")
 
 
 def _bound_to_object(func: Any) -> str | None:

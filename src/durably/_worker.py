@@ -98,9 +98,10 @@ def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
 
     spec: Spec = task._self_spec
     module = getattr(spec.raw, "__module__", None)
-    if module not in (None, "__main__") and "<locals>" not in spec.raw.__qualname__:
+    qualname = getattr(spec.raw, "__qualname__", None)  # (None: a partial, a callable object)
+    if module not in (None, "__main__") and qualname and "<locals>" not in qualname:
         try:
-            if _resolve(module, spec.raw.__qualname__) is task:
+            if _resolve(module, qualname) is task:
                 return None
         except Exception:  # noqa: BLE001 - not importable by name: send it by value
             pass
