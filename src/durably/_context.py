@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("durably")
 
-__all__ = ["Cutoff", "RunContext", "StopRun", "current_run", "current_step", "cutoff",
-           "in_worker", "live_run"]
+__all__ = ["RUNS", "Cutoff", "Executing", "RunContext", "StopRun", "current_run", "current_step",
+           "cutoff", "in_worker", "joined_run", "live_run"]
 
 
 class StopRun(BaseException):
@@ -49,6 +50,7 @@ class RunContext:
     """One execution (attempt) of a run: its store, counters and buffered replay records."""
 
     __slots__ = (
+        "__weakref__",
         "_cache_bytes",
         "_cache_since",
         "_cache_writes",
@@ -69,6 +71,7 @@ class RunContext:
         "deferred",
         "ended",
         "entry",
+        "foreign",
         "halting",
         "inflight",
         "interrupts",
@@ -92,9 +95,11 @@ class RunContext:
         "stop",
         "store",
         "stored_result",
+        "threads",
         "uncacheable",
         "unjournaled",
         "unwaited",
+        "warned",
     )
 
     def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner, *,
@@ -135,7 +140,7 @@ class RunContext:
         self.spent: set[str] = set()
         #: the items of a fan-out executing on threads now, by step id (steps whose body
         #: runs in this process without Call.enter: what interrupt() finds the asker by)
-        self.items: dict[str, Any] = {}
+        self.items: dict[str, Any] = Executing()
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []
@@ -147,7 +152,7 @@ class RunContext:
         #: steps whose body runs now, by step id; and those journaled as "started" (a step
         #: is marked started when its first nested step begins, so a crash inside it still
         #: shows where the run was)
-        self.open: dict[str, Any] = {}
+        self.open: dict[str, Any] = Executing()
         self.marked: set[str] = set()
         #: held while a step's "started" row is journaled (reentrant: a task called from a
         #: signal handler meanwhile does not wait for itself)
@@ -202,6 +207,14 @@ class RunContext:
         self._cache_writes: dict[str, tuple[bytes, KeyRecord | None]] = {}
         self._cache_bytes = 0
         self._cache_since = 0.0
+        #: the threads alive when the attempt began: a task called from a thread started
+        #: since, without the run in its context, may join the run (see _threads)
+        self.threads = frozenset(threading.enumerate())
+        #: such a thread joined the run (its calls check that they still belong to it)
+        self.foreign = False
+        #: a task called from a thread the run does not know was said to be outside it
+        self.warned = False
+        RUNS.add(weakref.ref(self, RUNS.discard))
 
     def keep_lease(self) -> None:
         """Renew the run's lease every RENEW_SECONDS (a long run keeps it from expiring).
@@ -463,6 +476,30 @@ class RunContext:
             self.flush_cache()
 
 
+class Executing(dict[str, Any]):
+    """The steps executing now, by step id (:attr:`RunContext.open`, :attr:`RunContext.items`).
+    Those entered by a thread that joined the run from outside it (see _threads) are also in
+    :attr:`joined`, for good (step ids are never reused in a run): a thread the run does not
+    know finds the run's innermost step without them."""
+
+    __slots__ = ("joined",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.joined: set[str] = set()
+
+    def __setitem__(self, step_id: str, call: Any) -> None:
+        if joined_run.get() is not None:
+            self.joined.add(step_id)  # (before the entry: a reader copies the entries first)
+        dict.__setitem__(self, step_id, call)
+
+
+#: weak references to the attempts created in this process (an attempt is active while its
+#: owner is held and it has not ended: see _threads); their truth is all a call outside a
+#: run pays
+RUNS: set[weakref.ref[RunContext]] = set()
+
+
 class Cutoff:
     """Set on the context of a body that timed out: it runs on (Python cannot stop a
     thread), but the tasks it calls from then on raise StopRun instead of joining the run, so
@@ -479,6 +516,10 @@ cutoff: ContextVar[Cutoff | None] = ContextVar("durably_cutoff", default=None)
 in_worker: ContextVar[bool] = ContextVar("durably_in_worker", default=False)
 current_run: ContextVar[RunContext | None] = ContextVar("durably_run", default=None)
 current_step: ContextVar[str | None] = ContextVar("durably_step", default=None)
+#: set in a thread the run did not start that joined it (see _threads): the run, and the
+#: parent its calls join under (that thread's current_step between its calls)
+joined_run: ContextVar[tuple[RunContext, str | None] | None] = ContextVar(
+    "durably_joined", default=None)
 
 
 def live_run() -> RunContext | None:
@@ -486,7 +527,14 @@ def live_run() -> RunContext | None:
     a run may still hold its parent's context (in a context other than the one that forked,
     or on its stack), which is no run here."""
     ctx = current_run.get()
-    return ctx if ctx is None or ctx.pid == _pid[0] else None
+    if ctx is None:
+        return None
+    if ctx.foreign and ctx.ended:
+        mark = joined_run.get()
+        if mark is not None and mark[0] is ctx and current_step.get() == mark[1]:
+            return None  # a thread that joined the run from outside (see _threads), between
+            # its calls: the run has ended since
+    return ctx if ctx.pid == _pid[0] else None
 
 
 def _flush_before_fork() -> None:
@@ -509,10 +557,12 @@ def _leave_run_in_child() -> None:
     as in a spawn or forkserver worker (on resume they are served from the cache), and
     ``interrupt()`` there says it runs in a worker. (A copy of the run's context still on the
     child's stack writes nothing either: see ``RunContext.pid``.)"""
+    RUNS.clear()  # (the parent's attempts: none is active here)
     if current_run.get() is not None:
         current_run.set(None)
         current_step.set(None)
         cutoff.set(None)
+        joined_run.set(None)
         in_worker.set(True)
 
 

@@ -47,6 +47,7 @@ from ._context import (
     cutoff,
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
+from ._context import RUNS as _RUNS
 from ._files import SEEN as _files_seen
 from ._files import File, file_stamp
 from ._fingerprint import Fingerprint, fingerprint_function, nameless_callable
@@ -65,6 +66,7 @@ from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._revalidate import LARGE_VALUE_BYTES
 from ._store import EventRecord, KeyRecord, ReadAhead, RunRecord, StepRecord, Store, _pid, now
+from ._threads import thread_run
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError, StoreError
 
@@ -831,6 +833,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     """Steps 1 to 5 of the call path up to execution: returns (value, call) where value is the
     replayed or cached result, or ``_MISS`` when the body must run."""
     ctx = current_run.get()  # (live_run, inlined: the call path)
+    if ctx.foreign if ctx is not None else _RUNS:  # a thread the run may not know
+        ctx = thread_run(ctx, spec)
     if ctx is not None and ctx.pid != _pid[0]:
         ctx = None  # a run of the process this one was forked from: not this process's
     abandoned = cutoff.get()
