@@ -76,6 +76,7 @@ class RunContext:
         "inflight",
         "interrupts",
         "items",
+        "keep",
         "listener",
         "lost",
         "marked",
@@ -159,6 +160,8 @@ class RunContext:
         self.marking = threading.RLock()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
+        #: keep_finished=True: the steps it may keep from older code (a durably._keep.Keeper)
+        self.keep: Any = None
         #: the process executing the attempt: a process forked inside the run (whose copy of
         #: this context may still be on its stack) never writes the run's journal
         self.pid = _pid[0]

@@ -31,6 +31,7 @@ from ._explain import Explanation, explain
 from ._fingerprint import nameless_callable
 from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
+from ._keep import keep_finished as keep_in
 from ._retry import Retry
 from ._run import _UNSET, Run, executing
 from ._runtime import (
@@ -358,12 +359,13 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     def __repr__(self) -> str:
         return _describe("Entrypoint", self._self_parent._self_spec)
 
-    def run(self, *args: Any, run_id: str | None = None, fresh: bool = False, **kwargs: Any
-            ) -> Any:
+    def run(self, *args: Any, run_id: str | None = None, fresh: bool = False,
+            keep_finished: bool = False, **kwargs: Any) -> Any:
         """See :meth:`Entrypoint.run`."""
         parent = self._self_parent
         runner = parent._self_arun if parent._self_spec.is_async else parent._self_srun
-        return runner(self.__wrapped__, _instance_of(self), args, kwargs, run_id, fresh, True)
+        return runner(self.__wrapped__, _instance_of(self), args, kwargs, run_id, fresh, True,
+                      keep_finished=_keep_option(keep_finished))
 
     def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
                **kwargs: Any) -> Any:
@@ -371,10 +373,10 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return self._self_parent._self_stream(self.__wrapped__, _instance_of(self), args,
                                               kwargs, run_id, fresh)
 
-    def resume(self, run_id: str, value: Any = None) -> Any:
+    def resume(self, run_id: str, value: Any = None, *, keep_finished: bool = False) -> Any:
         """See :meth:`Entrypoint.resume`."""
         return self._self_parent._self_resume(self.__wrapped__, _instance_of(self), run_id,
-                                              value)
+                                              value, keep_finished=keep_finished)
 
     def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
              cache: bool = False) -> Any:
@@ -700,8 +702,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             return self._self_arun(wrapped, instance, args, kwargs, None, False, False)
         return self._self_srun(wrapped, instance, args, kwargs, None, False, False)
 
-    def run(self, *args: Any, run_id: str | None = None, fresh: bool = False, **kwargs: Any
-            ) -> Run[R]:
+    def run(self, *args: Any, run_id: str | None = None, fresh: bool = False,
+            keep_finished: bool = False, **kwargs: Any) -> Run[R]:
         """Call the entrypoint as a run and return its handle.
 
         With the default ``run_id``, the run's id is derived from the entrypoint and a digest
@@ -717,6 +719,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 ``. _ : @ + = -``). A run id belongs to one entrypoint and one set of
                 arguments.
             fresh: Start a new run even if one with these arguments exists.
+            keep_finished: False (default): a resumed run replays exactly the steps whose
+                task, inputs and code are unchanged. True: a step it finished under an older
+                version of its task's code (the bug fixed after a crash) is kept: matched by
+                task, inputs and occurrence, its result is replayed and only the rest
+                executes with today's code. Kept steps are ``cached`` records whose
+                ``kept_from`` names the record they kept; they are not written to the cache.
             **kwargs: The entrypoint's keyword arguments.
 
         Returns:
@@ -747,10 +755,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             ['replayed', 'replayed', 'replayed']
         """
         wrapped = self.__wrapped__
+        keep = _keep_option(keep_finished)
         if self._self_spec.is_async:
             return self._self_arun(  # type: ignore[return-value]
-                wrapped, None, args, kwargs, run_id, fresh, True)
-        run: Run[R] = self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True)
+                wrapped, None, args, kwargs, run_id, fresh, True, keep_finished=keep)
+        run: Run[R] = self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True,
+                                      keep_finished=keep)
         return run
 
     def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
@@ -804,7 +814,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return self._self_stream(self.__wrapped__, None, args, kwargs, run_id,  # type: ignore[no-any-return]
                                  fresh)
 
-    def resume(self, run_id: str, value: Any = None) -> R:
+    def resume(self, run_id: str, value: Any = None, *, keep_finished: bool = False) -> R:
         """Answer the pending ``interrupt()`` of a run and continue it; return its result.
 
         The answers are journaled before the run continues. The run then executes again
@@ -821,6 +831,9 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 the rest pending (the run pauses again at them). A web handler answers by
                 id, ``{interrupt_id: value}``, so that a form sent twice cannot answer the
                 run's next question.
+            keep_finished: As for :meth:`run`. With it, a run that is not interrupted
+                (crashed, failed, stopped) is continued from its stored arguments, given
+                no ``value``: ``pipeline.resume(run_id, keep_finished=True)``.
 
         Returns:
             The entrypoint's result.
@@ -845,7 +858,8 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             >>> approve.resume(run.id, "approved")
             'draft-1: approved'
         """
-        return self._self_resume(self.__wrapped__, None, run_id, value)  # type: ignore[no-any-return]
+        return self._self_resume(self.__wrapped__, None, run_id, value,  # type: ignore[no-any-return]
+                                 keep_finished=keep_finished)
 
     def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
              cache: bool = False) -> Run[R]:
@@ -906,10 +920,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def _self_srun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                    run_id: str | None, fresh: bool, handle: bool,
                    listener: Any = None, read_cache: bool = True, store: Store | None = None,
-                   on_lease: Any = None) -> Any:
+                   on_lease: Any = None, keep_finished: bool = False) -> Any:
         started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
                             fresh=fresh, listener=listener, read_cache=read_cache, store=store,
                             on_lease=on_lease)
+        if keep_finished:
+            keep_in(started.ctx)
         try:
             try:
                 result = wrapped(*args, **kwargs)
@@ -936,10 +952,13 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     async def _self_arun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                          run_id: str | None, fresh: bool, handle: bool,
                          listener: Any = None, read_cache: bool = True,
-                         store: Store | None = None, on_lease: Any = None) -> Any:
+                         store: Store | None = None, on_lease: Any = None,
+                         keep_finished: bool = False) -> Any:
         started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
                             fresh=fresh, listener=listener, read_cache=read_cache, store=store,
                             on_lease=on_lease)
+        if keep_finished:
+            keep_in(started.ctx)
         try:
             try:
                 result = await wrapped(*args, **kwargs)
@@ -993,10 +1012,18 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return store, rec, args, kwargs
 
     def _self_resume(self, wrapped: Any, instance: Any, run_id: str, value: Any,
-                     handle: bool = False) -> Any:
-        args, kwargs, answer = self._self_answering(run_id, value)
+                     handle: bool = False, keep_finished: bool = False) -> Any:
+        keep = _keep_option(keep_finished)
         runner = self._self_arun if self._self_spec.is_async else self._self_srun
-        return runner(wrapped, instance, args, kwargs, run_id, False, handle, on_lease=answer)
+        if keep and value is None:
+            # a crashed, failed or stopped run: continued from its stored arguments
+            _, rec, args, kwargs = self._self_stored_call(run_id, "resume")
+            if rec.status != "interrupted":
+                return runner(wrapped, instance, args, kwargs, rec.run_id, False, handle,
+                              keep_finished=True)
+        args, kwargs, answer = self._self_answering(run_id, value)
+        return runner(wrapped, instance, args, kwargs, run_id, False, handle, on_lease=answer,
+                      keep_finished=keep)
 
     def _self_answering(self, run_id: str, value: Any
                         ) -> tuple[Any, Any, Callable[[Store, RunRecord | None], None]]:
@@ -1047,6 +1074,13 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         finally:
             if update is not NO_UPDATE:
                 _warn_unused_update(store, fork_id)
+
+
+def _keep_option(keep_finished: Any) -> bool:
+    """``keep_finished=`` checked (True or False)."""
+    if not isinstance(keep_finished, bool):
+        raise DefinitionError(f"keep_finished must be True or False, not {keep_finished!r}")
+    return keep_finished
 
 
 def _warn_unused_update(store: Store, fork_id: str) -> None:

@@ -50,8 +50,11 @@ class StepRecord:
         position: Order of the call within its attempt (0-based).
         started: Start time, seconds since the epoch.
         ended: End time, seconds since the epoch.
-        error: ``repr`` of the exception for a failed step, else None.
-        cache_key: The cache key of the call (32 hex characters; empty for ``cache=False``).
+        error: ``repr`` of the exception for a failed step; for a step kept from older code
+            (``keep_finished=True``, a ``cached`` record) a note starting ``"kept: "``
+            (see :attr:`kept_from`); else None.
+        cache_key: The cache key of the call (32 hex characters; empty for ``cache=False``);
+            for a kept step, the key its result was computed under.
         inputs: Short ``repr`` of the arguments (at most a few hundred characters), for
             steps that ran or were served from the cache; else None.
         output: Short ``repr`` of the result, likewise.
@@ -86,6 +89,16 @@ class StepRecord:
     def duration(self) -> float:
         """Seconds from start to end."""
         return self.ended - self.started
+
+    @property
+    def kept_from(self) -> str | None:
+        """For a step kept from older code by a resume with ``keep_finished=True``: the id
+        of the step record whose result it replayed (finished before its task's code
+        changed); else None."""
+        note = self.error
+        if self.status != "cached" or not note or not note.startswith("kept: "):
+            return None
+        return note.partition("(step ")[2][:32] or None
 
 
 @dataclasses.dataclass(slots=True)

@@ -13,6 +13,7 @@ from . import _serde
 from ._config import default_store
 from ._history import Checkpoint, checkpoints
 from ._interrupt import Interrupt, pending_interrupts
+from ._keep import kept_steps, rerun_after_code_change
 from ._store import RunRecord, StepRecord, Store
 from ._tracer import Event, RunGraph, build_graph
 from .exceptions import (
@@ -327,6 +328,8 @@ class Run(Generic[R]):
         saved = self.time_saved()
         if saved >= 0.01:
             text += f", {saved:,.2f} s saved by the journal"
+        changes, kept = self._code_changes(c)
+        text += changes
         if self.status == "interrupted":
             text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
                      f"{self.name}.resume({self.id!r}, value)")
@@ -341,7 +344,7 @@ class Run(Generic[R]):
             self.resumed_from or "", "resumed a run that had stopped before finishing")
         if self.resumed_from is None:
             return text
-        if c["replayed"] or not c["ran"]:
+        if c["replayed"] or not c["ran"] or kept:
             return text + f" ({how}: its finished steps were replayed)"
         try:  # did the attempts before have finished steps to replay?
             had = any(s.status in ("ran", "cached", "replayed") for s in
@@ -354,6 +357,27 @@ class Run(Generic[R]):
                        "tasks whose code or inputs changed since, so they executed again; "
                        "task.explain(...) says what changed)")
         return text
+
+    def _code_changes(self, c: dict[str, int]) -> tuple[str, int]:
+        """What the summary says of steps this attempt kept from older code
+        (``keep_finished=True``), or else of finished steps it executed again because their
+        code changed ("" when neither); and how many it kept."""
+        if self.resumed_from is None and self.attempt < 2:
+            return "", 0
+        try:
+            kept = kept_steps(self.steps) if c["cached"] else 0
+            again = 0 if kept or not c["ran"] else rerun_after_code_change(self._store,
+                                                                           self._record)
+        except Exception:  # noqa: BLE001 - a summary never fails
+            return "", 0
+        if kept:
+            return (f" — {kept:,} of the cached steps kept from older code (keep_finished=True: "
+                    "finished before their task's code changed; s.kept_from in run.steps)",
+                    kept)
+        if again:
+            return (f" — {again:,} steps that had finished executed again because their code "
+                    "changed; keep_finished=True would have kept their results", 0)
+        return "", 0
 
     def refresh(self) -> Run[R]:
         """Read the run's record again from the store."""

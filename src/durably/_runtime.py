@@ -947,6 +947,14 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             step_id = legacy
             if call is not None:
                 call.step_id = legacy
+    if data is None and ctx.keep is not None and spec.cache:
+        # keep_finished=True: the step this run finished under older code (see _keep)
+        found = ctx.keep.find(spec, parent, input_digest, occurrence, step_id, code,
+                              instance, args, kwargs)
+        if found is not None:
+            if call is None:
+                call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
+            return ctx.keep.serve(found, call, instance, args, kwargs), _SERVED
     if data is None and ctx.deferred is not None:
         # an attempt that only replayed so far: its start journaled and its lease taken
         # before this step executes (whichever thread gets here first; the others wait)

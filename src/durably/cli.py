@@ -7,7 +7,7 @@ cache miss, and look after the cache.
     durably show RUN [--all] [--json]
     durably history RUN [--json]
     durably graph RUN [-f mermaid|dot|svg|html] [-o FILE] [--attempt N] [--collapse N]
-    durably resume MODULE:ENTRYPOINT RUN [--value JSON]
+    durably resume MODULE:ENTRYPOINT RUN [--value JSON] [--keep-finished]
     durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache]
     durably explain MODULE:TASK [ARG ...] [--json]
     durably cache stats [--json]
@@ -634,10 +634,17 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
 @click.option("--value", default=None, metavar="JSON",
               help="The answer to the pending interrupt(), as JSON ('\"yes\"', 42, "
                    "'{\"ok\": true}'); several pending: '{\"<interrupt id>\": JSON, ...}'.")
+@click.option("--keep-finished", "keep_finished", is_flag=True,
+              help="Keep the steps the run finished under older code (the task fixed after "
+                   "a crash): replay them, execute only the rest. Continues a crashed, "
+                   "failed or stopped run too.")
 @_dir_option
 @click.pass_context
-def resume_command(ctx: click.Context, target: str, run_id: str, value: str | None) -> None:
-    """Answer an interrupted run and continue it (exit status 3 if it pauses again)."""
+def resume_command(ctx: click.Context, target: str, run_id: str, value: str | None,
+                   keep_finished: bool) -> None:
+    """Answer an interrupted run and continue it (exit status 3 if it pauses again); with
+    --keep-finished, continue a crashed, failed or stopped run keeping what it finished
+    under older code."""
     answer = None if value is None else _parse_json("--value", value)
     store = _store(ctx)
     ep = _load(target, "entrypoint")
@@ -649,6 +656,13 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
             _fail(_script_run(run))
         _fail(f"run {run.id!r} belongs to entrypoint {run.entrypoint!r}, not "
               f"{ep.spec.identity!r}. Fix: durably resume {run.entrypoint} {run.id}")
+    if keep_finished and run.status in ("running", "crashed", "failed", "stopped",
+                                        "finished") and value is None:
+        if run.status == "running":
+            _fail(f"run {run.id!r} is running: a process is executing it now. Fix: resume it "
+                  f"once it ended (see it with durably show {run.id}).")
+        _continue_keeping(ctx, ep, run, home)
+        return
     if run.status != "interrupted":
         fix = {
             "finished": f"Its result: durably show {run.id}.",
@@ -663,6 +677,23 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
               f"--value '\"yes\"'; see it with durably show {run.id}).")
     try:
         result = _await(ep.resume(run.id, answer))
+    except durably.RunInterrupted:
+        _paused(home, run.id)
+    except (DurablyError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        if ctx.meta.get("durably.traceback"):
+            raise
+        _fail(f"run {run.id!r} failed: {_describe(exc)} (recorded in its journal: durably "
+              f"show {run.id}; --traceback shows where)")
+    _finished(durably.get_run(run.id, store=home), result)
+
+
+def _continue_keeping(ctx: click.Context, ep: Any, run: durably.Run[Any],
+                      home: durably.Store) -> None:
+    """``durably resume ... --keep-finished`` of a run that is not interrupted."""
+    try:
+        result = _await(ep.resume(run.id, keep_finished=True))
     except durably.RunInterrupted:
         _paused(home, run.id)
     except (DurablyError, KeyboardInterrupt):
