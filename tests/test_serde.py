@@ -252,14 +252,43 @@ def _plugged(x: int) -> Any:
     return _NeedsAPlugin()
 
 
-def test_a_cached_value_this_process_cannot_import_keeps_its_entry(
+def test_a_cached_value_this_process_cannot_import_is_a_miss_never_an_error(
         disk_store: durably.DiskStore) -> None:
-    """A value that does not load here because of this process (a module it cannot
-    import) may load elsewhere: the entry is kept, and the call says what is missing."""
+    """A value that does not load here (a module this process cannot import) is never an
+    error on every call: the call warns (task, key, reason), executes, and stores the new
+    result in its place."""
     _MADE.clear()
     _plugged(1)
-    with pytest.raises(durably.SerializationError, match="_durably_test_plugin"):
-        _plugged(1)
-    assert _MADE == [1]
+    with pytest.warns(UserWarning, match=r"_plugged.*cannot be loaded.*_durably_test_plugin"):
+        assert isinstance(_plugged(1), _NeedsAPlugin)
+    assert _MADE == [1, 1]
     assert disk_store.cache_get(_plugged.cache_key(1)) is not None
     assert not (disk_store.path / "damaged").exists()
+
+
+def test_a_cached_value_whose_class_moved_is_recomputed_and_replaced(
+        disk_store: durably.DiskStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class of a cached result moved (renamed in its module): the old entry cannot
+    load; the call warns, executes with today's code, and the next call is a hit again."""
+    (tmp_path / "shapes_v1.py").write_text(
+        "class Box:\n    def __init__(self, w):\n        self.w = w\n\n"
+        "def make(w):\n    return Box(w)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import shapes_v1  # type: ignore[import-not-found]
+
+    made: list[int] = []
+
+    @durably.task(version="1")
+    def box(w: int) -> Any:
+        made.append(w)
+        return shapes_v1.make(w)
+
+    assert box(3).w == 3
+    crate = type("Crate", (shapes_v1.Box,), {"__module__": "shapes_v1"})
+    del shapes_v1.Box  # moved: its module no longer has it by that name
+    shapes_v1.Crate = crate
+    shapes_v1.make = crate
+    with pytest.warns(UserWarning, match=r"task .*box.*cannot be loaded in this process"):
+        fixed = box(3)
+    assert made == [3, 3] and fixed.w == 3 and type(fixed).__name__ == "Crate"
+    assert box(3).w == 3 and made == [3, 3]  # the new entry loads: a hit, no warning

@@ -548,24 +548,27 @@ _NOT_THE_VALUE = (ImportError, AttributeError, OSError, MemoryError, RecursionEr
 
 
 def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
-    """The value of a cache entry, or ``_MISS`` when the value itself cannot be loaded (its
-    class's ``__reduce__`` or ``__init__`` does not take back what it pickled): the entry is
-    set aside (a store that can: ``discard_cache``) with a warning, and the task executes
-    again (a cache entry is never worth a failure); its results are not cached again in
-    this process.
+    """The value of a cache entry, or ``_MISS`` when it cannot be loaded here: a cache
+    entry is never worth a failure, so the task executes again.
 
-    Raises:
-        SerializationError: the failure may be this process's (see ``_NOT_THE_VALUE``):
-            the entry is kept for the processes that can load it."""
+    - When this process cannot load it (a module it cannot import, a class that moved or is
+      gone, a file it cannot read, its memory: see ``_NOT_THE_VALUE``), a warning names
+      the task, the key and the reason; the new result replaces the entry.
+    - When the value itself does not load back (its class's ``__reduce__`` or ``__init__``
+      does not take back what it pickled), the entry is set aside (a store that can:
+      ``discard_cache``) with a warning, and its results are not cached again in this
+      process (they would not load either)."""
     try:
         return _serde.loads(data)
     except _NOT_THE_VALUE as exc:
-        raise SerializationError(
-            f"cannot load the cached result of task {spec.name!r}: {exc!r}. This process "
-            "cannot import or find what the value is made of (or lacks the memory), or the "
-            "code that defines its type changed incompatibly. Fix: import or install what "
-            f"it needs, restore the code, or remove the entry ({spec.name}.clear())."
-        ) from None
+        warnings.warn(
+            f"durably: the cached result of task {spec.name!r} (key {key}) cannot be loaded "
+            f"in this process: {exc!r}. It cannot import or find what the value is made of "
+            "(a class that moved or was renamed, a package that is not installed), or lacks "
+            "the memory. The task executes again and its new result replaces the entry. Fix, "
+            "if this is unexpected: import or install what it needs, or restore the code.",
+            stacklevel=_user_stacklevel())
+        return _MISS
     except Exception as exc:  # noqa: BLE001 - the value does not load back: not served
         _UNLOADABLE.add(key)
         why = (f"its value cannot be loaded ({exc!r}: it does not unpickle as it was "
