@@ -48,6 +48,7 @@ from ._context import (
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RUNS as _RUNS
+from ._effects import Effects, changed, mutable, restored, warn_once
 from ._files import SEEN as _files_seen
 from ._files import File, file_stamp
 from ._fingerprint import Fingerprint, fingerprint_function, nameless_callable
@@ -588,6 +589,7 @@ class Call:
 
     __slots__ = (
         "args_repr",
+        "arguments",
         "classes",
         "code",
         "ctx",
@@ -596,6 +598,7 @@ class Call:
         "flow",
         "inputs",
         "key",
+        "mutable",
         "parent",
         "path",
         "path_head",
@@ -631,6 +634,11 @@ class Call:
         self.path: str | None = None  # its call path, once a nested side effect asked
         #: the durably.file() inputs of a body about to run (see _file_inputs)
         self.files: list[tuple[File, Any]] | None = None
+        #: the call's bound arguments, once bound (a hit puts back what the body changed)
+        self.arguments: dict[str, Any] | None = None
+        #: the arguments the body may change in place, with their digests from before it
+        #: (see _effects); None when none can change
+        self.mutable: tuple[list[tuple[str, Any]], dict[str, str]] | None = None
 
     def files_changed(self) -> bool:
         """Whether a durably.file() input (an argument, or a global checked by contents)
@@ -705,6 +713,20 @@ class Call:
         except Exception as store_exc:  # noqa: BLE001 - never hide the user's exception
             exc.add_note(f"durably: could not journal this failure: {store_exc}")
 
+    def _stored(self, result: Any) -> bytes:
+        """The bytes stored for ``result``: with the new state of the arguments the body
+        changed in place (see _effects), when any did."""
+        what = f"the result of task {self.spec.name!r}"
+        if self.mutable is not None:
+            moved = changed(self.spec.name, self.mutable[1], self.mutable[0])
+            if moved:
+                try:
+                    return _serde.dumps(Effects(result, moved), what=what)
+                except SerializationError:
+                    warn_once(self.spec.name, tuple(moved), "their new state cannot be pickled",
+                              self.spec)
+        return _serde.dumps(result, what=what)
+
     def interrupted(self, signal: InterruptSignal) -> None:
         """Journal a step that called ``interrupt()`` (it runs again from its start when the
         run resumes) and name it in the signal's interrupts."""
@@ -725,7 +747,7 @@ class Call:
         """Store the result in the cache and the journal (committed), then return it."""
         spec = self.spec
         try:
-            data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
+            data = self._stored(result)
         except SerializationError as exc:
             self.failed(exc)  # journaled (and streamed) as the step's failure
             raise
@@ -879,6 +901,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             data = store.cache_get(key)
             if data is not None:
                 value = _load_cached(data, spec, store, key)
+                if type(value) is Effects:
+                    value = restored(spec.name, value, arguments if arguments is not None
+                                     else spec.arguments(instance, args, kwargs), spec)
                 if value is not _MISS:
                     return value, outside
             if arguments is None:
@@ -886,6 +911,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
+            may_change = mutable(arguments)
+            if may_change:
+                outside.mutable = (may_change, outside.inputs)
             outside.files = _file_inputs(spec, files, before)
         return _MISS, outside
     if ctx.stop:
@@ -978,6 +1006,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 if noted is not None:
                     noted.retract()  # (not replayed: the step raises)
                 raise
+        if type(value) is Effects:  # (it changed its arguments in place: redone)
+            value = restored(spec.name, value, arguments if arguments is not None
+                             else spec.arguments(instance, args, kwargs), spec)
         if step_id in ctx.uncacheable:  # (it used an answer: spent, see interrupt())
             ctx.spent.add(step_id)
             if parent is not None:
@@ -1004,6 +1035,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     call.path_head = (input_digest, occurrence)
     if arguments is None:
         arguments = spec.arguments(instance, args, kwargs)
+    call.arguments = arguments
+    may_change = mutable(arguments)
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
@@ -1014,6 +1047,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             call.files = _file_inputs(spec, files, before)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
+        if may_change:
+            call.mutable = (may_change, call.inputs)
         call.trace_inputs(arguments, None, taken)
         if data is not None:
             value = serve_cached(call, data)
@@ -1021,6 +1056,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 return value, call
             call.files = _file_inputs(spec, files, before)  # (as for a miss)
     else:
+        if may_change:  # (their digests before the body may change them)
+            call.mutable = (may_change, digest_each(dict(may_change), each))
         # the digests of whole arguments the tracer takes: those taken with the key ("" for
         # a value too common to mean a flow, as trace_digest gives; the others, its own)
         call.trace_inputs(arguments, {n: "" if too_common(arguments[n]) else d
@@ -1046,6 +1083,8 @@ def serve_cached(call: Call, data: bytes) -> Any:
     value = _load_cached(data, call.spec, call.store, call.key)
     if value is _MISS:
         return _MISS
+    if type(value) is Effects:
+        value = restored(call.spec.name, value, call.arguments or {}, call.spec)
     ctx = call.ctx
     if ctx is not None:
         record = call.record("cached", None, short_repr(value), *trace_digests(value))

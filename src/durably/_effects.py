@@ -1,0 +1,208 @@
+"""A task's in-place changes to its arguments, as part of what it did.
+
+A task that appends to a list it was given, fills a dict, or fits an estimator its caller
+passed on changes the caller's objects. A hit or a replay that only returned the result
+would leave them as they were, so the caller's next steps would see other inputs than when
+the body executed (a rerun of a finished run would diverge). So, for the arguments whose
+type can change (not ``str``, numbers, ``None``, tuples of those, classes, functions), the
+digest taken before the body is compared with one taken after it; the arguments that changed
+are stored with the result (an :class:`Effects`), and a hit or a replay puts their new state
+back into the caller's objects: lists, dicts, sets, bytearrays, deques, numpy arrays (same
+shape and dtype), tuples of those, random generators (``random.Random``, numpy's), and
+objects whose state is their ``__dict__`` /
+``__getstate__`` / ``__setstate__`` (scikit-learn estimators, dataclasses, plain classes).
+Where that cannot be done, a warning (once per task and argument) names them, with the fix.
+
+The cache key is always made from the arguments as they were before the call.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import decimal
+import enum
+import fractions
+import pathlib
+import random
+import sys
+import types
+import uuid
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["Effects", "changed", "mutable", "restored"]
+
+_IMMUTABLE: frozenset[type] = frozenset({
+    str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis), slice,
+    types.FunctionType, types.BuiltinFunctionType, types.ModuleType, types.MethodType,
+    datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone,
+    decimal.Decimal, fractions.Fraction, uuid.UUID, pathlib.PurePosixPath, pathlib.PosixPath,
+    pathlib.PureWindowsPath, pathlib.WindowsPath, pathlib.PurePath, pathlib.Path,
+})
+_WARNED: set[tuple[object, str]] = set()  # (the task's spec, or its name; the argument)
+
+
+class Effects:
+    """A result with the new state of the arguments its body changed in place (by name)."""
+
+    __slots__ = ("changed", "result")
+
+    def __init__(self, result: Any, changed: dict[str, Any]) -> None:
+        self.result = result
+        self.changed = changed
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Effects, (self.result, self.changed))
+
+
+def _may_change(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` can be changed in place (conservative: True when unsure)."""
+    t = type(value)
+    if t in _IMMUTABLE or isinstance(value, (type, enum.Enum)):
+        return False
+    if t is tuple or t is frozenset:
+        if depth > 3 or len(value) > 64:
+            return True
+        return any(_may_change(v, depth + 1) for v in value)
+    return True
+
+
+def mutable(arguments: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """The arguments (name, value) whose value can be changed in place by the body."""
+    return [(name, value) for name, value in arguments.items() if _may_change(value)]
+
+
+def changed(task: str, before: Mapping[str, str], values: list[tuple[str, Any]]
+            ) -> dict[str, Any]:
+    """The arguments among ``values`` whose digest differs from the one ``before`` gives
+    (taken before the body ran): changed in place by it."""
+    from ._hashing import digest_each
+
+    found: dict[str, Any] = {}
+    for name, value in values:
+        old = before.get(name)
+        if old is None:
+            continue
+        try:
+            now = digest_each({name: value})[name]
+        except Exception:  # noqa: BLE001 - it digested before: something in it changed
+            now = ""
+        if now != old:
+            found[name] = value
+    return found
+
+
+def warn_once(task: str, names: list[str] | tuple[str, ...], why: str,
+              owner: object = None) -> None:
+    """Warn once per task (``owner``: its spec) and argument that its in-place change is not
+    redone."""
+    who: object = task if owner is None else owner  # (kept: its id is never reused)
+    fresh = [n for n in names if (who, n) not in _WARNED]
+    if not fresh:
+        return
+    _WARNED.update((who, n) for n in fresh)
+    which = ", ".join(repr(n) for n in fresh)
+    warnings.warn(
+        f"durably: task {task!r} changed its argument{'s' if len(fresh) > 1 else ''} {which} "
+        f"in place, and {why}: a hit or a replay of this call leaves the caller's object as "
+        "it was, not as the body left it. Fix: return the new value instead of changing the "
+        "argument (and use the returned value).", stacklevel=4)
+
+
+def _restore(target: Any, new: Any) -> bool:
+    """Put the state of ``new`` (a copy of ``target`` as the body left it) into ``target``;
+    False when that cannot be done in place."""
+    if type(new) is not type(target):
+        return False
+    if target is new:
+        return True
+    if isinstance(target, list):
+        target[:] = new
+    elif isinstance(target, (dict, set)):
+        target.clear()
+        target.update(new)
+    elif isinstance(target, bytearray):
+        target[:] = new
+    elif isinstance(target, collections.deque):
+        target.clear()
+        target.extend(new)
+    elif isinstance(target, tuple):
+        return len(target) == len(new) and all(
+            _restore(a, b) or not _may_change(a) for a, b in zip(target, new, strict=True))
+    elif _is_ndarray(target):
+        if target.shape != new.shape or target.dtype != new.dtype or not target.flags.writeable:
+            return False
+        target[...] = new
+        return True
+    else:
+        return _restore_object(target, new)
+    if isinstance(target, (list, dict, set)) and hasattr(new, "__dict__"):
+        target.__dict__.update(new.__dict__)  # (a subclass's own attributes)
+    return True
+
+
+def _is_ndarray(value: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
+
+
+def _restore_object(target: Any, new: Any) -> bool:
+    if isinstance(target, random.Random):  # (its state is not in its __dict__)
+        target.setstate(new.getstate())
+        return True
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(target, np.random.Generator):
+        target.bit_generator.state = new.bit_generator.state
+        return True
+    if np is not None and isinstance(target, np.random.RandomState):
+        target.set_state(new.get_state())
+        return True
+    try:
+        state = new.__getstate__()
+    except Exception:  # noqa: BLE001 - no state to take
+        return False
+    setstate = getattr(type(target), "__setstate__", None)
+    if setstate is not None:
+        try:
+            setstate(target, state)
+        except Exception:  # noqa: BLE001 - said by the caller's warning
+            return False
+        return True
+    slots: Any = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state is not None and not isinstance(state, dict):
+        return False
+    try:
+        if state is not None or hasattr(target, "__dict__"):
+            target.__dict__.clear()
+            target.__dict__.update(state or {})
+        for name, value in (slots or {}).items():
+            setattr(target, name, value)
+    except Exception:  # noqa: BLE001 - said by the caller's warning
+        return False
+    return True
+
+
+def restored(task: str, value: Effects, arguments: Mapping[str, Any],
+             owner: object = None) -> Any:
+    """The result of a stored :class:`Effects`, after putting the new state of the
+    arguments it changed into the caller's objects (``arguments``: the call's, by name).
+    A result that was one of those arguments is the caller's object."""
+    result = value.result
+    failed = []
+    for name, new in value.changed.items():
+        if name not in arguments:
+            continue
+        target = arguments[name]
+        if _restore(target, new):
+            if result is new:
+                result = target
+        else:
+            failed.append(name)
+    if failed:
+        warn_once(task, failed, "its new state cannot be put back into the caller's object "
+                  "(another type, shape or dtype, or no __dict__ / __setstate__)", owner)
+    return result
