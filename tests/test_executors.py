@@ -638,9 +638,13 @@ def test_submit_inside_a_run_is_journaled_in_submission_order(store: Any, tmp_pa
     first = job.run(3)
     assert first.result == [100, "item 1 failed", 102]
     (flags / "1").unlink()
+    # the run caught the failure: part of its history, replayed (through the future)
     second = job.run(3)
-    assert second.result == [100, 101, 102]
-    assert second.counts()["replayed"] == 2 and second.counts()["ran"] == 1
+    assert second.result == [100, "item 1 failed", 102]
+    assert second.counts()["replayed"] == 2 and second.counts()["failed"] == 1
+    assert sorted(_lines(log)) == ["fragile 0", "fragile 1", "fragile 2"]
+    third = job.run(3, fresh=True)  # a new run executes it again (the rest from the cache)
+    assert third.result == [100, 101, 102]
     assert sorted(_lines(log)) == ["fragile 0", "fragile 1", "fragile 1", "fragile 2"]
 
 

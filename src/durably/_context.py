@@ -71,6 +71,8 @@ class RunContext:
         "deferred",
         "ended",
         "entry",
+        "failed_before",
+        "failures",
         "foreign",
         "halting",
         "inflight",
@@ -145,6 +147,13 @@ class RunContext:
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []
+        #: the exception of each step that failed in an earlier attempt and whose failure
+        #: the run went on from (``step_raised`` events, pickled; see _failures): raised
+        #: again where the step is called, instead of executing it
+        self.failed_before: dict[str, bytes] = {}
+        #: the steps that failed in this attempt, by the id of their exception (kept
+        #: alive): those whose exception ends the attempt are executed again by the next
+        self.failures: dict[int, tuple[BaseException, list[str]]] = {}
         #: asyncio tasks running a step body now (an async run waits for them before it ends)
         self.inflight: set[Any] = set()
         #: submitted calls that failed: (task, the future's "asked" cell, the error), so that

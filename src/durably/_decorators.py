@@ -28,6 +28,7 @@ from . import _serde
 from ._config import default_store
 from ._context import StopRun, live_run
 from ._explain import Explanation, explain
+from ._failures import ReplayedFailure
 from ._fingerprint import nameless_callable
 from ._history import NO_UPDATE, make_fork, unused_update
 from ._interrupt import InterruptSignal, pending_interrupts, record_answers
@@ -423,7 +424,10 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
     def __call__(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         spec = self._self_sync
         if spec is not None:
-            value, call = begin_step(spec, None, args, kwargs)
+            try:
+                value, call = begin_step(spec, None, args, kwargs)
+            except ReplayedFailure as replayed_failure:
+                raise replayed_failure.error from None
             if value is not _MISS:
                 return value  # type: ignore[no-any-return]
             return execute_sync(  # type: ignore[no-any-return]

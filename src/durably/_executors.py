@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Sequence, Sized
 from typing import TYPE_CHECKING, Any
 
 from ._context import RunContext, StopRun, current_step, cutoff
+from ._failures import ReplayedFailure
 from ._interrupt import InterruptSignal
 from ._lease import RENEW_SECONDS
 from ._progress import _Progress, progress_enabled
@@ -684,7 +685,12 @@ def _scan(target: Target, items: list[tuple[Any, ...]], fan: _FanOut) -> list[_I
     missing = []
     first: dict[str, _Item] = {}
     for index, args in enumerate(items):
-        value, call = begin_step(spec, instance, args, {})
+        try:
+            value, call = begin_step(spec, instance, args, {})
+        except ReplayedFailure as replayed_failure:  # (its failure, from the journal)
+            fan.failures[index] = replayed_failure.error
+            bar.counts["failed"] += 1
+            continue
         if value is _MISS:
             item = _Item(index, call, args, {})
             # (a cache=False task's every call is its own side effect; a fork's first attempt
@@ -1228,8 +1234,13 @@ def submit_sync(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
     """``Task.submit`` for a sync task: see :meth:`durably.Task.submit`."""
     ex = executor if executor is not None else _shared_thread()
     ex._prepare()
-    value, call = begin_step(target.spec, target.instance, args, kwargs)
     future: cf.Future[Any] = _Submitted()
+    try:
+        value, call = begin_step(target.spec, target.instance, args, kwargs)
+    except ReplayedFailure as replayed:  # (its failure, from the journal)
+        future.set_running_or_notify_cancel()
+        future.set_exception(replayed.error)
+        return future
     future.set_running_or_notify_cancel()  # journaled work cannot be taken back
     if value is not _MISS:
         future.set_result(value)
@@ -1300,7 +1311,12 @@ def submit_async(target: Target, args: tuple[Any, ...], kwargs: dict[str, Any],
         ) from None
     if executor is not None:
         executor._prepare()
-    value, call = begin_step(target.spec, target.instance, args, kwargs)
+    try:
+        value, call = begin_step(target.spec, target.instance, args, kwargs)
+    except ReplayedFailure as replayed:  # (its failure, from the journal)
+        failed = loop.create_future()
+        failed.set_exception(replayed.error)
+        return failed
     if value is not _MISS:
         hit = loop.create_future()
         hit.set_result(value)

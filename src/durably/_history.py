@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 from . import _serde
+from ._failures import RAISED, RETRY
 from ._hashing import trace_digests
 from ._store import EventRecord, RunRecord, StepRecord, Store, now
 from ._tracer import short_repr
@@ -165,8 +166,15 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
                if s.status in ("ran", "cached")}  # reversed: the first finished record wins
     copied: list[tuple[StepRecord, bytes | None]] = []
     answers: list[EventRecord] = []
-    source_events = store.list_events(source.run_id, ("interrupt", "answer"))
+    source_events = store.list_events(source.run_id, ("interrupt", "answer", RAISED, RETRY))
     source_answers = {e.key: e.data for e in source_events if e.kind == "answer"}
+    # the failures the run went on from before the checkpoint: replayed in the fork too
+    failed: dict[str, EventRecord] = {}
+    for e in source_events:
+        if e.kind == RAISED and e.step_id is not None and e.time <= target.time:
+            failed[e.step_id] = e
+        elif e.kind == RETRY and e.step_id is not None:
+            failed.pop(e.step_id, None)
     asked: dict[str, EventRecord] = {}
     for e in source_events:
         if e.kind == "interrupt":
@@ -206,8 +214,10 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
     store.put_run(RunRecord(fork_id, source.entrypoint, source.name, "forked", t, t, 0,
                             source.input_digest, source.args))
     store.append_steps(copied)
-    store.append_events([*answers, EventRecord(fork_id, "forked", t, 0, None,
-                                               f"{source.run_id}@{target.id}")])
+    raised = [EventRecord(fork_id, RAISED, e.time, 0, e.step_id, "", e.data)
+              for e in failed.values()]
+    store.append_events([*answers, *raised, EventRecord(fork_id, "forked", t, 0, None,
+                                                        f"{source.run_id}@{target.id}")])
     return fork_id
 
 

@@ -30,7 +30,7 @@ import time
 import types
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import xxhash
@@ -49,6 +49,8 @@ from ._context import (
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RUNS as _RUNS
 from ._effects import Effects, changed, mutable, restored, warn_once
+from ._failures import RAISED, RETRY, ReplayedFailure, raised_event, released, replayable, replayed
+from ._failures import note as note_failure
 from ._files import SEEN as _files_seen
 from ._files import File, file_stamp
 from ._fingerprint import Fingerprint, fingerprint_function, nameless_callable
@@ -695,9 +697,13 @@ class Call:
             if self.ctx is not None:
                 self.ctx.open.pop(self.step_id, None)
 
-    def failed(self, exc: BaseException, tries: str = "") -> None:
+    def failed(self, exc: BaseException, tries: str = "", final: bool = True) -> None:
         """Journal a failed step (never cached); the exception then propagates unchanged.
-        ``tries`` ("try 1 of 3") prefixes the error of a task with ``retry=``."""
+        ``tries`` ("try 1 of 3") prefixes the error of a task with ``retry=``; ``final``:
+        no other try follows, so the exception leaves the call. A final failure is part of
+        the run's history: its exception is journaled too (a ``step_raised`` event), and a
+        later attempt raises it again instead of executing the step, unless it is the
+        failure that ended the run (see :mod:`durably._failures`)."""
         ctx = self.ctx
         if ctx is None or not isinstance(exc, Exception) or ctx.pid != _pid[0]:
             return  # (a process forked inside the run, unwinding: the run is its parent's)
@@ -707,6 +713,11 @@ class Call:
             error = f"{tries}: {exc!r}" if tries else repr(exc)
             record = self.record("failed", error[:2000])
             ctx.journal([(record, None)])
+            if final and replayable(exc) and not ctx.lost:
+                # after its record, which only the run's holder can write (fenced)
+                ctx.store.append_events([raised_event(
+                    ctx.run_id, ctx.attempt, self.step_id, record.ended, self.spec.name, exc)])
+                note_failure(ctx.failures, exc, self.step_id)
             ctx.count("failed")
             if ctx.listener is not None:
                 ctx.emit(self.event("step_failed", record, data=record.error))
@@ -986,6 +997,13 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             if call is None:
                 call = Call(spec, ctx, store, key, code, parent, step_id, position, started)
             return ctx.keep.serve(found, call, instance, args, kwargs), _SERVED
+    if data is None and ctx.failed_before and step_id in ctx.failed_before:
+        # it failed in an earlier attempt and the run went on: its failure is replayed
+        if noted is not None:
+            noted.retract()
+        raise ReplayedFailure(_replay_failure(ctx, Call(
+            spec, ctx, store, key, code, parent, step_id, position, started)
+            if call is None else call))
     if data is None and ctx.deferred is not None:
         # an attempt that only replayed so far: its start journaled and its lease taken
         # before this step executes (whichever thread gets here first; the others wait)
@@ -1065,6 +1083,21 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     return _MISS, call
 
 
+def _replay_failure(ctx: RunContext, call: Call) -> BaseException:
+    """The exception a step that failed in an earlier attempt of the run raised, to raise
+    again (see :mod:`durably._failures`); its ``failed`` record is buffered like a replayed
+    step's (the attempt may have only replayed so far: nothing executes)."""
+    exc = replayed(ctx.failed_before[call.step_id], ctx.run_id)
+    record = call.record("failed", repr(exc)[:2000])
+    if ctx.deferred is None or ctx.claim(replays=True):  # (a whole record: the run's own)
+        ctx.note_replayed_record(record)
+    ctx.count("failed")
+    note_failure(ctx.failures, exc, call.step_id)  # (an escape releases it again)
+    if ctx.listener is not None:
+        ctx.emit(call.event("step_failed", record, data=record.error))
+    return exc
+
+
 def cached_now(call: Call) -> bytes | None:
     """The cached result of a call whose body was to run, if its key has one by now (a
     duplicate in a fan-out, after the first such item finished), as :func:`begin_step`
@@ -1109,7 +1142,10 @@ def _write_queued(ctx: RunContext) -> None:
 
 def call_sync(spec: Spec, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
-    value, call = begin_step(spec, instance, args, kwargs)
+    try:
+        value, call = begin_step(spec, instance, args, kwargs)
+    except ReplayedFailure as replayed_failure:
+        raise replayed_failure.error from None
     if value is not _MISS:
         return value
     return execute_sync(spec, call, wrapped, args, kwargs)
@@ -1137,7 +1173,10 @@ def execute_sync(spec: Spec, call: Call, wrapped: Callable[..., Any], args: tupl
 
 async def call_async(spec: Spec, wrapped: Callable[..., Any], instance: Any,
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    value, call = begin_step(spec, instance, args, kwargs)
+    try:
+        value, call = begin_step(spec, instance, args, kwargs)
+    except ReplayedFailure as replayed_failure:
+        raise replayed_failure.error from None
     if value is not _MISS:
         return value
     ctx = call.ctx
@@ -1171,6 +1210,13 @@ async def _acall_body(call: Call, wrapped: Callable[..., Any], args: tuple[Any, 
 
 
 _NEVER_RETRIED = (InterruptSignal, StopRun, KeyboardInterrupt, SystemExit)
+
+
+def _last_try(policy: Retry, tries: int, exc: BaseException) -> bool:
+    """Whether no other try follows a try that failed with ``exc`` (as ``retrying`` decides:
+    the tries are used up, or ``exc`` is not retried)."""
+    return tries >= policy.attempts or not (isinstance(exc, policy.on)
+                                            and not isinstance(exc, _NEVER_RETRIED))
 
 
 def _try_label(policy: Retry, tries: int, exc: BaseException) -> str:
@@ -1217,7 +1263,7 @@ def _call_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any],
                 call.interrupted(signal)
                 raise
             except BaseException as exc:
-                call.failed(exc, _try_label(policy, tries, exc))
+                call.failed(exc, _try_label(policy, tries, exc), _last_try(policy, tries, exc))
                 raise
             finally:
                 call.exit()
@@ -1246,7 +1292,7 @@ async def _acall_with_policy(spec: Spec, call: Call, wrapped: Callable[..., Any]
                 call.interrupted(signal)
                 raise
             except BaseException as exc:
-                call.failed(exc, _try_label(policy, tries, exc))
+                call.failed(exc, _try_label(policy, tries, exc), _last_try(policy, tries, exc))
                 raise
             finally:
                 call.exit()
@@ -1366,9 +1412,14 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         asked: set[str] = set()
         questions: dict[str, bytes | None] = {}
         codes: dict[str, str] = {}  # the code that asked each question, if known
+        failed_before: dict[str, bytes] = {}  # (see _failures)
         for e in events:
             if e.kind == "answer" and e.data is not None:
                 answers[e.key] = e.data
+            elif e.kind == RAISED and e.step_id is not None and e.data is not None:
+                failed_before[e.step_id] = e.data
+            elif e.kind == RETRY and e.step_id is not None:
+                failed_before.pop(e.step_id, None)
             elif e.kind == "interrupt_code" and e.data is not None:
                 codes[e.key] = e.data.decode("ascii", "replace")
             elif e.kind == "interrupt":
@@ -1405,6 +1456,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx = RunContext(run_id, store, record.attempt, owner, name=spec.name,
                          listener=listener, answers=answers, read_cache=read_cache)
         ctx.replaying = existing is not None
+        ctx.failed_before = failed_before
         if existing is not None and isinstance(existing.result, _serde.Spilled):
             ctx.stored_result = existing.result  # (a large one, kept in blobs/)
         read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
@@ -1445,7 +1497,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
 
 
 #: the events an attempt reads when it starts: the questions asked and answered so far
-_ASKED = ("interrupt", "answer", "interrupt_code")
+_ASKED = ("interrupt", "answer", "interrupt_code", RAISED, RETRY)
 
 
 def _ended_run(store: Store, spec: Spec, run_id: str | None, input_digest: str, owner: Owner
@@ -1872,6 +1924,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             # TaskGroup): the call says why, not StopRun)
             raise _resumed_meanwhile(record, ctx.deferred.previous, store)
         return
+    retry = released(exc, ctx.failures)  # (its failed steps whose error ended it)
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     cache_written = False  # the queued cache writes are (a failure after: the journal's)
     unwritten = False  # its final record was not journaled (another attempt's stands)
@@ -1903,7 +1956,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                     ctx.deferred = None  # (its start is in this transaction: joined below)
                     ctx.write(taken)
                     if not _write_final(store, record, info, checked=True,
-                                        previous=deferred.previous, before=deferred.event):
+                                        previous=deferred.previous, before=deferred.event,
+                                        retry=retry):
                         raise _resumed_meanwhile(record, deferred.previous, store)
             except RunStateError as error:
                 # the run is another process's: nothing of this attempt is journaled
@@ -1926,7 +1980,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             # transactions never shows the run released but still running ("crashed")
             with _one_transaction(store):
                 ctx.write(taken)
-                if lost or not _write_final(store, record, info, checked=True):
+                if lost or not _write_final(store, record, info, checked=True, retry=retry):
                     lost = unwritten = True
                 if store.release_run(record.run_id, ctx.owner) is False:
                     lost = True
@@ -1959,7 +2013,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                 if info is None:
                     info = _final_record(record, result, exc, wall)
                 if not lost and not ctx.lost and refused is None:
-                    if _write_final(store, record, info, checked=True):
+                    if _write_final(store, record, info, checked=True, retry=retry):
                         recovered = True
                     else:
                         lost = True
@@ -2054,7 +2108,8 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
 
 
 def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = False,
-                 previous: int | None = None, before: EventRecord | None = None) -> bool:
+                 previous: int | None = None, before: EventRecord | None = None,
+                 retry: Sequence[str] = ()) -> bool:
     """Journal the run's final record and its final event (after ``before``, the start
     event of an attempt that only replayed); ``checked``: only while the run is still this
     attempt's (with a store that can tell: ``put_run_if_current``; with ``previous``, while
@@ -2067,5 +2122,8 @@ def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = F
         return False
     final = EventRecord(record.run_id, f"run_{record.status}", record.updated, record.attempt,
                         data=info)
-    store.append_events([final] if before is None else [before, final])
+    # the failed steps whose exception ended the attempt: executed again by the next one
+    retries = [EventRecord(record.run_id, RETRY, record.updated, record.attempt, step)
+               for step in retry]
+    store.append_events([*retries, final] if before is None else [before, *retries, final])
     return True

@@ -12,6 +12,8 @@
     │   └── NoActiveRunError   interrupt() / idempotency_key() called outside a run's step
     ├── RunInterrupted         the run paused at interrupt(): answer with resume()
     ├── TaskTimeoutError       (also TimeoutError) a task ran past its timeout=
+    ├── ReplayedError          a step's failure replayed from the journal whose exception
+    │                          could not be pickled: a stand-in of its type and message
     └── RenderError            a run graph cannot be drawn (graphviz missing, bad format)
 
     BaseException
@@ -39,6 +41,7 @@ __all__ = [
     "NondeterminismError",
     "NotFoundError",
     "RenderError",
+    "ReplayedError",
     "RunInterrupted",
     "RunStateError",
     "SerializationError",
@@ -140,3 +143,26 @@ class TaskTimeoutError(DurablyError, TimeoutError):
     ``retry=`` policies that retry timeouts catch it. An ``async`` task is cancelled; a sync
     task's body cannot be stopped by Python and is left to finish in a background thread
     (its result is discarded)."""
+
+
+class ReplayedError(DurablyError):
+    """A stand-in for the exception of a failed step, raised again when its run is replayed
+    or resumed, when the original exception could not be pickled (or did not load back).
+
+    Inside a run a failed step is part of the run's history: when the run is replayed, the
+    step raises its recorded exception again instead of executing. When that exception
+    cannot be stored, this stand-in is raised instead; it is also an instance of the
+    nearest builtin exception class of the original (an ``except ValueError:`` that caught
+    the original catches the stand-in), its message is the original's, and a note gives the
+    original traceback's text.
+
+    Attributes:
+        original_type: ``module.qualname`` of the original exception's type.
+
+    Example:
+        >>> err = ReplayedError("ConnectionRefused: refused")
+        >>> err.original_type
+        ''
+    """
+
+    original_type: str = ""
