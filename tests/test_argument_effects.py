@@ -225,3 +225,62 @@ def test_a_generator_drawn_from_is_advanced_by_a_hit_too(store: Any) -> None:
     assert first.random() == second.random()  # and left as the body left the first
     a, b = random.Random(1), random.Random(1)
     assert pick(a) == pick(b) and a.random() == b.random()
+
+
+def test_objects_inside_an_argument_are_updated_not_replaced(store: Any) -> None:
+    """The caller's references to objects inside a changed argument (estimators in a list,
+    a model in a config dict) see the body's changes after a hit or a replay too."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.tree import DecisionTreeClassifier
+
+    rng = np.random.RandomState(0)
+    x = rng.rand(80, 3)
+    y = (x[:, 0] > 0.5).astype(int)
+
+    @durably.task
+    def fit_all(models: list[Any], x: Any, y: Any) -> int:
+        for m in models:
+            m.fit(x, y)
+        return len(models)
+
+    @durably.task
+    def train(cfg: dict[str, Any]) -> int:
+        cfg["model"].n = 7
+        cfg["log"].append("trained")
+        return 1
+
+    def body() -> tuple[float, float, int, list[str], bool]:
+        lr, dt = LogisticRegression(), DecisionTreeClassifier(random_state=0)
+        fit_all([lr, dt], x, y)
+        model, log = Plain(), []  # type: ignore[var-annotated]
+        cfg = {"model": model, "log": log}
+        train(cfg)
+        return (lr.score(x, y), dt.score(x, y), getattr(model, "n", 0), log,
+                cfg["model"] is model)
+
+    @durably.entrypoint
+    def job() -> tuple[float, float, int, list[str], bool]:
+        return body()
+
+    first = job()
+    assert first[2:] == (7, ["trained"], True)
+    assert job() == first  # replayed
+    assert body() == first  # served from the cache
+
+
+def test_an_array_array_argument_is_put_back(store: Any) -> None:
+    import array
+
+    @durably.task
+    def use(o: Any, i: int) -> int:
+        o.append(i)
+        return i
+
+    @durably.entrypoint
+    def job() -> str:
+        o = array.array("i")
+        for i in range(3):
+            use(o, i)
+        return repr(o)
+
+    assert job() == job() == "array('i', [0, 1, 2])"

@@ -177,7 +177,8 @@ class _Unpicklable(Exception):
         self.lock = threading.Lock()
 
 
-def test_an_exception_that_cannot_be_pickled_is_replayed_as_a_stand_in(store: Any) -> None:
+def test_an_exception_that_cannot_be_pickled_is_rebuilt_without_what_does_not_pickle(
+        store: Any) -> None:
     seen: list[BaseException] = []
     calls: list[int] = []
 
@@ -190,19 +191,48 @@ def test_an_exception_that_cannot_be_pickled_is_replayed_as_a_stand_in(store: An
     def wf(n: int) -> str:
         try:
             send(n)
-        except OSError:
-            return "os"
-        except Exception as exc:  # noqa: BLE001 - what the test looks at
+        except _Unpicklable as exc:
             seen.append(exc)
             return "caught"
         return "ok"
 
     assert wf(3) == "caught" and wf(3) == "caught"
     assert calls == [3]
+    again = seen[1]
+    assert type(again) is _Unpicklable and str(again) == "socket 3 closed"
+    assert not hasattr(again, "lock")  # (what does not pickle is left out)
+    assert "rebuilt from its class" in "\n".join(again.__notes__)
+
+
+def test_an_exception_whose_class_is_gone_is_replayed_as_a_stand_in(store: Any) -> None:
+    seen: list[BaseException] = []
+
+    def make() -> type[Exception]:
+        class Local(KeyError):  # not importable by name: a stand-in
+            def __init__(self, key: str, lock: Any) -> None:
+                super().__init__(key)
+                self.lock = lock
+        return Local
+
+    local = make()
+
+    @durably.task(cache=False)
+    def lookup(k: str) -> None:
+        raise local(k, threading.Lock())
+
+    @durably.entrypoint
+    def wf(k: str) -> str:
+        try:
+            lookup(k)
+        except KeyError as exc:  # the stand-in is a KeyError too
+            seen.append(exc)
+            return "missing"
+        return "found"
+
+    assert wf("a") == wf("a") == "missing"
     stand_in = seen[1]
-    assert isinstance(stand_in, ReplayedError)
-    assert stand_in.original_type.endswith("_Unpicklable")
-    assert "socket 3 closed" in str(stand_in)
+    assert isinstance(stand_in, ReplayedError) and isinstance(stand_in, KeyError)
+    assert stand_in.original_type.endswith("Local")
     assert "stand-in" in "\n".join(stand_in.__notes__)
 
 
@@ -306,3 +336,55 @@ def test_a_fork_after_a_caught_failure_replays_it_too(store: Any) -> None:
     from_input = wf.fork(run.id, at="")  # before its first step: everything anew
     assert from_input.result == 5 and sent == [4, 4]
     assert all(e.kind not in ("step_raised", "step_retry") for e in run.events())
+
+
+class _CustomInit(Exception):
+    def __init__(self, code: int, detail: str) -> None:  # pickles, does not load back
+        super().__init__(f"code={code}")
+        self.code = code
+
+
+def test_a_caught_exception_of_a_custom_class_is_replayed_as_its_own_class(
+        store: Any) -> None:
+    """An exception with a custom __init__ (botocore's ClientError) does not load back as
+    pickled: it is rebuilt as an instance of its own class (its args and attributes set),
+    so the except that caught it catches it again, and the finished run stays finished."""
+    calls: list[int] = []
+
+    @durably.task(cache=False)
+    def call_api(n: int) -> None:
+        calls.append(n)
+        raise _CustomInit(429, "slow down")
+
+    @durably.entrypoint
+    def wf(n: int) -> str:
+        try:
+            call_api(n)
+        except _CustomInit as exc:
+            return f"caught {exc.code} {exc}"
+        return "ok"
+
+    for _ in range(3):
+        run = wf.run(1)
+        assert (run.status, run.result) == ("finished", "caught 429 code=429")
+    assert calls == [1]
+
+
+def test_what_a_failing_step_changed_in_its_arguments_is_replayed_too(store: Any) -> None:
+    @durably.task(cache=False)
+    def step(acc: list[str]) -> None:
+        acc.append("partial")
+        raise ValueError("boom")
+
+    @durably.task
+    def count(acc: list[str]) -> int:
+        return len(acc)
+
+    @durably.entrypoint
+    def wf() -> tuple[list[str], int]:
+        acc: list[str] = []
+        with contextlib.suppress(ValueError):
+            step(acc)
+        return acc, count(acc)
+
+    assert wf() == wf() == wf() == (["partial"], 1)

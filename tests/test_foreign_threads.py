@@ -291,3 +291,29 @@ def test_a_pool_thread_leaves_the_run_when_it_ends(store: Any) -> None:
         assert "alive before the run began" in message
     finally:
         pool.shutdown()
+
+
+def test_a_run_does_not_keep_threads_alive_past_the_interpreter_s_exit(tmp_path: Path) -> None:
+    """A run noted the threads alive when it began; holding them (a process pool's manager
+    thread) made its exit callback fail at interpreter exit: 'Exception ignored in
+    weakref_cb ... NoneType has no attribute util'."""
+    script = write_script(tmp_path / "pool_exit.py", """
+        import durably
+
+        @durably.task
+        def sq(x):
+            return x * x
+
+        @durably.entrypoint
+        def ep(n):
+            return sq.map(range(n), executor="process", progress=False)
+
+        if __name__ == "__main__":
+            print(sq.map([1, 2], executor="process", progress=False))
+            print(ep.run(3).status)
+        """)
+    done = subprocess.run([sys.executable, str(script)], env=script_env(tmp_path / "s"),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[1,", "4]", "finished"]
+    assert "Exception ignored" not in done.stderr, done.stderr

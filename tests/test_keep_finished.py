@@ -227,3 +227,48 @@ def test_resume_keep_finished_continues_a_failed_run(tmp_path: Path,
     finally:
         durably.configure()
         os.environ.pop("COUNT_FILE", None)
+
+
+_TWICE = """
+import os, sys
+import durably
+
+@durably.task
+def work(i):
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(f"work {i}\\n")
+    if i == KILL_AT:
+        os.kill(os.getpid(), 9)
+    return i * FACTOR
+
+@durably.entrypoint
+def job(n):
+    return [work(i) for i in range(n)]
+
+if __name__ == "__main__":
+    print(job.run(6, keep_finished="keep" in sys.argv).result)
+"""
+
+
+@pytest.mark.slow
+def test_a_second_fix_keeps_what_the_first_fix_finished(tmp_path: Path) -> None:
+    """Killed (SIGKILL: the quick steps' batched cache writes, with their key records, are
+    lost) under the original code, fixed, killed again under the first fix, fixed again:
+    the steps finished under either older code are kept; only the rest executes."""
+    count = tmp_path / "count.txt"
+    env = script_env(tmp_path / "store", COUNT_FILE=str(count), PYTHONDONTWRITEBYTECODE="1")
+    script = tmp_path / "twice.py"
+
+    def attempt(kill_at: int, factor: int, *argv: str) -> subprocess.CompletedProcess[str]:
+        write_script(script, _TWICE.replace("KILL_AT", str(kill_at))
+                     .replace("FACTOR", str(factor)))
+        return subprocess.run([sys.executable, str(script), *argv], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    assert attempt(2, 1).returncode == -9  # items 0, 1 finished under v1
+    assert attempt(4, 2, "keep").returncode == -9  # 0, 1 kept; 2, 3 finished under v2
+    count.write_text("")
+    done = attempt(-1, 3, "keep")
+    assert done.returncode == 0, done.stderr
+    assert count.read_text().split("\n")[:-1] == ["work 4", "work 5"]
+    assert done.stdout.strip() == "[0, 1, 4, 6, 12, 15]"

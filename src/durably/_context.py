@@ -66,6 +66,7 @@ class RunContext:
         "asked",
         "asked_code",
         "attempt",
+        "codes",
         "consumed",
         "counts",
         "deferred",
@@ -143,7 +144,7 @@ class RunContext:
         self.spent: set[str] = set()
         #: the items of a fan-out executing on threads now, by step id (steps whose body
         #: runs in this process without Call.enter: what interrupt() finds the asker by)
-        self.items: dict[str, Any] = Executing()
+        self.items: Executing = Executing()
         #: interrupts raised (not answered) in this attempt, in order: the run ends
         #: interrupted even if user code caught the signal
         self.raised: list[Any] = []
@@ -162,7 +163,7 @@ class RunContext:
         #: steps whose body runs now, by step id; and those journaled as "started" (a step
         #: is marked started when its first nested step begins, so a crash inside it still
         #: shows where the run was)
-        self.open: dict[str, Any] = Executing()
+        self.open: Executing = Executing()
         self.marked: set[str] = set()
         #: held while a step's "started" row is journaled (reentrant: a task called from a
         #: signal handler meanwhile does not wait for itself)
@@ -171,6 +172,9 @@ class RunContext:
         self.read_cache = read_cache
         #: keep_finished=True: the steps it may keep from older code (a durably._keep.Keeper)
         self.keep: Any = None
+        #: the code version each task (by its Spec) executed with in this attempt, once
+        #: journaled (a ``task_code`` event: see _runtime._note_code)
+        self.codes: dict[Any, str] = {}
         #: the process executing the attempt: a process forked inside the run (whose copy of
         #: this context may still be on its stack) never writes the run's journal
         self.pid = _pid[0]
@@ -221,7 +225,9 @@ class RunContext:
         self._cache_since = 0.0
         #: the threads alive when the attempt began: a task called from a thread started
         #: since, without the run in its context, may join the run (see _threads)
-        self.threads = frozenset(threading.enumerate())
+        #: (weakly: a thread object kept alive here kept a process pool's manager thread
+        #: alive past the interpreter's exit, whose callback then failed)
+        self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet(threading.enumerate())
         #: such a thread joined the run (its calls check that they still belong to it)
         self.foreign = False
         #: a task called from a thread the run does not know was said to be outside it
@@ -500,10 +506,13 @@ class Executing(dict[str, Any]):
         super().__init__()
         self.joined: set[str] = set()
 
-    def __setitem__(self, step_id: str, call: Any) -> None:
-        if joined_run.get() is not None:
+    def enter(self, ctx: RunContext, step_id: str, call: Any) -> None:
+        """``self[step_id] = call``, noting a step entered by a joined thread (checked only
+        once a thread joined the run: a plain dict store otherwise, no Python call on the
+        step's path)."""
+        if ctx.foreign and joined_run.get() is not None:
             self.joined.add(step_id)  # (before the entry: a reader copies the entries first)
-        dict.__setitem__(self, step_id, call)
+        self[step_id] = call
 
 
 #: weak references to the attempts created in this process (an attempt is active while its

@@ -18,11 +18,13 @@ The cache key is always made from the arguments as they were before the call.
 
 from __future__ import annotations
 
+import array
 import collections
 import datetime
 import decimal
 import enum
 import fractions
+import os
 import pathlib
 import random
 import sys
@@ -70,8 +72,11 @@ def _may_change(value: Any, depth: int = 0) -> bool:
 
 
 def mutable(arguments: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    """The arguments (name, value) whose value can be changed in place by the body."""
-    return [(name, value) for name, value in arguments.items() if _may_change(value)]
+    """The arguments (name, value) whose value can be changed in place by the body (the
+    type test first: the common arguments cost no call)."""
+    immutable = _IMMUTABLE
+    return [(name, value) for name, value in arguments.items()
+            if type(value) not in immutable and _may_change(value)]
 
 
 def changed(task: str, before: Mapping[str, str], values: list[tuple[str, Any]]
@@ -108,39 +113,80 @@ def warn_once(task: str, names: list[str] | tuple[str, ...], why: str,
         f"durably: task {task!r} changed its argument{'s' if len(fresh) > 1 else ''} {which} "
         f"in place, and {why}: a hit or a replay of this call leaves the caller's object as "
         "it was, not as the body left it. Fix: return the new value instead of changing the "
-        "argument (and use the returned value).", stacklevel=4)
+        "argument (and use the returned value).", stacklevel=_outside_durably())
 
 
-def _restore(target: Any, new: Any) -> bool:
-    """Put the state of ``new`` (a copy of ``target`` as the body left it) into ``target``;
-    False when that cannot be done in place."""
-    if type(new) is not type(target):
-        return False
+def _outside_durably() -> int:
+    """The ``stacklevel`` that names the first frame outside durably (the user's call),
+    counted from the caller of ``warnings.warn``."""
+    here = os.path.dirname(__file__) + os.sep
+    frame = sys._getframe(2)
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(here):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
+def _restore(target: Any, new: Any, seen: dict[int, Any] | None = None) -> bool:
+    """Put the state of ``new`` (a copy of ``target`` as the body left it) into ``target``,
+    in place and as deep as it goes: an object inside it that the caller may also hold
+    (an estimator in a list, a model in a config dict) is updated, not replaced. False when
+    that cannot be done in place."""
     if target is new:
         return True
+    if type(new) is not type(target):
+        return False
+    if seen is None:
+        seen = {}
+    if id(new) in seen:  # (a cycle, or an object met twice: updated once)
+        return seen[id(new)] is target
+    seen[id(new)] = target
+    if not _may_change(target):
+        return bool(target == new)  # (an immutable: equal, or not this one)
     if isinstance(target, list):
-        target[:] = new
-    elif isinstance(target, (dict, set)):
+        common = min(len(target), len(new))
+        for i in range(common):
+            if not _restore(target[i], new[i], seen):
+                target[i] = new[i]
+        if len(new) > common:
+            target.extend(new[common:])
+        else:
+            del target[common:]
+    elif isinstance(target, dict):
+        for k in [k for k in target if k not in new]:
+            del target[k]
+        for k, v in new.items():
+            if k not in target or not _restore(target[k], v, seen):
+                target[k] = v
+    elif isinstance(target, (set, collections.deque)):
         target.clear()
-        target.update(new)
-    elif isinstance(target, bytearray):
+        target.update(new) if isinstance(target, set) else target.extend(new)
+    elif isinstance(target, (bytearray, array.array)):
         target[:] = new
-    elif isinstance(target, collections.deque):
-        target.clear()
-        target.extend(new)
     elif isinstance(target, tuple):
         return len(target) == len(new) and all(
-            _restore(a, b) or not _may_change(a) for a, b in zip(target, new, strict=True))
+            _restore(a, b, seen) for a, b in zip(target, new, strict=True))
     elif _is_ndarray(target):
         if target.shape != new.shape or target.dtype != new.dtype or not target.flags.writeable:
             return False
         target[...] = new
         return True
     else:
-        return _restore_object(target, new)
+        return _restore_object(target, new, seen)
     if isinstance(target, (list, dict, set)) and hasattr(new, "__dict__"):
-        target.__dict__.update(new.__dict__)  # (a subclass's own attributes)
+        _restore_attributes(target, new.__dict__, seen)  # (a subclass's own attributes)
     return True
+
+
+def _restore_attributes(target: Any, state: dict[str, Any], seen: dict[int, Any]) -> None:
+    """``target.__dict__`` made ``state``, its values updated in place where they can be."""
+    own = target.__dict__
+    for k in [k for k in own if k not in state]:
+        del own[k]
+    for k, v in state.items():
+        if k not in own or not _restore(own[k], v, seen):
+            own[k] = v
 
 
 def _is_ndarray(value: Any) -> bool:
@@ -148,7 +194,7 @@ def _is_ndarray(value: Any) -> bool:
     return np is not None and isinstance(value, np.ndarray)
 
 
-def _restore_object(target: Any, new: Any) -> bool:
+def _restore_object(target: Any, new: Any, seen: dict[int, Any]) -> bool:
     if isinstance(target, random.Random):  # (its state is not in its __dict__)
         target.setstate(new.getstate())
         return True
@@ -165,6 +211,11 @@ def _restore_object(target: Any, new: Any) -> bool:
         return False
     setstate = getattr(type(target), "__setstate__", None)
     if setstate is not None:
+        if isinstance(state, dict) and isinstance(getattr(target, "__dict__", None), dict):
+            # the values the caller may hold too (an estimator's steps) updated in place
+            current = target.__dict__
+            state = {k: current[k] if k in current and _restore(current[k], v, seen) else v
+                     for k, v in state.items()}
         try:
             setstate(target, state)
         except Exception:  # noqa: BLE001 - said by the caller's warning
@@ -173,17 +224,25 @@ def _restore_object(target: Any, new: Any) -> bool:
     slots: Any = None
     if isinstance(state, tuple) and len(state) == 2:
         state, slots = state
+    if state is None and not slots:
+        return False  # (no state it exposes: array.array's kind, a C object's)
     if state is not None and not isinstance(state, dict):
         return False
     try:
-        if state is not None or hasattr(target, "__dict__"):
+        if state is not None:
+            _restore_attributes(target, state, seen)
+        elif hasattr(target, "__dict__"):
             target.__dict__.clear()
-            target.__dict__.update(state or {})
         for name, value in (slots or {}).items():
-            setattr(target, name, value)
+            current = getattr(target, name, _ABSENT)
+            if current is _ABSENT or not _restore(current, value, seen):
+                setattr(target, name, value)
     except Exception:  # noqa: BLE001 - said by the caller's warning
         return False
     return True
+
+
+_ABSENT = object()
 
 
 def restored(task: str, value: Effects, arguments: Mapping[str, Any],
@@ -204,5 +263,6 @@ def restored(task: str, value: Effects, arguments: Mapping[str, Any],
             failed.append(name)
     if failed:
         warn_once(task, failed, "its new state cannot be put back into the caller's object "
-                  "(another type, shape or dtype, or no __dict__ / __setstate__)", owner)
+                  "(another type, shape or dtype, a read-only array, or no __dict__ / "
+                  "__setstate__)", owner)
     return result

@@ -362,8 +362,12 @@ def _probe_numpy(e: Encoder, o: Any, t: type) -> bool:
             _significant(e, np, np.asarray(o))
         else:
             # a plain ndarray (subclasses' own view/reshape may misbehave), copied only
-            # when not C-contiguous
-            data = np.ascontiguousarray(o)
+            # when neither C- nor Fortran-contiguous: a Fortran-ordered one is hashed in
+            # place, in its memory's order (its layout tag below says which)
+            if o.flags.f_contiguous and not o.flags.c_contiguous:
+                data = np.asarray(o).T  # (C-contiguous: the same memory, no copy)
+            else:
+                data = np.ascontiguousarray(o)
             e.raw(b"b", data.reshape(-1).view(np.uint8))
         if not o.flags.c_contiguous:  # (a C-contiguous array: nothing, its digest as it was)
             layout = _layout(o)

@@ -592,7 +592,7 @@ def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
     ctx = call.ctx
     if ctx is not None:
         current_step.set(call.step_id)
-        ctx.items[call.step_id] = call  # (for interrupt(): the step asking)
+        ctx.items.enter(ctx, call.step_id, call)  # (for interrupt(): the step asking)
     call.started = now()
     spec = call.spec
     try:
@@ -617,7 +617,7 @@ async def _run_here_async(call: Call, fn: Callable[..., Any], args: tuple[Any, .
     ctx = call.ctx
     if ctx is not None:
         current_step.set(call.step_id)
-        ctx.items[call.step_id] = call
+        ctx.items.enter(ctx, call.step_id, call)
     call.started = now()
     spec = call.spec
     try:
@@ -1361,7 +1361,7 @@ async def _submitted_async(call: Call, fn: Callable[..., Any], args: tuple[Any, 
     ctx = call.ctx
     if ctx is not None:
         current_step.set(call.step_id)
-        ctx.items[call.step_id] = call
+        ctx.items.enter(ctx, call.step_id, call)
     call.started = now()
     spec = call.spec
     try:

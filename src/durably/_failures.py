@@ -21,9 +21,12 @@ stops the run, it is not its history), and not durably's own :class:`~durably.St
 from __future__ import annotations
 
 import builtins
+import importlib
 import pickle
+import sys
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 from . import _serde
 from ._records import EventRecord
@@ -56,27 +59,42 @@ def replayable(exc: BaseException) -> bool:
 
 
 def raised_event(run_id: str, attempt: int, step_id: str, time: float, task: str,
-                 exc: BaseException) -> EventRecord:
+                 exc: BaseException, changed: dict[str, Any] | None = None) -> EventRecord:
     """The ``step_raised`` event of a step that failed with ``exc``: the exception pickled
-    with its traceback's text, or a stand-in (type, message, traceback text) when it does
-    not pickle, or does not load back as it was pickled."""
+    with its traceback's text (and ``changed``: the arguments its body changed in place
+    before it raised, see _effects), or, when it does not pickle or does not load back as
+    it was pickled (a custom ``__init__``), what rebuilds it: its class, ``args`` and the
+    attributes that pickle."""
     tb = "".join(traceback.format_exception(exc))[-20_000:]
     data: bytes | None = None
     try:
-        data = _serde.dumps((exc, tb, task), what=f"the error of task {task!r}")
+        data = _serde.dumps((exc, tb, task, changed), what=f"the error of task {task!r}")
         loaded = pickle.loads(data)
         if type(loaded[0]) is not type(exc):
             data = None
-    except Exception:  # noqa: BLE001 - any failure: replayed as a stand-in
+    except Exception:  # noqa: BLE001 - any failure: rebuilt from its parts
         data = None
     if data is None:
-        data = pickle.dumps((_stand_in_args(exc), tb, task), protocol=5)
+        try:
+            data = _serde.dumps((_parts(exc), tb, task, changed),
+                                what=f"the error of task {task!r}")
+        except Exception:  # noqa: BLE001 - (the arguments' new state did not pickle)
+            data = pickle.dumps((_parts(exc), tb, task, None), protocol=5)
     return EventRecord(run_id, RAISED, time, attempt, step_id, "", data)
 
 
-def _stand_in_args(exc: BaseException) -> tuple[str, str, str, str]:
-    """What a stand-in is made of: the exception type's module, its qualified name, the
-    nearest builtin exception class it derives from, and its message."""
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.loads(_serde.dumps(value, what="a part of an error"))
+    except Exception:  # noqa: BLE001 - left out
+        return False
+    return True
+
+
+def _parts(exc: BaseException) -> tuple[Any, ...]:
+    """What rebuilds an exception that does not pickle: ``("parts", module, qualname, the
+    nearest builtin exception class it derives from, its message, its args (those that
+    pickle), its attributes that pickle)``."""
     t = type(exc)
     base = next((c.__name__ for c in t.__mro__ if c.__module__ == "builtins"
                  and issubclass(c, Exception) and c is not BaseException), "Exception")
@@ -84,10 +102,47 @@ def _stand_in_args(exc: BaseException) -> tuple[str, str, str, str]:
         message = str(exc)
     except Exception:  # noqa: BLE001 - a __str__ that fails
         message = f"<{t.__qualname__}: its message cannot be shown>"
-    return (t.__module__, t.__qualname__, base, message)
+    args = tuple(a if _pickles(a) else repr(a) for a in exc.args)
+    attrs = {k: v for k, v in getattr(exc, "__dict__", {}).items()
+             if k != "__notes__" and _pickles(v)}
+    return ("parts", t.__module__, t.__qualname__, base, message, args, attrs)
 
 
 _STAND_INS: dict[tuple[str, str, str], type[ReplayedError]] = {}
+
+
+def _find_class(module: str, qualname: str) -> type | None:
+    """The exception class ``module.qualname`` in this process, or None."""
+    owner: Any = sys.modules.get(module)
+    if owner is None:
+        try:
+            owner = importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - not importable here
+            return None
+    for part in qualname.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner if isinstance(owner, type) and issubclass(owner, BaseException) else None
+
+
+def _rebuilt(parts: tuple[Any, ...]) -> tuple[BaseException, bool]:
+    """The exception ``parts`` (see :func:`_parts`) describe: an instance of its own class
+    when this process has it (made without calling its ``__init__``, as pickle would for a
+    class that pickles: its ``args`` and its attributes set), else a stand-in; and whether
+    it is a stand-in."""
+    _, module, qualname, base, message, args, attrs = parts
+    cls = _find_class(module, qualname)
+    if cls is not None:
+        try:
+            exc = cls.__new__(cls, *args)
+            exc.args = args
+            exc.__dict__.update(attrs)
+        except Exception:  # noqa: BLE001 - a class that cannot be made so: a stand-in
+            pass
+        else:
+            return exc, False
+    return _stand_in(module, qualname, base, message), True
 
 
 def _stand_in(module: str, qualname: str, base: str, message: str) -> ReplayedError:
@@ -111,25 +166,32 @@ def _stand_in(module: str, qualname: str, base: str, message: str) -> ReplayedEr
     return error
 
 
-def replayed(data: bytes, run_id: str) -> BaseException:
+def replayed(data: bytes, run_id: str) -> tuple[BaseException, dict[str, Any] | None]:
     """The exception a ``step_raised`` event keeps, ready to raise again, with a note that
-    says it was replayed from the journal (and the original traceback's text)."""
+    says it was replayed from the journal (and the original traceback's text); and the new
+    state of the arguments the step changed in place before it raised (or None)."""
+    changed: dict[str, Any] | None = None
     try:
-        exc, tb, task = _serde.loads(data)
+        exc, tb, task, *rest = _serde.loads(data)
+        changed = rest[0] if rest else None
     except Exception as error:  # noqa: BLE001 - its class is gone from the code: a stand-in
         exc, tb, task = _stand_in("builtins", "Exception", "Exception",
                                   f"the recorded error cannot be loaded ({error!r})"), "", "?"
-    stand_in = isinstance(exc, tuple)
-    if stand_in:
-        exc = _stand_in(*exc)
+    how = ""
+    if isinstance(exc, tuple):
+        exc, stand_in = _rebuilt(exc)
+        how = (" (the original exception could not be pickled: this is a stand-in of its "
+               "type and message)" if stand_in else " (the original exception did not "
+               "pickle as it was: this one is rebuilt from its class, its args and the "
+               "attributes that pickle, without calling its __init__)")
+    elif isinstance(exc, ReplayedError):
+        how = " (the original exception could not be loaded: this is a stand-in)"
     exc.add_note(
         f"durably: replayed from the journal of run {run_id!r}: task {task!r} raised this "
         "when the run first executed it, and the run went on (it caught the error), so the "
-        "step is not executed again in this run"
-        + (" (the original exception could not be pickled: this is a stand-in of its type "
-           "and message)" if stand_in else "")
+        f"step is not executed again in this run{how}"
         + (f". The original traceback:\n{tb.rstrip()}" if tb else "."))
-    return exc  # type: ignore[no-any-return]
+    return exc, changed
 
 
 def escaped(exc: BaseException | None) -> Iterator[BaseException]:

@@ -48,7 +48,7 @@ from ._context import (
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RUNS as _RUNS
-from ._effects import Effects, changed, mutable, restored, warn_once
+from ._effects import _IMMUTABLE, Effects, changed, mutable, restored, warn_once
 from ._failures import RAISED, RETRY, ReplayedFailure, raised_event, released, replayable, replayed
 from ._failures import note as note_failure
 from ._files import SEEN as _files_seen
@@ -686,9 +686,13 @@ class Call:
 
     def enter(self) -> None:
         """Make this step the parent of the tasks its body calls."""
-        if self.ctx is not None:
+        ctx = self.ctx
+        if ctx is not None:
             self.token = current_step.set(self.step_id)
-            self.ctx.open[self.step_id] = self
+            if ctx.foreign:  # (a thread joined the run: see _threads)
+                ctx.open.enter(ctx, self.step_id, self)
+            else:
+                ctx.open[self.step_id] = self
 
     def exit(self) -> None:
         if self.token is not None:
@@ -714,9 +718,13 @@ class Call:
             record = self.record("failed", error[:2000])
             ctx.journal([(record, None)])
             if final and replayable(exc) and not ctx.lost:
-                # after its record, which only the run's holder can write (fenced)
+                # after its record, which only the run's holder can write (fenced); with the
+                # arguments its body changed in place before it raised (see _effects)
+                moved = changed(self.spec.name, self.mutable[1], self.mutable[0]) if (
+                    self.mutable is not None) else None
                 ctx.store.append_events([raised_event(
-                    ctx.run_id, ctx.attempt, self.step_id, record.ended, self.spec.name, exc)])
+                    ctx.run_id, ctx.attempt, self.step_id, record.ended, self.spec.name, exc,
+                    moved or None)])
                 note_failure(ctx.failures, exc, self.step_id)
             ctx.count("failed")
             if ctx.listener is not None:
@@ -728,13 +736,13 @@ class Call:
         """The bytes stored for ``result``: with the new state of the arguments the body
         changed in place (see _effects), when any did."""
         what = f"the result of task {self.spec.name!r}"
-        if self.mutable is not None:
+        if self.mutable is not None:  # (None: succeeded() pickles the result itself)
             moved = changed(self.spec.name, self.mutable[1], self.mutable[0])
             if moved:
                 try:
                     return _serde.dumps(Effects(result, moved), what=what)
                 except SerializationError:
-                    warn_once(self.spec.name, tuple(moved), "their new state cannot be pickled",
+                    warn_once(self.spec.name, tuple(moved), "the new state cannot be pickled",
                               self.spec)
         return _serde.dumps(result, what=what)
 
@@ -758,7 +766,8 @@ class Call:
         """Store the result in the cache and the journal (committed), then return it."""
         spec = self.spec
         try:
-            data = self._stored(result)
+            data = self._stored(result) if self.mutable is not None else _serde.dumps(
+                result, what=f"the result of task {spec.name!r}")
         except SerializationError as exc:
             self.failed(exc)  # journaled (and streamed) as the step's failure
             raise
@@ -922,9 +931,9 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.started = _wall_clock()
             outside.inputs = digest_each(arguments, each, classes)  # before the body runs
             outside.classes = classes
-            may_change = mutable(arguments)
-            if may_change:
-                outside.mutable = (may_change, outside.inputs)
+            outside_changes = mutable(arguments)
+            if outside_changes:
+                outside.mutable = (outside_changes, outside.inputs)
             outside.files = _file_inputs(spec, files, before)
         return _MISS, outside
     if ctx.stop:
@@ -1003,7 +1012,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             noted.retract()
         raise ReplayedFailure(_replay_failure(ctx, Call(
             spec, ctx, store, key, code, parent, step_id, position, started)
-            if call is None else call))
+            if call is None else call, lambda: arguments if arguments is not None
+            else spec.arguments(instance, args, kwargs)))
     if data is None and ctx.deferred is not None:
         # an attempt that only replayed so far: its start journaled and its lease taken
         # before this step executes (whichever thread gets here first; the others wait)
@@ -1054,7 +1064,11 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if arguments is None:
         arguments = spec.arguments(instance, args, kwargs)
     call.arguments = arguments
-    may_change = mutable(arguments)
+    may_change: list[tuple[str, Any]] | None = None  # (what the body may change: _effects)
+    for value in arguments.values():
+        if type(value) not in _IMMUTABLE:  # (a plain loop: no call for the common ones)
+            may_change = mutable(arguments)
+            break
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
@@ -1073,6 +1087,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             if value is not _MISS:
                 return value, call
             call.files = _file_inputs(spec, files, before)  # (as for a miss)
+        if ctx.codes.get(spec) is not code:  # (once per task and code in an attempt)
+            _note_code(ctx, spec, code)
     else:
         if may_change:  # (their digests before the body may change them)
             call.mutable = (may_change, digest_each(dict(may_change), each))
@@ -1083,11 +1099,33 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     return _MISS, call
 
 
-def _replay_failure(ctx: RunContext, call: Call) -> BaseException:
+#: the event kind that says which code version of a task an attempt executed it with
+#: (``key``: the task's identity, ``data``: the code digest): what keep_finished=True matches
+#: older steps by when their key records were lost (a SIGKILL before the batched cache
+#: writes of quick steps, a pruned cache)
+TASK_CODE = "task_code"
+
+
+def _note_code(ctx: RunContext, spec: Spec, code: str) -> None:
+    """Journal (once per attempt) the code version ``spec``'s task executes with in it."""
+    ctx.codes[spec] = code
+    try:
+        ctx.store.append_events([EventRecord(ctx.run_id, TASK_CODE, now(), ctx.attempt, None,
+                                             spec.identity, code.encode())])
+    except Exception as exc:  # noqa: BLE001 - a hint for keep_finished, never a failure
+        log.debug("durably: run %r: the code version of %r is not journaled: %s",
+                  ctx.run_id, spec.name, exc)
+
+
+def _replay_failure(ctx: RunContext, call: Call,
+                    arguments: Callable[[], dict[str, Any]]) -> BaseException:
     """The exception a step that failed in an earlier attempt of the run raised, to raise
-    again (see :mod:`durably._failures`); its ``failed`` record is buffered like a replayed
-    step's (the attempt may have only replayed so far: nothing executes)."""
-    exc = replayed(ctx.failed_before[call.step_id], ctx.run_id)
+    again (see :mod:`durably._failures`), after putting back into the caller's objects what
+    its body changed in them before it raised; its ``failed`` record is buffered like a
+    replayed step's (the attempt may have only replayed so far: nothing executes)."""
+    exc, moved = replayed(ctx.failed_before[call.step_id], ctx.run_id)
+    if moved:
+        restored(call.spec.name, Effects(None, moved), arguments(), call.spec)
     record = call.record("failed", repr(exc)[:2000])
     if ctx.deferred is None or ctx.claim(replays=True):  # (a whole record: the run's own)
         ctx.note_replayed_record(record)

@@ -115,7 +115,7 @@ def innermost(ctx: RunContext) -> str | None:
     so however many execute when the call comes, any of them may have made it."""
     items = ctx.items
     assert isinstance(items, Executing)
-    executing = items.copy()  # (the entries first: see Executing.__setitem__)
+    executing = items.copy()  # (the entries first: see Executing.enter)
     if not executing.keys() <= items.joined:
         return _AMBIGUOUS
     steps = ctx.open
@@ -138,7 +138,9 @@ def _warn(spec: Any, runs: list[RunContext], why: str) -> None:
         return
     for ctx in fresh:
         ctx.warned = True
-    named = ", ".join(repr(ctx.run_id) for ctx in fresh)
+    # (with the attempt: Python shows a warning once per message and place by default, and
+    # each attempt's is news)
+    named = ", ".join(f"{ctx.run_id!r} (attempt {ctx.attempt})" for ctx in fresh)
     short = spec.name.rsplit(".", 1)[-1]  # (as the caller's code names it, most likely)
     warnings.warn(
         f"durably: {spec.kind} {spec.name!r} was called from a thread that run {named} "
