@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Effects", "changed", "mutable", "restored"]
+__all__ = ["Effects", "before", "changed", "mutable", "restored"]
 
 _IMMUTABLE: frozenset[type] = frozenset({
     str, bytes, int, float, complex, bool, type(None), range, type(Ellipsis), slice,
@@ -79,10 +79,41 @@ def mutable(arguments: Mapping[str, Any]) -> list[tuple[str, Any]]:
             if type(value) not in immutable and _may_change(value)]
 
 
+def _state(value: Any) -> str | None:
+    """The digest of ``value``'s pickle (C speed, its buffers hashed in place), or None when
+    it does not pickle: how an argument is compared before and after the body."""
+    from ._revalidate import _pickle_digest
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _pickle_digest(value)
+    except Exception:  # noqa: BLE001 - compared by its digest instead
+        return None
+
+
+def before(values: list[tuple[str, Any]], known: Mapping[str, str] | None
+           ) -> dict[str, str]:
+    """What :func:`changed` compares after the body: each argument's pickle digest (taken
+    now, before the body runs), else its digest (``known``: those taken with the key)."""
+    from ._hashing import digest_each
+
+    found: dict[str, str] = {}
+    for name, value in values:
+        state = _state(value)
+        if state is not None:
+            found[name] = "p" + state
+        else:
+            old = (known or {}).get(name)
+            found[name] = "d" + (old if old is not None else
+                                 digest_each({name: value})[name])
+    return found
+
+
 def changed(task: str, before: Mapping[str, str], values: list[tuple[str, Any]]
             ) -> dict[str, Any]:
-    """The arguments among ``values`` whose digest differs from the one ``before`` gives
-    (taken before the body ran): changed in place by it."""
+    """The arguments among ``values`` whose pickle digest (or digest) differs from the one
+    ``before`` gives (see :func:`before`): changed in place by the body."""
     from ._hashing import digest_each
 
     found: dict[str, Any] = {}
@@ -91,7 +122,8 @@ def changed(task: str, before: Mapping[str, str], values: list[tuple[str, Any]]
         if old is None:
             continue
         try:
-            now = digest_each({name: value})[name]
+            now = ("p" + (_state(value) or "")) if old[0] == "p" else (
+                "d" + digest_each({name: value})[name])
         except Exception:  # noqa: BLE001 - it digested before: something in it changed
             now = ""
         if now != old:

@@ -367,6 +367,7 @@ class _Walker(_StateFinder):
         self.seen: set[int] = set()
         self.seen_names: set[tuple[int, str]] = set()
         self.checks: dict[int, _Check] = {}  # configuration checked on revalidation
+        self.large: list[tuple[str, int]] = []  # (name, bytes) of those checked by digest
         #: configuration too large or too slow to check on every call, by id: checked before
         #: a result is cached (see Fingerprint.changed_in_place)
         self.unchecked: dict[int, Unchecked] = {}
@@ -543,9 +544,10 @@ class _Walker(_StateFinder):
         small = sub.hasher is None and len(sub.buf) <= _RECHECK_BYTES
         digest = sub.hexdigest()
         e.raw(b"k", bytes.fromhex(digest))
-        if check and small:
-            # without functions or classes inside, the contents digest is the check digest
-            self.check(value, digest if cheap else None)
+        if check:
+            # without functions or classes inside, the contents digest is the check digest;
+            # a large value is checked by its pickle's digest when it pickles alike each time
+            self.check(value, digest if cheap and small else None, where[1])
         if check and id(value) not in self.checks:
             self.uncheck(value, where[1], digest, size, met)
 
@@ -579,7 +581,7 @@ class _Walker(_StateFinder):
             stacklevel=2,
         )
 
-    def check(self, value: Any, digest: str | None) -> None:
+    def check(self, value: Any, digest: str | None, name: str = "") -> None:
         """Check ``value``'s contents on revalidation (see :meth:`Fingerprint.valid`)."""
         if id(value) in self.checks:
             return
@@ -587,6 +589,8 @@ class _Walker(_StateFinder):
         if found is not None:
             self.keep.append(value)
             self.checks[id(value)] = found
+            if len(found) > 3:  # (a large value: its size, what each call pays)
+                self.large.append((name or "a value", found[3]))
 
     def uncheck(self, value: Any, name: str, digest: str, size: int,
                 met: dict[int, str]) -> None:
@@ -877,6 +881,7 @@ def fingerprint_function(func: Any) -> Fingerprint:
     assert w is not None
     fp = Fingerprint(digest, w.globals, w.attrs, w.parts, list(w.checks.values()), w.keep,
                      w.functions, list(w.unchecked.values()))
+    fp.large = w.large
     first: dict[File, Any] = {}
     for f, stamp in seen:
         first.setdefault(f, stamp)  # (its stamp from before its first read)

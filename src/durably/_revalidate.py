@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import wrapt
+import xxhash
 
 from ._files import File, file_stamp
 from ._hashing import _ENCODERS, Encoder
@@ -76,7 +77,8 @@ _BY_IDENTITY = _ByIdentity(None)
 # and modules by identity (their code is revalidated on its own); the value's digest, for
 # values digested by a hook (``__durably_digest__``, ``register_encoder``: ``durably.file``
 # follows the file's content) or that do not pickle.
-_Check = tuple[Any, Callable[[Any], Any], Any]
+#: (value, how, expected[, the bytes how() goes through, for a check of a large value])
+_Check = tuple[Any, ...]
 _BY_ID = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType,
           wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)
 
@@ -104,12 +106,29 @@ def _pickled(value: Any) -> bytes:
     return f.getvalue()
 
 
+def _pickle_digest(value: Any) -> str:
+    """xxh3-128 of a value's pickle, functions and classes by identity, its large buffers
+    (numpy's, pandas') taken out of band and hashed in place, not copied: how a value too
+    large to keep its pickle is checked on every call (C-speed: a list of 30,000 objects
+    in some 15 ms, where digesting it took half a second)."""
+    buffers: list[pickle.PickleBuffer] = []
+    f = io.BytesIO()
+    _Pickler(f, 5, buffer_callback=buffers.append).dump(value)
+    h = xxhash.xxh3_128(f.getbuffer())
+    for b in buffers:
+        with b.raw() as view:
+            h.update(view)
+    return str(h.hexdigest())
+
+
 class _FirstPickler(_Pickler):
     """The first pickle of a value: keeps what it names by identity alive (so an id is never
-    reused by a replacement) and notices values digested by a hook."""
+    reused by a replacement) and notices values digested by a hook. ``buffers``: where its
+    large buffers go, out of band (None: in band)."""
 
-    def __init__(self, f: io.BytesIO, keep: list[Any]) -> None:
-        super().__init__(f, 5)
+    def __init__(self, f: io.BytesIO, keep: list[Any],
+                 buffers: list[pickle.PickleBuffer] | None = None) -> None:
+        super().__init__(f, 5, buffer_callback=None if buffers is None else buffers.append)
         self.keep = keep
         self.hooked = False
 
@@ -167,13 +186,28 @@ def _check_of(value: Any, keep: list[Any], digest: str | None) -> _Check | None:
         try:
             if _is_plain(value):
                 data = _quick(_plain, value)
-                return None if data is None else (value, _plain, data)
+                if data is not None:
+                    return (value, _plain, data)
             f = io.BytesIO()
-            first = _FirstPickler(f, keep)
+            buffers: list[pickle.PickleBuffer] = []
+            first = _FirstPickler(f, keep, buffers)
             first.dump(value)
             # stable too: an unchanged value pickles alike (no clock or counter in its state)
-            if not first.hooked and _quick(_pickled, value) == f.getvalue():
-                return (value, _pickled, f.getvalue())
+            if not first.hooked:
+                data = f.getvalue()
+                if not buffers and len(data) <= _RECHECK_BYTES:
+                    if _pickled(value) == data:
+                        return (value, _pickled, data)  # small: its pickle, compared
+                else:
+                    h = xxhash.xxh3_128(data)
+                    size = len(data)
+                    for b in buffers:
+                        with b.raw() as view:
+                            h.update(view)
+                            size += view.nbytes
+                    expected = str(h.hexdigest())
+                    if _pickle_digest(value) == expected:  # large: its pickle's digest
+                        return (value, _pickle_digest, expected, size)
         except Exception:  # noqa: BLE001 - does not pickle: checked by its digest
             pass
         if digest is None:
@@ -263,7 +297,7 @@ class Fingerprint:
     """A function's code fingerprint with what it was computed from."""
 
     __slots__ = ("_attrs", "_checks", "_functions", "_functions_only", "_globals", "_keep",
-                 "changed_by", "digest", "files", "unchecked")
+                 "changed_by", "digest", "files", "large", "unchecked")
 
     def __init__(
         self,
@@ -293,6 +327,9 @@ class Fingerprint:
         #: file edited while a step runs keeps that step's result out of the cache
         self.files: list[tuple[File, Any]] = []  # (with its stamp from before the walk read it)
         self._keep = keep  # objects whose ids the checks rely on
+        #: (name, bytes) of the values checked by the digest of their pickle on every call
+        #: (over 64 KiB): what a call pays for them (see Spec._warn_large)
+        self.large: list[tuple[str, int]] = []
         #: digest of each user function or class it depends on, by qualified name
         self.changed_by = parts
 
@@ -349,7 +386,7 @@ class Fingerprint:
 def _grouped(checks: list[_Check]) -> list[_Check]:
     """The checks, with all plain values in one pickle and all other pickled ones in another:
     one pickler per revalidation instead of one per value."""
-    out = [c for c in checks if c[1] is not _plain and c[1] is not _pickled]
+    out = [c[:3] for c in checks if c[1] is not _plain and c[1] is not _pickled]
     for how in (_plain, _pickled):
         values = tuple(c[0] for c in checks if c[1] is how)
         if len(values) == 1:

@@ -49,6 +49,7 @@ from ._context import (
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RUNS as _RUNS
 from ._effects import _IMMUTABLE, Effects, changed, mutable, restored, warn_once
+from ._effects import before as state_before
 from ._failures import RAISED, RETRY, ReplayedFailure, raised_event, released, replayable, replayed
 from ._failures import note as note_failure
 from ._files import SEEN as _files_seen
@@ -296,7 +297,7 @@ class Spec:
         fp = self._fingerprint
         if fp is None or not fp.valid():
             fp = self._fingerprint = fingerprint_function(self.raw)
-            if fp.unchecked:
+            if fp.unchecked or fp.large:
                 self._warn_large(fp)
         return fp.digest
 
@@ -304,14 +305,14 @@ class Spec:
         """Say once per value that a configuration value over ``LARGE_VALUE_BYTES`` is
         digested before each call (how an in-place edit of it is noticed), and how to
         avoid that cost."""
-        for u in fp.unchecked:
-            if u.size <= LARGE_VALUE_BYTES or isinstance(u.value, File) or (
-                    (self, u.name) in _LARGE_WARNED):
+        sizes = [(u.name, u.size) for u in fp.unchecked if not isinstance(u.value, File)]
+        for name, size in sizes + fp.large:
+            if size <= LARGE_VALUE_BYTES or (self, name) in _LARGE_WARNED:
                 continue
-            _LARGE_WARNED.add((self, u.name))
+            _LARGE_WARNED.add((self, name))
             warnings.warn(
-                f"durably: {self.kind} {self.name!r} reads {u.name}, a value of "
-                f"{u.size / (1 << 20):,.0f} MiB: it is digested again before each call, so "
+                f"durably: {self.kind} {self.name!r} reads {name}, a value of "
+                f"{size / (1 << 20):,.0f} MiB: it is digested again before each call, so "
                 "that an in-place edit of it is never served a result computed before the "
                 "edit. Fix, to avoid that cost: pass it as an argument (digested with the "
                 "call's inputs, and ignore=(...) can leave it out), or give the task an "
@@ -933,7 +934,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             outside.classes = classes
             outside_changes = mutable(arguments)
             if outside_changes:
-                outside.mutable = (outside_changes, outside.inputs)
+                outside.mutable = (outside_changes, state_before(outside_changes,
+                                                                  outside.inputs))
             outside.files = _file_inputs(spec, files, before)
         return _MISS, outside
     if ctx.stop:
@@ -1080,7 +1082,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
         if may_change:
-            call.mutable = (may_change, call.inputs)
+            call.mutable = (may_change, state_before(may_change, call.inputs))
         call.trace_inputs(arguments, None, taken)
         if data is not None:
             value = serve_cached(call, data)
@@ -1091,7 +1093,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             _note_code(ctx, spec, code)
     else:
         if may_change:  # (their digests before the body may change them)
-            call.mutable = (may_change, digest_each(dict(may_change), each))
+            call.mutable = (may_change, state_before(may_change, each))
         # the digests of whole arguments the tracer takes: those taken with the key ("" for
         # a value too common to mean a flow, as trace_digest gives; the others, its own)
         call.trace_inputs(arguments, {n: "" if too_common(arguments[n]) else d
