@@ -198,8 +198,10 @@ def test_a_cached_value_that_cannot_be_loaded_is_set_aside_and_computed_again(
 
     assert _uses([1, 1]) == [1, 1, 1]
     assert sorted(_MADE[3:]) == [1, 1, 1]  # each copy executed: none could be served
-    with pytest.raises(durably.SerializationError, match="cannot be unpickled at all"):
-        _uses([1, 1])  # the finished run replays its journal, which cannot load
+    # the finished run replays its journal, which cannot load: its tasks are cacheable,
+    # so they are computed again (with a warning), never an error on every call
+    with pytest.warns(UserWarning, match="journaled result of task .*_make.* cannot be"):
+        assert _uses([1, 1]) == [1, 1, 1]
     run = _uses.run([1, 1], fresh=True)
     assert run.result == [1, 1, 1] and {s.status for s in run.steps} == {"ran"}
     _LoadsBroken.BROKEN = False  # fixed: stored and served from then on
@@ -292,3 +294,68 @@ def test_a_cached_value_whose_class_moved_is_recomputed_and_replaced(
         fixed = box(3)
     assert made == [3, 3] and fixed.w == 3 and type(fixed).__name__ == "Crate"
     assert box(3).w == 3 and made == [3, 3]  # the new entry loads: a hit, no warning
+
+
+class _Versioned:
+    """A class whose pickled format changes (FORMAT 2 reads a key FORMAT 1 did not write)."""
+
+    FORMAT = 1
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"v": self.value} if _Versioned.FORMAT == 1 else {"value": self.value}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.value = state["v"] if _Versioned.FORMAT == 1 else state["value"]
+
+
+_VERSIONED: list[int] = []
+
+
+@durably.task(version="1")
+def _versioned(x: int) -> _Versioned:
+    _VERSIONED.append(x)
+    return _Versioned(x)
+
+
+@durably.entrypoint
+def _uses_versioned(x: int) -> int:
+    return int(_versioned(x).value)
+
+
+def test_a_class_whose_format_changed_is_recomputed_then_cached_again(
+        disk_store: durably.DiskStore, caplog: pytest.LogCaptureFixture) -> None:
+    """A cached value whose class changed its pickled format (KeyError in __setstate__)
+    is set aside with the task named; the new result, which loads, is cached at once."""
+    _VERSIONED.clear()
+    _Versioned.FORMAT = 1
+    try:
+        assert _versioned(3).value == 3
+        _Versioned.FORMAT = 2
+        with caplog.at_level("WARNING", logger="durably"):
+            assert _versioned(3).value == 3
+        assert "_versioned" in caplog.text and "format" in caplog.text
+        assert _versioned(3).value == 3
+        assert _VERSIONED == [3, 3]  # the new result was cached: a hit
+    finally:
+        _Versioned.FORMAT = 1
+
+
+def test_a_finished_run_whose_cacheable_result_no_longer_loads_computes_it_again(
+        disk_store: durably.DiskStore) -> None:
+    """Replaying a finished run whose journaled result of a cacheable task cannot be loaded
+    now (its class changed its format) warns and serves it from the cache or executes it:
+    a cacheable task is safe to compute again (a cache=False one still raises)."""
+    _VERSIONED.clear()
+    _Versioned.FORMAT = 1
+    try:
+        assert _uses_versioned(5) == 5
+        _Versioned.FORMAT = 2
+        with pytest.warns(UserWarning, match=r"journaled result of task .*_versioned.* "
+                                             r"cannot be loaded"):
+            assert _uses_versioned(5) == 5
+        assert _VERSIONED == [5, 5]
+    finally:
+        _Versioned.FORMAT = 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("durably")
 
 __all__ = ["RUNS", "Cutoff", "Executing", "RunContext", "StopRun", "current_run", "current_step",
-           "cutoff", "in_worker", "joined_run", "live_run"]
+           "cutoff", "in_worker", "joined_run", "live_run", "user_stacklevel"]
 
 
 class StopRun(BaseException):
@@ -492,6 +493,18 @@ class RunContext:
             self.write(taken)
         finally:
             self.flush_cache()
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` of a warning that names the first frame outside durably (the
+    user's call), counted from the caller of ``warnings.warn``."""
+    here = os.path.dirname(__file__) + os.sep  # (not a package named durably_something)
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(here):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
 
 
 class Executing(dict[str, Any]):

@@ -24,7 +24,6 @@ import datetime
 import decimal
 import enum
 import fractions
-import os
 import pathlib
 import random
 import sys
@@ -33,6 +32,8 @@ import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any
+
+from ._context import user_stacklevel
 
 __all__ = ["Effects", "before", "changed", "mutable", "restored"]
 
@@ -145,19 +146,7 @@ def warn_once(task: str, names: list[str] | tuple[str, ...], why: str,
         f"durably: task {task!r} changed its argument{'s' if len(fresh) > 1 else ''} {which} "
         f"in place, and {why}: a hit or a replay of this call leaves the caller's object as "
         "it was, not as the body left it. Fix: return the new value instead of changing the "
-        "argument (and use the returned value).", stacklevel=_outside_durably())
-
-
-def _outside_durably() -> int:
-    """The ``stacklevel`` that names the first frame outside durably (the user's call),
-    counted from the caller of ``warnings.warn``."""
-    here = os.path.dirname(__file__) + os.sep
-    frame = sys._getframe(2)
-    level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(here):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level
+        "argument (and use the returned value).", stacklevel=user_stacklevel())
 
 
 def _restore(target: Any, new: Any, seen: dict[int, Any] | None = None) -> bool:

@@ -21,7 +21,6 @@ import functools
 import inspect
 import logging
 import math
-import os
 import pickle
 import re
 import sys
@@ -48,6 +47,7 @@ from ._context import (
 )
 from ._context import CACHE_BATCH as _CACHE_BATCH
 from ._context import RUNS as _RUNS
+from ._context import user_stacklevel as _user_stacklevel
 from ._effects import _IMMUTABLE, Effects, changed, mutable, restored, warn_once
 from ._effects import before as state_before
 from ._failures import RAISED, RETRY, ReplayedFailure, raised_event, released, replayable, replayed
@@ -551,6 +551,18 @@ _UNLOADABLE: set[str] = set()
 _NOT_THE_VALUE = (ImportError, AttributeError, OSError, MemoryError, RecursionError)
 
 
+def _loads_back(key: str, data: bytes) -> bool:
+    """Whether the new value of a key whose stored value did not load back in this process
+    loads back (its class's code was fixed, or changed its format): then it is cached again
+    (and the key no longer held back)."""
+    try:
+        _serde.loads(data)
+    except Exception:  # noqa: BLE001 - it does not either: not cached
+        return False
+    _UNLOADABLE.discard(key)
+    return True
+
+
 def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
     """The value of a cache entry, or ``_MISS`` when it cannot be loaded here: a cache
     entry is never worth a failure, so the task executes again.
@@ -560,8 +572,9 @@ def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
       the task, the key and the reason; the new result replaces the entry.
     - When the value itself does not load back (its class's ``__reduce__`` or ``__init__``
       does not take back what it pickled), the entry is set aside (a store that can:
-      ``discard_cache``) with a warning, and its results are not cached again in this
-      process (they would not load either)."""
+      ``discard_cache``) with a warning naming the task; its new results are cached again
+      once one loads back (a class whose code fixed or changed its format), not while they
+      do not (see :func:`_loads_back`)."""
     try:
         return _serde.loads(data)
     except _NOT_THE_VALUE as exc:
@@ -575,9 +588,10 @@ def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
         return _MISS
     except Exception as exc:  # noqa: BLE001 - the value does not load back: not served
         _UNLOADABLE.add(key)
-        why = (f"its value cannot be loaded ({exc!r}: it does not unpickle as it was "
-               "pickled); the task executes again, and its results are not cached again in "
-               "this process")
+        why = (f"the result of task {spec.name!r} cannot be loaded ({exc!r}: it does not "
+               "unpickle as it was pickled: its class's code changed its format, or the "
+               "value is damaged); the task executes again, and its new result is cached "
+               "once it loads back")
         discard = getattr(store, "discard_cache", None)
         if discard is not None:
             discard(key, why, data)
@@ -776,14 +790,15 @@ class Call:
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
                     spec.changed_in_place(now() - self.started)) and not self.files_changed() \
-                    and not (_UNLOADABLE and self.key in _UNLOADABLE):
+                    and not (_UNLOADABLE and self.key in _UNLOADABLE
+                             and not _loads_back(self.key, data)):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
         cacheable = spec.cache and not spec.changed_in_place(
             record.ended - record.started) and not self.files_changed() and not (
-            _UNLOADABLE and self.key in _UNLOADABLE)
+            _UNLOADABLE and self.key in _UNLOADABLE and not _loads_back(self.key, data))
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:
@@ -1032,10 +1047,26 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         except Exception:  # noqa: BLE001 - not a plain pickle, or it fails: said by _load
             try:
                 value = _load(data, spec, "journaled")
+            except SerializationError as exc:
+                if noted is not None:
+                    noted.retract()  # (not replayed: the step raises, or executes)
+                if not spec.cache:
+                    raise  # (a side effect: executing it again is the user's decision)
+                # cacheable (safe to compute again): a miss, as a damaged record is
+                why = str(exc).partition(": ")[2].partition(". Either")[0]
+                warnings.warn(
+                    f"durably: run {ctx.run_id!r}: the journaled result of task "
+                    f"{spec.name!r} cannot be loaded in this process ({why}); the task is "
+                    "cacheable, so it is served from the cache or executed again.",
+                    stacklevel=_user_stacklevel())
+                data = None
+                if ctx.deferred is not None:
+                    ctx.claim()
             except BaseException:
                 if noted is not None:
                     noted.retract()  # (not replayed: the step raises)
                 raise
+    if data is not None:
         if type(value) is Effects:  # (it changed its arguments in place: redone)
             value = restored(spec.name, value, arguments if arguments is not None
                              else spec.arguments(instance, args, kwargs), spec)
@@ -1902,18 +1933,6 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             f"durably: run {record.run_id!r} failed; its finished steps are kept. Rerun to "
             f"retry, or inspect it with durably.get_run({record.run_id!r})."
         )
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` of a warning that names the first frame outside durably (the
-    user's call), counted from the caller of ``warnings.warn``."""
-    here = os.path.dirname(__file__) + os.sep  # (not a package named durably_something)
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(here):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level
 
 
 def _leave(started: Started) -> None:

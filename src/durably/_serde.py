@@ -532,9 +532,13 @@ def _dumps_fresh(obj: Any, what: str, cloud: bool = False) -> bytes:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure: report it as ours
         sink.reset()
+        at = _at(what, obj)
+        # (the part at fault, when it is found: not the container around it)
+        what_type = "that part" if at else (
+            f"a value of type {type(obj).__module__}.{type(obj).__qualname__}")
         raise SerializationError(
-            f"cannot store {what}{_at(what, obj)}: a value of type {type(obj).__module__}."
-            f"{type(obj).__qualname__} cannot be pickled ({exc}). Fix: return plain data "
+            f"cannot store {what}{at}: {what_type} cannot be pickled ({exc}). Fix: return "
+            "plain data "
             "(a list instead of a generator, a path instead of an open file, no locks or "
             "connections)."
         ) from None

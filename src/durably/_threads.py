@@ -22,13 +22,20 @@ since the run may have gone on to another step, or ended.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import warnings
 from typing import Any
 
-from ._context import RUNS, Executing, RunContext, current_run, current_step, in_worker, joined_run
+from ._context import (
+    RUNS,
+    Executing,
+    RunContext,
+    current_run,
+    current_step,
+    in_worker,
+    joined_run,
+    user_stacklevel,
+)
 from ._lease import _LIVE
 from ._store import _pid
 
@@ -149,16 +156,6 @@ def _warn(spec: Any, runs: list[RunContext], why: str) -> None:
         "side effect happens again) and the run does not list it. Fix: fan out with "
         f"{short}.map(...) or {short}.submit(...), or pass the run's context to the "
         f"thread: executor.submit(contextvars.copy_context().run, {short}, ...).",
-        stacklevel=_user_stacklevel())
+        stacklevel=user_stacklevel())
 
 
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` of a warning naming the first frame outside durably (the
-    user's call), counted from the caller of ``warnings.warn``."""
-    here = os.path.dirname(__file__) + os.sep
-    frame = sys._getframe(1)
-    level = 1
-    while frame is not None and frame.f_code.co_filename.startswith(here):
-        frame = frame.f_back  # type: ignore[assignment]
-        level += 1
-    return level

@@ -661,7 +661,7 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
         if run.status == "running":
             _fail(f"run {run.id!r} is running: a process is executing it now. Fix: resume it "
                   f"once it ended (see it with durably show {run.id}).")
-        _continue_keeping(ctx, ep, run, home)
+        _resume_and_report(ctx, home, run, lambda: ep.resume(run.id, keep_finished=True))
         return
     if run.status != "interrupted":
         fix = {
@@ -675,25 +675,15 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
     if value is None:  # an approval must never be answered by accident
         _fail(f"run {run.id!r} waits for an answer: give it with --value JSON (for example "
               f"--value '\"yes\"'; see it with durably show {run.id}).")
-    try:
-        result = _await(ep.resume(run.id, answer))
-    except durably.RunInterrupted:
-        _paused(home, run.id)
-    except (DurablyError, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        if ctx.meta.get("durably.traceback"):
-            raise
-        _fail(f"run {run.id!r} failed: {_describe(exc)} (recorded in its journal: durably "
-              f"show {run.id}; --traceback shows where)")
-    _finished(durably.get_run(run.id, store=home), result)
+    _resume_and_report(ctx, home, run, lambda: ep.resume(run.id, answer))
 
 
-def _continue_keeping(ctx: click.Context, ep: Any, run: durably.Run[Any],
-                      home: durably.Store) -> None:
-    """``durably resume ... --keep-finished`` of a run that is not interrupted."""
+def _resume_and_report(ctx: click.Context, home: durably.Store, run: durably.Run[Any],
+                       resume: Callable[[], Any]) -> None:
+    """Continue ``run`` by ``resume()`` (an answer, or ``--keep-finished``) and say how it
+    ended: its result, its pause (exit status 3) or its failure."""
     try:
-        result = _await(ep.resume(run.id, keep_finished=True))
+        result = _await(resume())
     except durably.RunInterrupted:
         _paused(home, run.id)
     except (DurablyError, KeyboardInterrupt):
