@@ -173,6 +173,10 @@ def test_the_command_resumes_keeping_finished_steps(project: Project) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "kept from older code" in proc.stdout and "result: [0, 10, 20" in proc.stdout
     assert project.executed() == [f"process {i}" for i in range(BAD, N)]
+    show = subprocess.run([str(command), "show", run_id], cwd=project.root, env=environ,
+                          capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0, show.stderr
+    assert show.stdout.count("kept from older code (step ") == BAD, show.stdout
 
 
 # -- in one process -------------------------------------------------------------------------
@@ -272,3 +276,18 @@ def test_a_second_fix_keeps_what_the_first_fix_finished(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert count.read_text().split("\n")[:-1] == ["work 4", "work 5"]
     assert done.stdout.strip() == "[0, 1, 4, 6, 12, 15]"
+
+
+def test_explain_of_a_code_change_names_keep_finished(store: Any) -> None:
+    @durably.task(name="scaled")
+    def first(x: int) -> int:
+        return x * 2
+
+    first(1)
+
+    @durably.task(name="scaled")
+    def second(x: int) -> int:
+        return x * 3
+
+    why = str(second.explain(1))
+    assert "the code changed" in why and "keep_finished=True" in why and "kept_from" in why

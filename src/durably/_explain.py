@@ -141,7 +141,9 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
         else:
             changed_code = _differs(old_parts, parts)
             named = ", ".join(changed_code) if changed_code else "its fingerprint"
-            why.append(f"the code changed: {named}")
+            why.append(f"the code changed: {named} (inside a run resumed with "
+                       "keep_finished=True, a step that finished under the older code is "
+                       "kept: run.steps names it by kept_from)")
     moved_classes: list[str] = []
     for arg in changed_args:
         moved = _moved_classes(arguments, arg, old_classes)

@@ -541,6 +541,8 @@ def show_command(ctx: click.Context, run_id: str, all_attempts: bool, as_json: b
     for s, depth in zip(steps, _depths(steps), strict=True):
         outcome = (s.error if s.status == "failed" else
                    outputs.get(s.step_id) if s.status == "replayed" else s.output)
+        if s.kept_from is not None:  # (keep_finished=True: its result is older code's)
+            outcome = f"kept from older code (step {s.kept_from[:12]}): {s.output}"
         row = [str(s.position + 1), "  " * depth + s.task, s.status, _duration(s.duration),
                s.step_id[:12], _clip(outcome, 60)]
         if all_attempts:
