@@ -1532,7 +1532,7 @@ if __name__ == "__main__":
     print("others", [r.status for r in store.list_runs() if r.entrypoint.endswith(":other")])
     print("run", run.status, run.attempt)
     print("steps", sorted(s.status for s in store.list_steps(run.run_id)))
-    print("events", [e.kind for e in store.list_events(run.run_id) if e.kind != "task_code"])
+    print("events", [e.kind for e in store.list_events(run.run_id)])
 """
 
 

@@ -173,8 +173,8 @@ class RunContext:
         self.read_cache = read_cache
         #: keep_finished=True: the steps it may keep from older code (a durably._keep.Keeper)
         self.keep: Any = None
-        #: the code version each task (by its Spec) executed with in this attempt, once
-        #: journaled (a ``task_code`` event: see _runtime._note_code)
+        #: the code version each task (by its Spec) last cached a result under in this
+        #: attempt (its first one is written at once: see Call.succeeded)
         self.codes: dict[Any, str] = {}
         #: the process executing the attempt: a process forked inside the run (whose copy of
         #: this context may still be on its stack) never writes the run's journal

@@ -123,8 +123,9 @@ class Keeper:
 
     def _codes_of(self, spec: Spec) -> list[str]:
         """The code versions of ``spec``'s task that this run's records were made with,
-        newest first (from the ``task_code`` events of its attempts, and the key records of
-        their cache keys)."""
+        newest first (from the key records of their cache keys: an attempt writes a task's
+        first entry under each code version at once, so a SIGKILL that loses the batched
+        writes of quick steps never loses the code version)."""
         codes = self._codes.get(spec.identity)
         if codes is not None:
             return codes
@@ -134,12 +135,6 @@ class Keeper:
                 return codes
             wanted = set(self._keys.get(spec.name, ()))
             found: dict[str, float] = {}
-            # the code versions the run's attempts journaled they executed it with (kept
-            # when key records were not: a SIGKILL before quick steps' batched cache writes)
-            for e in self.store.list_events(self.run_id, ("task_code",)):
-                if e.key == spec.identity and e.data:
-                    code = e.data.decode("ascii", "replace")
-                    found[code] = max(found.get(code, 0.0), e.time)
             limit = max(256, 2 * len(wanted))
             while wanted:
                 rows = self.store.list_keys(spec.identity, limit)

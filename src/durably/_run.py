@@ -268,7 +268,7 @@ class Run(Generic[R]):
             found.append(Event(kind, s.run_id, s.ended, s.step_id, s.parent_id, s.task,
                                s.status, s.duration, s.inputs, s.output, s.error, s.attempt))
         for e in self._store.list_events(self.id):
-            if e.kind in ("interrupt_code", "step_raised", "step_retry", "task_code"):
+            if e.kind in ("interrupt_code", "step_raised", "step_retry"):
                 continue  # (bookkeeping: which code asked an interrupt; failures replayed)
             data: Any = None
             if e.data is not None:

@@ -806,7 +806,11 @@ class Call:
         slow = spec.slow = record.ended - record.started >= _WRITE_THROUGH
         if cacheable:
             info = spec.key_record(self.key, self.inputs, self.code or None, self.classes)
-            if slow:
+            if slow or ctx.codes.get(spec) != self.code:
+                # (a task's first entry under a code version in an attempt is written at
+                # once, with its key record: what keep_finished=True finds the code versions
+                # of older steps by, which a SIGKILL before the batched writes would lose)
+                ctx.codes[spec] = self.code
                 self.store.cache_put(self.key, data, info)
             else:  # cheap step: batch its cache write (the journal entry below is immediate)
                 ctx.cache_later(self.key, data, info)
@@ -1120,8 +1124,6 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             if value is not _MISS:
                 return value, call
             call.files = _file_inputs(spec, files, before)  # (as for a miss)
-        if ctx.codes.get(spec) is not code:  # (once per task and code in an attempt)
-            _note_code(ctx, spec, code)
     else:
         if may_change:  # (their digests before the body may change them)
             call.mutable = (may_change, state_before(may_change, each))
@@ -1130,24 +1132,6 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.trace_inputs(arguments, {n: "" if too_common(arguments[n]) else d
                                       for n, d in each.items()} if each else None, taken)
     return _MISS, call
-
-
-#: the event kind that says which code version of a task an attempt executed it with
-#: (``key``: the task's identity, ``data``: the code digest): what keep_finished=True matches
-#: older steps by when their key records were lost (a SIGKILL before the batched cache
-#: writes of quick steps, a pruned cache)
-TASK_CODE = "task_code"
-
-
-def _note_code(ctx: RunContext, spec: Spec, code: str) -> None:
-    """Journal (once per attempt) the code version ``spec``'s task executes with in it."""
-    ctx.codes[spec] = code
-    try:
-        ctx.store.append_events([EventRecord(ctx.run_id, TASK_CODE, now(), ctx.attempt, None,
-                                             spec.identity, code.encode())])
-    except Exception as exc:  # noqa: BLE001 - a hint for keep_finished, never a failure
-        log.debug("durably: run %r: the code version of %r is not journaled: %s",
-                  ctx.run_id, spec.name, exc)
 
 
 def _replay_failure(ctx: RunContext, call: Call,
