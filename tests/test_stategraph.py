@@ -2213,7 +2213,8 @@ def test_command_corners_from_code_ported_from_langgraph() -> None:
                destinations=["tool"]).add_node("tool", lambda x: {})
     k.add_edge(START, "a").add_edge("tool", END)
     with pytest.raises(durably.SerializationError, match=r"the result of task "
-                       r"'unpicklable_goto\.a'.*Command cannot be pickled.*_thread\.lock"):
+                       r"'unpicklable_goto\.a' \(at result\.goto\.arg\).*"
+                       r"cannot be pickled.*_thread\.lock"):
         k.compile().invoke({"n": 0, "log": []})
 
 
