@@ -51,7 +51,7 @@ from ._runtime import Call, Spec, _load
 from ._store import FINISHED_STEP, RunRecord, StepRecord, Store
 from ._tracer import flow_digests, inputs_repr, short_repr
 
-__all__ = ["KEPT", "Keeper", "keep_finished", "kept_from", "kept_steps",
+__all__ = ["KEPT", "Keeper", "keep_finished", "kept_steps",
            "rerun_after_code_change"]
 
 #: how the note of a kept step begins (its ``error`` field: a finished step has no error)
@@ -60,13 +60,6 @@ KEPT = "kept: "
 _UNFINISHED = ("started", "failed", "interrupted")
 #: at most this many key records of one task are read to find its code versions
 _MAX_KEY_RECORDS = 1 << 20
-
-
-def kept_from(record: StepRecord) -> str | None:
-    """The step id of the record of older code whose result ``record`` kept, or None when
-    it is not a kept step (:attr:`StepRecord.kept_from`, which reads the note :data:`KEPT`
-    begins)."""
-    return record.kept_from
 
 
 def _key(identity: str, code: str, input_digest: str) -> str:
@@ -229,7 +222,7 @@ def kept_steps(steps: Sequence[StepRecord]) -> int:
     """How many of these records (one attempt's, the last record of each step) are kept
     steps."""
     last = {s.step_id: s for s in steps}
-    return sum(1 for s in last.values() if kept_from(s) is not None)
+    return sum(1 for s in last.values() if s.kept_from is not None)
 
 
 def rerun_after_code_change(store: Store, record: RunRecord) -> int:

@@ -341,13 +341,13 @@ class Spec:
         log.info("durably: %s %r: %s changed%s; %s", self.kind, self.name, changed.name,
                  "" if isinstance(changed.value, File) else " in place", outcome)
 
-    def changed_in_place(self, seconds: float) -> bool:
+    def changed_in_place(self) -> bool:
         """Whether a configuration value of the code fingerprint too large to check by its
         pickle (or a :func:`durably.file`) changed while the body executed: then a result
         just computed must not be cached under a key made with the value before the edit
         (it would be served to every later process, and after a restart), and the
-        fingerprint is taken again at the next call. ``seconds``: the step's duration
-        (unused: whether a value is checked never depends on time)."""
+        fingerprint is taken again at the next call (whatever the step's duration: whether
+        a value is checked never depends on time)."""
         fp = self._fingerprint
         if fp is None or not fp.unchecked or self.version is not None:
             return False
@@ -789,16 +789,15 @@ class Call:
         ctx = self.ctx
         if ctx is None or ctx.pid != _pid[0]:  # outside a run (or a process forked inside it)
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
-                    spec.changed_in_place(now() - self.started)) and not self.files_changed() \
+                    spec.changed_in_place()) and not self.files_changed() \
                     and not (_UNLOADABLE and self.key in _UNLOADABLE
                              and not _loads_back(self.key, data)):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
-        cacheable = spec.cache and not spec.changed_in_place(
-            record.ended - record.started) and not self.files_changed() and not (
-            _UNLOADABLE and self.key in _UNLOADABLE and not _loads_back(self.key, data))
+        cacheable = spec.cache and not spec.changed_in_place() and not self.files_changed() \
+            and not (_UNLOADABLE and self.key in _UNLOADABLE and not _loads_back(self.key, data))
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
             cacheable = False  # it depends on an answer to interrupt()
             if self.parent is not None:
