@@ -21,7 +21,7 @@ from durably.testing import MemoryStore
 STORES = ["disk", "memory"]
 
 # type-checked by test_typing.py, never imported or run
-collect_ignore = ["typing"]
+collect_ignore = ["typing", "fixtures"]  # fixtures: test_store_compat.py's data, frozen code
 
 
 def make_store(kind: str, root: Path) -> Any:
