@@ -18,7 +18,9 @@ import pytest
 import durably
 from durably.testing import MemoryStore
 
-STORES = ["disk", "memory"]
+from .minimal_store import MinimalStore
+
+STORES = ["disk", "memory", "minimal"]
 
 # type-checked by test_typing.py, never imported or run
 collect_ignore = ["typing", "fixtures"]  # fixtures: test_store_compat.py's data, frozen code
@@ -27,6 +29,8 @@ collect_ignore = ["typing", "fixtures"]  # fixtures: test_store_compat.py's data
 def make_store(kind: str, root: Path) -> Any:
     if kind == "disk":
         return durably.DiskStore(root / "store")
+    if kind == "minimal":
+        return MinimalStore()
     return MemoryStore()
 
 
@@ -34,6 +38,7 @@ def make_store(kind: str, root: Path) -> Any:
 def _isolated_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every test gets its own default store directory, never ./.durably."""
     monkeypatch.setenv("DURABLY_DIR", str(tmp_path / "default-store"))
+    monkeypatch.delenv("DURABLY_STORE", raising=False)
     durably.configure()
     yield
     durably.configure()

@@ -57,7 +57,7 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
      durably.DefinitionError, "True or False"),
     ("option passed positionally", lambda: task("name"),  # type: ignore[call-overload]
      durably.DefinitionError, "@task(name='name')"),
-    ("store that is not a store", lambda: entrypoint(store="dir")(lambda: 1),  # type: ignore[arg-type]
+    ("store that is not a store", lambda: entrypoint(store=3)(lambda: 1),  # type: ignore[arg-type]
      durably.DefinitionError, "needs a durably store"),
     ("configure with a non-store", lambda: durably.configure(store=object()),  # type: ignore[arg-type]
      durably.DefinitionError, "needs a durably store"),

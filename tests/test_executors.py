@@ -815,7 +815,7 @@ def test_a_worker_without_the_store_directory_caches_in_memory(
         caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     missing = str(tmp_path / "not-here")
     with caplog.at_level(logging.WARNING, logger="durably"):
-        _worker._use_store(("disk", ("elsewhere", 1), missing, None, "normal", None, None))
+        _worker._use_store(("url", ("elsewhere", 1), Path(missing).as_uri(), {}))
     try:
         from durably._config import default_store
 

@@ -360,11 +360,11 @@ def test_a_run_end_that_fails_in_its_transaction_is_written_step_by_step(
     real = store.append_replays
     calls = []
 
-    def fails_once(*args: Any) -> None:
+    def fails_once(*args: Any) -> Any:
         calls.append(args)
         if len(calls) == 1:
             raise StoreError("injected: the journal is busy")
-        real(*args)
+        return real(*args)
 
     monkeypatch.setattr(store, "append_replays", fails_once)
     with caplog.at_level(logging.WARNING, logger="durably"):

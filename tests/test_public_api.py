@@ -15,7 +15,8 @@ EXPECTED = [
     "StateGraph", "StepRecord", "Store",
     "StoreError", "Task", "TaskTimeoutError", "configure", "delete_runs", "digest",
     "entrypoint", "file", "fork",
-    "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "register_encoder",
+    "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "open_store",
+    "register_encoder",
     "task",
 ]
 
@@ -36,7 +37,8 @@ def test_implementation_modules_are_private() -> None:
     import pkgutil
 
     public = {m.name for m in pkgutil.iter_modules(durably.__path__) if not m.name.startswith("_")}
-    assert public == {"cli", "exceptions", "executors", "render", "stategraph", "testing"}
+    assert public == {"cli", "exceptions", "executors", "render", "stategraph", "store",
+                      "testing"}
 
 
 def test_public_errors_are_named_where_they_are_documented() -> None:

@@ -20,6 +20,7 @@ from ._retry import Retry
 from ._run import Run, delete_runs, get_run, list_runs
 from ._store import DiskStore, StepRecord, Store
 from ._tracer import Event, RunGraph
+from ._urls import open_store
 from .exceptions import (
     CorruptJournalError,
     DefinitionError,
@@ -101,6 +102,7 @@ __all__ = [
     "idempotency_key",
     "interrupt",
     "list_runs",
+    "open_store",
     "register_encoder",
     "task",
 ]

@@ -17,8 +17,9 @@ import xxhash
 
 from ._lease import RENEW_SECONDS, Owner
 from ._records import Replay, ReplayRange
-from ._store import KeyRecord, ReadAhead, StepRecord, Store, _pid
+from ._store import KeyRecord, StepRecord, _pid
 from .exceptions import RunStateError
+from .store import ReadAhead, Store
 
 if TYPE_CHECKING:
     from ._tracer import Event
@@ -294,10 +295,7 @@ class RunContext:
         attempt then stops (see :meth:`lose_lease`)."""
         if self.deferred is not None and steps:
             self.claim()
-        if_current = getattr(self.store, "append_steps_if_current", None)
-        if if_current is None:
-            self.store.append_steps(steps)
-        elif if_current(steps) is False:
+        if not self.store.append_steps_if_current(steps):
             if not self.lost:
                 log.warning("durably: run %r: a later attempt of it has started (another "
                             "process took it over, or a new call); attempt %d's steps are no "
@@ -456,7 +454,7 @@ class RunContext:
     def replays_buffered(self) -> bool:
         """Whether replay records are buffered (in this thread's view)."""
         ahead = self.ahead
-        return bool(self._replays) or (ahead is not None and bool(ahead.count or ahead.ranges))
+        return bool(self._replays) or (ahead is not None and ahead.buffered)
 
     def write(self, taken: Taken) -> None:
         """Journal what :meth:`take_pending` handed over: replays many to a row in a store
@@ -465,19 +463,10 @@ class RunContext:
         if self.deferred is not None and (pending or replays) and not self.claim(
                 replays=not pending):
             return  # (replays of an attempt refused: another process has the run)
-        append = getattr(self.store, "append_replays", None)
-        if replays and append is None:
-            run_id, attempt = self.run_id, self.attempt
-            # (records of one step each: only a DiskStore, which has append_replays, makes
-            # ranges)
-            each: list[Replay] = replays  # type: ignore[assignment]
-            pending = pending + [
-                (StepRecord(run_id, step, parent, task, "replayed", attempt, position,
-                            started, ended, None, key), None)
-                for position, started, ended, step, parent, key, task in each]
         self.journal(pending)
-        if replays and append is not None:
-            append(self.run_id, self.attempt, replays)
+        if replays and not self.lost and not self.store.append_replays(
+                self.run_id, self.attempt, replays):
+            self.lose_lease()
 
     def executing(self, step_id: str | None) -> Any:
         """The Call of a step whose body runs now in this process (a plain call, or a

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import os
 import pickle
 import queue
 import sys
@@ -55,7 +56,6 @@ from .exceptions import (
     NotFoundError,
     RunInterrupted,
     RunStateError,
-    StoreError,
 )
 
 __all__ = ["Entrypoint", "Task", "entrypoint", "fork", "task"]
@@ -88,11 +88,7 @@ def _clear_task(spec: Spec) -> int:
         ctx.flush_cache()  # the entries its cheap steps queued: written now, then removed
     else:
         store = spec.store or default_store()
-    clear = getattr(store, "clear_task", None)  # (DiskStore, MemoryStore)
-    if clear is None:
-        raise StoreError(f"task {spec.name!r}: clear() needs a store with a "
-                         f"clear_task(identity) method; {type(store).__name__} has none.")
-    return int(clear(spec.identity))
+    return int(store.clear_task(spec.identity))
 
 
 def _resolve(module: str, qualname: str) -> Any:
@@ -916,7 +912,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         if not runs:
             raise NotFoundError(
                 f"entrypoint {spec.name!r} has no run in the store at "
-                f"{str(getattr(store, 'path', store))!r} yet. Fix: call it first, or pass "
+                f"{store.where!r} yet. Fix: call it first, or pass "
                 "store=... to read another store.")
         return Run(runs[0], store).graph(collapse=collapse)
 
@@ -1000,7 +996,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         rec = store.find_run(validate_run_id(run_id))
         if rec is None:
             raise NotFoundError(
-                f"no run {run_id!r} in the store at {str(getattr(store, 'path', store))!r}. Fix: "
+                f"no run {run_id!r} in the store at {store.where!r}. Fix: "
                 "check the id with durably.list_runs(), or set DURABLY_DIR for the store "
                 "that holds it.")
         if rec.entrypoint != spec.identity:
@@ -1150,7 +1146,7 @@ def fork(run_id: str, at: str | None = None, update: Any = NO_UPDATE, *, cache: 
     rec = st.find_run(validate_run_id(run_id))
     if rec is None:
         raise NotFoundError(
-            f"no run {run_id!r} in the store at {str(getattr(st, 'path', st))!r}. Fix: check "
+            f"no run {run_id!r} in the store at {st.where!r}. Fix: check "
             "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR).")
     ep = _ENTRYPOINTS.get(rec.entrypoint)
     if ep is None:
@@ -1543,12 +1539,12 @@ def entrypoint(func: Callable[P, R], /) -> Entrypoint[P, R]: ...
 
 @overload
 def entrypoint(
-    *, name: str | None = None, store: Store | None = None
+    *, name: str | None = None, store: Store | str | os.PathLike[str] | None = None
 ) -> Callable[[Callable[P, R]], Entrypoint[P, R]]: ...
 
 
-def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | None = None
-               ) -> Any:
+def entrypoint(func: Any = None, /, *, name: str | None = None,
+               store: Store | str | os.PathLike[str] | None = None) -> Any:
     """Make a function an entrypoint: each call is a durable run with a journal.
 
     Calling the entrypoint returns its plain result, so decorating a script's ``main``
@@ -1566,8 +1562,10 @@ def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | N
             :func:`functools.partial` or a callable object.
         name: The entrypoint's name (and the prefix of its run ids). Default: the
             function's qualified name. Required for a partial and a callable object.
-        store: Where its runs and results live. Default: the configured store
-            (``durably.configure``), else ``$DURABLY_DIR``, else ``./.durably``.
+        store: Where its runs and results live: a store, or a URL or path that opens one
+            (:func:`durably.open_store`). Default: the configured store
+            (``durably.configure``), else ``$DURABLY_STORE``, ``$DURABLY_DIR``, or
+            ``./.durably``.
 
     Returns:
         An :class:`Entrypoint` (or, with options, a decorator making one).
@@ -1590,11 +1588,14 @@ def entrypoint(func: Any = None, /, *, name: str | None = None, store: Store | N
     """
     _check_bare("entrypoint", func)
     from ._store import Store as _StoreProto
+    from ._urls import store_from
 
+    store = store_from(store, "@entrypoint(store=...)")  # a URL or a path: its store
     if store is not None and not isinstance(store, _StoreProto):
         raise DefinitionError(
-            f"@entrypoint(store=...) needs a durably store (DiskStore, MemoryStore, ...), got "
-            f"{type(store).__qualname__}"
+            f"@entrypoint(store=...) needs a durably store (DiskStore, MemoryStore, or a "
+            f"subclass of durably.store.Store) or its URL, got {type(store).__qualname__}. "
+            "Fix: @entrypoint(store=\"path/to/store\")."
         )
 
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:

@@ -25,6 +25,7 @@ from typing import Any
 from ._records import row_hash
 from ._store import DiskStore
 from .exceptions import NotFoundError
+from .store import match_tasks as matching
 
 __all__ = ["UNKNOWN_TASK", "cache_stats", "clear", "match_tasks", "prune", "task_identities"]
 
@@ -81,18 +82,8 @@ def task_identities(store: DiskStore) -> list[str]:
 
 
 def match_tasks(store: DiskStore, task: str) -> list[str]:
-    """The task identities ``task`` names: itself when it is an identity (``module:name``),
-    else every identity whose name is ``task``.
-
-    Example:
-        >>> import tempfile
-        >>> match_tasks(DiskStore(tempfile.mkdtemp()), "parse")
-        []
-    """
-    known = task_identities(store)
-    if ":" in task:
-        return [t for t in known if t == task]
-    return [t for t in known if t.rpartition(":")[2] == task]
+    """The task identities ``task`` names (see :func:`durably.store.match_tasks`)."""
+    return matching(task_identities(store), task)
 
 
 def _step_counts(store: DiskStore, key_tasks: dict[str, str]) -> Counter[tuple[str, str]]:
@@ -208,7 +199,7 @@ def cache_stats(store: DiskStore) -> dict[str, Any]:
     }
 
 
-def _delete(store: DiskStore, keys: Iterable[Any]) -> int:
+def delete_keys(store: DiskStore, keys: Iterable[Any]) -> int:
     """Delete cache entries by key, a few hundred per transaction; the number removed (an
     entry another process removed meanwhile is not counted)."""
     cache = store.cache
@@ -315,7 +306,7 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
             break
         if dry_run:
             return removed + len(doomed)
-        removed += _delete(store, doomed)
+        removed += delete_keys(store, doomed)
         if max_size is None or store.cache.volume() <= max_size:
             break
     return removed
@@ -370,4 +361,4 @@ def clear(store: DiskStore, task: str | None = None, *, dry_run: bool = False) -
                 if isinstance(e.key, str) and key_tasks.get(e.key) in matched]
     if dry_run:
         return len(keys)
-    return _delete(store, keys)
+    return delete_keys(store, keys)

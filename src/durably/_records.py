@@ -1,5 +1,5 @@
-"""What a store records (steps, runs, key records, events), the :class:`Store` protocol every
-store implements, and the rows these records become in a SQLite journal."""
+"""What a store records (steps, runs, key records, events), and the rows these records become
+in a SQLite journal."""
 
 from __future__ import annotations
 
@@ -15,17 +15,15 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple
 
 import xxhash
-
-from ._lease import Owner
 
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "FINISHED_STEP", "RUN_COLS", "RUN_TYPES", "SCHEMA",
            "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "SCHEMA_5", "SCHEMA_5_KEYS", "SCHEMA_6",
            "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES",
            "STEP_COLS",
-           "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord", "Store",
+           "STEP_TYPES", "EventRecord", "KeyRecord", "RunRecord", "StepRecord",
            "PackedRange", "Replay", "ReplayRange", "compact_replay", "discard_leftover",
            "garbage", "immediate", "key_row", "now", "pack_ranges", "pack_replays",
            "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row", "step_from_row",
@@ -171,67 +169,6 @@ class EventRecord:
     step_id: str | None = None
     key: str = ""
     data: bytes | None = None
-
-
-@runtime_checkable
-class Store(Protocol):
-    """What the runtime needs from a store. Every implementation passes one conformance
-    suite (``tests/test_store.py``)."""
-
-    def cache_get(self, key: str) -> bytes | None:
-        """The stored bytes for a cache key, or None (a miss, or an entry found damaged)."""
-
-    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
-        """Store bytes under a cache key, atomically, with what the key was made of."""
-
-    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
-        """Store several entries (each atomically; the batch may be cheaper than one by one)."""
-
-    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
-        """Key records of a task's cache entries, newest first."""
-
-    def find_run(self, run_id: str) -> RunRecord | None:
-        """The run's record, or None."""
-
-    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
-        """The most recently updated run of that entrypoint with those inputs, or None."""
-
-    def put_run(self, record: RunRecord) -> None:
-        """Insert or replace a run's record, durably."""
-
-    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
-        """Take the run's lease for ``owner`` unless a live owner holds it; return that
-        holder (and take nothing) when the run is busy, else None. Atomic across processes."""
-
-    def renew_run(self, run_id: str, owner: Owner) -> bool | None:
-        """Refresh the heartbeat of a lease ``owner`` holds. Returns False when ``owner``
-        no longer holds it (taken over by another process, or removed); None when the
-        store cannot tell."""
-
-    def release_run(self, run_id: str, owner: Owner) -> bool | None:
-        """Give the lease up (only if ``owner`` holds it). Returns False when ``owner`` no
-        longer held it; None when the store cannot tell."""
-
-    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
-        """Runs, most recently updated first; ``entrypoint`` filters by identity or name."""
-
-    def find_step(self, run_id: str, step_id: str) -> bytes | None:
-        """The result bytes of a finished (ran or cached) step of the run, or None."""
-
-    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
-        """Append step records (with result bytes for finished ones), in one transaction."""
-
-    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
-        """A run's step records in call order; ``attempt`` selects one execution."""
-
-    def append_events(self, events: Sequence[EventRecord]) -> None:
-        """Append events of runs, durably, in one transaction."""
-
-    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
-        """A run's events in the order they were appended; ``kinds`` filters by kind."""
-
-    def close(self) -> None:
-        """Release files and connections; the store reopens on next use."""
 
 
 def step_row(r: StepRecord) -> tuple[Any, ...]:

@@ -390,9 +390,8 @@ class Run(Generic[R]):
 
 
 def executing(store: Store, run_id: str) -> bool:
-    """Whether a live process holds the run's lease (a store that cannot tell: True)."""
-    holder = getattr(store, "run_holder", None)
-    return holder is None or holder(run_id) is not None
+    """Whether a live process holds the run's lease."""
+    return store.run_holder(run_id) is not None
 
 
 def _store_of(store: Store | None) -> Store:
@@ -426,7 +425,7 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
     rec = st.find_run(run_id)
     if rec is None:
         raise NotFoundError(
-            f"no run {run_id!r} in the store at {str(getattr(st, 'path', st))!r}. Fix: check "
+            f"no run {run_id!r} in the store at {st.where!r}. Fix: check "
             "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the "
             "store that holds it."
         )
@@ -506,7 +505,6 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
             mean every run), ``older_than`` is negative, or ``status`` is not a status.
         RunStateError: a run named by id is being executed by a live process (nothing
             is deleted).
-        TypeError: the store cannot delete runs.
         StoreError: the store cannot be read or written.
 
     Example:
@@ -551,9 +549,7 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
     spec = getattr(entrypoint, "_self_spec", None)
     if store is None and spec is not None and spec.store is not None:
         st = spec.store  # (its runs are there, as list_runs reads them)
-    delete: Any = getattr(st, "delete_runs", None)
-    if delete is None:
-        raise TypeError(f"the store {st!r} cannot delete runs (a DiskStore can)")
+    delete = st.delete_runs
     if not filtered:
         assert run_ids is not None
         return list(delete(run_ids, dry_run=dry_run))

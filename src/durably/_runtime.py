@@ -69,10 +69,11 @@ from ._interrupt import InterruptSignal
 from ._lease import LEASE_SECONDS, RENEW_SECONDS, Owner, beat, hold, let_go, me
 from ._retry import Retry, await_with_timeout, call_with_timeout, check_timeout, retrying, to_retry
 from ._revalidate import LARGE_VALUE_BYTES
-from ._store import EventRecord, KeyRecord, ReadAhead, RunRecord, StepRecord, Store, _pid, now
+from ._store import EventRecord, KeyRecord, RunRecord, StepRecord, _pid, now
 from ._threads import thread_run
 from ._tracer import Event, flow_digests, inputs_repr, short_repr
 from .exceptions import DefinitionError, RunStateError, SerializationError, StoreError
+from .store import ReadAhead, Store
 
 __all__ = ["Call", "Spec", "begin_run", "begin_step", "end_run", "is_cancelled",
            "validate_run_id"]
@@ -592,12 +593,7 @@ def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
                "unpickle as it was pickled: its class's code changed its format, or the "
                "value is damaged); the task executes again, and its new result is cached "
                "once it loads back")
-        discard = getattr(store, "discard_cache", None)
-        if discard is not None:
-            discard(key, why, data)
-        else:
-            log.warning("durably: the cache entry %s of task %r is not served: %s", key,
-                        spec.name, why)
+        store.discard_cache(key, why, data)
         return _MISS
 
 
@@ -1435,19 +1431,13 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                 # replay its journal and execute what follows: its start is journaled with
                 # its first write, or with its end (see _Deferred); only looked at by lease
                 # now (a store without snapshot(): see _ended_run)
-                check_run: Any = getattr(store, "check_run", None)
                 deferred = (existing is not None and existing.status in _DEFERRED_FROM
-                            and listener is None and on_lease is None and read_cache
-                            and check_run is not None and hasattr(store, "batch"))
-                holder = (check_run(run_id, owner) if deferred
+                            and listener is None and on_lease is None and read_cache)
+                holder = (store.check_run(run_id, owner) if deferred
                           else store.acquire_run(run_id, owner))
                 if holder is not None:
                     raise _held(run_id, holder, owner)
                 try:
-                    if not hasattr(store, "batch"):
-                        # read again under the lease: another process may have finished an
-                        # attempt
-                        existing = store.find_run(run_id)
                     if on_lease is not None:
                         on_lease(store, existing)
                     record, resumed_from, started_event = _attempt_record(
@@ -1496,7 +1486,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     # leave the lease held or this context inside a run that nobody will end
     try:
         # renewed while the attempt executes, even inside a step's body (until let_go)
-        renewal = _Renewal(getattr(store, "renew_run_apart", store.renew_run), run_id, owner)
+        renewal = _Renewal(store.renew_run_apart, run_id, owner)
         if not deferred:
             beat(owner, renewal)
         held = _answer_dependent(store, run_id, asked)
@@ -1513,9 +1503,8 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
         ctx.failed_before = failed_before
         if existing is not None and isinstance(existing.result, _serde.Spilled):
             ctx.stored_result = existing.result  # (a large one, kept in blobs/)
-        read_ahead = getattr(store, "read_ahead", None) if ctx.replaying else None
-        if ahead is None and read_ahead is not None:
-            ahead = read_ahead(run_id)
+        if ahead is None and ctx.replaying:
+            ahead = store.read_ahead(run_id)
         if listener is None:  # (a listener is shown each replayed step's whole record)
             ctx.ahead = ahead
         ctx.uncacheable.update(held)
@@ -1565,25 +1554,19 @@ def _ended_run(store: Store, spec: Spec, run_id: str | None, input_digest: str, 
     Raises:
         RunStateError: another live process holds the run (as when the lease is taken).
     """
-    snapshot: Any = getattr(store, "snapshot", None)
-    holder_of: Any = getattr(store, "run_holder", None)
-    if (snapshot is None or holder_of is None or not hasattr(store, "check_run")
-            or not hasattr(store, "batch")):
-        return None
-    with snapshot():
+    with store.snapshot():
         run_id, existing = _resolve_run(store, spec, run_id, False, input_digest)
         if existing is None:
             return None
         # (a run another live process executes is refused here too, without waiting for
         # the journal's write lock; in another state, the attempt starts as said above)
-        holder = holder_of(run_id)
+        holder = store.run_holder(run_id)
         if holder is not None and holder.token != owner.token:
             raise _held(run_id, holder, owner)
         if existing.status not in _DEFERRED_FROM:
             return None
         events = store.list_events(run_id, _ASKED)
-        read_ahead = getattr(store, "read_ahead", None)
-        return run_id, existing, events, None if read_ahead is None else read_ahead(run_id)
+        return run_id, existing, events, store.read_ahead(run_id)
 
 
 def _attempt_record(spec: Spec, run_id: str, existing: RunRecord | None, input_digest: str,
@@ -1813,18 +1796,15 @@ def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
 
 
 def _one_transaction(store: Store) -> contextlib.AbstractContextManager[Any]:
-    """The store's :meth:`~durably.DiskStore.batch` (its journal writes inside commit as
-    one), or nothing for a store without one."""
-    batch = getattr(store, "batch", None)
-    return batch() if batch is not None else contextlib.nullcontext()
+    """The store's :meth:`~durably.store.Journal.batch`: its journal writes inside commit
+    as one."""
+    return store.batch()
 
 
 def _abandon(store: Store) -> None:
     """After leaving a ``with _one_transaction(store)`` block by an exception: roll back what
     it began if its end never ran (a KeyboardInterrupt landing as it was entered)."""
-    abandon = getattr(store, "_abandon", None)
-    if abandon is not None:
-        abandon()
+    store.abandon()
 
 
 def _answer_dependent(store: Store, run_id: str, asked: set[str]) -> set[str]:
@@ -1833,16 +1813,9 @@ def _answer_dependent(store: Store, run_id: str, asked: set[str]) -> set[str]:
     may finish attempts after the step that asked, which it then replays)."""
     held: set[str] = set()
     frontier = set(asked)
-    parents_of = getattr(store, "parents_of", None)
-    everyone: dict[str, str | None] | None = None
     while frontier:
         held |= frontier
-        if parents_of is not None:
-            found: dict[str, str | None] = parents_of(run_id, frontier)
-        else:  # a store without the lookup: every record of the run, once
-            if everyone is None:
-                everyone = {s.step_id: s.parent_id for s in store.list_steps(run_id)}
-            found = {step: everyone.get(step) for step in frontier}
+        found = store.parents_of(run_id, frontier)
         frontier = {up for up in found.values() if up is not None and up not in held}
     return held
 
@@ -1970,6 +1943,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
     cache_written = False  # the queued cache writes are (a failure after: the journal's)
     unwritten = False  # its final record was not journaled (another attempt's stands)
+    sealed_ahead = False  # its result was prepared by seal_ahead() (undone if unwritten)
     try:
         info = _final_record(record, result, exc, wall)  # pickled outside any transaction
         ctx.flush_cache()  # the cache is another database: outside the transaction below
@@ -1981,12 +1955,13 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # (a result in a file is sealed ahead whatever its size)
         large = record.result is not None and (
             len(record.result) > _BATCHED_RESULT or isinstance(record.result, _serde.Spilled))
-        seal_ahead: Any = getattr(store, "seal_ahead", None) if large else None
-        if seal_ahead is not None:
+        if large:
             # a large result sealed, and written to blobs/, before the transaction: other
             # writers do not wait for it, and it ends in one commit with the rest
-            record.result = seal_ahead(record.result, "result", record.run_id,
-                                       reuse=ctx.stored_result)
+            assert record.result is not None
+            record.result = store.seal_ahead(record.result, "result", record.run_id,
+                                             reuse=ctx.stored_result)
+            sealed_ahead = True
             large = False
         if deferred is not None and not large:
             # an attempt that only replayed: its start, its replays and its end in one
@@ -1996,11 +1971,12 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                 with _one_transaction(store):
                     deferred(ctx, ending=True)
                     ctx.deferred = None  # (its start is in this transaction: joined below)
-                    ctx.write(taken)
                     if not _write_final(store, record, info, checked=True,
                                         previous=deferred.previous, before=deferred.event,
                                         retry=retry):
                         raise _resumed_meanwhile(record, deferred.previous, store)
+                    # (after its record: each write is fenced by the attempt it names)
+                    ctx.write(taken)
             except RunStateError as error:
                 # the run is another process's: nothing of this attempt is journaled
                 ctx.deferred = deferred
@@ -2072,9 +2048,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
                         "resumed it meanwhile: this call's attempt is not journaled",
                         failure)
             failure = None
-    discard: Any = getattr(store, "discard_ahead", None) if unwritten else None
-    if discard is not None and getattr(record.result, "placed", None) is not None:
-        discard(record.result)  # (a large result's file in blobs/ that no journal refers to)
+    if unwritten and sealed_ahead and record.result is not None:
+        store.discard_ahead(record.result)  # (a large result's file no journal refers to)
     if failure is not None:
         try:
             raise failure
@@ -2107,7 +2082,7 @@ def _lost(ctx: RunContext, record: RunRecord, exc: BaseException | None) -> RunS
     """The error an attempt whose lease was taken over ends with (its end not journaled)."""
     holder = None
     with contextlib.suppress(Exception):  # (who holds it now is only said when known)
-        holder = getattr(ctx.store, "run_holder", lambda _: None)(record.run_id)
+        holder = ctx.store.run_holder(record.run_id)
     by = f"by {holder.describe()}" if holder is not None else "by another process, or removed"
     how = "finished" if exc is None else "stopped" if ctx.stop and isinstance(exc, StopRun) \
         else f"ended ({run_status(exc)})"
@@ -2154,13 +2129,11 @@ def _write_final(store: Store, record: RunRecord, info: bytes, checked: bool = F
                  retry: Sequence[str] = ()) -> bool:
     """Journal the run's final record and its final event (after ``before``, the start
     event of an attempt that only replayed); ``checked``: only while the run is still this
-    attempt's (with a store that can tell: ``put_run_if_current``; with ``previous``, while
-    its last attempt is that one). False when it is not (nothing written)."""
-    if_current = getattr(store, "put_run_if_current", None) if checked else None
-    if if_current is None:
+    attempt's (``put_run_if_current``; with ``previous``, while its last attempt is that
+    one). False when it is not (nothing written)."""
+    if not checked:
         store.put_run(record)
-    elif (if_current(record) if previous is None
-          else if_current(record, previous=previous)) is False:
+    elif not store.put_run_if_current(record, previous=previous):
         return False
     final = EventRecord(record.run_id, f"run_{record.status}", record.updated, record.attempt,
                         data=info)

@@ -194,6 +194,21 @@ def env_key() -> SigningKey | None:
     return None
 
 
+_process_key: SigningKey | None = None
+
+
+def set_process_key(key: SigningKey | None) -> None:
+    """The key of ``durably.configure(key=...)`` (None: none given)."""
+    global _process_key
+    _process_key = key
+
+
+def process_key() -> SigningKey | None:
+    """The key every store not given its own signs with: ``durably.configure(key=...)``,
+    else ``$DURABLY_KEY`` / ``$DURABLY_KEY_FILE``, else None."""
+    return _process_key or env_key()
+
+
 # -- inline values -----------------------------------------------------------------------------
 def seal(payload: bytes, key: SigningKey | None = None, context: bytes = b"") -> bytes:
     """Prefix a payload with its checksum and, with a key, its signature.

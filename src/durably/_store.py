@@ -45,6 +45,7 @@ from typing import Any
 import xxhash
 
 from . import _checkpoint, _serde
+from . import store as store_api
 from ._blobs import (
     BLOB_REF,
     FileValue,
@@ -89,7 +90,6 @@ from ._records import (
     ReplayRange,
     RunRecord,
     StepRecord,
-    Store,
     compact_replay,
     discard_leftover,
     garbage,
@@ -118,6 +118,7 @@ from ._seal import (
     key_from,
     open_seal,
     seal,
+    set_process_key,
     unseal,
 )
 from ._serde import Spilled, Unreadable
@@ -129,6 +130,7 @@ from .exceptions import (
     RunStateError,
     StoreError,
 )
+from .store import Store
 
 __all__ = [
     "FINISHED_STEP",
@@ -178,6 +180,7 @@ def set_default_key(key: Any) -> None:
     with _key_lock:
         _process_key = new
         _key_generation += 1
+        set_process_key(new)
 
 
 def _ctx(*parts: str) -> bytes:
@@ -501,7 +504,7 @@ _INSERT_STEP_IF_CURRENT = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT
                            "run_id=?) = ?")
 
 
-class ReadAhead:
+class ReadAhead(store_api.ReadAhead):
     """The finished steps of a run being resumed, read ahead in journal order (512 at a
     time, at most 8 MB of results), and the steps replayed from them, recorded as ranges.
 
@@ -533,6 +536,10 @@ class ReadAhead:
         self.next_position = -1  # the position that extends the open range (-1: none open)
         self.ids: Sequence[str] = ()
         self._fill(tail, False)
+
+    @property
+    def buffered(self) -> bool:
+        return bool(self.count or self.ranges)
 
     def _fill(self, tail: tuple[int, int, bool], continues: bool) -> None:
         """Read the records after ``tail`` (``(attempt, position, inclusive)``: from it);
@@ -700,7 +707,7 @@ class ReadAhead:
         return taken
 
 
-class DiskStore:
+class DiskStore(Store):
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
     Nothing touches the disk until the first read or write. The directory is created readable
@@ -744,6 +751,8 @@ class DiskStore:
         >>> store.cache_put("k", b"v"); store.cache_get("k")
         b'v'
     """
+
+    capabilities = frozenset({"integrity", "large_values", "maintenance"})
 
     def __init__(
         self,
@@ -815,6 +824,11 @@ class DiskStore:
         return f"DiskStore({str(self.path)!r})"
 
     @property
+    def where(self) -> str:
+        """The store's directory, as messages name it."""
+        return str(self.path)
+
+    @property
     def path(self) -> Path:
         """The store directory (absolute once the store was used)."""
         if self._root is not None:
@@ -822,6 +836,39 @@ class DiskStore:
         if self._given is not None:
             return self._given
         return Path(os.environ.get("DURABLY_DIR") or ".durably").expanduser()
+
+    @property
+    def url(self) -> str:
+        """The store directory, absolute, as a ``file://`` URL: ``open_store(store.url)``,
+        ``configure(store=store.url)`` or ``$DURABLY_STORE`` open the same directory."""
+        return self.path.absolute().as_uri()
+
+    def location(self) -> tuple[str, dict[str, Any]]:
+        """:attr:`url` and the options given to the constructor; a signing key given in code
+        travels with them (one from the environment is read where the store is opened)."""
+        return self.url, {
+            "size_limit": self.size_limit, "synchronous": self.synchronous,
+            "key": self._given_key, "allow_shared": self.allow_shared,
+            "memo_entries": self.memo_entries}
+
+    def found(self) -> bool:
+        """Whether the directory holds a store (its ``FORMAT`` file)."""
+        return (self.path / "FORMAT").is_file()
+
+    def check(self) -> None:
+        """Open the store now (checks, format, key).
+
+        Raises:
+            StoreError: the store cannot be opened or written here.
+        """
+        self.path_checked()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its :meth:`location` (as joblib's ``Memory`` pickles with its location):
+        unpickled, it reopens the same directory."""
+        from ._urls import open_store_for_pickle  # (imported late: it imports this module)
+
+        return (open_store_for_pickle, self.location())
 
     @property
     def signed(self) -> bool:
@@ -1111,6 +1158,66 @@ class DiskStore:
             return clear(self, task)
         except NotFoundError:
             return 0
+
+    def cache_delete(self, keys: Iterable[str]) -> int:
+        """Remove these cache entries, a few hundred per transaction; returns how many there
+        were (an entry another process removed meanwhile is not counted).
+
+        Raises:
+            StoreError: the cache cannot be written.
+        """
+        from ._maintenance import delete_keys
+
+        return delete_keys(self, keys)
+
+    def task_identities(self) -> list[str]:
+        """The identities (``module:name``) of the tasks that have key records, sorted."""
+        from ._maintenance import task_identities
+
+        with self._read_journal:
+            return task_identities(self)
+
+    def cache_size(self) -> int:
+        """Bytes the cache's files take on disk."""
+        with self._read_cache:
+            return int(self.cache.volume())
+
+    def large_value_bytes(self) -> int:
+        """Bytes the files in ``blobs/`` take (hard links to one file counted once)."""
+        sizes: dict[tuple[int, int], int] = {}
+        try:
+            for entry in os.scandir(self.path / "blobs"):
+                with contextlib.suppress(OSError):
+                    st = entry.stat(follow_symlinks=False)
+                    sizes[(st.st_dev, st.st_ino)] = st.st_size
+        except OSError:
+            return 0
+        return sum(sizes.values())
+
+    def cache_stats(self) -> dict[str, Any]:
+        """What the cache holds, per task (the CLI's ``durably cache stats``)."""
+        from ._maintenance import cache_stats
+
+        return cache_stats(self)
+
+    def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              dry_run: bool = False) -> int:
+        """Remove cache entries by age, then by size, oldest first (journals are never
+        touched); see :meth:`durably.store.Store.prune`."""
+        from ._maintenance import prune
+
+        return prune(self, older_than, max_size, dry_run=dry_run)
+
+    def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:
+        """Remove every cache entry, or a task's (its identity or name); see
+        :meth:`durably.store.Store.clear`."""
+        from ._maintenance import clear
+
+        return clear(self, task, dry_run=dry_run)
+
+    def collect_values(self, grace: float = 3600.0) -> tuple[int, int]:
+        """Remove files in ``blobs/`` no journal row refers to (see :meth:`collect_blobs`)."""
+        return self.collect_blobs(grace)
 
     def _check_wal_before_write(self) -> None:
         """:meth:`_check_wal`, waiting for the write lock, before a write (outside a
@@ -1627,10 +1734,10 @@ class DiskStore:
             sealed.placed = placed[0]
         return sealed
 
-    def discard_ahead(self, sealed: Sealed) -> None:
+    def discard_ahead(self, sealed: bytes) -> None:
         """Remove the file :meth:`seal_ahead` put in ``blobs/`` for a write that was not
         made (another process's record stands): no journal refers to it."""
-        if sealed.placed is not None:
+        if isinstance(sealed, Sealed) and sealed.placed is not None:
             with contextlib.suppress(OSError):
                 os.unlink(sealed.placed)
 
@@ -1749,7 +1856,7 @@ class DiskStore:
         """
         return _Batch(self, "BEGIN")
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
         """Roll back the journal transaction this thread's connection has open: the caller
         left the ``with batch()`` block that began it without ending it (a KeyboardInterrupt
         landed as its ``__exit__`` was entered)."""
@@ -1826,7 +1933,7 @@ class DiskStore:
             alive = False
         if holder.token != owner.token and holder.token not in self._unreleased and alive:
             return holder
-        if remove:
+        if remove and (not alive or holder.token in self._unreleased):
             db.execute("DELETE FROM leases WHERE run_id=?", (run_id,))
         return None
 
@@ -2292,11 +2399,12 @@ class DiskStore:
             with immediate(db):
                 written = db.executemany(sql, rows).rowcount if rows else 0
                 for (run_id, attempt), found in replays.items():
-                    self.append_replays(run_id, attempt, found)
+                    if not self._append_replays(run_id, attempt, found, checked=checked):
+                        written -= 1  # (refused: that run's attempt is not its last)
         return written == len(rows)
 
     def append_replays(self, run_id: str, attempt: int,
-                       replays: Sequence[Replay | ReplayRange]) -> None:
+                       replays: Sequence[Replay | ReplayRange]) -> bool:
         """Journal steps of ``attempt`` served from the run's journal, many to a row: what a
         replayed step's :class:`StepRecord` holds, without building one (75 bytes a step),
         or a :class:`ReplayRange` of steps replayed from consecutive records (81 bytes a
@@ -2309,9 +2417,17 @@ class DiskStore:
                 each step (ids are 32 hex digits; ``parent_id`` may be None, ``cache_key``
                 "" for a ``cache=False`` task), or ranges (made by :class:`ReadAhead`).
 
+        Returns:
+            False, and nothing written, if the run's stored record is not ``attempt``'s
+            (another attempt took the run over: fencing).
+
         Raises:
             StoreError: the journal cannot be written.
         """
+        return self._append_replays(run_id, attempt, replays, checked=True)
+
+    def _append_replays(self, run_id: str, attempt: int,
+                        replays: Sequence[Replay | ReplayRange], *, checked: bool) -> bool:
         ranges: list[ReplayRange] = []
         steps: list[Replay] = []
         for r in replays:
@@ -2325,9 +2441,17 @@ class DiskStore:
             [pack_ranges(ranges)] if ranges else [])
         for blob in blobs:
             with self._write_journal:
-                self._db().execute(
-                    "INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
-                    (run_id, attempt, seal(blob)))
+                if checked:
+                    if self._db().execute(
+                            "INSERT INTO replays (run_id, attempt, steps) SELECT ?, ?, ? WHERE "
+                            "EXISTS (SELECT 1 FROM runs WHERE run_id=? AND attempt=?)",
+                            (run_id, attempt, seal(blob), run_id, attempt)).rowcount != 1:
+                        return False
+                else:
+                    self._db().execute(
+                        "INSERT INTO replays (run_id, attempt, steps) VALUES (?, ?, ?)",
+                        (run_id, attempt, seal(blob)))
+        return True
 
     def _replayed(self, run_id: str, attempt: int | None) -> list[StepRecord]:
         """The records of the run's replayed steps kept by :meth:`append_replays`. They only

@@ -26,7 +26,8 @@ from ._runtime import (
     _NEVER_RETRIED,
     Spec,
 )
-from ._store import DiskStore, Store
+from ._store import Store
+from ._urls import open_store_at, redact, store_url_scheme
 from .exceptions import SerializationError, StoreError
 
 if TYPE_CHECKING:
@@ -267,17 +268,22 @@ def _loads(data: bytes) -> Any:
 
 
 def _describe_store(store: Store) -> tuple[Any, ...]:
-    """The caller's store as a worker can open it (see the module docstring)."""
+    """The caller's store as a worker can open it: by its URL and options
+    (:meth:`Store.location <durably.store.Store.location>`), opened again with
+    :func:`~durably.open_store` by the worker (which uses it only if it is found there);
+    else the store pickled, if it pickles; else only its name (the worker caches in its own
+    memory, with a warning)."""
     here = (socket.gethostname(), os.getpid())
-    if isinstance(store, DiskStore):
-        with contextlib.suppress(StoreError):
-            store.path_checked()  # the store exists before a worker looks for it
-        # the signing key given in code (DiskStore(key=...)) and allow_shared travel too, so
-        # a worker verifies and signs like the caller (keys from the environment are read
-        # by the worker itself)
-        return ("disk", here, str(store.path.absolute()), store.size_limit, store.synchronous,
-                getattr(store, "_given_key", None), getattr(store, "allow_shared", None),
-                store.memo_entries)
+    with contextlib.suppress(StoreError):
+        store.check()  # the store exists before a worker looks for it
+    location = store.location()
+    if location is not None:
+        url, options = location
+        if store_url_scheme(url) == "memory":  # (another process's memory://NAME is not it)
+            return ("memory", here, url)
+        with contextlib.suppress(Exception):
+            pickle.dumps(options)  # (the options travel with every job)
+            return ("url", here, url, options)
     try:
         return ("pickled", here, pickle.dumps(store))
     except Exception:  # noqa: BLE001 - a store that cannot travel
@@ -301,25 +307,25 @@ def _use_store(where: tuple[Any, ...]) -> None:
             return
         store: Store | None = None
         problem = ""
-        if kind == "disk" and os.path.isfile(os.path.join(where[2], "FORMAT")):
-            # the caller's store exists, so its FORMAT file does: a directory without it
-            # here is another machine's empty folder at the same path, not the store
-            disk = DiskStore(where[2], size_limit=where[3], synchronous=where[4],
-                             allow_shared=where[6], memo_entries=where[7])
-            disk._given_key = where[5]
+        if kind == "url":
             try:
-                disk.path_checked()
-                store = disk
-            except StoreError as exc:  # read-only here, or refused: cache in memory instead
-                problem = f"the store {where[2]} cannot be used here ({exc})"
+                opened = open_store_at(where[2], dict(where[3]), "the caller's store")
+                if not opened.found():
+                    # the caller's store exists: not found here, this is another machine's
+                    # place of the same name (an empty folder), not the store
+                    problem = f"the store {redact(where[2])} is not reachable from here"
+                else:
+                    opened.check()
+                    store = opened
+            except Exception as exc:  # noqa: BLE001 - not usable here: cache in memory
+                problem = (f"the store {redact(where[2])} cannot be used here "
+                           f"({type(exc).__name__}: {exc})")
         elif kind == "pickled":
             store = pickle.loads(where[2])
         if store is None:
             from .testing import MemoryStore
 
-            reason = problem or (f"the store {where[2]} is not reachable from here"
-                                 if kind == "disk"
-                                 else f"the caller's store {where[2]} cannot be shared")
+            reason = problem or f"the caller's store {where[2]} cannot be shared"
             log.warning("durably: %s (worker process %d on %s); tasks called inside bodies "
                         "here are cached in this worker's memory only", reason, os.getpid(),
                         socket.gethostname())

@@ -14,23 +14,23 @@ cache miss, and look after the cache.
     durably cache prune [--older-than 30d] [--max-size 5GB] [--dry-run]
     durably cache clear [--task NAME] [--dry-run]
 
-The store is ``--dir DIR`` (before or after the command's name), else ``$DURABLY_DIR``, else
-``./.durably``; it must exist. ``RUN`` is a run id or a unique prefix of one. ``MODULE`` is
-imported the way ``python -m`` would, with the current directory first on ``sys.path``. An
-entrypoint or task declared with its own store (``@entrypoint(store=...)``) keeps that store:
-``--dir`` chooses the default store only.
+The store is ``--store URL`` or ``--dir DIR`` (before or after the command's name), else
+``$DURABLY_STORE`` (a URL or a path), else ``$DURABLY_DIR``, else ``./.durably``; a store
+directory must exist. ``RUN`` is a run id or a unique prefix of one. ``MODULE`` is imported
+the way ``python -m`` would, with the current directory first on ``sys.path``. An entrypoint
+or task declared with its own store (``@entrypoint(store=...)``) keeps that store: ``--store``
+and ``--dir`` choose the default store only.
 
 Exit status: 0 success; 1 an error, said in one line on stderr (``durably: error: ...``; add
 ``--traceback`` for the traceback); 2 a usage error (an unknown option, a missing argument);
 3 the run paused at ``interrupt()`` and waits for an answer (resume, fork); 130 Ctrl-C.
 
-The command uses only durably's public API, and :mod:`durably._maintenance` for the cache.
+The command uses only durably's public API: stores through :mod:`durably.store`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import json
@@ -44,7 +44,6 @@ import click
 
 import durably
 
-from . import _maintenance
 from ._cli_support import (
     _clip,
     _CommandError,
@@ -67,7 +66,9 @@ from ._cli_support import (
     _when,
 )
 from ._run import RUN_STATUSES
-from .exceptions import DurablyError
+from ._urls import disk_location, open_store_at, redact
+from .exceptions import DefinitionError, DurablyError
+from .store import match_tasks
 
 __all__ = ["cli", "main"]
 
@@ -103,30 +104,76 @@ def _set_dir(ctx: click.Context, _param: click.Parameter, value: Path | None) ->
         ctx.meta["durably.dir"] = value
 
 
+def _set_store(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.meta["durably.url"] = value
+
+
+_DIR_HELP = "The store directory (default: $DURABLY_STORE, else $DURABLY_DIR, else ./.durably)."
+_STORE_HELP = ("The store's URL or path: a directory, file:///path, memory://, or a scheme an "
+               "installed backend registers (default: $DURABLY_STORE).")
+
+
 def _dir_option(func: F) -> F:
-    """``--dir`` on a command (``durably show RUN --dir DIR``), as on the group."""
+    """``--dir`` and ``--store`` on a command (``durably show RUN --dir DIR``), as on the
+    group."""
+    func = click.option(
+        "--store", "store_url", metavar="URL", expose_value=False, callback=_set_store,
+        is_eager=True, help=_STORE_HELP,
+    )(func)
     return click.option(
         "--dir", "store_dir", type=click.Path(path_type=Path), expose_value=False,
-        callback=_set_dir, is_eager=True,
-        help="The store directory (default: $DURABLY_DIR, else ./.durably).",
+        callback=_set_dir, is_eager=True, help=_DIR_HELP,
     )(func)
 
 
-def _store(ctx: click.Context) -> durably.DiskStore:
+def _store(ctx: click.Context) -> durably.Store:
     """The store the command works on, configured as the process's default store (so
-    entrypoints and tasks without a store of their own use it)."""
+    entrypoints and tasks without a store of their own use it): ``--store``, ``--dir``,
+    ``$DURABLY_STORE``, ``$DURABLY_DIR``, ``./.durably``, the first given."""
     cached = ctx.meta.get("durably.store")
-    if isinstance(cached, durably.DiskStore):
+    if isinstance(cached, durably.Store):
         return cached
     given = ctx.meta.get("durably.dir")
+    url = ctx.meta.get("durably.url")
+    if url is not None and given is not None:
+        _usage("--store and --dir both choose the store: give one of them.")
+    if url is not None:
+        return _store_at(ctx, url, "--store")
     if given is not None:
         path, source = Path(given), "--dir"
+    elif os.environ.get("DURABLY_STORE", "").strip():
+        return _store_at(ctx, os.environ["DURABLY_STORE"], "$DURABLY_STORE")
     elif os.environ.get("DURABLY_DIR"):
         path, source = Path(os.environ["DURABLY_DIR"]), "$DURABLY_DIR"
     else:
         path, source = Path(".durably"), "the default, ./.durably"
+    return _disk_store(ctx, path, source, {})
+
+
+def _store_at(ctx: click.Context, url: str, source: str) -> durably.Store:
+    """The store a URL names: a directory is checked as ``--dir``'s is."""
+    try:
+        disk = disk_location(url, source)
+        if disk is not None:
+            return _disk_store(ctx, Path(disk[0]), source, disk[1])
+        store = open_store_at(url, {}, source)
+    except (DefinitionError, ValueError) as exc:  # (a bad option in a file:// URL's query)
+        if source == "--store":
+            _usage(str(exc))
+        _fail(str(exc))
+    durably.configure(store=store)
+    ctx.meta["durably.store"] = store
+    return store
+
+
+def _disk_store(ctx: click.Context, path: Path, source: str, options: dict[str, Any]
+                ) -> durably.DiskStore:
+    """The DiskStore at ``path``, which must be a store's directory."""
     path = path.expanduser()
-    fix = "Fix: pass --dir DIR or set DURABLY_DIR to the directory of the store."
+    fix = ("Fix: pass --dir DIR or set DURABLY_DIR to the directory of the store."
+           if source not in ("--store", "$DURABLY_STORE") else
+           f"Fix: point {source.lstrip('$')} at the directory (or the URL) of a store.")
     if not path.exists():
         _fail(f"no durably store at {str(path)!r} ({source}): the directory does not exist. "
               + fix)
@@ -135,13 +182,29 @@ def _store(ctx: click.Context) -> durably.DiskStore:
     if not ((path / "FORMAT").exists() or (path / "journal.sqlite3").exists()):
         _fail(f"{str(path)!r} ({source}) is not a durably store (it has no FORMAT and no "
               "journal.sqlite3). " + fix)
-    store = durably.DiskStore(path)
+    store = durably.DiskStore(path, **options)
     durably.configure(store=store)
     ctx.meta["durably.store"] = store
     return store
 
 
-def _find_run(store: durably.DiskStore, text: str) -> durably.Run[Any]:
+def _where(store: durably.Store) -> str:
+    """The store as messages name it: its directory, else its URL (without a password),
+    else what it is."""
+    return redact(store.where)
+
+
+def _maintained(store: durably.Store, what: str) -> durably.Store:
+    """The store, which ``what`` needs to look after its cache (capability
+    ``"maintenance"``)."""
+    if "maintenance" not in store.capabilities:
+        _fail(f"{what} needs a store that looks after its cache (capability \"maintenance\"); "
+              f"the store {_where(store)} is a {type(store).__name__}, which does not. Fix: "
+              "choose a store directory with --dir DIR or --store PATH.")
+    return store
+
+
+def _find_run(store: durably.Store, text: str) -> durably.Run[Any]:
     """The run with this id, or the one run whose id starts with it."""
     if not text.strip():
         _usage("RUN is empty: give a run id or the start of one (durably runs lists them).")
@@ -155,7 +218,7 @@ def _find_run(store: durably.DiskStore, text: str) -> durably.Run[Any]:
             shown = ", ".join(r.id for r in found[:5]) + (" ..." if len(found) > 5 else "")
             _fail(f"run id prefix {text!r} names {len(found)} runs ({shown}). Fix: give more "
                   "of the id.")
-        _fail(f"no run {text!r} in the store at {str(store.path)!r}. Fix: list the runs with "
+        _fail(f"no run {text!r} in the store at {_where(store)!r}. Fix: list the runs with "
               "`durably runs`, or choose the store with --dir DIR or DURABLY_DIR.")
 
 
@@ -318,11 +381,12 @@ def _finished(run: durably.Run[Any], result: Any) -> None:
 _HELP = """Inspect durably runs, resume and fork them, and look after the cache.
 
 \b
-The store is --dir DIR (before or after the command), else $DURABLY_DIR,
-else ./.durably. RUN is a run id or a unique prefix of one. MODULE is
-imported like `python -m` would, from the current directory. An entrypoint
-declared with its own store (@entrypoint(store=...)) keeps it: --dir sets
-the default store only.
+The store is --store URL or --dir DIR (before or after the command), else
+$DURABLY_STORE (a URL or a path), else $DURABLY_DIR, else ./.durably. RUN
+is a run id or a unique prefix of one. MODULE is imported like `python -m`
+would, from the current directory. An entrypoint declared with its own
+store (@entrypoint(store=...)) keeps it: --store and --dir set the default
+store only.
 
 \b
 Exit status:
@@ -336,8 +400,9 @@ Exit status:
 
 @click.group(cls=_Group, help=_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--dir", "store_dir", type=click.Path(path_type=Path), expose_value=False,
-              callback=_set_dir, help="The store directory (default: $DURABLY_DIR, else "
-              "./.durably).")
+              callback=_set_dir, help=_DIR_HELP)
+@click.option("--store", "store_url", metavar="URL", expose_value=False, callback=_set_store,
+              help=_STORE_HELP)
 @click.option("--traceback", is_flag=True, help="Show the traceback of an error.")
 @click.version_option(durably.__version__, "--version", prog_name="durably")
 @click.pass_context
@@ -378,7 +443,7 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
     if not found:
         what = " ".join(filter(None, [status, "runs" if not entrypoint else
                                       f"runs of {entrypoint!r}"]))
-        click.echo(f"no {what} in the store at {store.path}"
+        click.echo(f"no {what} in the store at {_where(store)}"
                    + (_other_entrypoints(store) if entrypoint and not runs else ""))
         return
     click.echo(_table(("RUN", "ENTRYPOINT", "STATUS", "ATTEMPT", "UPDATED"),
@@ -425,7 +490,7 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
                                   entrypoint=entrypoint, dry_run=dry_run, store=store)
     if not deleted and entrypoint is not None and durably.list_runs(store=store) and not (
             durably.list_runs(entrypoint, store=store)):  # (a misspelt name, most likely)
-        _fail(f"no run in the store at {store.path} belongs to an entrypoint {entrypoint!r}"
+        _fail(f"no run in the store at {_where(store)} belongs to an entrypoint {entrypoint!r}"
               f"{_other_entrypoints(store)}. Fix: name one of them with --entrypoint "
               "(its name, or module:name).")
     noun = f"run{'' if len(deleted) == 1 else 's'}"
@@ -435,12 +500,12 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
         click.echo(f"would delete {len(deleted):,} {noun} (dry run)")
         return
     freed = before - _blob_bytes(store)
-    click.echo(f"deleted {len(deleted):,} {noun} from {store.path}"
+    click.echo(f"deleted {len(deleted):,} {noun} from {_where(store)}"
                + (f"; {_size(freed)} of large values freed in blobs/" if freed > 0 else "")
                + "; the cache is kept")
 
 
-def _other_entrypoints(store: durably.DiskStore) -> str:
+def _other_entrypoints(store: durably.Store) -> str:
     """What follows "no runs of NAME": the entrypoints that have runs in the store (an
     --entrypoint that matches none is most likely misspelt)."""
     names = sorted({(r.name, r.entrypoint) for r in durably.list_runs(store=store)})
@@ -450,18 +515,12 @@ def _other_entrypoints(store: durably.DiskStore) -> str:
     return f" (entrypoints with runs: {shown}{', ...' if len(names) > 10 else ''})"
 
 
-def _blob_bytes(store: durably.DiskStore) -> int:
-    """What the files in the store's blobs/ take (0 when it has none; hard links to one
-    file counted once)."""
-    sizes: dict[tuple[int, int], int] = {}
+def _blob_bytes(store: durably.Store) -> int:
+    """What the store's large values take apart from its journal (0: none kept apart)."""
     try:
-        for entry in os.scandir(store.path / "blobs"):
-            with contextlib.suppress(OSError):
-                st = entry.stat(follow_symlinks=False)
-                sizes[(st.st_dev, st.st_ino)] = st.st_size
-    except OSError:
+        return store.large_value_bytes()
+    except DurablyError:
         return 0
-    return sum(sizes.values())
 
 
 def _depths(steps: Sequence[durably.StepRecord]) -> list[int]:
@@ -791,7 +850,7 @@ def explain_command(ctx: click.Context, target: str, args: tuple[str, ...],
     if why.nearest is None and not why.hit:
         identity = task.spec.identity
         script = f"__main__.{identity}"
-        if script in _maintenance.task_identities(store):
+        if script in store.task_identities():
             note = (f"note: the cache has entries of {script!r}, written by running the module "
                     "as a script (python file.py); a task's identity includes how its module "
                     "was loaded, so those entries are not this task's.")
@@ -821,7 +880,7 @@ def cache_group() -> None:
 @click.pass_context
 def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
     """Entries, bytes, entries per task, and the hit rate of runs."""
-    stats = _maintenance.cache_stats(_store(ctx))
+    stats = _maintained(_store(ctx), "durably cache stats").cache_stats()
     if as_json:
         _echo_json(stats)
         return
@@ -862,10 +921,10 @@ def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: st
               "--older-than 30d or --max-size 5GB.")
     age = _parse_duration("--older-than", older_than) if older_than is not None else None
     size = _parse_size("--max-size", max_size) if max_size is not None else None
-    store = _store(ctx)
-    before = int(store.cache.volume())
+    store = _maintained(_store(ctx), "durably cache prune")
+    before = store.cache_size()
     try:
-        removed = _maintenance.prune(store, age, size, dry_run=dry_run)
+        removed = store.prune(age, size, dry_run=dry_run)
     except ValueError as exc:
         _usage(str(exc).replace("a cache size limit", "--max-size"))
     _report(store, removed, before, dry_run)
@@ -879,22 +938,22 @@ def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: st
 @click.pass_context
 def cache_clear_command(ctx: click.Context, task: str | None, dry_run: bool) -> None:
     """Remove every cache entry, or one task's."""
-    store = _store(ctx)
-    before = int(store.cache.volume())
-    removed = _maintenance.clear(store, task, dry_run=dry_run)
+    store = _maintained(_store(ctx), "durably cache clear")
+    before = store.cache_size()
+    removed = store.clear(task, dry_run=dry_run)
     if task is not None:
-        click.echo(f"task {task!r}: {', '.join(_maintenance.match_tasks(store, task))}")
+        click.echo(f"task {task!r}: {', '.join(match_tasks(store.task_identities(), task))}")
     _report(store, removed, before, dry_run)
 
 
-def _report(store: durably.DiskStore, removed: int, before: int, dry_run: bool) -> None:
+def _report(store: durably.Store, removed: int, before: int, dry_run: bool) -> None:
     if dry_run:
         click.echo(f"would remove {removed:,} cache entr{'y' if removed == 1 else 'ies'} "
                    f"(dry run; the cache holds {_size(before)})")
         return
-    after = int(store.cache.volume())
-    click.echo(f"removed {removed:,} cache entr{'y' if removed == 1 else 'ies'} from "
-               f"{store.path / 'cache'}: {_size(before)} -> {_size(after)}; journals are kept")
+    after = store.cache_size()
+    click.echo(f"removed {removed:,} cache entr{'y' if removed == 1 else 'ies'} from the "
+               f"cache of {_where(store)}: {_size(before)} -> {_size(after)}; journals are kept")
 
 
 def main() -> None:

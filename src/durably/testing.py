@@ -3,6 +3,11 @@
 :class:`MemoryStore` keeps the cache and the journals in memory: fast, isolated, gone with
 the process. It passes the same conformance suite as :class:`~durably.DiskStore`.
 
+:class:`StoreConformance` is that suite: a pytest base class a store's author subclasses
+(``make_store(path)`` returns a new store) to run every behaviour durably relies on against
+their store. It is imported on first use (it needs pytest; the rest of this module does
+not).
+
 Example:
     >>> import durably
     >>> from durably.testing import MemoryStore
@@ -16,24 +21,31 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._lease import Owner
-from ._serde import Spilled
-from ._store import FINISHED_STEP, EventRecord, KeyRecord, RunRecord, StepRecord
+from .exceptions import RunStateError
+from .store import FINISHED_STEP, EventRecord, KeyRecord, RunRecord, StepRecord, Store
 
-__all__ = ["MemoryStore"]
+if TYPE_CHECKING:  # (imported on first use at run time: see __getattr__)
+    from ._conformance import StoreConformance as StoreConformance
+
+__all__ = ["MemoryStore", "StoreConformance"]
 
 
-class MemoryStore:
-    """A :class:`~durably.Store` in memory, for tests. Thread-safe; not shared between
-    processes."""
+class MemoryStore(Store):
+    """A :class:`~durably.store.Store` in memory, for tests. Thread-safe; not shared between
+    processes. Its transactions (:meth:`batch`) hold one lock that every write takes, and
+    roll back what the block wrote when it raises."""
+
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cache: dict[str, bytes] = {}
         self._runs: dict[str, RunRecord] = {}
         self._order: list[str] = []
@@ -46,8 +58,38 @@ class MemoryStore:
     def __repr__(self) -> str:
         return f"<MemoryStore: {len(self._cache)} cache entries, {len(self._runs)} runs>"
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        with self._lock:
+            saved = (dict(self._cache), dict(self._runs), list(self._order),
+                     {r: len(v) for r, v in self._steps.items()}, dict(self._finished),
+                     dict(self._keys), dict(self._leases),
+                     {r: len(v) for r, v in self._events.items()})
+            try:
+                yield
+            except BaseException:
+                self._roll_back(saved)
+                raise
+
+    def _roll_back(self, saved: tuple[Any, ...]) -> None:
+        (self._cache, self._runs, self._order, steps, self._finished, self._keys,
+         self._leases, events) = saved
+        for table, lengths in ((self._steps, steps), (self._events, events)):
+            for run_id in list(table):
+                if run_id not in lengths:
+                    del table[run_id]
+                else:
+                    del table[run_id][lengths[run_id]:]
+
     def cache_get(self, key: str) -> bytes | None:
         return self._cache.get(key)
+
+    def cache_delete(self, keys: Iterable[str]) -> int:
+        with self._lock:
+            removed = 0
+            for key in keys:
+                removed += self._cache.pop(key, None) is not None
+            return removed
 
     def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
         self.cache_put_many(((key, value, info),))
@@ -55,7 +97,7 @@ class MemoryStore:
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         with self._lock:
             for key, value, info in items:
-                self._cache[key] = _kept(value)
+                self._cache[key] = bytes(value)
                 if info is not None:
                     self._keys[key] = info
 
@@ -65,8 +107,11 @@ class MemoryStore:
             keys = [k for k, info in self._keys.items() if info.task == task]
             for k in keys:
                 self._keys.pop(k, None)
-                self._cache.pop(k, None)
-            return len(keys)
+            return sum(self._cache.pop(k, None) is not None for k in keys)
+
+    def task_identities(self) -> list[str]:
+        with self._lock:
+            return sorted({k.task for k in self._keys.values()})
 
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._lock:
@@ -108,10 +153,12 @@ class MemoryStore:
         return holder if holder is not None and holder.alive(time.time()) else None
 
     def renew_run(self, run_id: str, owner: Owner) -> bool:
-        # a memory store lives in one process: its owners are alive while it is
         with self._lock:
             held = self._leases.get(run_id)
-        return held is not None and held.token == owner.token
+            if held is None or held.token != owner.token:
+                return False
+            self._leases[run_id] = dataclasses.replace(held, heartbeat=time.time())
+            return True
 
     def release_run(self, run_id: str, owner: Owner) -> bool:
         with self._lock:
@@ -137,11 +184,35 @@ class MemoryStore:
         ``previous``: while the stored record has that attempt)."""
         with self._lock:
             stored = self._runs.get(record.run_id)
-        if stored is None or stored.attempt != (record.attempt if previous is None
-                                                else previous):
-            return False
-        self.put_run(record)
-        return True
+            if stored is None or stored.attempt != (record.attempt if previous is None
+                                                    else previous):
+                return False
+            self.put_run(record)
+            return True
+
+    def delete_runs(self, run_ids: Iterable[str], *, dry_run: bool = False,
+                    skip_executing: bool = False) -> list[str]:
+        with self._lock:
+            doomed: list[str] = []
+            for run_id in dict.fromkeys(run_ids):
+                if run_id not in self._runs:
+                    continue
+                if self.run_holder(run_id) is not None:
+                    if skip_executing:
+                        continue
+                    raise RunStateError(f"run {run_id!r} is executing in a live process; "
+                                        "it cannot be deleted. Fix: wait for it to end.")
+                doomed.append(run_id)
+            if not dry_run:
+                for run_id in doomed:
+                    del self._runs[run_id]
+                    self._order.remove(run_id)
+                    self._steps.pop(run_id, None)
+                    self._events.pop(run_id, None)
+                    self._leases.pop(run_id, None)
+                    for k in [k for k in self._finished if k[0] == run_id]:
+                        del self._finished[k]
+            return doomed
 
     def append_steps_if_current(self, steps: Sequence[tuple[StepRecord, bytes | None]]
                                 ) -> bool:
@@ -152,7 +223,7 @@ class MemoryStore:
             mine = [(rec, data) for rec, data in steps
                     if (stored := self._runs.get(rec.run_id)) is not None
                     and stored.attempt == rec.attempt]
-        self.append_steps(mine)
+            self.append_steps(mine)
         return len(mine) == len(steps)
 
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
@@ -160,7 +231,7 @@ class MemoryStore:
             for rec, data in steps:
                 self._steps.setdefault(rec.run_id, []).append((rec, data))
                 if rec.status in FINISHED_STEP and data is not None:
-                    self._finished.setdefault((rec.run_id, rec.step_id), _kept(data))
+                    self._finished.setdefault((rec.run_id, rec.step_id), bytes(data))
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         with self._lock:
@@ -183,7 +254,11 @@ class MemoryStore:
         """Nothing to release."""
 
 
-def _kept(value: bytes) -> bytes:
-    """What the store keeps of a value: a copy of its bytes, or the handle of a large value
-    kept in a file (its file lives as long as the handle)."""
-    return value if isinstance(value, Spilled) else bytes(value)
+def __getattr__(name: str) -> Any:
+    """``StoreConformance``, imported on first use: it imports pytest, which code that only
+    uses :class:`MemoryStore` need not have."""
+    if name == "StoreConformance":
+        from ._conformance import StoreConformance
+
+        return StoreConformance
+    raise AttributeError(f"module 'durably.testing' has no attribute {name!r}")

@@ -1,0 +1,649 @@
+"""The store protocol: what durably needs from a place that keeps caches and journals.
+
+A store has three parts, each an abstract base class here, and :class:`Store` is all three:
+
+- :class:`Journal` — runs, their steps and events, in **transactions** (:meth:`~Journal.batch`)
+  and read **snapshots**; run **leases** (acquire, renew, release, and takeover of an owner
+  that died) with **fencing**: every write made for an attempt whose lease another process
+  took over is refused, atomically, by the statement that would have made it
+  (:meth:`~Journal.put_run_if_current`, :meth:`~Journal.append_steps_if_current`).
+- :class:`Values` — the cache: values by cache key, written in batches; a large value arrives
+  as a :class:`LargeValue` (a file) that a backend which declares ``"large_values"`` streams
+  to where it keeps values, and which is read into memory for every other backend.
+  Checksums and signatures are applied above the backends (see ``"integrity"`` below).
+- :class:`KeyRecords` — what each cache key was made of (task, code, inputs), to explain a
+  miss and to clear a task's entries.
+
+The runtime, the CLI and the workers call stores only through these methods. A backend
+implements the abstract methods; the others have defaults built on them, which a backend
+overrides when it can do better (:meth:`~Journal.read_ahead`, :meth:`~Journal.append_replays`).
+What a backend can do beyond the protocol is declared in :attr:`Store.capabilities`, never
+found by looking for attributes:
+
+- ``"integrity"``: it checks and signs the values it keeps itself. Without it, the base class
+  does, for it: every value is sealed on its way in (a checksum, and with a signing key a
+  signature bound to the value's slot, see :attr:`Store.signing_key`) and checked on its way
+  out — a damaged cache value is a miss (and removed, with a warning), a damaged journal
+  value an error naming its run, a value signed otherwise is never served.
+- ``"large_values"``: its value-taking methods accept :class:`LargeValue` handles and keep
+  their content (never their description); without it, the base class reads them into
+  bytes before the backend sees them.
+- ``"maintenance"``: it implements :meth:`Store.cache_stats`, :meth:`Store.prune`,
+  :meth:`Store.clear`, :meth:`Store.collect_values` and :meth:`Store.repair_run` (the CLI's
+  ``cache`` and ``repair`` commands).
+
+Every backend passes one conformance suite, :class:`durably.testing.StoreConformance`, and
+the whole behaviour suite runs on each backend durably ships.
+
+Example:
+    >>> import durably
+    >>> from durably.store import Store
+    >>> from durably.testing import MemoryStore
+    >>> isinstance(MemoryStore(), Store), isinstance(durably.DiskStore("unused"), Store)
+    (True, True)
+    >>> sorted(durably.DiskStore.capabilities)
+    ['integrity', 'large_values', 'maintenance']
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, cast
+
+from ._lease import Owner
+from ._records import (
+    FINISHED_STEP,
+    EventRecord,
+    KeyRecord,
+    Replay,
+    ReplayRange,
+    RunRecord,
+    StepRecord,
+)
+from ._seal import SigningKey, open_seal, process_key, seal
+from ._serde import Spilled, Unreadable
+from .exceptions import CorruptJournalError, StoreError
+
+__all__ = ["FINISHED_STEP", "EventRecord", "Journal", "KeyRecord", "KeyRecords", "LargeValue",
+           "Owner", "ReadAhead", "Replay", "ReplayRange", "RunRecord", "StepRecord", "Store",
+           "Values"]
+
+log = logging.getLogger("durably")
+
+#: A value too large to hold twice in memory (larger than 64 MiB pickled): kept in a file.
+#: It is a ``bytes`` whose bytes are a short description, never the value: read the value with
+#: :func:`value_bytes` (or stream ``open(v.path, "rb")`` from ``v.offset`` for ``v.size``
+#: bytes). Only a backend that declares ``"large_values"`` receives one.
+LargeValue = Spilled
+
+
+def value_bytes(value: bytes) -> bytes:
+    """The bytes of a value as a store receives it: a :class:`LargeValue` read from its file,
+    any other value as it is.
+
+    Raises:
+        StoreError: a large value's file cannot be read.
+
+    Example:
+        >>> value_bytes(b"abc")
+        b'abc'
+    """
+    if type(value) is bytes or not isinstance(value, Spilled):
+        return value
+    try:
+        with value.open() as f:
+            data = f.read(value.size)
+    except OSError as exc:
+        raise StoreError(f"the large value kept in {value.path} cannot be read ({exc}). Fix: "
+                         "check that the file still exists and is readable.") from exc
+    if len(data) != value.size:
+        raise StoreError(f"the large value kept in {value.path} is cut short ({len(data)} of "
+                         f"{value.size} bytes). Fix: check the disk it is on.")
+    return data
+
+
+class ReadAhead(abc.ABC):
+    """The first finished steps of a run being resumed, read before its first step asks (see
+    :meth:`Journal.read_ahead`). The runtime asks it for each replayed step's value in call
+    order, from the thread that made it (:attr:`thread`), and journals the replays it
+    recorded (:meth:`take_ranges`) with :meth:`Journal.append_replays`.
+
+    Attributes:
+        thread: The ``threading.get_ident()`` of the thread that made it: the only one that
+            uses it.
+        due: Whether it holds as many replays as should be journaled now (the runtime then
+            takes them).
+    """
+
+    __slots__ = ()
+    thread: int
+    due: bool
+
+    @property
+    @abc.abstractmethod
+    def buffered(self) -> bool:
+        """Whether it holds replays not yet taken by :meth:`take_ranges`."""
+
+    @abc.abstractmethod
+    def replay(self, step_id: str, position: int, started: float) -> bytes | None:
+        """The value of finished step ``step_id`` replayed at ``position``, or None (not
+        read ahead: ask :meth:`Journal.find_step`)."""
+
+    @abc.abstractmethod
+    def find(self, step_id: str) -> bytes | None:
+        """The value of finished step ``step_id`` if it was read ahead, else None."""
+
+    @abc.abstractmethod
+    def retract(self) -> None:
+        """Forget the last replay: it was not journaled."""
+
+    @abc.abstractmethod
+    def take_ranges(self) -> list[ReplayRange]:
+        """The ranges of consecutive replays to journal (then forgotten)."""
+
+
+class Journal(abc.ABC):
+    """Runs, steps and events; transactions, snapshots, leases and fencing."""
+
+    # -- transactions --------------------------------------------------------------------
+    @abc.abstractmethod
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """A transaction: the journal writes this thread makes inside the block commit
+        together when it ends, or none of them when it raises; other writers wait. Reads
+        inside it see the block's writes. Cache writes need not be part of it.
+
+        Raises:
+            StoreError: the journal cannot be written (nothing of the block is kept).
+        """
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """A read snapshot: the journal reads this thread makes inside the block see one
+        state of the journal. Nothing is written inside it. Default: :meth:`batch`."""
+        return self.batch()
+
+    def abandon(self) -> None:  # noqa: B027 - a default that does nothing, on purpose
+        """Roll back a transaction this thread left open (a KeyboardInterrupt landed as its
+        block ended). Default: nothing (a store whose blocks always end)."""
+
+    # -- runs ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def find_run(self, run_id: str) -> RunRecord | None:
+        """The run's record, or None."""
+
+    @abc.abstractmethod
+    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
+        """The most recently updated run of that entrypoint with those inputs, or None."""
+
+    @abc.abstractmethod
+    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        """Runs, most recently updated first (ties in one order of the store's choice);
+        ``entrypoint`` filters by identity or name."""
+
+    @abc.abstractmethod
+    def put_run(self, record: RunRecord) -> None:
+        """Insert or replace a run's record, durably."""
+
+    @abc.abstractmethod
+    def put_run_if_current(self, record: RunRecord, previous: int | None = None) -> bool:
+        """:meth:`put_run`, only while the stored record of the run has ``record.attempt``
+        (with ``previous``: that attempt instead), checked and written atomically. Returns
+        False, and writes nothing, otherwise (a later attempt took the run over: **fencing**).
+        """
+
+    @abc.abstractmethod
+    def delete_runs(self, run_ids: Iterable[str], *, dry_run: bool = False,
+                    skip_executing: bool = False) -> list[str]:
+        """Delete runs with their steps, events and lease; the cache is kept. Returns the ids
+        deleted (with ``dry_run``: that would be). A run a live process executes is refused
+        with :class:`~durably.exceptions.RunStateError`, or left out with
+        ``skip_executing``."""
+
+    # -- leases --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        """Take the run's lease for ``owner`` unless another live owner holds it: return
+        that holder (and take nothing), else None. A lease whose owner died
+        (:meth:`Owner.alive <durably._lease.Owner.alive>` is false) is taken over. Atomic
+        across processes: of several acquiring at once, exactly one gets None."""
+
+    @abc.abstractmethod
+    def run_holder(self, run_id: str) -> Owner | None:
+        """The live owner of the run's lease, else None."""
+
+    @abc.abstractmethod
+    def renew_run(self, run_id: str, owner: Owner) -> bool:
+        """Refresh the heartbeat of the lease ``owner`` holds; False if it holds none (taken
+        over, or removed)."""
+
+    @abc.abstractmethod
+    def release_run(self, run_id: str, owner: Owner) -> bool:
+        """Give up the lease ``owner`` holds; False if it held none."""
+
+    def check_run(self, run_id: str, owner: Owner) -> Owner | None:
+        """The live holder of the run's lease other than ``owner``, else None, without taking
+        the lease (an attempt that only replays writes its start and end in one
+        transaction). Default: from :meth:`run_holder`."""
+        holder = self.run_holder(run_id)
+        return None if holder is None or holder.token == owner.token else holder
+
+    def renew_run_apart(self, run_id: str, owner: Owner) -> bool:
+        """:meth:`renew_run` from the heartbeat thread, which does nothing else. Default:
+        :meth:`renew_run`."""
+        return self.renew_run(run_id, owner)
+
+    # -- steps ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def find_step(self, run_id: str, step_id: str) -> bytes | None:
+        """The value of a finished (ran or cached) step of the run, or None."""
+
+    @abc.abstractmethod
+    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        """Append step records (with the values of finished ones), in one transaction."""
+
+    @abc.abstractmethod
+    def append_steps_if_current(self, steps: Sequence[tuple[StepRecord, bytes | None]]
+                                ) -> bool:
+        """:meth:`append_steps` of the steps whose run's stored record still has the step's
+        attempt, checked and written atomically; False if any was refused (**fencing**)."""
+
+    @abc.abstractmethod
+    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        """A run's step records in call order (attempt, then position); ``attempt`` selects
+        one."""
+
+    def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
+        """The parent of each of these steps of the run that has a record. Default: from
+        :meth:`list_steps`."""
+        wanted = set(step_ids)
+        found: dict[str, str | None] = {}
+        for rec in self.list_steps(run_id):
+            if rec.step_id in wanted:
+                found.setdefault(rec.step_id, rec.parent_id)
+        return found
+
+    def append_replays(self, run_id: str, attempt: int,
+                       replays: Sequence[Replay | ReplayRange]) -> bool:
+        """Journal steps of ``attempt`` replayed from the run's journal: each a
+        :class:`Replay` tuple ``(position, started, ended, step_id, parent_id, cache_key,
+        task)`` (a :class:`ReplayRange` only comes from this store's own
+        :meth:`read_ahead`). :meth:`list_steps` returns them as records of status
+        ``"replayed"``. Fenced like :meth:`append_steps_if_current`. Default: one record each.
+        """
+        each = cast("list[Replay]", [r for r in replays if type(r) is not ReplayRange])
+        records: list[tuple[StepRecord, bytes | None]] = [
+            (StepRecord(run_id, step, parent, task, "replayed", attempt, position, started,
+                        ended, None, key), None)
+            for position, started, ended, step, parent, key, task in each
+        ]
+        return self.append_steps_if_current(records)
+
+    def read_ahead(self, run_id: str) -> ReadAhead | None:
+        """Start reading the first finished steps of a run being resumed, for the replay
+        that follows; None (the default): each replayed step asks :meth:`find_step`."""
+        return None
+
+    # -- events --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        """Append events of runs, durably, in one transaction."""
+
+    @abc.abstractmethod
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        """A run's events in the order they were appended; ``kinds`` filters by kind."""
+
+
+class Values(abc.ABC):
+    """The cache: values by cache key."""
+
+    @abc.abstractmethod
+    def cache_get(self, key: str) -> bytes | None:
+        """The value under a cache key, or None (a miss, or an entry found damaged)."""
+
+    @abc.abstractmethod
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
+        """Store several entries, each atomically, with what each key was made of."""
+
+    @abc.abstractmethod
+    def cache_delete(self, keys: Iterable[str]) -> int:
+        """Remove these entries; returns how many there were. Their key records stay (an
+        explanation then says the entry was removed, not that there never was one)."""
+
+    def cache_put(self, key: str, value: bytes, info: KeyRecord | None = None) -> None:
+        """Store one entry (see :meth:`cache_put_many`)."""
+        self.cache_put_many(((key, value, info),))
+
+    def discard_cache(self, key: str, why: str, data: bytes | None = None) -> None:
+        """Take out an entry that must not be served (its value does not load back): removed,
+        with a warning naming the key and ``why``. A backend may keep a copy aside."""
+        self.cache_delete((key,))
+        log.warning("durably: cache entry %s is removed: %s", key, why)
+
+    def seal_ahead(self, value: bytes, *context: str, reuse: bytes | None = None) -> bytes:
+        """``value`` prepared for a journal write that follows (a large one written out now,
+        outside the transaction). ``context``: where it goes (``"result", run_id``); ``reuse``:
+        the value stored there before. Default: the value as it is."""
+        return value
+
+    def discard_ahead(self, sealed: bytes) -> None:  # noqa: B027 - does nothing, on purpose
+        """Undo :meth:`seal_ahead` for a write that was not made. Default: nothing."""
+
+
+class KeyRecords(abc.ABC):
+    """What each cache key was made of."""
+
+    @abc.abstractmethod
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        """Key records of a task's cache entries, newest first."""
+
+    @abc.abstractmethod
+    def clear_task(self, task: str) -> int:
+        """Remove the cache entries of the task of this identity; returns how many."""
+
+    @abc.abstractmethod
+    def task_identities(self) -> list[str]:
+        """The identities (``module:name``) of the tasks that have key records, sorted."""
+
+
+def match_tasks(identities: Iterable[str], task: str) -> list[str]:
+    """The task identities ``task`` names: itself when it is an identity (``module:name``),
+    else every identity whose name is ``task``.
+
+    Example:
+        >>> match_tasks(["m:parse", "n:parse", "m:load"], "parse")
+        ['m:parse', 'n:parse']
+    """
+    if ":" in task:
+        return [t for t in identities if t == task]
+    return [t for t in identities if t.rpartition(":")[2] == task]
+
+
+class Store(Journal, Values, KeyRecords):
+    """A store: :class:`Journal`, :class:`Values` and :class:`KeyRecords`.
+
+    Subclass it and implement the abstract methods; run
+    :class:`durably.testing.StoreConformance` against it. Thread-safe: the runtime calls a
+    store from several threads at once.
+
+    Attributes:
+        capabilities: What the backend does beyond the protocol (see the module docstring).
+    """
+
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "integrity" not in cls.capabilities:
+            # values checked and signed here, for every backend that does not itself
+            for name, wrap in _SEALING.items():
+                method = cls.__dict__.get(name)
+                if method is not None and not getattr(method, "_durably_layer", False):
+                    setattr(cls, name, _layer(method, wrap))
+        elif "large_values" not in cls.capabilities:
+            # a backend that does not stream large values gets their bytes: the description
+            # a LargeValue is made of never reaches it
+            for name in _TAKING:
+                method = cls.__dict__.get(name)
+                if method is not None and not getattr(method, "_durably_layer", False):
+                    setattr(cls, name, _layer(method, _read_large))
+
+    @property
+    def signing_key(self) -> SigningKey | None:
+        """The key values are signed with (``durably.configure(key=...)``, else
+        ``$DURABLY_KEY`` / ``$DURABLY_KEY_FILE``), or None: checksums only."""
+        return process_key()
+
+    @property
+    def url(self) -> str | None:
+        """The URL that opens this store again in another process (see
+        :func:`durably.open_store`), or None if it cannot be."""
+        return None
+
+    def location(self) -> tuple[str, dict[str, Any]] | None:
+        """The URL and options that open this store again in another process (its workers
+        do), or None if it cannot be. Default: :attr:`url`, without options."""
+        url = self.url
+        return None if url is None else (url, {})
+
+    def found(self) -> bool:
+        """Whether the store is where :meth:`location` points, as opened here: False for a
+        store that would be created empty (a worker on a machine without the caller's
+        directory). Default: True."""
+        return True
+
+    def check(self) -> None:
+        """Open the store now, so that a store that cannot be used here fails at once.
+
+        Raises:
+            StoreError: the store cannot be opened or written here. Default: nothing.
+        """
+
+    @property
+    def where(self) -> str:
+        """Where the store is, as messages name it (a directory, a URL)."""
+        return self.url or repr(self)
+
+    def close(self) -> None:
+        """Release files and connections; the store reopens on next use."""
+
+    # -- maintenance (capability "maintenance") -------------------------------------------
+    def cache_size(self) -> int:
+        """Bytes the cache takes where it is kept."""
+        raise self._unsupported("cache_size")
+
+    def large_value_bytes(self) -> int:
+        """Bytes the journal's large values take apart from it (0: none kept apart)."""
+        return 0
+
+    def cache_stats(self) -> dict[str, Any]:
+        """What the cache holds, per task (``durably cache stats``)."""
+        raise self._unsupported("cache_stats")
+
+    def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              dry_run: bool = False) -> int:
+        """Remove cache entries not used for ``older_than`` seconds, then the least recently
+        used until the cache fits ``max_size`` bytes; returns how many."""
+        raise self._unsupported("prune")
+
+    def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:
+        """Remove every cache entry, or those of one task (its identity or name); returns how
+        many. Raises :class:`~durably.exceptions.NotFoundError` when no task of that name
+        ever wrote to the cache."""
+        raise self._unsupported("clear")
+
+    def collect_values(self, grace: float = 3600.0) -> tuple[int, int]:
+        """Remove stored large values no journal row refers to, unless changed less than
+        ``grace`` seconds ago; returns (values removed, bytes freed)."""
+        raise self._unsupported("collect_values")
+
+    def repair_run(self, run_id: str) -> list[str]:
+        """Set a run's damaged journal rows aside; returns what was set aside."""
+        raise self._unsupported("repair_run")
+
+    def _unsupported(self, what: str) -> StoreError:
+        return StoreError(f"{type(self).__name__} does not support {what}() (its capabilities: "
+                          f"{sorted(self.capabilities) or 'none'}). Fix: use a store that "
+                          "declares \"maintenance\", such as durably.DiskStore.")
+
+
+#: the methods that take values
+_TAKING = ("cache_put_many", "append_steps", "append_steps_if_current", "put_run",
+           "put_run_if_current", "append_events")
+
+_inside = threading.local()
+
+
+def _layer(method: Callable[..., Any], wrap: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of a backend with ``wrap`` around it: only for the outermost call (a
+    backend's method calling another of its own is not wrapped twice)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def layered(self: Store, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_inside, "on", False):
+            return method(self, *args, **kwargs)
+        _inside.on = True
+        try:
+            return wrap(name, self, method, *args, **kwargs)
+        finally:
+            _inside.on = False
+
+    layered._durably_layer = True  # type: ignore[attr-defined]
+    return layered
+
+
+def _read_large(name: str, store: Store, method: Callable[..., Any], items: Any,
+                *args: Any, **kwargs: Any) -> Any:
+    return method(store, _bytes_of(name, items), *args, **kwargs)
+
+
+def _bytes_of(name: str, items: Any) -> Any:
+    if name in ("put_run", "put_run_if_current"):
+        rec: RunRecord = items
+        if isinstance(rec.result, Spilled) or isinstance(rec.args, Spilled):
+            rec = rec.copy()
+            rec.args = None if rec.args is None else value_bytes(rec.args)
+            rec.result = None if rec.result is None else value_bytes(rec.result)
+        return rec
+    if name == "cache_put_many":
+        return [(k, value_bytes(v), i) if isinstance(v, Spilled) else (k, v, i)
+                for k, v, i in items]
+    if name == "append_events":
+        return [e if not isinstance(e.data, Spilled) else
+                EventRecord(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key,
+                            value_bytes(e.data)) for e in items]
+    return [(r, d) if not isinstance(d, Spilled) else (r, value_bytes(d)) for r, d in items]
+
+
+
+# -- integrity above the backends ---------------------------------------------------------------
+# For a backend without "integrity", every value is sealed (a checksum, and a signature bound to
+# its slot when a key is set: see _seal) on its way in, and checked on its way out: a damaged
+# cache value is a miss, a damaged journal value an error that names its run, and a value
+# signed with another key (or none, when a key is set) is not served.
+
+
+def _context(key: SigningKey | None, *parts: str) -> bytes:
+    return "\x00".join(parts).encode() if key is not None else b""
+
+
+def _sealed(value: bytes | None, key: SigningKey | None, *parts: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, Unreadable):  # (a damaged value read back: never written again)
+        raise value.error
+    return seal(value_bytes(value), key, _context(key, *parts))
+
+
+def _seal_in(name: str, store: Store, method: Callable[..., Any], items: Any, *args: Any,
+             **kwargs: Any) -> Any:
+    key = store.signing_key
+    if name in ("put_run", "put_run_if_current"):
+        rec: RunRecord = items.copy()
+        rec.args = _sealed(rec.args, key, "args", rec.run_id)
+        rec.result = _sealed(rec.result, key, "result", rec.run_id)
+        items = rec
+    elif name == "cache_put_many":
+        items = [(k, _sealed(v, key, "cache", k), i) for k, v, i in items]
+    elif name == "append_events":
+        items = [EventRecord(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key,
+                             _sealed(e.data, key, "event", e.run_id, e.kind, e.key))
+                 for e in items]
+    else:
+        items = [(r, _sealed(d, key, "step", r.run_id, r.step_id)) for r, d in items]
+    return method(store, items, *args, **kwargs)
+
+
+def _corrupt(store: Store, run_id: str, what: str, why: str, fix: str = "") -> CorruptJournalError:
+    return CorruptJournalError(
+        f"the journal of run {run_id!r} at {store.where} is damaged: {what} cannot be trusted: "
+        f"{why}. " + (fix or "Fix: start a new run with fresh=True, or delete the run "
+                      f"(durably.delete_runs([{run_id!r}]))."))
+
+
+def _opened_run(store: Store, rec: RunRecord | None) -> RunRecord | None:
+    if rec is None:
+        return None
+    key = store.signing_key
+    for field in ("args", "result"):
+        data = getattr(rec, field)
+        if data is None:
+            continue
+        payload, why = open_seal(data, key, _context(key, field, rec.run_id))
+        setattr(rec, field, payload if payload is not None else Unreadable(
+            _corrupt(store, rec.run_id, f"its {'arguments' if field == 'args' else 'result'}",
+                     why)))
+    return rec
+
+
+def _open_cache(name: str, store: Store, method: Callable[..., Any], key: str) -> Any:
+    data = method(store, key)
+    if data is None:
+        return None
+    signer = store.signing_key
+    payload, why = open_seal(data, signer, _context(signer, "cache", key))
+    if payload is None:
+        store.discard_cache(key, why)
+    return payload
+
+
+def _open_step(name: str, store: Store, method: Callable[..., Any], run_id: str,
+               step_id: str) -> Any:
+    data = method(store, run_id, step_id)
+    if data is None:
+        return None
+    key = store.signing_key
+    payload, why = open_seal(data, key, _context(key, "step", run_id, step_id))
+    if payload is not None:
+        return payload
+    rec = next((r for r in store.list_steps(run_id) if r.step_id == step_id), None)
+    task = rec.task if rec is not None else "?"
+    what = f"the recorded result of step {step_id} (task {task!r})"
+    if rec is not None and rec.cache_key:
+        log.warning("durably: the journal of run %r at %s is damaged: %s cannot be trusted "
+                    "(%s); the task is cacheable, so it is taken from the cache or executed "
+                    "again", run_id, store.where, what, why)
+        return None
+    raise _corrupt(store, run_id, what, why, (
+        f"durably will not execute {task!r} again by itself: it finished in this run, and a "
+        "cache=False task may have side effects. Fix: start a new run with fresh=True."))
+
+
+def _open_run(name: str, store: Store, method: Callable[..., Any], *args: Any,
+              **kwargs: Any) -> Any:
+    return _opened_run(store, method(store, *args, **kwargs))
+
+
+def _open_runs(name: str, store: Store, method: Callable[..., Any], *args: Any,
+               **kwargs: Any) -> Any:
+    return [_opened_run(store, rec) for rec in method(store, *args, **kwargs)]
+
+
+def _open_events(name: str, store: Store, method: Callable[..., Any], run_id: str,
+                 *args: Any, **kwargs: Any) -> Any:
+    key = store.signing_key
+    found = []
+    for e in method(store, run_id, *args, **kwargs):
+        if e.data is not None:
+            payload, why = open_seal(e.data, key, _context(key, "event", e.run_id, e.kind,
+                                                           e.key))
+            if payload is None:
+                payload = Unreadable(_corrupt(store, e.run_id, f"a {e.kind!r} event", why))
+            e = EventRecord(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key, payload)
+        found.append(e)
+    return found
+
+
+_SEALING: dict[str, Callable[..., Any]] = {
+    **dict.fromkeys(_TAKING, _seal_in),
+    "cache_get": _open_cache,
+    "find_step": _open_step,
+    "find_run": _open_run,
+    "find_latest_run": _open_run,
+    "list_runs": _open_runs,
+    "list_events": _open_events,
+}
