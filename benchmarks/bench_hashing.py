@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import description, median_seconds, report
 
 import durably
-from durably._hashing import encode_arguments
+from durably._keys.hashing import encode_arguments
 
 
 def interleaved(a: Callable[[], Any], b: Callable[[], Any], repeat: int = 7

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import description, median_seconds, positive_int, report
 
 import durably
-from durably._seal import SigningKey, open_seal, seal
+from durably._store.integrity import SigningKey, open_seal, seal
 
 KEY = SigningKey(os.urandom(32), "benchmark")
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import description, fmt, median_seconds, positive_int, report
 
 import durably
-from durably._store import KeyRecord
+from durably._store.records import KeyRecord
 
 BATCH = 10_000
 

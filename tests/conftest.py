@@ -111,7 +111,7 @@ def define(src: str, ns: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def fp(func: Any) -> str:
     """The code fingerprint of a function."""
-    from durably._fingerprint import fingerprint_function
+    from durably._keys.fingerprint import fingerprint_function
 
     return fingerprint_function(func).digest
 

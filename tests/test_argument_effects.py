@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import durably
-from durably._effects import Effects
+from durably._runtime.effects import Effects
 
 
 def test_a_task_appending_to_its_argument_replays_the_same_every_time(store: Any) -> None:

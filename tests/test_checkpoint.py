@@ -1,5 +1,5 @@
 """The journal's and the cache's write-ahead logs are checkpointed in a background thread
-(durably._checkpoint)."""
+(durably._store.disk.checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably import _checkpoint
+from durably._store.disk import checkpoint as _checkpoint
 
 from .conftest import run_script, script_env, write_script
 

@@ -531,8 +531,9 @@ def test_cache_stats_counts_entries_written_while_it_reads(
     """A job writing meanwhile writes a batch's cache entries, then their key records: an
     entry newer than the key records cache_stats read first still counts under its task
     (it read as "(unknown task)": a running job's whole latest batch)."""
-    from durably import DiskStore, _maintenance
-    from durably._records import KeyRecord
+    from durably import DiskStore
+    from durably._store.disk import maintenance as _maintenance
+    from durably._store.records import KeyRecord
 
     store = DiskStore(tmp_path / "s")
     record = KeyRecord("m:t", "a" * 32, "c", {}, {}, 1.0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import durably
-from durably._seal import open_seal
+from durably._store.integrity import open_seal
 
 from .conftest import script_env, write_script
 
@@ -253,7 +253,7 @@ def test_a_store_reopened_after_each_crash_keeps_no_descriptor_of_an_old_wal_ind
     import os
     import signal
 
-    from durably import _wal
+    from durably._store.disk import wal as _wal
 
     script = write_script(tmp_path / "worker.py", """
         import sys, time

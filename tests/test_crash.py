@@ -402,7 +402,7 @@ def test_a_long_step_keeps_the_runs_lease_alive(tmp_path: Path,
     import time
 
     import durably
-    from durably import _lease
+    from durably._store import lease as _lease
 
     script = write_script(tmp_path / "leased.py", LEASED)
     store = durably.DiskStore(tmp_path / "store")
@@ -427,8 +427,8 @@ def test_a_lease_of_another_host_or_container_says_when_it_expires() -> None:
     own pid namespace: its pid means nothing here) is judged by its lease's heartbeat: the
     message says so and how long until the lease expires, not that it runs "right now"."""
     import durably
-    from durably import _lease
-    from durably._config import default_store
+    from durably._runtime.config import default_store
+    from durably._store import lease as _lease
 
     fail = {"on": True}
 
@@ -567,7 +567,7 @@ def test_a_run_in_another_pid_namespace_is_not_judged_by_our_pids(
     import time
 
     import durably
-    from durably import _lease
+    from durably._store import lease as _lease
 
     script = write_script(tmp_path / "leased.py", LEASED)
     store = durably.DiskStore(tmp_path / "store")
@@ -966,9 +966,9 @@ def test_a_write_is_refused_while_the_write_ahead_log_cannot_be_checked(
     simulated): the write fails with the lock's StoreError instead of writing over a log
     that may hide lost commits; reads go on; once the check is made, writes do."""
     import durably
-    from durably import _store
-    from durably._store import RunRecord
-    from durably._wal import BUSY
+    from durably._store.disk import store as _store
+    from durably._store.disk.wal import BUSY
+    from durably._store.records import RunRecord
     from durably.exceptions import StoreError
 
     path = tmp_path / "s"

@@ -43,7 +43,7 @@ import json, logging, os, random, signal, sqlite3, sys, threading, time, traceba
 from collections import Counter
 import durably
 from durably import _blobs, _serde
-from durably._context import current_run
+from durably._runtime.context import current_run
 
 BASE, TRIALS, SEED, WORKER = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 N = 8

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably._context import current_run
+from durably._runtime.context import current_run
 from durably.exceptions import RunStateError
 
 from .conftest import run_script, script_env, write_script
@@ -476,7 +476,8 @@ def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
     """A Ctrl-C landing as the commit of a deferred start (or of an attempt that only
     replayed) returns: the commit stands, the call raises KeyboardInterrupt (not a
     RunStateError about another process), and the run reads as that attempt left it."""
-    from durably import _records, _runtime
+    from durably._runtime import runtime as _runtime
+    from durably._store import records as _records
 
     entry = grows if where == "start" else job
     _failed_run(3, entry=entry)
@@ -542,7 +543,8 @@ def test_a_ctrl_c_before_the_start_commits_leaves_it_unwritten(
     """A Ctrl-C landing as the deferred start's transaction ends, before its COMMIT: the
     start is not journaled (nor taken as journaled), the attempt ends stopped in one
     commit, its replays recorded once."""
-    from durably import _runtime, _store
+    from durably._runtime import runtime as _runtime
+    from durably._store.disk import store as _store
 
     _failed_run(3, entry=grows)
     armed = [False]
@@ -612,7 +614,7 @@ def test_replays_refused_when_journaled_on_the_way_leave_the_call_its_result(
     records (many out of order); another attempt finished the run before that: the batch
     is refused, the attempt goes on replaying without journaling, and its call returns the
     run's result, as when it is refused at its end (was: RunStateError)."""
-    from durably import _store
+    from durably._store.disk import store as _store
 
     monkeypatch.setattr(_store, "_AHEAD_RANGES", 2)  # a batch every 2 ranges
     FAIL["on"] = True
@@ -695,7 +697,7 @@ def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
     """An attempt that only replayed and returns a large result (journaled apart, its start
     first) finds that another attempt finished the run meanwhile: as with a small result,
     its call returns the result it replayed, and nothing of it is journaled."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
 
     _failed_run(3)
     monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
@@ -721,7 +723,7 @@ def test_an_end_whose_commit_times_out_once_is_journaled_on_a_second_try(
     journal's write lock past the busy timeout); the end is then journaled write by write,
     and it succeeds: the call returns its result (was: the first StoreError), for an
     attempt that only replayed (job) and for one that executed a step (grows)."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
     from durably.exceptions import StoreError
 
     entrypoint = job if entry == "job" else grows
@@ -754,7 +756,7 @@ def test_a_large_result_ends_its_attempt_in_one_commit_with_the_lease_s_release(
     """An attempt that executed and returns a large result journals its final record and
     releases its lease in one commit, as with a small one: no moment where the journal says
     finished while the lease still holds the run (a call then was refused)."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
 
     def commits(base: int) -> int:
         before = _commits(store)
@@ -774,7 +776,7 @@ def test_a_large_result_of_an_attempt_that_only_replayed_is_journaled_in_one_com
     without a lease, as with a small one. When that commit fails, the start is journaled
     on its own, then the end: killed before the end, the record says running (crashed),
     never the final status."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
 
     _failed_run(3)
     monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"

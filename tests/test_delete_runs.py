@@ -20,7 +20,7 @@ import pytest
 
 import durably
 import durably.testing
-from durably import _serde
+from durably._keys import serde as _serde
 
 from .conftest import script_env, write_script
 

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import pytest
 
 import durably
-from durably._hashing import locate_undigestable
-from durably._serde import dumps, locate_unpicklable
+from durably._keys.hashing import locate_undigestable
+from durably._keys.serde import dumps, locate_unpicklable
 
 
 class Client:

@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 
 import durably
-from durably import _executors, _progress, _worker
-from durably._interrupt import Interrupt, InterruptSignal
+from durably._executors import fanout as _executors
+from durably._executors import progress as _progress
+from durably._executors import worker as _worker
+from durably._runtime.interrupt import Interrupt, InterruptSignal
 from durably.executors import Dask, Process, Thread
 from durably.testing import MemoryStore
 
@@ -817,7 +819,7 @@ def test_a_worker_without_the_store_directory_caches_in_memory(
     with caplog.at_level(logging.WARNING, logger="durably"):
         _worker._use_store(("url", ("elsewhere", 1), Path(missing).as_uri(), {}))
     try:
-        from durably._config import default_store
+        from durably._runtime.config import default_store
 
         assert isinstance(default_store(), MemoryStore)
         assert "not reachable" in caplog.text and missing in caplog.text
@@ -1367,7 +1369,7 @@ def test_a_worker_seeing_an_empty_folder_at_the_store_path_caches_in_memory(
     with caplog.at_level(logging.WARNING, logger="durably"):
         _worker._use_store(("disk", ("elsewhere", 1), str(empty), None, "normal", None, None))
     try:
-        from durably._config import default_store
+        from durably._runtime.config import default_store
 
         assert isinstance(default_store(), MemoryStore)
         assert list(empty.iterdir()) == []  # no orphan store created there

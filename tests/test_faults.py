@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 import durably
-from durably import _serde
-from durably._seal import open_seal
+from durably._keys import serde as _serde
+from durably._store.integrity import open_seal
 
 from .conftest import script_env, write_script
 
@@ -191,7 +191,7 @@ def test_a_garbage_cache_index_is_moved_aside_and_the_cache_starts_empty(
 
 
 def _record(run_id: str) -> Any:
-    from durably._store import RunRecord
+    from durably._store.records import RunRecord
 
     return RunRecord(run_id, "m:ep", "ep", "finished", 1.0, 1.0, 1, "d" * 32)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably._fingerprint import fingerprint_function
+from durably._keys.fingerprint import fingerprint_function
 
 from .conftest import define, fp, variant
 
@@ -327,7 +327,7 @@ def task(x):
 """
 PRINT = (
     "import sys; sys.path.insert(0, sys.argv[1]); import fpu_cross as m\n"
-    "from durably._fingerprint import fingerprint_function as f\n"
+    "from durably._keys.fingerprint import fingerprint_function as f\n"
     "print(f(m.task).digest, f(m.ping).digest, f(m.pong).digest)\n"
 )
 

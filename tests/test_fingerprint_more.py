@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from durably import _origin
-from durably._fingerprint import fingerprint_function
+from durably._keys import origin as _origin
+from durably._keys.fingerprint import fingerprint_function
 
 Loader = Callable[[dict[str, str], str], types.ModuleType]
 
@@ -117,7 +117,7 @@ TASKS = ("t_global_model", "t_model_class", "t_dataclass", "t_enum", "t_frozen",
 PRINT = (
     "import sys, os; sys.path.insert(0, sys.argv[1]); os.chdir(sys.argv[2]); "
     "import fpm_records as m\n"
-    "from durably._fingerprint import fingerprint_function as f\n"
+    "from durably._keys.fingerprint import fingerprint_function as f\n"
     "for _ in range(int(sys.argv[3])): m.t_counter(0)\n"
     f"print(' '.join(f(getattr(m, n)).digest for n in {TASKS!r}))\n"
 )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from durably._fingerprint import fingerprint_function
+from durably._keys.fingerprint import fingerprint_function
 
 from .conftest import define, fp, load_source
 
@@ -98,7 +98,7 @@ class Double(Base):
 
 
 def test_a_module_made_in_memory_is_user_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    from durably._origin import is_user_module
+    from durably._keys.origin import is_user_module
 
     mod = types.ModuleType("durably_cfgmod")
     mod.K = 4  # type: ignore[attr-defined]

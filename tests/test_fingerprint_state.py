@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably._fingerprint import fingerprint_function
+from durably._keys.fingerprint import fingerprint_function
 
 from .conftest import define, fp, script_env, variant, write_script
 
@@ -1067,7 +1067,7 @@ def task(x):
 """
 PRINT = """
 import sys; sys.path.insert(0, sys.argv[1]); import fps_cross as m
-from durably._fingerprint import fingerprint_function as f
+from durably._keys.fingerprint import fingerprint_function as f
 if sys.argv[2] == "filled":
     for k in ("q", "r", "s"):
         m.task(k)
@@ -1119,7 +1119,7 @@ def _install(site: Path, dist: str, version: str) -> None:
 VERSION_TASK = """
 import sys; sys.path.insert(0, sys.argv[1])
 import fps_lib
-from durably._fingerprint import fingerprint_function
+from durably._keys.fingerprint import fingerprint_function
 def task(x):
     return fps_lib.work(x)
 print(fingerprint_function(task).digest)
@@ -1450,7 +1450,7 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
     (a loaded machine stretches that moment): the body reads the new content, and that
     result is not cached under the old content's key. A file only touched (its content the
     same) between calls does not matter."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
 
     durably.configure(store=durably.DiskStore(tmp_path / "store"))
     data = tmp_path / "data.txt"

@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import durably
-from durably._hashing import encode_arguments
+from durably._keys.hashing import encode_arguments
 
 from .conftest import load_source
 
@@ -333,7 +333,7 @@ _texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=30) 
 @given(st.lists(_texts, max_size=40), st.booleans())
 def test_a_run_of_strings_digests_as_its_strings_one_by_one(
         strings: list[str], as_tuple: bool) -> None:
-    from durably._hashing import Encoder
+    from durably._keys.hashing import Encoder
 
     value: Any = tuple(strings) if as_tuple else strings
     fast = digest(value)
@@ -363,8 +363,8 @@ def test_kept_blocks_of_dict_keys_digest_as_keys_written_anew(
     """The block of a dict's str keys (or a set's strs) is kept after its first use: a dict
     digests the same the first time, from the kept block, once the blocks kept are full,
     and as the keys written anew each time."""
-    from durably import _hashing
-    from durably._hashing import Encoder
+    from durably._keys import hashing as _hashing
+    from durably._keys.hashing import Encoder
 
     value: Any = set(d) if as_set else d
     with pytest.MonkeyPatch.context() as mp:
@@ -873,7 +873,7 @@ def test_a_bare_tzinfo_raises_a_serialization_error(value: Any) -> None:
 def test_argument_digests_equal_the_general_encoding(arguments: dict[str, Any]) -> None:
     """encode_arguments writes names from a table and dispatches inline: the bytes hashed are
     what the general path (Encoder.raw + Encoder.encode) writes, so keys never change."""
-    from durably._hashing import _HEADER, Encoder, encode_arguments
+    from durably._keys.hashing import _HEADER, Encoder, encode_arguments
 
     e = Encoder()
     e.buf += _HEADER
@@ -903,7 +903,7 @@ def test_scalar_arguments_take_the_short_path_and_get_the_same_digest(
     """Arguments that are all small scalars are encoded without an Encoder (the common call
     of a task): the digest is the general path's, ints past 64 bits and long strings
     included (they leave the short path)."""
-    from durably._hashing import _general_arguments, encode_arguments
+    from durably._keys.hashing import _general_arguments, encode_arguments
 
     expected = _general_arguments(arguments)  # (also puts the names in the table)
     assert encode_arguments(arguments) == expected
@@ -929,7 +929,7 @@ def test_argument_digests_taken_in_the_key_s_pass_equal_digest_each(
     arguments it encoded itself (not small scalars, and none holding a large buffer), from
     the same pass: the key is unchanged, and digest_each(arguments, each) equals
     digest_each(arguments)."""
-    from durably._hashing import digest_each, encode_arguments
+    from durably._keys.hashing import digest_each, encode_arguments
 
     each: dict[str, str] = {}
     key = encode_arguments(arguments, each)
@@ -1003,8 +1003,8 @@ def test_flow_digests_taken_in_the_key_s_pass_equal_the_tracer_s(
     list, tuple or dict argument) taken in the pass that makes the key are those
     trace_digest gives: elements with cycles, large buffers, packed ints, the strings
     block, values too common to mean a flow and non-str keys included."""
-    from durably._hashing import digest_each, encode_arguments
-    from durably._tracer import flow_digests
+    from durably._keys.hashing import digest_each, encode_arguments
+    from durably._trace.tracer import flow_digests
 
     each: dict[str, str] = {}
     taken: dict[str, list[str | None]] = {}
@@ -1021,7 +1021,7 @@ def test_a_result_s_element_digests_taken_in_one_pass_equal_trace_digest_s(value
     """trace_digests (a result's digest and its elements', for fan-out edges) equals
     trace_digest of the whole and of each element (a dict's values in its order), with
     cycles, large buffers, the strings block, common values and non-str keys."""
-    from durably._hashing import MAX_RESULT_ELEMENTS, trace_digest, trace_digests
+    from durably._keys.hashing import MAX_RESULT_ELEMENTS, trace_digest, trace_digests
 
     whole, elements = trace_digests(value)
     assert whole == trace_digest(value)
@@ -1037,7 +1037,7 @@ def test_a_result_s_element_digests_taken_in_one_pass_equal_trace_digest_s(value
 def test_arguments_nested_as_deep_as_the_key_allows_get_their_digests_too() -> None:
     """The taps add frames: an argument nested as deeply as the key alone allows is encoded
     again without them, never refused."""
-    from durably._hashing import digest_each, encode_arguments
+    from durably._keys.hashing import digest_each, encode_arguments
 
     def nested(depth: int) -> list[Any]:
         value: list[Any] = []
@@ -1064,7 +1064,7 @@ def test_arguments_nested_as_deep_as_the_key_allows_get_their_digests_too() -> N
 def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() -> None:
     """The digest of a list-of-strings argument, for explain and the tracer, is taken in the
     pass that makes the key: its strings are encoded once, not twice."""
-    from durably._hashing import Encoder, digest_each, encode_arguments
+    from durably._keys.hashing import Encoder, digest_each, encode_arguments
 
     calls = []
     strings = Encoder.strings
@@ -1093,7 +1093,7 @@ def test_positional_arguments_get_the_digest_of_the_bound_ones(
     """A call with all its arguments given by position is digested without binding them
     (encode_positional): the same digest as the bound arguments, ignored ones left out, or
     None (a value that is not a small scalar: the caller binds them and digests them)."""
-    from durably._hashing import encode_arguments, encode_positional, positional_plan
+    from durably._keys.hashing import encode_arguments, encode_positional, positional_plan
 
     names = list(arguments)
     ignore = data.draw(st.sets(st.sampled_from(names)) if names else st.just(set()))

@@ -21,7 +21,7 @@ import pytest
 
 import durably
 from durably import digest
-from durably._hashing import encode_arguments
+from durably._keys.hashing import encode_arguments
 
 from .conftest import load_source
 

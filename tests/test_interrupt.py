@@ -134,7 +134,7 @@ def test_several_pending_interrupts_are_answered_by_id_and_partially() -> None:
     @entrypoint
     def pipeline() -> list[Any]:
         # two branches that both wait: collected like a parallel fan-out does
-        from durably._interrupt import InterruptSignal
+        from durably._runtime.interrupt import InterruptSignal
 
         found, pending = [], []
         for q in ("a?", "b?"):
@@ -513,7 +513,7 @@ def test_checkpoint_is_a_frozen_record() -> None:
 
 # -- found by a new user trying to break it --------------------------------------------------
 def test_a_resume_that_cannot_take_the_lease_answers_nothing() -> None:
-    from durably._lease import hold, let_go, me
+    from durably._store.lease import hold, let_go, me
 
     @entrypoint
     def flow() -> Any:
@@ -964,8 +964,8 @@ def test_calling_again_after_a_fork_continues_the_source_run() -> None:
 
 
 def test_pending_payloads_that_cannot_be_loaded_here_are_described() -> None:
-    from durably._interrupt import pending_interrupts
-    from durably._store import EventRecord
+    from durably._runtime.interrupt import pending_interrupts
+    from durably._store.records import EventRecord
 
     @entrypoint
     def flow() -> Any:
@@ -1186,7 +1186,8 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
     """Journals written before nested side effects were identified by their callers'
     tasks and inputs hold them under their caller's step id: a run resumed after the
     upgrade finds them there (replayed, not sent again)."""
-    from durably import _decorators, _runtime
+    from durably._decorators import decorators as _decorators
+    from durably._runtime import runtime as _runtime
 
     sent: list[str] = []
 

@@ -15,9 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import durably
-from durably import _serde
-from durably._records import StepRecord, compact_replay, pack_replays, unpack_replays
-from durably._store import JOURNAL_FORMAT
+from durably._keys import serde as _serde
+from durably._store.disk.rows import compact_replay, pack_replays, unpack_replays
+from durably._store.disk.store import JOURNAL_FORMAT
+from durably._store.records import StepRecord
 from durably.exceptions import StoreError
 
 _hex32 = st.binary(min_size=16, max_size=16).map(bytes.hex)
@@ -194,7 +195,7 @@ def test_a_format_3_journal_is_upgraded_and_keeps_its_replayed_rows(
 
 
 def _serde_open(blob: bytes) -> bytes:
-    from durably._seal import open_seal
+    from durably._store.integrity import open_seal
 
     payload, why = open_seal(blob)
     assert payload is not None, why
@@ -251,7 +252,7 @@ def test_a_lease_this_process_left_behind_is_taken_over(store: durably.DiskStore
     """An attempt interrupted (Ctrl-C) before it released its lease left a lease of this
     process that no attempt holds: the next call continues the run instead of refusing it as
     being executed in this process."""
-    from durably._lease import hold, let_go, me
+    from durably._store.lease import hold, let_go, me
 
     FAIL["on"] = True
     with pytest.raises(RuntimeError):
@@ -291,8 +292,8 @@ def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
     perhaps written to blobs/) is sealed before it, and written in it as it is, with the
     rest (the final record and the lease's release in one commit); a small one is sealed
     in it."""
-    from durably import _runtime
-    from durably._store import Sealed
+    from durably._runtime import runtime as _runtime
+    from durably._store.disk.store import Sealed
 
     seen: list[tuple[str, bool, bool]] = []
     sealed: list[bool] = []
@@ -378,7 +379,7 @@ def test_a_run_end_that_fails_in_its_transaction_is_written_step_by_step(
 
 
 def test_batch_rolls_back_every_write_when_the_block_raises(tmp_path: Path) -> None:
-    from durably._records import EventRecord, RunRecord
+    from durably._store.records import EventRecord, RunRecord
 
     store = durably.DiskStore(tmp_path / "s")
     with pytest.raises(KeyError), store.batch():
@@ -414,7 +415,7 @@ def test_a_batch_whose_end_never_ran_is_rolled_back_by_the_next_write(
     transaction open: once the block's frame is gone, the next write rolls it back instead
     of joining it (its writes would never be committed, and other processes would wait on
     its lock)."""
-    from durably._records import EventRecord, RunRecord
+    from durably._store.records import EventRecord, RunRecord
 
     kept = []  # (as the traceback of the interrupt would keep it)
 
@@ -437,7 +438,7 @@ def test_a_batch_whose_end_never_ran_is_rolled_back_by_the_next_write(
 
 
 def test_a_block_still_running_keeps_its_transaction(store: durably.DiskStore) -> None:
-    from durably._records import EventRecord
+    from durably._store.records import EventRecord
 
     with store.batch():
         store.append_events([EventRecord("r", "custom", 1.0, 1)])
@@ -450,14 +451,14 @@ def test_an_attempt_interrupted_while_it_settles_ends_and_frees_its_lease(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C after the body returned, while the attempt waits for work it submitted: the
     attempt still ends (stopped), so the same process can continue the run at once."""
-    from durably import _decorators
+    from durably._decorators import decorators as _decorators
 
     _interrupt_first_call(monkeypatch, _decorators, "_settle_submitted")
     with pytest.raises(KeyboardInterrupt):
         chain.run(2)
     (rec,) = store.list_runs()
     assert rec.status == "stopped"
-    assert durably._context.current_run.get() is None
+    assert durably._runtime.context.current_run.get() is None
     run = chain.run(2)
     assert (run.status, run.attempt, run.counts()["replayed"]) == ("finished", 2, 2)
 
@@ -479,7 +480,7 @@ def test_replays_with_a_forged_header_are_refused() -> None:
     ValueError, so the row is left out), not a RecursionError out of every listing."""
     import struct
 
-    from durably._records import _REPLAYS_MAGIC
+    from durably._store.disk.rows import _REPLAYS_MAGIC
 
     forged = _REPLAYS_MAGIC + struct.pack("<II", 100_000, 0) + b"[" * 100_000
     with pytest.raises(ValueError, match="damaged"):
@@ -490,7 +491,7 @@ def test_large_results_of_cached_steps_are_journaled_at_once(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never held in memory for a batch, nor written in the transaction that ends the
     attempt."""
-    from durably import _context
+    from durably._runtime import context as _context
 
     assert chain(3) == 6  # fills the cache
     FAIL["on"] = False
@@ -513,7 +514,7 @@ def test_the_cache_read_returns_what_diskcache_get_returns(tmp_path: Path,
                                                            limited: bool) -> None:
     """durably reads an entry the way Cache.get's own fast path does: same answer for a
     miss, a small value, a value kept in a file, and with an eviction policy."""
-    from durably._store import _cache_fetch
+    from durably._store.disk.store import _cache_fetch
 
     store = durably.DiskStore(tmp_path / "s", size_limit=10**9 if limited else None,
                               memo_entries=0)
@@ -535,14 +536,14 @@ def test_an_attempt_interrupted_as_it_ends_leaves_no_run_around_this_context(
     """Ctrl-C landing in end_run before the context was reset: the thread must not stay
     inside the run (a later, different entrypoint would journal into it), and the run can be
     called again."""
-    from durably import _runtime
+    from durably._runtime import runtime as _runtime
 
     real = _runtime._leave
     _interrupt_first_call(monkeypatch, _runtime, "_leave")
     with pytest.raises(KeyboardInterrupt):
         chain.run(2)
     monkeypatch.setattr(_runtime, "_leave", real)
-    assert durably._context.current_run.get() is None
+    assert durably._runtime.context.current_run.get() is None
 
     @durably.entrypoint
     def report(x: int) -> int:
@@ -623,7 +624,7 @@ def _pack_one_by_one(replays: list[Any]) -> bytes:
     import json
     import struct
 
-    from durably._records import _REPLAY, _REPLAYS_MAGIC
+    from durably._store.disk.rows import _REPLAY, _REPLAYS_MAGIC
 
     names: dict[str, int] = {}
     parts = []

@@ -15,10 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import durably
-from durably import _maintenance
-from durably import _store as store_module
-from durably._records import KeyRecord, StepRecord, row_hash, row_hash_sql, step_sid
-from durably._store import JOURNAL_FORMAT
+from durably._store.disk import maintenance as _maintenance
+from durably._store.disk import store as store_module
+from durably._store.disk.rows import row_hash, row_hash_sql, step_sid
+from durably._store.disk.store import JOURNAL_FORMAT
+from durably._store.records import KeyRecord, StepRecord
 
 FAIL = {"on": False}
 NOTES: list[int] = []

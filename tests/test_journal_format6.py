@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import durably
-from durably._store import JOURNAL_FORMAT
+from durably._store.disk.store import JOURNAL_FORMAT
 from durably.exceptions import RunStateError
 
 # the workload and helpers of the format 5 tests (store: a fixture)

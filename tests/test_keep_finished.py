@@ -181,7 +181,7 @@ def test_the_command_resumes_keeping_finished_steps(project: Project) -> None:
 
 # -- in one process -------------------------------------------------------------------------
 def test_the_key_under_older_code_is_the_key_the_task_makes() -> None:
-    from durably._keep import _key
+    from durably._runtime.keep import _key
 
     @durably.task
     def f(x: int) -> int:

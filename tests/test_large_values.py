@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import durably
-from durably import _serde
-from durably._store import RunRecord, StepRecord
+from durably._keys import serde as _serde
+from durably._store.records import RunRecord, StepRecord
 
 from .conftest import script_env, write_script
 
@@ -171,7 +171,7 @@ def test_a_cache_value_replaced_while_read_is_still_journaled(
     """Another process overwrote the entry between this one opening its file and pinning it
     (the cache's name is gone): the value read is kept by a private copy, so the run that
     journals it (a hard link to it in blobs/) does not fail with ENOENT."""
-    from durably import _blobs
+    from durably._store.disk import blobs as _blobs
 
     store = durably.DiskStore(tmp_path / "s")
     durably.configure(store=store)
@@ -256,8 +256,8 @@ def _result_blob(store: durably.DiskStore, run_id: str) -> Path:
     """The file in blobs/ the run's stored result refers to."""
     import sqlite3
 
-    from durably._blobs import BLOB_REF
-    from durably._seal import open_seal
+    from durably._store.disk.blobs import BLOB_REF
+    from durably._store.integrity import open_seal
 
     with contextlib.closing(sqlite3.connect(store.path / "journal.sqlite3")) as con:
         (data,) = con.execute("SELECT result FROM runs WHERE run_id=?", (run_id,)).fetchone()

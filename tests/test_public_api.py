@@ -60,9 +60,9 @@ def test_heavy_parts_are_imported_on_first_use() -> None:
     import sys
 
     code = ("import sys, durably; print(sorted(m for m in ('durably.stategraph', "
-            "'durably._executors', 'durably.cli', 'durably.render') if m in sys.modules)); "
+            "'durably._executors.fanout', 'durably.cli', 'durably.render') if m in sys.modules)); "
             "durably.StateGraph; durably.executors.Dask; print('durably.stategraph' in "
-            "sys.modules, 'durably._executors' in sys.modules)")
+            "sys.modules, 'durably._executors.fanout' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True True"]
@@ -92,7 +92,7 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 import durably
-from durably._runtime import is_cancelled
+from durably._runtime.runtime import is_cancelled
 print(is_cancelled(ValueError()), is_cancelled(None))
 import asyncio
 print(is_cancelled(asyncio.CancelledError()), is_cancelled(KeyboardInterrupt()))

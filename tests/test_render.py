@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import durably
 from durably import render
-from durably._tracer import Edge, Node, RunGraph
+from durably._trace.tracer import Edge, Node, RunGraph
 from durably.exceptions import RenderError
 from durably.testing import MemoryStore
 

@@ -18,15 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durably
-from durably import _store
-from durably._records import (
-    ReplayRange,
-    compact_replay,
-    pack_ranges,
-    pack_replays,
-    unpack_ranges,
-)
-from durably._seal import open_seal, seal
+from durably._store.disk import store as _store
+from durably._store.disk.rows import compact_replay, pack_ranges, pack_replays, unpack_ranges
+from durably._store.integrity import open_seal, seal
+from durably._store.records import ReplayRange
 
 ORDER: dict[str, Any] = {"calls": [], "fail": False, "n": 0}
 

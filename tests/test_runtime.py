@@ -779,8 +779,8 @@ def test_entrypoint_parameters_cannot_shadow_the_run_options() -> None:
 def test_queued_cache_writes_survive_a_failed_flush(monkeypatch: pytest.MonkeyPatch) -> None:
     """A flush that fails (a full disk) puts the run's queued cache writes back: the attempt's
     end, or a later flush, writes them (before, they were gone for good)."""
-    from durably._context import RunContext
-    from durably._lease import me
+    from durably._runtime.context import RunContext
+    from durably._store.lease import me
 
     store = MemoryStore()
     ctx = RunContext("r", store, 1, me())
@@ -891,7 +891,7 @@ def test_a_step_called_long_after_its_attempt_ended_runs_and_is_journaled(store:
     for lost), so the task runs and is journaled (before: an internal StopRun)."""
     import contextvars
 
-    from durably._context import current_run
+    from durably._runtime.context import current_run
 
     go, executed, contexts = threading.Event(), [], []
     threads: list[threading.Thread] = []
@@ -946,10 +946,10 @@ def test_cheap_steps_cache_entries_are_written_before_a_slow_step_executes(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import durably._runtime
+    import durably._runtime.runtime
 
     # a step is slow from 0.2 s (not 10 ms: a loaded machine never makes a cheap one slow)
-    monkeypatch.setattr(durably._runtime, "_WRITE_THROUGH", 0.2)
+    monkeypatch.setattr(durably._runtime.runtime, "_WRITE_THROUGH", 0.2)
     seen: list[tuple[str, list[bool]]] = []
 
     def written(i: int) -> list[bool]:
@@ -1007,7 +1007,7 @@ def _lease_taken_by_another_host(store: Any, run_id: str) -> None:
     """The run's lease now another host's (a takeover), its heartbeat fresh."""
     import time
 
-    from durably._lease import me
+    from durably._store.lease import me
 
     other = dataclasses.replace(me(), host="elsewhere", heartbeat=time.time())
     if not isinstance(store, durably.DiskStore):  # (MemoryStore, MinimalStore)
@@ -1028,7 +1028,7 @@ def test_an_attempt_whose_lease_was_taken_over_never_journals_its_end(
     of its own) and nothing after it runs; found by a renewal before a step, that step does
     not start; after the last step, the end finds it. Finished steps stay journaled."""
 
-    from durably._context import current_run
+    from durably._runtime.context import current_run
 
     executed: list[int] = []
 
@@ -1084,7 +1084,7 @@ def test_a_ctrl_c_or_exit_in_an_attempt_that_lost_its_lease_goes_on_as_it_is(
     raises that (a note says the lease was lost), not RunStateError: Ctrl-C still stops a
     worker loop that catches RunStateError, and the exit code stays."""
 
-    from durably._context import current_run
+    from durably._runtime.context import current_run
 
     @entrypoint
     def job() -> int:
@@ -1108,7 +1108,7 @@ def test_a_lease_let_go_halfway_is_not_renewed_for_ever(store: Any) -> None:
     dropped) must not leave the lease renewed, and its thread running, for ever."""
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     owner, renewed = _lease.me(), []
     _lease.hold(owner)
@@ -1128,7 +1128,7 @@ def test_a_fork_waits_for_a_renewal_and_no_renewal_starts_during_one(
     import os
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     _lease._renewal_active[0] = True  # a renewal in progress, ending in 0.3 s
     ends = threading.Timer(0.3, lambda: _lease._renewal_active.__setitem__(0, False))
@@ -1167,7 +1167,7 @@ def _no_lease_thread() -> None:
     """Wait for the renewing thread of earlier runs to end (it keeps its own period)."""
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     deadline = time.monotonic() + 10
     while _lease._beater[0] is not None and _lease._beater[0].is_alive():
@@ -1182,7 +1182,7 @@ def test_a_renewal_held_back_by_a_fork_is_tried_at_the_next_look(
     let the lease expire while the run executes."""
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     monkeypatch.setattr(_lease, "RENEW_SECONDS", 1.0)
     monkeypatch.setattr(_lease, "_TICK_SECONDS", 0.05)
@@ -1212,7 +1212,7 @@ def test_a_ctrl_c_while_fork_waits_for_a_renewal_is_raised_after_it(
     import signal
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     _lease._renewal_active[0] = True  # a renewal in progress, ending in 0.5 s
     ends = threading.Timer(0.5, lambda: _lease._renewal_active.__setitem__(0, False))
@@ -1241,7 +1241,8 @@ def test_a_ctrl_c_as_the_lease_commits_leaves_no_lease_behind(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C landing just after the attempt's start committed (its lease written) takes
     the lease back: other processes are not refused while this one lives."""
-    from durably import _records, _runtime
+    from durably._runtime import runtime as _runtime
+    from durably._store import records as _records
 
     real = _runtime._resolve_run
     calls = []
@@ -1292,7 +1293,8 @@ def test_a_ctrl_c_in_the_attempts_last_clean_up_still_lets_its_lease_go(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C inside the clean-up that ends an attempt (as its context is left) still
     lets its lease go: no renewal of it goes on for the life of the process."""
-    from durably import _lease, _runtime
+    from durably._runtime import runtime as _runtime
+    from durably._store import lease as _lease
 
     leave, calls, owners = _runtime._leave, [], []
 
@@ -1320,7 +1322,7 @@ def test_the_idle_lease_thread_does_not_spin(monkeypatch: pytest.MonkeyPatch) ->
     its next renewal has passed."""
     import time
 
-    from durably import _lease
+    from durably._store import lease as _lease
 
     monkeypatch.setattr(_lease, "RENEW_SECONDS", 0.1)  # (due while it idles)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import durably
-from durably._serde import dumps, loads
+from durably._keys.serde import dumps, loads
 from tests.conftest import script_env, write_script
 
 
@@ -213,12 +213,12 @@ def test_a_cached_value_that_cannot_be_loaded_is_set_aside_and_computed_again(
 def test_a_package_run_as_a_program_is_never_imported_to_load_a_value(tmp_path: Path) -> None:
     """``python -m app`` runs ``app/__main__.py``: importing ``app.__main__`` would run the
     program again, so its classes are not pickled by that name (they are by ``job``'s
-    under ``python -m job``), and :func:`~durably._serde.main_global` refuses it."""
+    under ``python -m job``), and :func:`~durably._keys.serde.main_global` refuses it."""
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "__init__.py").write_text("")
     program = """
         import dataclasses
-        from durably._serde import dumps
+        from durably._keys.serde import dumps
 
         @dataclasses.dataclass
         class Res:
@@ -234,7 +234,7 @@ def test_a_package_run_as_a_program_is_never_imported_to_load_a_value(tmp_path: 
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == [named]
-    from durably._serde import main_global
+    from durably._keys.serde import main_global
 
     with pytest.raises(ImportError, match="would run it"):
         main_global("app.__main__", "Res")

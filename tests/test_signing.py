@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import durably
-from durably import _serde
-from durably._seal import SigningKey, open_seal, seal
-from durably._store import JOURNAL_FORMAT
+from durably._keys import serde as _serde
+from durably._store.disk.store import JOURNAL_FORMAT
+from durably._store.integrity import SigningKey, open_seal, seal
 
 KEY = b"k" * 16 + b"-a-test-signing-key"
 OTHER = b"o" * 16 + b"-another-signing-key"
@@ -490,7 +490,7 @@ def test_the_short_path_opens_exactly_what_open_seal_opens_without_a_key(
         payload: bytes, flip: int, signed: bool) -> None:
     """open_plain (a replayed step's result) answers as open_seal without a key does for a
     value sealed without a key, damaged or not; for a signed value it defers to open_seal."""
-    from durably._seal import key_from, open_plain, open_seal, seal
+    from durably._store.integrity import key_from, open_plain, open_seal, seal
 
     data = bytearray(seal(payload, key_from(b"k" * 32, "a test")) if signed else seal(payload))
     if flip < len(data):

@@ -1046,7 +1046,7 @@ def test_super_steps_journal_their_updates_and_a_whole_state_every_64(store: Any
     assert calls[0] == 150  # each update applied once: the executed loop reuses the state
     run = app.run({"messages": [], "n": 0})
     name = app._superstep.spec.name
-    results = [durably._serde.loads(store.find_step(run.id, s.step_id))
+    results = [durably._keys.serde.loads(store.find_step(run.id, s.step_id))
                for s in store.list_steps(run.id) if s.task == name and s.status == "ran"]
     assert [i for i, r in enumerate(results) if "blob" in r] == [0, 64, 128]
     assert all(r["updates"] == {"think": {"messages": [f"m{i}"], "n": i + 1}}

@@ -18,7 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import durably
-from durably._store import STORE_FORMAT, RunRecord, StepRecord, seal, unseal
+from durably._store.disk.store import STORE_FORMAT
+from durably._store.integrity import seal, unseal
+from durably._store.records import RunRecord, StepRecord
 from durably.testing import MemoryStore
 
 from .conftest import run_script, script_env, write_script
@@ -233,7 +235,7 @@ def test_memory_store_is_independent() -> None:
 # -- leases ------------------------------------------------------------------------------------
 def test_lease_is_exclusive_while_the_owner_lives(store: Any) -> None:
 
-    from durably._lease import hold, let_go, me
+    from durably._store.lease import hold, let_go, me
 
     a, b = me(), me()
     hold(a)  # attempts of this process executing runs (a lease no attempt holds is taken over)
@@ -248,7 +250,7 @@ def test_lease_is_exclusive_while_the_owner_lives(store: Any) -> None:
 def _exclusive(store: Any, a: Any, b: Any) -> None:
     import dataclasses as dc
 
-    from durably._lease import me
+    from durably._store.lease import me
 
     assert store.run_holder("r") is None  # never leased
     assert store.acquire_run("r", a) is None
@@ -278,7 +280,7 @@ def _exclusive(store: Any, a: Any, b: Any) -> None:
 
 
 def test_a_lease_renewal_never_creates_a_deleted_journal(tmp_path: Path) -> None:
-    from durably._lease import me
+    from durably._store.lease import me
 
     store = durably.DiskStore(tmp_path / "s")
     owner = me()
@@ -295,7 +297,14 @@ def test_a_lease_renewal_never_creates_a_deleted_journal(tmp_path: Path) -> None
 
 # -- sealing with a key, temporary files -------------------------------------------------------
 def test_a_signed_seal_rejects_tampering_other_keys_and_other_slots() -> None:
-    from durably._seal import DAMAGED, FORGED, OTHER_KEY, UNSIGNED, SigningKey, open_seal
+    from durably._store.integrity import (
+        DAMAGED,
+        FORGED,
+        OTHER_KEY,
+        UNSIGNED,
+        SigningKey,
+        open_seal,
+    )
 
     key, other = SigningKey(b"a" * 32, "a"), SigningKey(b"b" * 32, "b")
     for payload in (b"payload", os.urandom(5000)):  # keyed BLAKE2b, then HMAC-SHA256
@@ -312,7 +321,7 @@ def test_a_signed_seal_rejects_tampering_other_keys_and_other_slots() -> None:
 
 def test_temporary_files_of_dead_processes_are_removed_when_the_store_opens(
         tmp_path: Path) -> None:
-    from durably._serde import host_tag
+    from durably._keys.serde import host_tag
 
     root = tmp_path / "s"
     store = durably.DiskStore(root)
@@ -351,7 +360,7 @@ def test_a_folder_removed_between_makedirs_and_write_is_made_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
 
-    from durably import _blobs
+    from durably._store.disk import blobs as _blobs
 
     real = _blobs._write_new
     removed: list[str] = []
@@ -373,7 +382,7 @@ def test_a_folder_removed_between_makedirs_and_write_is_made_again(
 # -- cache values kept in memory once read -----------------------------------------------------
 def _count_disk_reads(store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The keys the store reads from its cache's SQLite index from now on."""
-    from durably import _store
+    from durably._store.disk import store as _store
 
     reads: list[str] = []
     real = _store._cache_fetch
@@ -449,7 +458,7 @@ def test_a_cache_cleared_by_the_cli_in_another_process_is_recomputed(tmp_path: P
 
 
 def test_clear_and_prune_in_this_process_drop_what_memory_holds(tmp_path: Path) -> None:
-    from durably._maintenance import clear, prune
+    from durably._store.disk.maintenance import clear, prune
 
     store = durably.DiskStore(tmp_path / "s")
     store.cache_put("a", b"1")
@@ -558,7 +567,7 @@ def test_a_value_read_before_a_clear_is_not_remembered_after_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread reads K, another clears the cache (and drops what memory holds), then the
     first would remember K: it must not, or the clearing thread would be served K."""
-    from durably import _store
+    from durably._store.disk import store as _store
 
     store = durably.DiskStore(tmp_path / "s")
     store.cache_put("k", b"v")
@@ -603,7 +612,8 @@ def test_new_threads_do_not_empty_what_memory_holds(
 
 
 def test_process_workers_get_the_callers_memo_entries(tmp_path: Path) -> None:
-    from durably import _config, _worker
+    from durably._executors import worker as _worker
+    from durably._runtime import config as _config
 
     where = list(_worker._describe_store(durably.DiskStore(tmp_path / "s", memo_entries=0)))
     where[1] = ("another-host", 1)  # as a worker process sees it
@@ -651,7 +661,7 @@ def test_a_process_creating_the_journal_meanwhile_is_not_a_lost_journal(
 def test_switching_a_new_journal_to_wal_waits_while_it_is_locked() -> None:
     """SQLite answers "database is locked" at once (no busy timeout) when several
     connections open one new journal together; durably waits as diskcache does."""
-    from durably._store import _wal_mode
+    from durably._store.disk.store import _wal_mode
 
     class Busy:
         def __init__(self, times: int, text: str = "database is locked") -> None:
@@ -678,7 +688,7 @@ def test_key_records_write_the_json_that_json_dumps_writes(d: dict[str, Any]) ->
     call; the text is json.dumps(sort_keys=True)'s, so explain reads rows of every version."""
     import json
 
-    from durably._records import _sorted_json
+    from durably._store.disk.rows import _sorted_json
 
     assert _sorted_json(d) == json.dumps(d, sort_keys=True)
 
@@ -688,7 +698,7 @@ def test_a_size_limit_below_the_cache_s_own_files_is_refused_not_a_wipe(
     """prune(max_size=...) below what the cache takes with no entry (its SQLite index) could
     never be reached: every entry was removed and nothing shrank. It is refused, naming that
     size; 0 still removes every entry, and a reachable limit keeps the newest."""
-    from durably._maintenance import prune
+    from durably._store.disk.maintenance import prune
 
     store = durably.DiskStore(tmp_path / "s")
     for i in range(12):

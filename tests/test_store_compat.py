@@ -317,3 +317,29 @@ def test_the_command_line_lists_and_shows_the_runs(compat: Compat, tmp_path: Pat
     text = _durably("show", compat.run("finished")["id"][:12], *where, cwd=tmp_path).stdout
     assert "finished (attempt 1)" in text and "report" in text
     compat.expect_executed([])
+
+
+def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
+    """A value an older release stored names durably's classes by the module they had then
+    (``durably._retry.Retry``): it loads, as the class where it is now."""
+    import importlib
+    import io
+    import pickle
+
+    from durably._keys import serde
+
+    for old, new in serde.MOVED_MODULES.items():
+        assert old.count(".") == 1 and importlib.import_module(new)  # (each move is real)
+    for (old, name), new in serde.MOVED_NAMES.items():
+        assert hasattr(importlib.import_module(new), name), (old, name, new)
+    retry = durably.Retry(attempts=2)
+    now = pickle.dumps(retry, protocol=2)
+    assert b"cdurably._runtime.retry\nRetry\n" in now
+    then = now.replace(b"cdurably._runtime.retry\nRetry\n", b"cdurably._retry\nRetry\n")
+    assert serde.loads(then) == retry
+    from durably._runtime.retry import Seceded
+
+    found = serde._MovedUnpickler(io.BytesIO(b"")).find_class("durably._worker", "Seceded")
+    assert found is Seceded  # (a name that moved to another module than its own)
+    with pytest.raises(ModuleNotFoundError):  # (a module that never was still fails)
+        serde.loads(now.replace(b"cdurably._runtime.retry\n", b"cdurably._nothing\n"))

@@ -32,7 +32,7 @@ def test_a_symlinked_part_is_refused_even_for_a_shared_store(tmp_path: Path) -> 
 
 
 def test_a_link_created_after_the_store_opened_is_not_followed(tmp_path: Path) -> None:
-    from durably._blobs import subdir
+    from durably._store.disk.blobs import subdir
 
     root = tmp_path / "store"
     _used_store(root)
@@ -131,7 +131,7 @@ def test_a_cache_value_file_replaced_by_a_link_or_a_fifo_is_never_read(
 def test_open_regular_refuses_links_fifos_and_devices(tmp_path: Path) -> None:
     import errno
 
-    from durably._serde import open_regular
+    from durably._keys.serde import open_regular
 
     plain = tmp_path / "plain"
     plain.write_bytes(b"ok")

@@ -18,13 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 import durably
-from durably import _config, _worker
-from durably._urls import (
-    available_schemes,
-    disk_location,
-    open_store,
-    store_url_scheme,
-)
+from durably._executors import worker as _worker
+from durably._runtime import config as _config
+from durably._store.urls import available_schemes, disk_location, open_store, store_url_scheme
 from durably.cli import cli
 from durably.testing import MemoryStore
 
@@ -275,7 +271,7 @@ def test_an_entrypoint_takes_its_store_by_url() -> None:
 SCRIPT = """
 import json
 import durably
-from durably._config import default_store
+from durably._runtime.config import default_store
 
 @durably.task
 def double(x):

@@ -225,7 +225,7 @@ def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bo
     """An executed step's key, the digest of each argument (explain) and the tracer's flow
     digests come from one encoding of a large list of strings: the same digests, so the
     data-flow edges from the steps that made it and its elements are drawn as before."""
-    from durably._hashing import Encoder, digest_each, trace_digest
+    from durably._keys.hashing import Encoder, digest_each, trace_digest
 
     @task
     def chat(n: int) -> list[str]:
@@ -278,7 +278,7 @@ def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bo
 def test_values_too_common_to_mean_a_flow_are_left_out_of_cache_false_steps() -> None:
     """A cache=False step's flow digests leave out None, booleans, small numbers and short
     strings, as trace_digest does, also when its arguments were digested with its key."""
-    from durably._hashing import trace_digest
+    from durably._keys.hashing import trace_digest
 
     @task(cache=False)
     def notify(channel_id_nz: int, retries_nz: bool) -> int:
@@ -801,7 +801,7 @@ def test_a_crash_inside_a_map_item_keeps_the_item_as_the_parent_of_its_children(
 def test_short_repr_of_plain_values_is_reprlibs(value: Any, limit: int) -> None:
     """short_repr returns plain scalars' repr directly: the text must be reprlib's, cut
     to the limit, as for every other value."""
-    from durably._tracer import _REPR, short_repr
+    from durably._trace.tracer import _REPR, short_repr
 
     text = _REPR.repr(value)
     expected = text if len(text) <= limit else text[: limit - 3] + "..."
@@ -827,7 +827,7 @@ def test_short_repr_of_a_record_writes_only_what_it_shows() -> None:
 
     import pydantic
 
-    from durably._tracer import short_repr
+    from durably._trace.tracer import short_repr
 
     @dataclasses.dataclass
     class Chat:
@@ -868,7 +868,7 @@ def test_short_repr_of_a_record_writes_only_what_it_shows() -> None:
 def test_a_step_given_an_element_of_an_earlier_result_draws_a_fan_out_edge() -> None:
     """rows = load(); process(row) for each row (a loop, or process.map): an edge from load
     to every process, in the live run, read back from the journal, and when replayed."""
-    from durably._hashing import trace_digest
+    from durably._keys.hashing import trace_digest
 
     @task
     def load(n: int) -> list[dict[str, Any]]:
@@ -934,7 +934,8 @@ def test_step_rows_keep_the_digests_of_the_result_and_its_elements(
         result: str, inputs: list[str], outputs: list[str]) -> None:
     """A step record's digests survive the journal's row (a result without a digest of its
     own keeps no element digests: nothing could be drawn from it)."""
-    from durably._records import StepRecord, step_from_row, step_row
+    from durably._store.disk.rows import step_from_row, step_row
+    from durably._store.records import StepRecord
 
     r = StepRecord("run", "s" * 32, None, "t", "ran", 1, 0, 1.0, 2.0, None, "", None, None,
                    result, tuple(inputs), tuple(outputs))
@@ -986,7 +987,7 @@ def test_a_step_is_not_drawn_as_the_source_of_the_steps_it_called() -> None:
 def test_a_large_result_keeps_the_digests_of_its_first_elements() -> None:
     """A result of more than MAX_RESULT_ELEMENTS elements keeps its first ones: the steps
     given those draw their edges (the size and the cost stay bounded, with no cliff)."""
-    from durably._hashing import MAX_RESULT_ELEMENTS
+    from durably._keys.hashing import MAX_RESULT_ELEMENTS
 
     @task
     def rows(n: int) -> list[str]:

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._config import configure
-from ._decorators import Entrypoint, Task, entrypoint, fork, task
-from ._explain import Explanation
-from ._files import File, file
-from ._hashing import ENCODING_VERSION, digest, register_encoder
-from ._history import Checkpoint
-from ._interrupt import Interrupt, get_writer, idempotency_key, interrupt
-from ._retry import Retry
-from ._run import Run, delete_runs, get_run, list_runs
-from ._store import DiskStore, StepRecord, Store
-from ._tracer import Event, RunGraph
-from ._urls import open_store
-from .exceptions import (
+from durably._decorators.decorators import Entrypoint, Task, entrypoint, fork, task
+from durably._keys.files import File, file
+from durably._keys.hashing import ENCODING_VERSION, digest, register_encoder
+from durably._runtime.config import configure
+from durably._runtime.explain import Explanation
+from durably._runtime.history import Checkpoint
+from durably._runtime.interrupt import Interrupt, get_writer, idempotency_key, interrupt
+from durably._runtime.retry import Retry
+from durably._runtime.run import Run, delete_runs, get_run, list_runs
+from durably._store.disk.store import DiskStore
+from durably._store.records import StepRecord
+from durably._store.urls import open_store
+from durably._trace.tracer import Event, RunGraph
+from durably.exceptions import (
     CorruptJournalError,
     DefinitionError,
     DurablyError,
@@ -36,10 +37,12 @@ from .exceptions import (
     StoreError,
     TaskTimeoutError,
 )
+from durably.store import Store
 
 if TYPE_CHECKING:
+    from durably.stategraph import END, START, Command, Send, StateGraph
+
     from . import executors as executors
-    from .stategraph import END, START, Command, Send, StateGraph
 
 __version__ = "0.1.0"
 

@@ -43,8 +43,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 import durably
-
-from ._cli_support import (
+from durably._cli.support import (
     _clip,
     _CommandError,
     _CtrlC,
@@ -65,10 +64,10 @@ from ._cli_support import (
     _usage,
     _when,
 )
-from ._run import RUN_STATUSES
-from ._urls import disk_location, open_store_at, redact
-from .exceptions import DefinitionError, DurablyError
-from .store import match_tasks
+from durably._runtime.run import RUN_STATUSES
+from durably._store.urls import disk_location, open_store_at, redact
+from durably.exceptions import DefinitionError, DurablyError
+from durably.store import match_tasks
 
 __all__ = ["cli", "main"]
 
@@ -272,7 +271,7 @@ def _load(target: str, kind: str) -> Any:
                      f"It defines no @durably.{kind}."))
     cls = durably.Entrypoint if kind == "entrypoint" else durably.Task
     if kind == "entrypoint" and type(obj).__name__ == "CompiledGraph":
-        from .stategraph import CompiledGraph
+        from durably.stategraph import CompiledGraph
 
         if isinstance(obj, CompiledGraph):  # a compiled StateGraph by its variable's name
             return obj._entry

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._interrupt import Interrupt
+    from durably._runtime.interrupt import Interrupt
 
 __all__ = [
     "CorruptJournalError",

@@ -32,10 +32,10 @@ import pathlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from .exceptions import RenderError
+from durably.exceptions import RenderError
 
 if TYPE_CHECKING:
-    from ._tracer import Node, RunGraph
+    from durably._trace.tracer import Node, RunGraph
 
 __all__ = ["mimebundle", "save", "to_dot", "to_html", "to_mermaid", "to_svg"]
 
@@ -235,7 +235,7 @@ def to_mermaid(graph: RunGraph) -> str:
         RenderError: an edge of the graph names a node that is not in it.
 
     Example:
-        >>> from durably._tracer import Edge, Node, RunGraph
+        >>> from durably._trace.tracer import Edge, Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, nodes=(
         ...     Node("a" * 32, "load", "ran", None, 0.0, 0.42, statuses={"ran": 1}),
         ...     Node("b" * 32, "save", "cached", None, 0.5, 0.012, statuses={"cached": 1}),
@@ -321,7 +321,7 @@ def to_dot(graph: RunGraph) -> str:
         RenderError: an edge of the graph names a node that is not in it.
 
     Example:
-        >>> from durably._tracer import Node, RunGraph
+        >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "failed", 1, nodes=(
         ...     Node("a" * 32, "load", "failed", None, 0.0, 0.25, error="OSError('gone')"),
         ... ), edges=())
@@ -389,7 +389,7 @@ def to_svg(graph: RunGraph) -> str:
             how to install it on each system), or ``dot`` failed.
 
     Example:
-        >>> from durably._tracer import Node, RunGraph
+        >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
         ...     Node("a" * 32, "load", "ran", None, 0.0, 0.42),), ())
         >>> try:
@@ -535,7 +535,7 @@ def to_html(graph: RunGraph) -> str:
         RenderError: an edge of the graph names a node that is not in it.
 
     Example:
-        >>> from durably._tracer import Node, RunGraph
+        >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
         ...     Node("a" * 32, "load <x>", "ran", None, 0.0, 0.42, inputs="path='a.csv'"),), ())
         >>> page = to_html(graph)
@@ -602,7 +602,7 @@ def save(graph: RunGraph, path: str | os.PathLike[str]) -> pathlib.Path:
 
     Example:
         >>> import tempfile, pathlib
-        >>> from durably._tracer import Node, RunGraph
+        >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
         ...     Node("a" * 32, "load", "ran", None, 0.0, 0.42),), ())
         >>> written = save(graph, pathlib.Path(tempfile.mkdtemp()) / "run.mmd")
@@ -641,7 +641,7 @@ def mimebundle(graph: RunGraph) -> dict[str, str]:
         RenderError: an edge of the graph names a node that is not in it.
 
     Example:
-        >>> from durably._tracer import Node, RunGraph
+        >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
         ...     Node("a" * 32, "load", "ran", None, 0.0, 0.42),), ())
         >>> sorted(mimebundle(graph)) in (["image/svg+xml", "text/plain"],

@@ -43,9 +43,8 @@ from typing import Any, Generic, TypeVar
 
 import xxhash
 
-from ._context import current_run
-from ._decorators import Entrypoint, Task
-from ._graph_builder import (
+from durably._decorators.decorators import Entrypoint, Task
+from durably._graph.builder import (
     GraphChangedError,
     GraphValidationError,
     InvalidRouteError,
@@ -53,20 +52,21 @@ from ._graph_builder import (
     StepLimitError,
     _Router,
 )
-from ._graph_state import (
+from durably._graph.state import (
     _NOTHING,
     InvalidUpdateError,
     describe_changes,
     fingerprint_of,
     parts_of,
 )
-from ._graph_structure import END, START, Command, GraphStructure, Send
-from ._interrupt import InterruptSignal
-from ._run import Run
-from ._runtime import Spec
-from ._store import Store
-from ._tracer import Event, short_repr
-from .exceptions import CorruptJournalError, DefinitionError, RunStateError
+from durably._graph.structure import END, START, Command, GraphStructure, Send
+from durably._runtime.context import current_run
+from durably._runtime.interrupt import InterruptSignal
+from durably._runtime.run import Run
+from durably._runtime.runtime import Spec
+from durably._trace.tracer import Event, short_repr
+from durably.exceptions import CorruptJournalError, DefinitionError, RunStateError
+from durably.store import Store
 
 
 def _run_beside_loop(afn: Callable[[Any], Any], state: Any) -> Any:
@@ -623,7 +623,7 @@ class CompiledGraph(Generic[S]):
             # the input shows them all
             if ctx is not None and ctx.listener is not None and (
                     executed or not _executed_only.get()):
-                from ._store import now
+                from durably._store.records import now
 
                 reducers = self.schema.reducers
                 try:
@@ -670,7 +670,7 @@ class CompiledGraph(Generic[S]):
                 "the journal does not have that state as it was (that super-step was set "
                 "aside, or executed again after a repair). Fix: fork the run at an earlier "
                 "checkpoint (durably fork), or start a new run with fresh=True.")
-        from . import _serde
+        from durably._keys import serde as _serde
 
         state = _serde.loads(blob)
         return state, blob
@@ -678,7 +678,7 @@ class CompiledGraph(Generic[S]):
     def _recorded(self, store: Store, run_id: str) -> dict[str, Any] | None:
         """The graph the run's checkpoints were last written under: ``{"fingerprint": ...,
         "migrate_at": super-step index or None}``."""
-        from . import _serde
+        from durably._keys import serde as _serde
 
         events = store.list_events(run_id, ("graph",))
         if not events or events[-1].data is None:
@@ -710,8 +710,8 @@ class CompiledGraph(Generic[S]):
     def _check_fingerprint(self, ctx: Any) -> int | None:
         """Record the graph with the run; return the super-step before which the state is
         migrated (a journaled step, so later attempts replay it), or None."""
-        from . import _serde
-        from ._store import EventRecord, now
+        from durably._keys import serde as _serde
+        from durably._store.records import EventRecord, now
 
         recorded = self._recorded(ctx.store, ctx.run_id)
         if recorded is not None and recorded["fingerprint"] == self.fingerprint:
@@ -783,7 +783,7 @@ class CompiledGraph(Generic[S]):
                         f"whose node is not among its declared destinations "
                         f"{[n for n in r.names if n != END]}. Fix: send to one of them, or "
                         "declare the node in add_conditional_edges.")
-                from . import _serde
+                from durably._keys import serde as _serde
 
                 # journaled with the super-step: refused here, naming the router
                 _serde.dumps(v.arg, what=f"the input of {v.node!r} sent by router "
@@ -1112,7 +1112,7 @@ class CompiledGraph(Generic[S]):
         finally:
             self._migrate.reset(token)
         if run.status == "interrupted":
-            from .exceptions import RunInterrupted
+            from durably.exceptions import RunInterrupted
 
             raise RunInterrupted(run.id, run.interrupts, "app")
         return self.schema.build(run.result)
@@ -1162,7 +1162,7 @@ class CompiledGraph(Generic[S]):
                 raise DefinitionError(
                     f"graph {self.name!r}: invoke(None) continues an existing run, so it needs "
                     "run_id=... Fix: pass the input state, or the id of the run to continue.")
-            from . import _serde
+            from durably._keys import serde as _serde
 
             run = self._own_run(run_id)
             if run._record.args is None:
@@ -1179,7 +1179,7 @@ class CompiledGraph(Generic[S]):
             NotFoundError: no such run.
             RunStateError: the run belongs to another graph or entrypoint.
         """
-        from ._run import get_run
+        from durably._runtime.run import get_run
 
         run = get_run(run_id, store=self._store())
         if run.entrypoint != self._entry.spec.identity:
@@ -1189,7 +1189,7 @@ class CompiledGraph(Generic[S]):
         return run
 
     def _store(self) -> Store:
-        from ._config import default_store
+        from durably._runtime.config import default_store
 
         return self._entry.spec.store or default_store()
 
@@ -1522,7 +1522,7 @@ class CompiledGraph(Generic[S]):
     def _history(self, run_id: str) -> tuple[list[StateSnapshot], int]:
         """:meth:`get_state_history`, and the index of the run's last super-step (-1: none
         finished)."""
-        from . import _serde
+        from durably._keys import serde as _serde
 
         run = self._own_run(run_id)
         store = self._store()
@@ -1593,8 +1593,8 @@ class CompiledGraph(Generic[S]):
             NotFoundError: no such run, it has no checkpoint yet, or none is ``at``.
             DefinitionError: ``as_node`` is not a node of the graph.
         """
-        from . import _serde
-        from ._history import make_fork
+        from durably._keys import serde as _serde
+        from durably._runtime.history import make_fork
 
         snapshot = self.get_state(run_id) if at is None else self._snapshot_at(run_id, at)
         if as_node is not None and as_node not in self.graph.nodes:
@@ -1645,7 +1645,7 @@ class CompiledGraph(Generic[S]):
 
         Raises:
             NotFoundError: none, or several."""
-        from .exceptions import NotFoundError
+        from durably.exceptions import NotFoundError
 
         history = self.get_state_history(run_id)
         found = ([h for h in history if h.checkpoint_id == ""] if at == "" else
@@ -1664,9 +1664,9 @@ class CompiledGraph(Generic[S]):
         update itself."""
         import uuid
 
-        from . import _serde
-        from ._runtime import step_identity
-        from ._store import EventRecord, RunRecord, StepRecord, now
+        from durably._keys import serde as _serde
+        from durably._runtime.runtime import step_identity
+        from durably._store.records import EventRecord, RunRecord, StepRecord, now
 
         fork_id = f"{rec.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"
         key = self._superstep.spec.journal_key(None, (0, [], {}, {}), {})

@@ -55,8 +55,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, cast
 
-from ._lease import Owner
-from ._records import (
+from durably._keys.serde import Spilled, Unreadable
+from durably._store.integrity import SigningKey, open_seal, process_key, seal
+from durably._store.lease import Owner
+from durably._store.records import (
     FINISHED_STEP,
     EventRecord,
     KeyRecord,
@@ -65,9 +67,7 @@ from ._records import (
     RunRecord,
     StepRecord,
 )
-from ._seal import SigningKey, open_seal, process_key, seal
-from ._serde import Spilled, Unreadable
-from .exceptions import CorruptJournalError, StoreError
+from durably.exceptions import CorruptJournalError, StoreError
 
 __all__ = ["FINISHED_STEP", "EventRecord", "Journal", "KeyRecord", "KeyRecords", "LargeValue",
            "Owner", "ReadAhead", "Replay", "ReplayRange", "RunRecord", "StepRecord", "Store",
@@ -208,7 +208,7 @@ class Journal(abc.ABC):
     def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
         """Take the run's lease for ``owner`` unless another live owner holds it: return
         that holder (and take nothing), else None. A lease whose owner died
-        (:meth:`Owner.alive <durably._lease.Owner.alive>` is false) is taken over. Atomic
+        (:meth:`Owner.alive <durably._store.lease.Owner.alive>` is false) is taken over. Atomic
         across processes: of several acquiring at once, exactly one gets None."""
 
     @abc.abstractmethod

@@ -1,0 +1,1 @@
+"""``@task`` and ``@entrypoint``: the public decorators over the runtime."""

@@ -1,0 +1,2 @@
+"""Executors: fan-out of a task over threads, processes or a Dask cluster, and
+what runs on the worker side."""

@@ -1,0 +1,1 @@
+"""The StateGraph: its builder, state schema and reducers, and its structure."""

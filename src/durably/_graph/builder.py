@@ -1,0 +1,388 @@
+"""The StateGraph builder (nodes, edges, joins, routers; validation) and the graph errors.
+Public names are re-exported by :mod:`durably.stategraph`."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import functools
+import inspect
+import itertools
+import re
+import sys
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from durably._graph.state import Schema
+from durably._graph.structure import END, RESERVED, START
+from durably.exceptions import DefinitionError, DurablyError, RunStateError
+from durably.store import Store
+
+if TYPE_CHECKING:
+    from durably.stategraph import CompiledGraph
+
+__all__ = [
+    "GraphChangedError",
+    "GraphValidationError",
+    "InvalidRouteError",
+    "StateGraph",
+    "StepLimitError",
+]
+
+S = TypeVar("S")
+
+
+# -- errors ------------------------------------------------------------------------------------
+class GraphValidationError(DefinitionError):
+    """The graph is not well formed. ``problems`` lists every problem found (compile checks
+    everything at once)."""
+
+    def __init__(self, name: str, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(f"graph {name!r} has {len(problems)} problem(s):\n- "
+                         + "\n- ".join(problems))
+
+
+class InvalidRouteError(DurablyError):
+    """A router returned a destination it did not declare."""
+
+
+class StepLimitError(DurablyError):
+    """The run exceeded ``max_steps`` super-steps. ``path`` lists the nodes of each
+    super-step taken."""
+
+    def __init__(self, message: str, path: list[list[str]]) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class GraphChangedError(RunStateError):
+    """A run is resumed under a graph whose structure or node code changed since its
+    checkpoints were written. ``changes`` says what changed; pass ``migrate=`` to accept."""
+
+    def __init__(self, message: str, changes: list[str]) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
+# -- the builder -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Router:
+    source: str
+    fn: Callable[[Any], Any]
+    mapping: dict[Any, str] | None  # router output -> node (None: outputs are node names)
+    names: list[str]  # declared destinations (node names or END)
+
+
+class StateGraph(Generic[S]):
+    """Build a graph of nodes over a state type.
+
+    Args:
+        state: A ``TypedDict``, dataclass or pydantic model class. Per-key reducers come
+            from ``Annotated[type, reducer]`` (for example ``Annotated[list[str],
+            operator.add]``), where a reducer is ``(current, update) -> merged``; keys
+            without one are replaced by updates.
+        name: The graph's name (the name of its runs and of its steps). Default: the state
+            type's name with ``graph`` appended.
+
+    Raises:
+        DefinitionError: ``state`` is not a TypedDict, dataclass or pydantic model.
+
+    Example:
+        >>> import operator, tempfile
+        >>> from typing import Annotated, TypedDict
+        >>> import durably
+        >>> from durably import StateGraph, START, END
+        >>> class State(TypedDict):
+        ...     topic: str
+        ...     notes: Annotated[list[str], operator.add]
+        >>> def search(state): return {"notes": [f"web on {state['topic']}"]}
+        >>> def docs(state): return {"notes": [f"docs on {state['topic']}"]}
+        >>> builder = StateGraph(State, name="research")
+        >>> _ = builder.add_node("search", search).add_node("docs", docs)
+        >>> _ = builder.add_edge(START, "search").add_edge(START, "docs")
+        >>> _ = builder.add_edge(["search", "docs"], END)
+        >>> app = builder.compile(store=durably.DiskStore(tempfile.mkdtemp()))
+        >>> app.invoke({"topic": "owls", "notes": []})["notes"]
+        ['web on owls', 'docs on owls']
+    """
+
+    def __init__(self, state: type[S], *, name: str | None = None) -> None:
+        caller = sys._getframe(1)
+        self.schema = Schema(state, {**caller.f_globals, **caller.f_locals})
+        self.name = name or f"{state.__name__}graph"
+        self.nodes: dict[str, Any] = {}
+        self.node_options: dict[str, dict[str, Any]] = {}
+        self.edges: list[tuple[tuple[str, ...], str]] = []
+        self.routers: list[_Router] = []
+        self.problems: list[str] = []
+        self.module = _caller_module()
+
+    def add_node(self, name: Any, fn: Any = None, *, cache: bool = False,
+                 destinations: Sequence[str] | None = None) -> StateGraph[S]:
+        """Add a node: ``fn(state) -> update`` (sync or async), or a compiled graph (a
+        subgraph: it runs on the current state, and its update is what its own nodes wrote,
+        applied in order through this graph's reducers).
+
+        Args:
+            name: Unique node name (not ``START``/``END``); or the function alone, named by
+                its ``__name__`` (``add_node(fetch)``, as LangGraph allows).
+            fn: The node function, or a :class:`CompiledGraph`.
+            cache: True to also serve the node from the cross-run cache when its code and
+                input state are unchanged. Default False: a node is journaled in its run
+                (never executed twice there) but executes in every new run, as agents and
+                LLM calls usually should.
+            destinations: The nodes (and/or ``END``) a node returning
+                :class:`~durably.Command` may ``goto``. Default: read from its return
+                annotation (``-> Command[Literal["a", "b"]]``), else none.
+
+        Returns:
+            The builder (calls chain).
+        """
+        if fn is None and not isinstance(name, str) and callable(name):
+            # named as LangGraph names it: its __name__ (a partial, an object: its class's)
+            fn, name = name, getattr(name, "__name__", None) or type(name).__name__
+        if not isinstance(name, str) or not name:
+            self.problems.append(f"a node name must be a non-empty string, not {name!r}")
+            return self
+        if name in RESERVED:
+            self.problems.append(f"node name {name!r} is reserved (START/END)")
+            return self
+        if name in self.nodes:
+            self.problems.append(f"node {name!r} is added twice")
+            return self
+        if not (callable(fn) or hasattr(fn, 'fingerprint_digest')):
+            self.problems.append(f"node {name!r} is not callable: {fn!r}")
+            return self
+        if destinations is None:
+            destinations = _command_destinations(fn)
+        elif isinstance(destinations, str) or not all(
+                isinstance(d, str) for d in destinations):
+            self.problems.append(f"add_node({name!r}, destinations={destinations!r}): give a "
+                                 "list of node names (and/or END)")
+            return self
+        self.nodes[name] = fn
+        self.node_options[name] = {"cache": cache, "destinations": list(destinations or ())}
+        return self
+
+    def add_sequence(self, nodes: Sequence[Any]) -> StateGraph[S]:
+        """Add nodes that run one after the other, each a function (named by its
+        ``__name__``) or a ``(name, function)`` pair, with an edge from each to the next
+        (LangGraph's ``add_sequence``); the first still needs an edge into it.
+
+        Returns:
+            The builder.
+        """
+        if not nodes:
+            self.problems.append("add_sequence([]) names no node: give it at least one")
+            return self
+        names: list[str] = []
+        for node in nodes:
+            name, fn = node if isinstance(node, tuple) else (
+                getattr(node, "__name__", None) or type(node).__name__, node)
+            self.add_node(name, fn)
+            names.append(name)
+        for a, b in itertools.pairwise(names):
+            self.add_edge(a, b)
+        return self
+
+    def set_entry_point(self, name: str) -> StateGraph[S]:
+        """``add_edge(START, name)`` (LangGraph's name for it)."""
+        return self.add_edge(START, name)
+
+    def set_finish_point(self, name: str) -> StateGraph[S]:
+        """``add_edge(name, END)`` (LangGraph's name for it)."""
+        return self.add_edge(name, END)
+
+    def add_edge(self, source: str | Sequence[str], target: str) -> StateGraph[S]:
+        """Add an edge. ``add_edge([a, b], c)`` is a join: ``c`` runs once both ``a`` and
+        ``b`` have finished. Several edges out of one node fan out: their targets run in the
+        same super-step.
+
+        Returns:
+            The builder.
+        """
+        if isinstance(source, str):
+            sources: tuple[str, ...] = (source,)
+        elif isinstance(source, (list, tuple)) and source:
+            sources = tuple(source)
+        else:
+            self.problems.append(f"add_edge({source!r}, {target!r}): the source must be a node "
+                                 "name or a non-empty list of names")
+            return self
+        bad = [x for x in (*sources, target) if not isinstance(x, str)]
+        if bad:
+            self.problems.append(f"add_edge({source!r}, {target!r}): node names are strings, "
+                                 f"not {bad}")
+            return self
+        self.edges.append((sources, target))
+        return self
+
+    def add_conditional_edges(self, source: str, router: Callable[[Any], Any],
+                              destinations: Sequence[str] | Mapping[Any, str] | None = None
+                              ) -> StateGraph[S]:
+        """Route from ``source`` by a function of the state.
+
+        Args:
+            source: The node after which the router runs (or ``START``).
+            router: ``state -> name``, a list of names (fan out), or ``END``.
+            destinations: What the router may return: a list of node names (and/or
+                ``END``), or a mapping from router outputs to node names. Required: the
+                graph is drawn and validated from it, and a router returning anything else
+                raises :class:`InvalidRouteError` at run time.
+
+        Returns:
+            The builder.
+        """
+        if not callable(router):
+            self.problems.append(f"the router of {source!r} is not callable: {router!r}")
+            return self
+        label = getattr(router, "__name__", repr(router))
+        if not destinations:
+            self.problems.append(
+                f"router {label!r} from {source!r} declares no destinations. Fix: "
+                f"add_conditional_edges({source!r}, {label}, ['a', 'b', END])")
+            return self
+        if isinstance(destinations, Mapping):
+            mapping = dict(destinations)
+            names = list(dict.fromkeys(mapping.values()))
+        else:
+            mapping = None
+            names = list(destinations)
+        self.routers.append(_Router(source, router, mapping, names))
+        return self
+
+    def compile(self, *, max_steps: int = 25, store: Store | None = None,
+                name: str | None = None) -> CompiledGraph[S]:
+        """Validate the graph and make it runnable.
+
+        Args:
+            max_steps: The most super-steps one run may take (cycles are bounded by it).
+            store: Where its runs live. Default: the configured store.
+            name: Override the graph's name.
+
+        Returns:
+            A :class:`CompiledGraph`.
+
+        Raises:
+            GraphValidationError: lists every problem at once: unknown nodes in edges, nodes
+                with no way out, nodes unreachable from ``START``, ``END`` unreachable,
+                duplicate or reserved names, routers without destinations.
+        """
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise DefinitionError(f"compile(max_steps=...) must be a positive int, not "
+                                  f"{max_steps!r}")
+        name = name or self.name
+        problems = list(self.problems) + self._check()
+        if problems:
+            raise GraphValidationError(name, problems)
+        from durably.stategraph import CompiledGraph
+
+        return CompiledGraph(self, name, max_steps, store)
+
+    def _check(self) -> list[str]:
+        problems: list[str] = []
+        known = set(self.nodes) | RESERVED
+        out: dict[str, set[str]] = {n: set() for n in [START, *self.nodes]}
+        for n, fn in self.nodes.items():
+            if hasattr(fn, 'fingerprint_digest') and fn.name == self.name:
+                problems.append(f"subgraph node {n!r} has the graph name {fn.name!r} of its "
+                                "parent; their steps would be mixed up. Fix: StateGraph(..., "
+                                "name='<another name>') for one of them")
+        for sources, target in self.edges:
+            if len(sources) > 1 and START in sources:
+                problems.append(f"edge {list(sources)} -> {target!r}: START cannot be part of "
+                                f"a join. Fix: add_edge(START, ...) separately")
+            for s in sources:
+                if s not in known:
+                    problems.append(f"edge {list(sources)} -> {target!r}: unknown node {s!r}")
+                elif s == END:
+                    problems.append(f"edge {list(sources)} -> {target!r}: END has no way out")
+                else:
+                    out[s].add(target)
+            if target not in known:
+                problems.append(f"edge {list(sources)} -> {target!r}: unknown node {target!r}")
+            elif target == START:
+                problems.append(f"edge {list(sources)} -> START: nothing goes into START")
+        for r in self.routers:
+            if r.source not in known or r.source == END:
+                problems.append(f"router {r.fn.__name__!r}: unknown source node {r.source!r}")
+                continue
+            for d in r.names:
+                if d not in known or d == START:
+                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} declares "
+                                    f"unknown destination {d!r}")
+                else:
+                    out[r.source].add(d)
+        if not out[START]:
+            problems.append("no edge from START. Fix: add_edge(START, '<first node>')")
+        for n, options in self.node_options.items():
+            for d in options["destinations"]:
+                if d not in known or d == START:
+                    problems.append(f"node {n!r} declares unknown destination {d!r} (where "
+                                    "its Command may go)")
+                else:
+                    out[n].add(d)
+        for n in self.nodes:
+            if not out[n]:
+                problems.append(f"node {n!r} has no way out. Fix: add_edge({n!r}, END) or an "
+                                "edge to the next node (a node that returns Command(goto=...) "
+                                f"declares where it may go: add_node({n!r}, fn, "
+                                "destinations=[...]) or -> Command[Literal[...]])")
+        seen = _reach(START, out)
+        for n in self.nodes:
+            if n not in seen:
+                problems.append(f"node {n!r} is unreachable from START")
+        if END not in seen and out[START]:
+            problems.append("END is unreachable: every path loops forever")
+        return problems
+
+
+def _command_destinations(fn: Any) -> list[str] | None:
+    """The destinations a node function declares in its return annotation,
+    ``Command[Literal["a", "b"]]`` (durably's Command or LangGraph's), else None."""
+    if isinstance(fn, functools.partial):
+        fn = fn.func
+    elif callable(fn) and not isinstance(fn, type) and not inspect.isroutine(fn) and not hasattr(
+            fn, "__annotations__"):
+        fn = type(fn).__call__  # a callable object: its __call__'s annotation
+    raw = getattr(fn, "__annotations__", {}).get("return") if callable(fn) else None
+    if raw is None:
+        return None
+    if isinstance(raw, str):  # (from __future__ import annotations): resolved if it can be
+        with contextlib.suppress(Exception):  # a name not resolvable here: read as text
+            raw = typing.get_type_hints(fn).get("return", raw)
+    if isinstance(raw, str):
+        found = re.fullmatch(r"\s*(?:\w+\.)*Command\[\s*(?:\w+\.)*Literal\[(.*)\]\s*\]\s*", raw)
+        if found is None:
+            return None
+        try:
+            names = ast.literal_eval(f"({found.group(1)},)")
+        except (ValueError, SyntaxError):
+            return None
+        return [str(n) for n in names]
+    origin = typing.get_origin(raw)
+    if getattr(origin, "__name__", "") != "Command":
+        return None
+    args = typing.get_args(raw)
+    if len(args) != 1 or typing.get_origin(args[0]) is not typing.Literal:
+        return None
+    return [str(n) for n in typing.get_args(args[0])]
+
+
+def _reach(start: str, out: Mapping[str, set[str]]) -> set[str]:
+    seen = {start}
+    todo = [start]
+    while todo:
+        for t in out.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def _caller_module() -> str:
+    frame = sys._getframe(2)
+    return str(frame.f_globals.get("__name__", "__main__"))

@@ -1,0 +1,137 @@
+"""File contents as task inputs: :func:`file`."""
+
+from __future__ import annotations
+
+import contextvars
+import os
+from pathlib import Path
+from typing import IO, Any
+
+import xxhash
+
+__all__ = ["File", "file"]
+
+_CHUNK = 1 << 20
+#: the files digested while it is set (a call's inputs, a fingerprint's values), wherever
+#: they are nested, each with its :func:`file_stamp` taken before its content was read: a
+#: file written or touched after that (while its task runs, or before it started) keeps
+#: that result out of the cache
+SEEN: contextvars.ContextVar[list[tuple[File, Any]] | None] = contextvars.ContextVar(
+    "durably_files_seen", default=None)
+
+
+def file_stamp(f: File) -> tuple[int, ...] | None:
+    """What os.stat() says of a file that an edit changes (None: it cannot be read)."""
+    try:
+        st = os.stat(f.path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+class File(os.PathLike[str]):
+    """A path whose digest is the file's *content*: a task that takes a :class:`File`
+    reruns when the file changes, and hits the cache while it does not.
+
+    It is a path-like object: ``open(f)``, ``Path(f)`` and ``f.read_bytes()`` work.
+    Made by :func:`file`.
+
+    Example:
+        >>> import durably, pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
+        >>> _ = p.write_text("hello")
+        >>> f = durably.file(p)
+        >>> f.read_text(), pathlib.Path(f) == p
+        ('hello', True)
+    """
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path if isinstance(path, Path) else Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"durably.file({str(self.path)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, File) and other.path == self.path
+
+    def __hash__(self) -> int:
+        return hash(("durably.File", self.path))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (File, (str(self.path),))
+
+    def content_digest(self) -> str:
+        """xxh3-128 of the file's bytes (32 hex characters), read in 1 MiB chunks.
+
+        Raises:
+            FileNotFoundError: the file does not exist (any other OSError propagates too).
+        """
+        h = xxhash.xxh3_128()
+        with open(self.path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        return str(h.hexdigest())
+
+    def __durably_digest__(self) -> tuple[str, str]:
+        seen = SEEN.get()
+        if seen is not None:
+            seen.append((self, file_stamp(self)))  # (before the read: a write after it shows)
+        return (str(self.path), self.content_digest())
+
+    def read_bytes(self) -> bytes:
+        """The file's content."""
+        return self.path.read_bytes()
+
+    def read_text(self, encoding: str | None = None) -> str:
+        """The file's content decoded as text (UTF-8 unless ``encoding`` says otherwise)."""
+        return self.path.read_text(encoding=encoding or "utf-8")
+
+    def open(self, mode: str = "rb") -> IO[Any]:
+        """Open the file (binary by default)."""
+        return open(self.path, mode)
+
+
+def file(path: str | os.PathLike[str]) -> File:
+    """Mark a path as a file input: its digest is the path and the file's content.
+
+    Pass it to a task instead of a plain path, so editing the file makes the task rerun
+    (a plain string path would keep hitting the cache after the file changed).
+
+    Args:
+        path: A path to an existing file.
+
+    Returns:
+        A :class:`File` (path-like).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        DefinitionError: ``path`` is not a path.
+
+    Example:
+        >>> import durably, pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "data.txt"
+        >>> _ = p.write_text("one")
+        >>> before = durably.digest(durably.file(p))
+        >>> _ = p.write_text("two")
+        >>> durably.digest(durably.file(p)) == before
+        False
+    """
+    try:
+        p = Path(path)
+    except TypeError:
+        from durably.exceptions import DefinitionError
+
+        raise DefinitionError(
+            f"durably.file() takes a path (a str or a pathlib.Path), not {path!r} of type "
+            f"{type(path).__name__}. Fix: durably.file('data/input.csv')") from None
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"durably.file({str(path)!r}): no such file"
+            + (" (it is a directory)" if p.is_dir() else "")
+        )
+    return File(p)

@@ -1,0 +1,95 @@
+"""Process-wide settings: the default store and the signing key."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from durably._store.disk.store import DiskStore, set_default_key
+from durably._store.urls import open_store_at
+from durably.exceptions import DefinitionError
+from durably.store import Store
+
+__all__ = ["configure", "default_store"]
+
+_lock = threading.Lock()
+_default: Store | None = None
+_UNSET: Any = object()
+
+
+def default_store() -> Store:
+    """The store used when none was chosen: set by :func:`configure`, else the store
+    ``$DURABLY_STORE`` names (a URL or a path), else a :class:`DiskStore` at
+    ``$DURABLY_DIR`` or ``./.durably``.
+
+    Raises:
+        DefinitionError: ``$DURABLY_STORE`` is a URL no installed backend opens.
+    """
+    global _default
+    store = _default
+    if store is None:
+        with _lock:
+            if _default is None:
+                _default = _from_environment()
+            store = _default
+    return store
+
+
+def _from_environment() -> Store:
+    """``$DURABLY_STORE`` (it wins over ``$DURABLY_DIR``), else a DiskStore at
+    ``$DURABLY_DIR`` or ``./.durably``."""
+    url = os.environ.get("DURABLY_STORE", "")
+    if url.strip():
+        return open_store_at(url, {}, "$DURABLY_STORE")
+    return DiskStore()
+
+
+def configure(*, store: Store | str | os.PathLike[str] | None = _UNSET,
+              key: bytes | str | None = _UNSET) -> None:
+    """Set process-wide defaults. Called without arguments, restore them all.
+
+    Args:
+        store: The store for every task and entrypoint that does not name its own
+            (``@entrypoint(store=...)``): a store object, or a URL or a path, as
+            ``$DURABLY_STORE`` takes (``"/data/store"``,
+            ``"file:///data/store?synchronous=full"``, ``"memory://tests"``, a scheme an
+            installed backend registers). None restores the default: the store
+            ``$DURABLY_STORE`` names, else a ``DiskStore`` at ``$DURABLY_DIR``, else
+            ``./.durably``, read again from the environment.
+        key: The signing key (bytes or str, at least 16 bytes) of every ``DiskStore`` not
+            given its own ``key=``: each value is then signed when written and verified
+            before it is unpickled, and a value not signed with it is never loaded. None
+            falls back to ``$DURABLY_KEY``, then the file named by ``$DURABLY_KEY_FILE``,
+            then no signing. Keep the key out of your code: read it from a file or a
+            secret manager.
+
+    Raises:
+        DefinitionError: ``store`` does not implement the :class:`~durably.Store` protocol
+            (or is a URL no installed backend opens), or ``key`` is not bytes or str of at
+            least 16 bytes.
+
+    Example:
+        >>> import durably, secrets, tempfile
+        >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()),
+        ...                   key=secrets.token_bytes(32))
+        >>> durably.configure(store="memory://doctest")  # a URL or a path
+        >>> durably.configure()  # back to $DURABLY_STORE, $DURABLY_DIR or ./.durably
+    """
+    global _default
+    if store is _UNSET and key is _UNSET:
+        store = key = None
+    if isinstance(store, (str, os.PathLike)):
+        store = open_store_at(store, {}, "configure(store=...)")
+    if store is not _UNSET and store is not None and not isinstance(store, Store):
+        raise DefinitionError(
+            f"configure(store=...) needs a durably store (DiskStore, MemoryStore, or a subclass "
+            f"of durably.store.Store) or its URL, got {type(store).__qualname__}. Fix: "
+            "configure(store=durably.DiskStore(\"path/to/store\")) or "
+            "configure(store=\"path/to/store\")."
+        )
+    if key is not _UNSET:
+        set_default_key(key)  # validates before anything changes
+    if store is not _UNSET:
+        with _lock:
+            _default = store

@@ -1,0 +1,565 @@
+"""The run handle: :class:`Run`, :func:`get_run` and :func:`list_runs`."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import operator
+import time
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+from durably._keys import serde as _serde
+from durably._runtime.config import default_store
+from durably._runtime.history import Checkpoint, checkpoints
+from durably._runtime.interrupt import Interrupt, pending_interrupts
+from durably._runtime.keep import kept_steps, rerun_after_code_change
+from durably._store.records import RunRecord, StepRecord
+from durably._trace.tracer import Event, RunGraph, build_graph
+from durably.exceptions import (
+    DefinitionError,
+    NotFoundError,
+    RunStateError,
+    SerializationError,
+    StoreError,
+)
+from durably.store import Store
+
+__all__ = ["Run", "get_run", "list_runs"]
+
+R = TypeVar("R")
+_UNSET: Any = object()
+
+
+class Run(Generic[R]):
+    """One run of an entrypoint, read from its journal.
+
+    Attributes:
+        id: The run id.
+        entrypoint: Identity of the entrypoint (``module:name``).
+        name: The entrypoint's name.
+        status: ``"running"`` (a process is executing it now), ``"crashed"`` (its process
+            died while executing it: call again to resume), ``"finished"``, ``"failed"``,
+            ``"interrupted"`` (waiting at ``interrupt()`` for ``resume``), ``"stopped"``
+            (Ctrl-C, or the consumer of ``stream()`` stopped it; call again to resume) or
+            ``"forked"`` (made by ``fork``, not executed yet). ``"crashed"`` is read from
+            the run's lease each time: the journal says ``"running"`` until it is resumed.
+        attempt: How many times the run was executed (1, then 2 after one resume, ...).
+        created: When the run was first started, seconds since the epoch.
+        updated: When its record last changed, seconds since the epoch.
+        error: ``repr`` of the exception that failed the run, else None.
+        resumed_from: For a run handle returned by ``Entrypoint.run``: the status the run had
+            before this attempt (``"crashed"`` after a crash, ``"stopped"`` after Ctrl-C,
+            ``"failed"``, ``"finished"`` for a rerun), or None for a new run.
+        wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
+
+    Example:
+        >>> import durably, tempfile
+        >>> @durably.task
+        ... def inc(x):
+        ...     return x + 1
+        >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+        ... def count(n):
+        ...     return [inc(i) for i in range(n)]
+        >>> run = count.run(2)
+        >>> run.status, run.result, run.counts()
+        ('finished', [1, 2], {'ran': 2, 'cached': 0, 'replayed': 0, 'failed': 0})
+        >>> again = count.run(2)
+        >>> (again.id == run.id, again.attempt, again.counts()["replayed"])
+        (True, 2, 2)
+    """
+
+    def __init__(self, record: RunRecord, store: Store, result: Any = _UNSET) -> None:
+        self._record = record
+        self._store = store
+        self._result = result
+        self.resumed_from: str | None = None
+        self.wall_time: float | None = None
+        self._pending: list[Interrupt] | None = None  # as the attempt raised them
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id!r} of {self.name!r}: {self.status}, attempt {self.attempt}>"
+
+    id = property(lambda self: self._record.run_id, doc="The run id.")
+    entrypoint = property(lambda self: self._record.entrypoint)
+    name = property(lambda self: self._record.name)
+
+    @property
+    def status(self) -> str:
+        """The run's status (see the class's attributes); ``"crashed"`` for a run the journal
+        says is running when no live process holds its lease.
+
+        A handle read while its run was running reads the record again when the run holds
+        no lease any more: it reports how that attempt ended, not a crash."""
+        rec = self._record
+        for _ in range(8):
+            if rec.status != "running" or executing(self._store, self.id):
+                return rec.status
+            # no live lease: a crash, or the attempt ended (or another began) since the
+            # record was read; the lease and the record change together, so a record
+            # unchanged across the lease's check was running without a live process
+            again = self._store.find_run(self.id)
+            if again is None:
+                return "crashed"
+            if (again.status, again.attempt, again.updated) != (rec.status, rec.attempt,
+                                                                rec.updated):
+                self._record, self._result, self._pending = again, _UNSET, None
+                rec = again
+                continue
+            return "crashed"
+        return rec.status  # (a run starting and ending attempts faster than it is read)
+
+    attempt = property(lambda self: self._record.attempt)
+    created = property(lambda self: self._record.created)
+    updated = property(lambda self: self._record.updated)
+    error = property(lambda self: self._record.error)
+
+    @property
+    def result(self) -> R:
+        """The entrypoint's return value.
+
+        Raises:
+            RunStateError: the run has not finished (it failed, is interrupted or running),
+                or its result could not be stored.
+            CorruptJournalError: its stored result is damaged, or its file in ``blobs/`` is
+                missing (rerunning the entrypoint stores it again).
+            SerializationError: its type cannot be loaded here.
+        """
+        if self._result is not _UNSET:
+            return self._result  # type: ignore[no-any-return]
+        status = self.status  # (first: a handle read while the run ran reads it again)
+        rec = self._record
+        if rec.status != "finished":
+            raise RunStateError(
+                f"run {rec.run_id!r} is {status}, so it has no result"
+                + (f" (error: {rec.error})" if rec.error else "")
+                + ". Fix: rerun the entrypoint with the same arguments to resume it."
+            )
+        if rec.result is None:
+            raise RunStateError(f"run {rec.run_id!r} finished, but its result could not be "
+                                f"stored: {rec.error}")
+        try:
+            return _serde.loads(rec.result)  # type: ignore[no-any-return]
+        except StoreError:
+            raise  # (its file damaged or missing: said as it is, with its fix)
+        except Exception as exc:  # noqa: BLE001 - report as ours, with the way out
+            raise SerializationError(
+                f"cannot load the result of run {rec.run_id!r} ({exc}): its type is defined in "
+                "code that is not loaded here. Fix: read it from the script that defines the "
+                "type (a class defined in a script lives in its __main__), or return plain "
+                "data from the entrypoint."
+            ) from None
+
+    @property
+    def steps(self) -> list[StepRecord]:
+        """The steps of the run's latest attempt, in call order (including failed ones, and
+        ``started`` ones: steps with nested steps that were executing when the attempt
+        ended — a crash — and have no later record)."""
+        records = self._store.list_steps(self.id, attempt=self.attempt)
+        closed = {r.step_id for r in records if r.status != "started"}
+        return [r for r in records if r.status != "started" or r.step_id not in closed]
+
+    def records(self) -> list[StepRecord]:
+        """Every step record of every attempt, in order (attempt, then position)."""
+        return self._store.list_steps(self.id)
+
+    def history(self) -> list[Checkpoint]:
+        """The run's checkpoints, newest first: one per step it finished (ran or cached)
+        and one per ``interrupt()``. Each has an ``id`` to fork from
+        (``durably.fork(run.id, at=checkpoint.id)``), the task, the time, and a view of the
+        state there (the step's result or the interrupt's payload and answer).
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.task
+            ... def add(a, b):
+            ...     return a + b
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def total(n):
+            ...     return add(add(1, 2), n)
+            >>> [(c.kind, c.task, c.state) for c in total.run(10).history()]
+            [('step', 'add', '13'), ('step', 'add', '3')]
+        """
+        return checkpoints(self._store, self._record)[::-1]
+
+    @property
+    def interrupts(self) -> list[Interrupt]:
+        """The interrupts the run waits for (empty unless its status is ``interrupted``)."""
+        if self._record.status != "interrupted":
+            return []
+        if self._pending is not None:
+            return list(self._pending)
+        return pending_interrupts(self._store, self.id, self.attempt)
+
+    def graph(self, *, attempt: int | None = None, collapse: int | None = 20) -> RunGraph:
+        """The graph of one attempt of the run, from its journal (works for a run read back
+        by another process, a crashed run or a finished one).
+
+        Args:
+            attempt: Which attempt to draw. Default: the latest.
+            collapse: More than this many calls of one task under one parent draw as one
+                node (``parse ×1,200``, with counts per status); None or 0 draws every call.
+
+        Raises:
+            NotFoundError: the run has no such attempt.
+            DefinitionError: ``collapse`` is not a number of calls.
+
+        Returns:
+            A :class:`~durably.RunGraph`: ``.nodes`` (steps, nested by call), ``.edges``
+            (data flow), ``.to_mermaid()``, ``.to_dot()``, ``.to_svg()``, ``.save(path)``.
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.task
+            ... def load(n):
+            ...     return list(range(n))
+            >>> @durably.task
+            ... def total(xs):
+            ...     return sum(xs)
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def pipeline(n):
+            ...     return total(load(n))
+            >>> g = pipeline.run(3).graph()
+            >>> [n.task for n in g.nodes], [(g.node(e.source).task, g.node(e.target).task)
+            ...                             for e in g.edges]
+            (['load', 'total'], [('load', 'total')])
+        """
+        if collapse is not None:
+            try:  # (an int, a numpy integer: anything that is an index; not True, not 2.5)
+                limit = None if isinstance(collapse, bool) else operator.index(collapse)
+            except TypeError:
+                limit = None
+            if limit is None or limit < 0:
+                raise DefinitionError(f"run.graph(collapse=...) takes a number of calls (0 "
+                                      f"or more), or None, not {collapse!r}. Fix: "
+                                      "collapse=20, or collapse=None to draw every call.")
+            collapse = limit
+        rec = self._record
+        latest = attempt is None or attempt == self.attempt
+        attempt = self.attempt if attempt is None else attempt
+        if not isinstance(attempt, int) or not 1 <= attempt <= max(self.attempt, 1):
+            raise NotFoundError(f"run {self.id!r} has attempts 1 to {self.attempt}, not "
+                                f"{attempt!r}")
+        ends = [e for e in self._store.list_events(self.id)
+                if e.attempt == attempt and e.kind.startswith("run_")]
+        # an earlier attempt's status is how it ended (one that started and never ended:
+        # its process died); the latest one's is the run's status
+        status = (self.status if latest else ends[-1].kind[4:] if len(ends) >= 2
+                  else "crashed" if ends else rec.status)
+        graph = build_graph(rec.run_id, rec.name, status, attempt,
+                            self._store.list_steps(self.id), collapse)
+        if len(ends) >= 2:
+            graph = dataclasses.replace(graph, wall_time=ends[-1].time - ends[0].time)
+        return graph
+
+    def events(self) -> list[Event]:
+        """The run's events rebuilt from its journal, in time order: attempts starting and
+        ending (with their status, duration, output or error), steps (``step_started`` only
+        for steps with nested steps; every step has its ``step_finished``, ``step_failed``
+        or ``step_interrupted`` with its duration), interrupts and answers (``status`` is
+        the interrupt id), and custom events (``data`` is the value written)."""
+        found: list[Event] = []
+        for s in self._store.list_steps(self.id):
+            kind = {"failed": "step_failed", "interrupted": "step_interrupted",
+                    "started": "step_started"}.get(s.status, "step_finished")
+            if kind == "step_started":
+                found.append(Event(kind, s.run_id, s.started, s.step_id, s.parent_id, s.task,
+                                   inputs=s.inputs, attempt=s.attempt))
+                continue
+            found.append(Event(kind, s.run_id, s.ended, s.step_id, s.parent_id, s.task,
+                               s.status, s.duration, s.inputs, s.output, s.error, s.attempt))
+        for e in self._store.list_events(self.id):
+            if e.kind in ("interrupt_code", "step_raised", "step_retry"):
+                continue  # (bookkeeping: which code asked an interrupt; failures replayed)
+            data: Any = None
+            if e.data is not None:
+                try:
+                    data = _serde.loads(e.data)
+                except Exception:  # noqa: BLE001 - a class gone from the code is still listed
+                    data = None
+            if e.kind.startswith("run_") and isinstance(data, dict):
+                info = data
+                found.append(Event(
+                    e.kind, e.run_id, e.time, None, None, self.name, info.get("status", ""),
+                    info.get("duration"), None, info.get("output"),
+                    info.get("error") or info.get("interrupts"), e.attempt))
+                continue
+            found.append(Event(e.kind, e.run_id, e.time, e.step_id, None,
+                               self.name if e.kind.startswith("run_") else "",
+                               e.kind[4:] if e.kind.startswith("run_") else e.key,
+                               data=data, attempt=e.attempt))
+        found.sort(key=lambda ev: ev.time)
+        return found
+
+    def time_saved(self) -> float:
+        """Seconds the latest attempt did not spend: for each replayed step, the time it
+        took when it ran (steps served from the cross-run cache count 0: their cost was paid
+        by another run)."""
+        ran: dict[str, float] = {}
+        saved = 0.0
+        for s in self._store.list_steps(self.id):
+            if s.status == "ran":
+                ran.setdefault(s.step_id, s.duration)
+            elif s.status == "replayed" and s.attempt == self.attempt:
+                saved += ran.get(s.step_id, 0.0)
+        return saved
+
+    def counts(self) -> dict[str, int]:
+        """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
+        ``failed``; a step counts once, by its last record (a try that failed and was
+        retried into a result counts as ``ran``)."""
+        last = {s.step_id: s.status for s in self.steps}
+        c = collections.Counter(last.values())
+        return {k: c.get(k, 0) for k in ("ran", "cached", "replayed", "failed")}
+
+    def summary(self) -> str:
+        """One line: status, steps by status, wall time (when known), what happened before.
+
+        Example: ``run 'index-3f2a…' finished: 1,001 steps — 0 ran, 1,001 replayed,
+        0 cached, 0 failed — in 0.41 s (continued a finished run)``.
+        """
+        c = self.counts()
+        total = sum(c.values())
+        text = (
+            f"run {self.id!r} {self.status}: {total:,} steps — {c['ran']:,} ran, "
+            f"{c['replayed']:,} replayed, {c['cached']:,} cached, {c['failed']:,} failed"
+        )
+        if self.wall_time is not None:
+            text += f" — in {self.wall_time:.2f} s"
+        saved = self.time_saved()
+        if saved >= 0.01:
+            text += f", {saved:,.2f} s saved by the journal"
+        changes, kept = self._code_changes(c)
+        text += changes
+        if self.status == "interrupted":
+            text += (f" — waiting for {len(self.interrupts)} answer(s): resume with "
+                     f"{self.name}.resume({self.id!r}, value)")
+        if self.resumed_from == "forked":
+            return text + " (first execution of a fork)"
+        if self.resumed_from == "finished":
+            return text + " (reran a finished run: unchanged steps replayed from its journal)"
+        how = {"interrupted": "resumed after an interrupt",
+               "stopped": "resumed a run that was stopped by Ctrl-C or a closed stream",
+               "crashed": "resumed a run whose process had died while executing it",
+               "failed": "resumed a run that had failed"}.get(
+            self.resumed_from or "", "resumed a run that had stopped before finishing")
+        if self.resumed_from is None:
+            return text
+        if c["replayed"] or not c["ran"] or kept:
+            return text + f" ({how}: its finished steps were replayed)"
+        try:  # did the attempts before have finished steps to replay?
+            had = any(s.status in ("ran", "cached", "replayed") for s in
+                      self._store.list_steps(self.id, attempt=self.attempt - 1))
+        except Exception:  # noqa: BLE001 - a summary never fails
+            had = False
+        if not had:
+            return text + f" ({how}: none of its steps had finished)"
+        return text + (f" ({how}: no step was replayed: the steps that had finished are of "
+                       "tasks whose code or inputs changed since, so they executed again; "
+                       "task.explain(...) says what changed)")
+        return text
+
+    def _code_changes(self, c: dict[str, int]) -> tuple[str, int]:
+        """What the summary says of steps this attempt kept from older code
+        (``keep_finished=True``), or else of finished steps it executed again because their
+        code changed ("" when neither); and how many it kept."""
+        if self.resumed_from is None and self.attempt < 2:
+            return "", 0
+        try:
+            kept = kept_steps(self.steps) if c["cached"] else 0
+            again = 0 if kept or not c["ran"] else rerun_after_code_change(self._store,
+                                                                           self._record)
+        except Exception:  # noqa: BLE001 - a summary never fails
+            return "", 0
+        if kept:
+            return (f" — {kept:,} of the cached steps kept from older code (keep_finished=True: "
+                    "finished before their task's code changed; s.kept_from in run.steps)",
+                    kept)
+        if again:
+            return (f" — {again:,} steps that had finished executed again because their code "
+                    "changed; keep_finished=True would have kept their results", 0)
+        return "", 0
+
+    def refresh(self) -> Run[R]:
+        """Read the run's record again from the store."""
+        rec = self._store.find_run(self.id)
+        if rec is not None:
+            self._record = rec
+            self._result = _UNSET
+            self._pending = None
+        return self
+
+
+def executing(store: Store, run_id: str) -> bool:
+    """Whether a live process holds the run's lease."""
+    return store.run_holder(run_id) is not None
+
+
+def _store_of(store: Store | None) -> Store:
+    return store if store is not None else default_store()
+
+
+def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
+    """Read a run back from the store, from any process.
+
+    Args:
+        run_id: The run's id (``Run.id``).
+        store: The store to read. Default: the configured store.
+
+    Returns:
+        The :class:`Run` handle.
+
+    Raises:
+        NotFoundError: no run with that id in the store (also a :class:`LookupError`).
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def hello(name):
+        ...     return f"hello {name}"
+        >>> run = hello.run("ada")
+        >>> durably.get_run(run.id, store=store).result
+        'hello ada'
+    """
+    st = _store_of(store)
+    rec = st.find_run(run_id)
+    if rec is None:
+        raise NotFoundError(
+            f"no run {run_id!r} in the store at {st.where!r}. Fix: check "
+            "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the "
+            "store that holds it."
+        )
+    return Run(rec, st)
+
+
+def list_runs(entrypoint: Any = None, *, store: Store | None = None) -> list[Run[Any]]:
+    """The runs in the store, most recently updated first.
+
+    Args:
+        entrypoint: Only runs of this entrypoint: the decorated function itself, its name, or
+            its identity (``module:name``). Default: all runs.
+        store: The store to read. Default: the configured store.
+
+    Returns:
+        A list of :class:`Run`, newest first.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def square(x):
+        ...     return x * x
+        >>> _ = square(2), square(3)
+        >>> [r.result for r in durably.list_runs(square, store=store)]
+        [9, 4]
+    """
+    st = _store_of(store)
+    key = entrypoint
+    spec = getattr(entrypoint, "_self_spec", None)
+    if spec is not None and spec.kind != "entrypoint":
+        raise TypeError(
+            f"list_runs() takes an entrypoint; {spec.name!r} is a {spec.kind}, and only "
+            "entrypoints have runs"
+        )
+    if spec is not None:
+        key = spec.identity
+        if store is None and spec.store is not None:
+            st = spec.store
+    elif entrypoint is not None and not isinstance(entrypoint, str):
+        raise TypeError(
+            f"list_runs(entrypoint=...) takes an entrypoint or its name, not {entrypoint!r}"
+        )
+    return [Run(rec, st) for rec in st.list_runs(key)]
+
+
+#: the statuses a run can have (:attr:`Run.status`)
+RUN_STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
+
+
+def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | None = None,
+                status: str | Iterable[str] | None = None, entrypoint: Any = None,
+                dry_run: bool = False, store: Store | None = None) -> list[str]:
+    """Delete runs and their journals (records, steps, events, answers, and the large values
+    in ``blobs/`` only they refer to): the runs named, or every run that matches the
+    filters. The cache is kept, so their steps still serve later calls. A run a live
+    process is executing is never deleted. Like LangGraph's ``delete_thread`` or a DBOS
+    garbage collection, for a store that grows with every run.
+
+    Args:
+        run_ids: The runs to delete. With filters too: only those of them that match.
+        older_than: Only runs last updated more than this many seconds ago (``0``: any).
+        status: Only runs with this status, or one of these: ``"crashed"``,
+            ``"finished"``, ``"failed"``, ``"interrupted"``, ``"stopped"``, ``"forked"``.
+        entrypoint: Only runs of this entrypoint (the decorated function, its name or its
+            ``module:name``).
+        dry_run: Say which runs would be deleted; delete nothing.
+        store: The store. Default: the configured store (an entrypoint's own store, if it
+            has one and ``store`` is not given).
+
+    Returns:
+        The ids of the runs deleted (with ``dry_run``: that would be). Runs named by id
+        that do not exist are skipped; with filters, a run being executed is left out.
+
+    Raises:
+        ValueError: neither ``run_ids`` nor a filter was given (pass ``older_than=0`` to
+            mean every run), ``older_than`` is negative, or ``status`` is not a status.
+        RunStateError: a run named by id is being executed by a live process (nothing
+            is deleted).
+        StoreError: the store cannot be read or written.
+
+    Example:
+        >>> import durably, tempfile
+        >>> store = durably.DiskStore(tempfile.mkdtemp())
+        >>> @durably.entrypoint(store=store)
+        ... def square(x):
+        ...     return x * x
+        >>> _ = square(2), square(3)
+        >>> ids = [r.id for r in durably.list_runs(store=store)]
+        >>> durably.delete_runs(status="finished", store=store, dry_run=True) == ids
+        True
+        >>> durably.delete_runs(ids[0], store=store) == ids[:1]
+        True
+        >>> durably.delete_runs(older_than=0, entrypoint=square, store=store) == ids[1:]
+        True
+        >>> durably.list_runs(store=store)
+        []
+    """
+    statuses: set[str] | None = None
+    if status is not None:
+        statuses = {status} if isinstance(status, str) else set(status)
+        wrong = sorted(statuses - set(RUN_STATUSES))
+        if wrong:
+            raise ValueError(f"delete_runs(status=...): {wrong[0]!r} is not a run status; "
+                             f"use {', '.join(RUN_STATUSES[1:])}")
+    if older_than is not None and (isinstance(older_than, bool) or not isinstance(
+            older_than, (int, float)) or not older_than >= 0):
+        raise ValueError(f"delete_runs(older_than=...) must be seconds >= 0 (a number: "
+                         f"30 days is 30 * 86400), not {older_than!r}")
+    if isinstance(run_ids, str):
+        run_ids = [run_ids]
+    elif isinstance(run_ids, bytes) or (
+            run_ids is not None and not isinstance(run_ids, Iterable)):
+        raise TypeError(f"delete_runs() takes run ids (a str or a list of them), not "
+                        f"{run_ids!r}")
+    filtered = older_than is not None or statuses is not None or entrypoint is not None
+    if run_ids is None and not filtered:
+        raise ValueError("delete_runs() needs run ids or a filter (older_than=, status=, "
+                         "entrypoint=); older_than=0 deletes every run")
+    st = _store_of(store)
+    spec = getattr(entrypoint, "_self_spec", None)
+    if store is None and spec is not None and spec.store is not None:
+        st = spec.store  # (its runs are there, as list_runs reads them)
+    delete = st.delete_runs
+    if not filtered:
+        assert run_ids is not None
+        return list(delete(run_ids, dry_run=dry_run))
+    runs = list_runs(entrypoint, store=st)
+    cutoff = time.time() - older_than if older_than is not None else None
+    chosen = [r.id for r in runs
+              if (cutoff is None or r.updated < cutoff)
+              and (statuses is None or r.status in statuses)]
+    if run_ids is not None:
+        named = set(run_ids)
+        chosen = [i for i in chosen if i in named]
+    return list(delete(chosen, dry_run=dry_run, skip_executing=True))
