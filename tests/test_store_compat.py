@@ -341,5 +341,8 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
 
     found = serde._MovedUnpickler(io.BytesIO(b"")).find_class("durably._worker", "Seceded")
     assert found is Seceded  # (a name that moved to another module than its own)
+    # a name that moved to another module of the same package since (a module split in two)
+    found = serde._MovedUnpickler(io.BytesIO(b"")).find_class("durably._store", "KeyRecord")
+    assert found is durably.store.KeyRecord
     with pytest.raises(ModuleNotFoundError):  # (a module that never was still fails)
         serde.loads(now.replace(b"cdurably._runtime.retry\n", b"cdurably._nothing\n"))

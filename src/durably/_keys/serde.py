@@ -688,7 +688,30 @@ class _MovedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         module = MOVED_NAMES.get((module, name)) or MOVED_MODULES.get(module, module)
-        return super().find_class(module, name)
+        try:
+            return super().find_class(module, name)
+        except AttributeError:
+            found = _find_in_package(module.rpartition(".")[0], name)
+            if found is None:
+                raise
+            return found
+
+
+def _find_in_package(package: str, name: str) -> Any:
+    """``name`` where a module of ``package`` defines it (a module split in two since the
+    release that wrote the pickle), else None."""
+    import importlib
+    import pkgutil
+
+    if not package.startswith("durably."):
+        return None
+    root = importlib.import_module(package)
+    for info in pkgutil.iter_modules(getattr(root, "__path__", []), package + "."):
+        module = importlib.import_module(info.name)
+        found = vars(module).get(name)
+        if found is not None and getattr(found, "__module__", None) == info.name:
+            return found
+    return None
 
 
 def _loads_moved(data: bytes, exc: Exception) -> Any:
