@@ -115,7 +115,7 @@ def test_forks_during_checkpoints_never_hang_the_child_and_exit_deletes_the_log(
     script = write_script(tmp_path / "forks.py", """
         import os, sys
         import durably
-        from durably import _checkpoint
+        from durably._store.disk import checkpoint as _checkpoint
         _checkpoint.EVERY = 2
 
         @durably.task
@@ -290,7 +290,7 @@ def test_a_ctrl_c_while_fork_waits_for_a_checkpoint_is_raised_after_the_fork(
         tmp_path: Path) -> None:
     script = write_script(tmp_path / "ctrlc.py", """
         import os, signal, threading, time
-        from durably import _checkpoint
+        from durably._store.disk import checkpoint as _checkpoint
         _checkpoint._busy[0] = True  # (a checkpoint in progress, for 0.4 s)
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
         threading.Timer(0.4, _checkpoint._busy.__setitem__, (0, False)).start()

@@ -23,8 +23,7 @@ pytestmark = pytest.mark.slow
 PIPELINE = """
 import os, sys, time
 import durably
-from durably import _serde
-
+from durably._keys import serde as _serde
 _serde.SPILL_BYTES = 150_000  # every 5th value is streamed to a file
 MARKS = os.environ["MARKS"]
 

@@ -360,8 +360,7 @@ def test_a_resumed_attempt_killed_past_its_journal_shows_what_it_replayed(
 LEASED = """
 import os, time
 import durably
-from durably import _lease
-
+from durably._store import lease as _lease
 _lease.RENEW_SECONDS = float(os.environ.get("RENEW", "30"))
 
 @durably.task
@@ -457,8 +456,7 @@ def test_a_lease_of_another_host_or_container_says_when_it_expires() -> None:
 TAKEN_OVER = """
 import dataclasses, os, sys, time
 import durably
-from durably import _lease
-
+from durably._store import lease as _lease
 _lease.RENEW_SECONDS = float(os.environ.get("RENEW", "30"))
 if os.environ.get("OTHER_HOST"):  # another machine sharing the store: leases live 1 s
     _lease._ME = dataclasses.replace(_lease._ME, host="elsewhere")
@@ -591,8 +589,7 @@ def test_a_run_in_another_pid_namespace_is_not_judged_by_our_pids(
 FORKS = """
 import os, signal, sys
 import durably
-from durably import _lease
-
+from durably._store import lease as _lease
 _lease.RENEW_SECONDS = 1e-5  # the lease's thread renews without pause
 
 @durably.task(cache=False)
@@ -674,8 +671,8 @@ def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> s
 RESTORE = """
 import os, sys, time
 import durably
-from durably import _context, _runtime
-
+from durably._runtime import context as _context
+from durably._runtime import runtime as _runtime
 PHASE = os.environ["PHASE"]
 _context.CACHE_BATCH = _runtime._CACHE_BATCH = 50  # (2048): batches of 50 cheap steps
 

@@ -42,7 +42,8 @@ DRIVER = r'''
 import json, logging, os, random, signal, sqlite3, sys, threading, time, traceback
 from collections import Counter
 import durably
-from durably import _blobs, _serde
+from durably._store.disk import blobs as _blobs
+from durably._keys import serde as _serde
 from durably._runtime.context import current_run
 
 BASE, TRIALS, SEED, WORKER = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -271,7 +271,7 @@ def test_an_attempt_replaying_a_run_deleted_meanwhile_stops(
 KILLED = """
 import os, sys
 import durably
-from durably import _serde
+from durably._keys import serde as _serde
 _serde.SPILL_BYTES = 100_000
 
 @durably.task

@@ -683,8 +683,7 @@ def test_a_real_read_only_store_is_a_store_error_and_the_run_resumes(
 BIG = """
 import os, sys
 import durably
-from durably import _serde
-
+from durably._keys import serde as _serde
 @durably.task
 def big(n):
     return b"x" * n
