@@ -171,3 +171,13 @@ def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
     typing_only.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                            "    from durably._runtime import run\n")
     assert [t for t, _ in _imports(typing_only, "durably._keys.ok")] == ["typing"]
+
+
+def test_every_module_is_durably_s_own_code() -> None:
+    """Fingerprints and warnings tell durably's frames from the user's by the package's
+    folder: every module of every subpackage is under it."""
+    from durably._keys.origin import PACKAGE_DIR, _is_user_path
+
+    assert Path(PACKAGE_DIR) == SRC
+    user = [str(path) for path in MODULES.values() if _is_user_path(str(path))]
+    assert not user, user

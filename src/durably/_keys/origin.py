@@ -21,7 +21,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import importlib.metadata
 
-__all__ = ["is_user_module"]
+__all__ = ["PACKAGE_DIR", "is_user_module"]
+
+#: the folder of the durably package (its code is never the user's)
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _system_prefixes() -> tuple[str, ...]:
@@ -31,7 +34,7 @@ def _system_prefixes() -> tuple[str, ...]:
         for k in ("stdlib", "platstdlib", "purelib", "platlib")
         if k in paths
     }
-    found.add(os.path.realpath(os.path.dirname(__file__)) + os.sep)
+    found.add(os.path.realpath(PACKAGE_DIR) + os.sep)
     return tuple(sorted(found))
 
 

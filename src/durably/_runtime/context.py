@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from durably._keys.origin import PACKAGE_DIR
 from durably._store.lease import RENEW_SECONDS, Owner, _pid
 from durably._store.records import KeyRecord, Replay, ReplayRange, StepRecord
 from durably.exceptions import RunStateError
@@ -486,7 +487,7 @@ class RunContext:
 def user_stacklevel() -> int:
     """The ``stacklevel`` of a warning that names the first frame outside durably (the
     user's call), counted from the caller of ``warnings.warn``."""
-    here = os.path.dirname(__file__) + os.sep  # (not a package named durably_something)
+    here = PACKAGE_DIR + os.sep  # (not a package named durably_something)
     frame = sys._getframe(1)
     level = 1
     while frame is not None and frame.f_code.co_filename.startswith(here):
