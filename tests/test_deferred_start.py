@@ -477,7 +477,7 @@ def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
     replayed) returns: the commit stands, the call raises KeyboardInterrupt (not a
     RunStateError about another process), and the run reads as that attempt left it."""
     from durably._runtime import runtime as _runtime
-    from durably._store import records as _records
+    from durably._store.disk import rows as _records
 
     entry = grows if where == "start" else job
     _failed_run(3, entry=entry)

@@ -1242,7 +1242,7 @@ def test_a_ctrl_c_as_the_lease_commits_leaves_no_lease_behind(
     """A Ctrl-C landing just after the attempt's start committed (its lease written) takes
     the lease back: other processes are not refused while this one lives."""
     from durably._runtime import runtime as _runtime
-    from durably._store import records as _records
+    from durably._store.disk import rows as _records
 
     real = _runtime._resolve_run
     calls = []
