@@ -333,7 +333,7 @@ _texts = st.text(st.characters(codec=None, exclude_categories=()), max_size=30) 
 @given(st.lists(_texts, max_size=40), st.booleans())
 def test_a_run_of_strings_digests_as_its_strings_one_by_one(
         strings: list[str], as_tuple: bool) -> None:
-    from durably._keys.hashing import Encoder
+    from durably._keys.canonical import Encoder
 
     value: Any = tuple(strings) if as_tuple else strings
     fast = digest(value)
@@ -363,14 +363,14 @@ def test_kept_blocks_of_dict_keys_digest_as_keys_written_anew(
     """The block of a dict's str keys (or a set's strs) is kept after its first use: a dict
     digests the same the first time, from the kept block, once the blocks kept are full,
     and as the keys written anew each time."""
-    from durably._keys import hashing as _hashing
-    from durably._keys.hashing import Encoder
+    from durably._keys import canonical as _canonical
+    from durably._keys.canonical import Encoder
 
     value: Any = set(d) if as_set else d
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_hashing, "_KEY_BLOCKS", {})
+        mp.setattr(_canonical, "_KEY_BLOCKS", {})
         first, kept = digest(value), digest(value)
-        mp.setattr(_hashing, "_KEY_BLOCKS", {(i,): b"" for i in range(4096)})  # full
+        mp.setattr(_canonical, "_KEY_BLOCKS", {(i,): b"" for i in range(4096)})  # full
         full = digest(value)
         mp.setattr(Encoder, "str_block", _str_block_written_anew)
         assert first == kept == full == digest(value)
@@ -873,7 +873,8 @@ def test_a_bare_tzinfo_raises_a_serialization_error(value: Any) -> None:
 def test_argument_digests_equal_the_general_encoding(arguments: dict[str, Any]) -> None:
     """encode_arguments writes names from a table and dispatches inline: the bytes hashed are
     what the general path (Encoder.raw + Encoder.encode) writes, so keys never change."""
-    from durably._keys.hashing import _HEADER, Encoder, encode_arguments
+    from durably._keys.canonical import _HEADER, Encoder
+    from durably._keys.hashing import encode_arguments
 
     e = Encoder()
     e.buf += _HEADER
@@ -1064,7 +1065,8 @@ def test_arguments_nested_as_deep_as_the_key_allows_get_their_digests_too() -> N
 def test_a_large_list_of_strings_is_encoded_once_for_its_key_and_its_digest() -> None:
     """The digest of a list-of-strings argument, for explain and the tracer, is taken in the
     pass that makes the key: its strings are encoded once, not twice."""
-    from durably._keys.hashing import Encoder, digest_each, encode_arguments
+    from durably._keys.canonical import Encoder
+    from durably._keys.hashing import digest_each, encode_arguments
 
     calls = []
     strings = Encoder.strings

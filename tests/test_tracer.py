@@ -225,7 +225,8 @@ def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bo
     """An executed step's key, the digest of each argument (explain) and the tracer's flow
     digests come from one encoding of a large list of strings: the same digests, so the
     data-flow edges from the steps that made it and its elements are drawn as before."""
-    from durably._keys.hashing import Encoder, digest_each, trace_digest
+    from durably._keys.canonical import Encoder
+    from durably._keys.hashing import digest_each, trace_digest
 
     @task
     def chat(n: int) -> list[str]:

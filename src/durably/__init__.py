@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from durably._decorators.decorators import Entrypoint, Task, entrypoint, fork, task
+from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
-from durably._keys.hashing import ENCODING_VERSION, digest, register_encoder
+from durably._keys.hashing import digest
 from durably._runtime.config import configure
 from durably._runtime.explain import Explanation
 from durably._runtime.history import Checkpoint

@@ -16,9 +16,9 @@ import types
 import weakref
 from typing import Any
 
+from durably._keys.canonical import Encoder, _callable_name
 from durably._keys.encoders import _UNSET, _pack_Q, type_path
 from durably._keys.fingerprint import fingerprint_function, fingerprint_of
-from durably._keys.hashing import Encoder, _callable_name
 from durably._keys.origin import is_user_module
 from durably._keys.revalidate import _WALKING
 from durably.exceptions import SerializationError

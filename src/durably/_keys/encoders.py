@@ -5,7 +5,7 @@ Builtin scalars, containers, dates, decimals, UUIDs and paths are looked up by t
 type (:data:`_DISPATCH`). Other values, when no digest hook or registered encoder handles
 them, are tried against the probes in order (:data:`_PROBES`): Enum members, NamedTuples,
 dataclasses, attrs and pydantic models, numpy and pandas objects, functions and methods,
-subclasses of builtins. Each writes through the :class:`~durably._keys.hashing.Encoder` it is
+subclasses of builtins. Each writes through the :class:`~durably._keys.canonical.Encoder` it is
 given.
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the encoder calls these functions, and they write through it
-    from durably._keys.hashing import Encoder
+    from durably._keys.canonical import Encoder
 
 __all__ = ["type_path", "without_cached"]
 

@@ -109,9 +109,9 @@ import wrapt
 import xxhash
 
 from durably._keys.bytecode import _Refs, _scan
+from durably._keys.canonical import Encoder
 from durably._keys.encoders import type_path
 from durably._keys.files import SEEN, File
-from durably._keys.hashing import Encoder
 from durably._keys.origin import (
     _import_user_module,
     _package_version,

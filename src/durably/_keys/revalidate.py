@@ -19,8 +19,8 @@ from typing import Any, Protocol
 import wrapt
 import xxhash
 
+from durably._keys.canonical import _ENCODERS, Encoder
 from durably._keys.files import File, file_stamp
-from durably._keys.hashing import _ENCODERS, Encoder
 
 __all__ = ["Fingerprint", "Unchecked", "file_stamp", "full_digest", "registry_ids"]
 

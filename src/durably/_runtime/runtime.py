@@ -35,6 +35,7 @@ from typing import Any
 import xxhash
 
 from durably._keys import serde as _serde
+from durably._keys.canonical import too_common
 from durably._keys.files import SEEN as _files_seen
 from durably._keys.files import File, file_stamp
 from durably._keys.fingerprint import fingerprint_function, nameless_callable
@@ -44,7 +45,6 @@ from durably._keys.hashing import (
     encode_positional,
     locate_undigestable,
     positional_plan,
-    too_common,
     trace_digest,
     trace_digests,
 )
