@@ -670,10 +670,10 @@ def _shape(value: Any, copied: Any, seen: dict[int, int]) -> list[Any]:
 @given(st.data())
 @settings(max_examples=150, deadline=None)
 def test_a_node_s_copy_is_deepcopy_s_copy(data: st.DataObject) -> None:
-    """stategraph._deepcopy gives what copy.deepcopy gives: equal values, atomic values the
+    """superstep._deepcopy gives what copy.deepcopy gives: equal values, atomic values the
     same objects, new containers, shared containers shared (through tuples, subclasses and
     objects copied by deepcopy too), objects whose __deepcopy__ returns themselves kept."""
-    from durably.stategraph import _deepcopy
+    from durably._graph.superstep import _deepcopy
 
     pool: list[Any] = []
 
@@ -697,7 +697,7 @@ def test_a_node_s_copy_of_a_pydantic_state_is_deepcopy_s_copy() -> None:
     """A pydantic model (a state, a message in it) is copied as copy.deepcopy copies it (its
     __dict__ by the fast path): equal, independent, with its private attributes, extra
     fields and set fields; a model with its own __deepcopy__ keeps it."""
-    from durably.stategraph import _deepcopy
+    from durably._graph.superstep import _deepcopy
 
     class Message(pydantic.BaseModel):
         role: str
@@ -1267,7 +1267,7 @@ def test_a_checkpoint_is_never_rebuilt_from_other_bytes_than_it_was_cut_from() -
     """A checkpoint journaled as a splice of the previous one's bytes carries their digest:
     spliced onto other bytes (the super-step before it set aside and executed again
     differently), it is refused with CorruptJournalError instead of read as garbage."""
-    from durably.stategraph import _pickled_state, _splice
+    from durably._graph.checkpoints import _pickled_state, _splice
 
     app = _one("n", lambda s: {"count": s["count"] + 1}, "spliced")
     before = _pickled_state({"log": ["a"], "count": 1})
@@ -1295,16 +1295,34 @@ def test_a_checkpoint_is_never_rebuilt_from_other_bytes_than_it_was_cut_from() -
        st.sampled_from([1, 2, 7, 1 << 16]))
 def test_a_splice_rebuilds_exactly_the_bytes_it_was_cut_from(
         common: bytes, old_part: bytes, new_part: bytes, chunk: int) -> None:
-    from durably import stategraph
+    from durably._graph import checkpoints
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(stategraph, "_CHUNK", chunk)  # the chunked compare and its bisection
+        mp.setattr(checkpoints, "_CHUNK", chunk)  # the chunked compare and its bisection
         for old, new in ((common + old_part + common, common + new_part + common),
                          (old_part, new_part), (common + old_part, common),
                          (common, common + new_part), (common, common)):
-            head, tail, middle = stategraph._splice(old, new)
-            assert stategraph._spliced(old, (head, tail, middle)) == new
+            head, tail, middle = checkpoints._splice(old, new)
+            assert checkpoints._spliced(old, (head, tail, middle)) == new
             assert head + tail <= min(len(old), len(new))
+
+
+def test_a_journal_of_an_earlier_release_names_the_super_step_s_classes_in_stategraph() -> None:
+    """Journals written before the compiled graph moved to durably._graph name what a
+    super-step journals durably.stategraph.StepResult, .Writes and .Sent: read back as
+    they are now."""
+    import pickle
+
+    from durably._graph.checkpoints import Sent, StepResult, Writes
+    from durably._keys import serde
+
+    result = StepResult(index=1, updates={"a": Writes([{"x": 1}]), "b": Sent([{"y": 2}])})
+    old = pickle.dumps(result, protocol=0).replace(b"durably._graph.checkpoints\n",
+                                                   b"durably.stategraph\n")
+    assert b"durably.stategraph" in old and b"_graph" not in old
+    back = serde.loads(old)
+    assert type(back) is StepResult and back == result
+    assert type(back["updates"]["a"]) is Writes and type(back["updates"]["b"]) is Sent
 
 
 def test_a_super_step_set_aside_by_repair_executes_again_and_the_run_goes_on(

@@ -21,7 +21,7 @@ from durably.exceptions import DefinitionError, DurablyError, RunStateError
 from durably.store import Store
 
 if TYPE_CHECKING:
-    from durably.stategraph import CompiledGraph
+    from durably._graph.compiled import CompiledGraph
 
 __all__ = [
     "GraphChangedError",
@@ -278,7 +278,9 @@ class StateGraph(Generic[S]):
         problems = list(self.problems) + self._check()
         if problems:
             raise GraphValidationError(name, problems)
-        from durably.stategraph import CompiledGraph
+        # (here: the compiled graph is made of this module's errors and routers, so its module
+        # imports this one)
+        from durably._graph.compiled import CompiledGraph
 
         return CompiledGraph(self, name, max_steps, store)
 
