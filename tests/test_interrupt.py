@@ -1186,7 +1186,7 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
     """Journals written before nested side effects were identified by their callers'
     tasks and inputs hold them under their caller's step id: a run resumed after the
     upgrade finds them there (replayed, not sent again)."""
-    from durably._decorators import decorators as _decorators
+    from durably._decorators import task as _task_module
     from durably._runtime import runtime as _runtime
 
     sent: list[str] = []
@@ -1222,7 +1222,7 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
         return real(spec, instance, args, kwargs)
 
     monkeypatch.setattr(_runtime, "begin_step", older)
-    monkeypatch.setattr(_decorators, "begin_step", older)  # (a task's call uses it directly)
+    monkeypatch.setattr(_task_module, "begin_step", older)  # (a task's call uses it directly)
     run = legacy_job.run(3)
     assert run.status == "interrupted" and sent == ["send 3"]
     monkeypatch.undo()

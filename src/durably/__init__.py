@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from durably._decorators.decorators import Entrypoint, Task, entrypoint, fork, task
+from durably._decorators.entrypoint import Entrypoint, entrypoint, fork
+from durably._decorators.task import Task, task
 from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
 from durably._keys.hashing import digest

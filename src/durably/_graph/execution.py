@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from durably._decorators.decorators import Entrypoint, Task
+from durably._decorators.entrypoint import Entrypoint
+from durably._decorators.task import Task
 from durably._graph.builder import StepLimitError
 from durably._graph.checkpoints import FULL_STATE_EVERY, Writes, _spliced
 from durably._graph.migration import Migration

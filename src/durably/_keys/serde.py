@@ -635,7 +635,7 @@ MOVED_MODULES = {
     "durably._config": "durably._runtime.config",
     "durably._conformance": "durably.testing._conformance",
     "durably._context": "durably._runtime.context",
-    "durably._decorators": "durably._decorators.decorators",
+    "durably._decorators": "durably._decorators.pickling",
     "durably._effects": "durably._runtime.effects",
     "durably._encoders": "durably._keys.encoders",
     "durably._executors": "durably._executors.fanout",
@@ -676,8 +676,8 @@ MOVED_NAMES = {
     for name in ("step_row", "step_from_row", "run_row", "key_row", "immediate")
 } | {
     ("durably._worker", "Seceded"): "durably._runtime.retry",
-    ("durably._worker", "_rebuild_task"): "durably._decorators.decorators",
-    ("durably._worker", "_task_by_value"): "durably._decorators.decorators",
+    ("durably._worker", "_rebuild_task"): "durably._decorators.pickling",
+    ("durably._worker", "_task_by_value"): "durably._decorators.pickling",
     ("durably.testing", "MemoryStore"): "durably._store.memory",
 }
 

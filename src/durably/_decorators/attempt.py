@@ -1,0 +1,132 @@
+"""How an entrypoint's attempt ends: it waits for the steps it submitted and did not wait
+for, gathers the interrupts it ended with (raised, grouped, or swallowed by the user's
+code), and returns the :class:`~durably.Run` handle or raises
+:class:`~durably.RunInterrupted`; and the check that a run to resume is waiting for an
+answer.
+
+Separate from :mod:`.entrypoint`, whose sync and async runs, resume and fork all end an
+attempt the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from durably._runtime.interrupt import InterruptSignal
+from durably._runtime.run import _UNSET, Run, executing
+from durably._runtime.runtime import is_cancelled
+from durably._store.records import RunRecord, now
+from durably.exceptions import RunInterrupted, RunStateError
+from durably.store import Store
+
+
+def _require_interrupted(rec: RunRecord, store: Store | None = None) -> None:
+    if rec.status == "interrupted":
+        return
+    # (store None: read under the run's lease, so no other attempt executes it now)
+    if rec.status == "running" and (store is None or not executing(store, rec.run_id)):
+        raise RunStateError(
+            f"run {rec.run_id!r} crashed (its process is gone) while running, so it is not "
+            "waiting for an answer: resume() answers an interrupt(). An answer the crashed "
+            "attempt was given is recorded. Fix: call the entrypoint again with the same "
+            "arguments (a graph: app.invoke(None, run_id=...)) to continue it.")
+    if rec.status == "running":
+        raise RunStateError(
+            f"run {rec.run_id!r} is being executed right now (another process or thread "
+            "called the entrypoint again, or resumed it), so it is not waiting for an answer; "
+            "this answer is not recorded. Fix: wait for that attempt to end: if it pauses at "
+            "the question again (durably.get_run(run_id).status == 'interrupted'), call "
+            "resume() again.")
+    raise RunStateError(
+        f"run {rec.run_id!r} is {rec.status}, not interrupted: resume() answers an "
+        "interrupt(), and this run is not waiting for one"
+        + (" (another process may have resumed it just now). Fix: call the entrypoint again "
+           "with the same arguments to continue it." if rec.status in ("failed", "stopped",
+                                                                       "running") else
+           ". Fix: read its result with durably.get_run(run_id).result."
+           if rec.status == "finished" else "."))
+
+
+def _as_interrupt(ctx: Any, exc: BaseException | None) -> InterruptSignal | None:
+    """The interrupt an attempt ended with: the signal itself, a group of signals (an
+    asyncio.TaskGroup), or interrupts raised and then swallowed by the user's code
+    (``gather(return_exceptions=True)``, a bare ``except:``) — never a silent finish. All
+    interrupts raised in the attempt are reported, in the order they were raised."""
+    raised = list(ctx.raised)
+    if exc is not None and not isinstance(exc, InterruptSignal):
+        if not isinstance(exc, BaseExceptionGroup):
+            return None
+        signals, rest = exc.split(InterruptSignal)
+        if signals is None or (rest is not None and not all(
+                is_cancelled(e) for e in _leaves(rest))):
+            return None
+    if not raised and isinstance(exc, InterruptSignal):
+        return exc
+    if not raised:
+        return None
+    first = list(exc.interrupts) if isinstance(exc, InterruptSignal) else []
+    seen = {i.id for i in first}
+    return InterruptSignal(first + [i for i in raised if i.id not in seen])
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for e in group.exceptions:
+        found.extend(_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    return found
+
+
+def _settle_submitted(ctx: Any, finished: bool = False) -> None:
+    """Wait for the steps the attempt submitted (``task.submit``) and did not wait for: a
+    run ends when its steps have ended, and their interrupts are reported with it. A run
+    whose body ``finished`` warns of submitted calls that failed while nobody asked their
+    futures: the run finishes without them, and they execute again on every rerun."""
+    import concurrent.futures
+
+    pending = [f for f in list(ctx.inflight)
+               if isinstance(f, concurrent.futures.Future) and not f.done()]
+    if pending:
+        concurrent.futures.wait(pending)
+    if not finished or not ctx.unwaited:
+        return
+    unseen = [(task, error) for task, asked, error in ctx.unwaited if not asked[0]]
+    if unseen:
+        shown = "; ".join(f"{task}: {error}" for task, error in unseen[:3])
+        warnings.warn(
+            f"durably: run {ctx.run_id!r} finished, but {len(unseen)} call(s) it submitted "
+            f"failed and nobody asked their futures ({shown}{'; ...' if len(unseen) > 3 else ''}"
+            "): the run finished without their results, and they execute again on every "
+            "rerun. Fix: wait for each future (future.result()), or catch its error.",
+            stacklevel=4)
+
+
+async def _settle(ctx: Any) -> None:
+    """Before an async attempt ends: stop its other branches from starting new steps and
+    wait for the steps still running (an ``asyncio.gather`` does not cancel siblings), so
+    the run is not released while its steps still execute."""
+    import asyncio  # (on a running loop: imported already; not at `import durably`)
+
+    ctx.stop = True
+    me = asyncio.current_task()
+    running = {t for t in ctx.inflight if t is not me and not t.done()}
+    if running:
+        await asyncio.wait(running)
+
+
+def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:
+    """An attempt that ended at ``interrupt()``: the handle, or :class:`RunInterrupted`."""
+    if handle:
+        run = _handle(started, None)
+        run._result = _UNSET
+        run._pending = list(signal.interrupts)  # in call order (a fan-out's: input order)
+        return run
+    raise RunInterrupted(started.record.run_id, signal.interrupts,
+                         started.record.name) from None
+
+
+def _handle(started: Any, result: Any) -> Run[Any]:
+    run: Run[Any] = Run(started.record, started.ctx.store, result)
+    run.resumed_from = started.resumed_from
+    run.wall_time = now() - started.wall
+    return run
