@@ -671,10 +671,11 @@ def _run_phase(script: Path, env: dict[str, str], name: str, code: int = 0) -> s
 RESTORE = """
 import os, sys, time
 import durably
+from durably._runtime import attempt as _attempt
 from durably._runtime import context as _context
-from durably._runtime import runtime as _runtime
+
 PHASE = os.environ["PHASE"]
-_context.CACHE_BATCH = _runtime._CACHE_BATCH = 50  # (2048): batches of 50 cheap steps
+_context.CACHE_BATCH = _attempt._CACHE_BATCH = 50  # (2048): batches of 50 cheap steps
 
 def mark(text):
     with open(os.environ["COUNT_FILE"], "a") as f:

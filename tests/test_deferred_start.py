@@ -476,7 +476,7 @@ def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
     """A Ctrl-C landing as the commit of a deferred start (or of an attempt that only
     replayed) returns: the commit stands, the call raises KeyboardInterrupt (not a
     RunStateError about another process), and the run reads as that attempt left it."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably._store.disk import rows as _records
 
     entry = grows if where == "start" else job
@@ -484,7 +484,7 @@ def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
     if where == "end":
         assert job.run(3, run_id="r").status == "finished"  # attempt 2; 3 only replays
     armed = [False]
-    real_exit, real_call = _records.immediate.__exit__, _runtime._Deferred.__call__
+    real_exit, real_call = _records.immediate.__exit__, _attempt._Deferred.__call__
 
     def exit_then_ctrl_c(self: Any, kind: Any, exc: Any, tb: Any) -> None:
         real_exit(self, kind, exc, tb)
@@ -497,7 +497,7 @@ def test_a_ctrl_c_as_the_commit_returns_is_a_ctrl_c(store: durably.DiskStore,
         real_call(self, ctx, ending)
 
     monkeypatch.setattr(_records.immediate, "__exit__", exit_then_ctrl_c)
-    monkeypatch.setattr(_runtime._Deferred, "__call__", arm)
+    monkeypatch.setattr(_attempt._Deferred, "__call__", arm)
     with pytest.raises(KeyboardInterrupt):
         entry.run(3, run_id="r")
     monkeypatch.undo()
@@ -543,12 +543,12 @@ def test_a_ctrl_c_before_the_start_commits_leaves_it_unwritten(
     """A Ctrl-C landing as the deferred start's transaction ends, before its COMMIT: the
     start is not journaled (nor taken as journaled), the attempt ends stopped in one
     commit, its replays recorded once."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably._store.disk import store as _store
 
     _failed_run(3, entry=grows)
     armed = [False]
-    real_exit, real_call = _store._Batch.__exit__, _runtime._Deferred.__call__
+    real_exit, real_call = _store._Batch.__exit__, _attempt._Deferred.__call__
 
     def ctrl_c_first(self: Any, kind: Any, exc: Any, tb: Any) -> None:
         if armed[0]:
@@ -561,7 +561,7 @@ def test_a_ctrl_c_before_the_start_commits_leaves_it_unwritten(
         real_call(self, ctx, ending)
 
     monkeypatch.setattr(_store._Batch, "__exit__", ctrl_c_first)
-    monkeypatch.setattr(_runtime._Deferred, "__call__", arm)
+    monkeypatch.setattr(_attempt._Deferred, "__call__", arm)
     with pytest.raises(KeyboardInterrupt) as caught:
         grows.run(3, run_id="r")
     monkeypatch.undo()
@@ -697,10 +697,10 @@ def test_a_large_result_of_an_attempt_resumed_meanwhile_is_its_call_s_too(
     """An attempt that only replayed and returns a large result (journaled apart, its start
     first) finds that another attempt finished the run meanwhile: as with a small result,
     its call returns the result it replayed, and nothing of it is journaled."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
 
     _failed_run(3)
-    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+    monkeypatch.setattr(_attempt, "_BATCHED_RESULT", 4)  # every result is "large"
 
     def other() -> None:
         BETWEEN.clear()
@@ -723,12 +723,12 @@ def test_an_end_whose_commit_times_out_once_is_journaled_on_a_second_try(
     journal's write lock past the busy timeout); the end is then journaled write by write,
     and it succeeds: the call returns its result (was: the first StoreError), for an
     attempt that only replayed (job) and for one that executed a step (grows)."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably.exceptions import StoreError
 
     entrypoint = job if entry == "job" else grows
     _failed_run(3, entry=entrypoint)
-    real = _runtime._write_final
+    real = _attempt._write_final
     calls = [0]
 
     def locked_once(*args: Any, **kwargs: Any) -> bool:
@@ -737,7 +737,7 @@ def test_an_end_whose_commit_times_out_once_is_journaled_on_a_second_try(
             raise StoreError("cannot write the journal: database is locked (held 60 s)")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_runtime, "_write_final", locked_once)
+    monkeypatch.setattr(_attempt, "_write_final", locked_once)
     run = entrypoint.run(3, run_id="r")
     assert calls[0] == 2 and run.status == "finished"
     assert run.result == (6 if entry == "job" else 107)
@@ -756,7 +756,7 @@ def test_a_large_result_ends_its_attempt_in_one_commit_with_the_lease_s_release(
     """An attempt that executed and returns a large result journals its final record and
     releases its lease in one commit, as with a small one: no moment where the journal says
     finished while the lease still holds the run (a call then was refused)."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
 
     def commits(base: int) -> int:
         before = _commits(store)
@@ -765,7 +765,7 @@ def test_a_large_result_ends_its_attempt_in_one_commit_with_the_lease_s_release(
 
     offset.run(0)  # (the journal and its log made)
     small = commits(10)
-    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
+    monkeypatch.setattr(_attempt, "_BATCHED_RESULT", 4)  # every result is "large"
     assert commits(20) == small
 
 
@@ -776,22 +776,22 @@ def test_a_large_result_of_an_attempt_that_only_replayed_is_journaled_in_one_com
     without a lease, as with a small one. When that commit fails, the start is journaled
     on its own, then the end: killed before the end, the record says running (crashed),
     never the final status."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
 
     _failed_run(3)
-    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every result is "large"
-    real = _runtime._write_final
+    monkeypatch.setattr(_attempt, "_BATCHED_RESULT", 4)  # every result is "large"
+    real = _attempt._write_final
 
     def killed(*args: Any, **kwargs: Any) -> bool:
         raise SystemExit("killed before the end was written")
 
-    monkeypatch.setattr(_runtime, "_write_final", killed)
+    monkeypatch.setattr(_attempt, "_write_final", killed)
     with pytest.raises(SystemExit):
         job.run(3, run_id="r")
     rec = store.find_run("r")
     assert (rec.status, rec.attempt, rec.result) == ("running", 2, None)
     assert store.run_holder("r") is None
-    monkeypatch.setattr(_runtime, "_write_final", real)
+    monkeypatch.setattr(_attempt, "_write_final", real)
     before = _commits(store)
     run = job.run(3, run_id="r")
     assert (run.result, run.attempt) == (6, 3) and EXECUTED == []

@@ -1450,7 +1450,7 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
     (a loaded machine stretches that moment): the body reads the new content, and that
     result is not cached under the old content's key. A file only touched (its content the
     same) between calls does not matter."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import spec as _spec
 
     durably.configure(store=durably.DiskStore(tmp_path / "store"))
     data = tmp_path / "data.txt"
@@ -1462,7 +1462,7 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
         ran.append(f.read_text())
         return f.read_text()
 
-    real = _runtime.Spec.key_and_code
+    real = _spec.Spec.key_and_code
     writes = {"now": "NEW"}
 
     def then_written(self: Any, input_digest: str) -> Any:
@@ -1472,7 +1472,7 @@ def test_a_file_rewritten_after_its_key_was_made_leaves_no_result_in_the_cache(
             writes["now"] = None
         return made
 
-    monkeypatch.setattr(_runtime.Spec, "key_and_code", then_written)
+    monkeypatch.setattr(_spec.Spec, "key_and_code", then_written)
     assert read(durably.file(data)) == "NEW"  # what was there when it ran
     monkeypatch.undo()
     data.write_text("OLD")

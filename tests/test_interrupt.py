@@ -1187,7 +1187,7 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
     tasks and inputs hold them under their caller's step id: a run resumed after the
     upgrade finds them there (replayed, not sent again)."""
     from durably._decorators import task as _task_module
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import call as _call
 
     sent: list[str] = []
 
@@ -1206,22 +1206,22 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
         return step(x)
 
     # the older durably: a nested side effect's id from its caller's step id
-    monkeypatch.setattr(_runtime, "call_path", lambda ctx, step_id: f"{step_id}~legacy")
-    real = _runtime.begin_step
+    monkeypatch.setattr(_call, "call_path", lambda ctx, step_id: f"{step_id}~legacy")
+    real = _call.begin_step
 
     def older(spec: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        ctx = _runtime.current_run.get()
-        parent = _runtime.current_step.get()
+        ctx = _call.current_run.get()
+        parent = _call.current_step.get()
         if ctx is not None and parent is not None and not spec.cache:
             # made as before: parent/journal key, its occurrence
             digest = spec.digest_inputs(spec.arguments(instance, args, kwargs))
             head = f"{parent}/{spec.side_effect_key(digest)}".encode()
             value, call = real(spec, instance, args, kwargs)
-            call.step_id = _runtime._xxh3_128_hex(b"%s/%d" % (head, 0))
+            call.step_id = _call._xxh3_128_hex(b"%s/%d" % (head, 0))
             return value, call
         return real(spec, instance, args, kwargs)
 
-    monkeypatch.setattr(_runtime, "begin_step", older)
+    monkeypatch.setattr(_call, "begin_step", older)
     monkeypatch.setattr(_task_module, "begin_step", older)  # (a task's call uses it directly)
     run = legacy_job.run(3)
     assert run.status == "interrupted" and sent == ["send 3"]

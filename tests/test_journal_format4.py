@@ -292,7 +292,7 @@ def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
     perhaps written to blobs/) is sealed before it, and written in it as it is, with the
     rest (the final record and the lease's release in one commit); a small one is sealed
     in it."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably._store.disk.store import Sealed
 
     seen: list[tuple[str, bool, bool]] = []
@@ -312,7 +312,7 @@ def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
     monkeypatch.setattr(store, "seal_ahead", seal_ahead)
     assert chain(2) == 3
     assert seen[-1] == ("finished", True, False) and sealed == []
-    monkeypatch.setattr(_runtime, "_BATCHED_RESULT", 4)  # every pickled result is larger
+    monkeypatch.setattr(_attempt, "_BATCHED_RESULT", 4)  # every pickled result is larger
     assert chain(3) == 6
     assert seen[-1] == ("finished", True, True) and sealed == [False]
     assert store.find_run(chain.run(3).id).result is not None
@@ -536,13 +536,13 @@ def test_an_attempt_interrupted_as_it_ends_leaves_no_run_around_this_context(
     """Ctrl-C landing in end_run before the context was reset: the thread must not stay
     inside the run (a later, different entrypoint would journal into it), and the run can be
     called again."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
 
-    real = _runtime._leave
-    _interrupt_first_call(monkeypatch, _runtime, "_leave")
+    real = _attempt._leave
+    _interrupt_first_call(monkeypatch, _attempt, "_leave")
     with pytest.raises(KeyboardInterrupt):
         chain.run(2)
-    monkeypatch.setattr(_runtime, "_leave", real)
+    monkeypatch.setattr(_attempt, "_leave", real)
     assert durably._runtime.context.current_run.get() is None
 
     @durably.entrypoint

@@ -92,7 +92,7 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 import durably
-from durably._runtime.runtime import is_cancelled
+from durably._runtime.attempt import is_cancelled
 print(is_cancelled(ValueError()), is_cancelled(None))
 import asyncio
 print(is_cancelled(asyncio.CancelledError()), is_cancelled(KeyboardInterrupt()))

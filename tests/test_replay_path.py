@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import durably
 from durably._runtime import context as _context
 from durably._runtime.context import RunContext
-from durably._runtime.runtime import step_identity
+from durably._runtime.spec import step_identity
 from durably._store.lease import me
 from durably.testing import MemoryStore
 
@@ -254,7 +254,7 @@ GOLDEN_KEYS = [
 @pytest.mark.parametrize(("args", "kwargs", "key", "side_effect_key"), GOLDEN_KEYS)
 def test_cache_keys_are_the_ones_earlier_versions_wrote(
         args: tuple[Any, ...], kwargs: dict[str, Any], key: str, side_effect_key: str) -> None:
-    from durably._runtime.runtime import Spec
+    from durably._runtime.spec import Spec
 
     spec = Spec(_golden, kind="task", name="golden", version="1")
     spec.identity = "golden:golden"

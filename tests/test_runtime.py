@@ -946,10 +946,10 @@ def test_cheap_steps_cache_entries_are_written_before_a_slow_step_executes(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    import durably._runtime.runtime
+    import durably._runtime.step
 
     # a step is slow from 0.2 s (not 10 ms: a loaded machine never makes a cheap one slow)
-    monkeypatch.setattr(durably._runtime.runtime, "_WRITE_THROUGH", 0.2)
+    monkeypatch.setattr(durably._runtime.step, "_WRITE_THROUGH", 0.2)
     seen: list[tuple[str, list[bool]]] = []
 
     def written(i: int) -> list[bool]:
@@ -1241,10 +1241,10 @@ def test_a_ctrl_c_as_the_lease_commits_leaves_no_lease_behind(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C landing just after the attempt's start committed (its lease written) takes
     the lease back: other processes are not refused while this one lives."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably._store.disk import rows as _records
 
-    real = _runtime._resolve_run
+    real = _attempt._resolve_run
     calls = []
 
     def resolve(*args: Any) -> Any:
@@ -1252,7 +1252,7 @@ def test_a_ctrl_c_as_the_lease_commits_leaves_no_lease_behind(
         calls.append(found[0])
         return found
 
-    monkeypatch.setattr(_runtime, "_resolve_run", resolve)
+    monkeypatch.setattr(_attempt, "_resolve_run", resolve)
     if not isinstance(store, durably.DiskStore):  # interrupted once the lease is taken
         acquire = store.acquire_run
 
@@ -1293,10 +1293,10 @@ def test_a_ctrl_c_in_the_attempts_last_clean_up_still_lets_its_lease_go(
         store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C inside the clean-up that ends an attempt (as its context is left) still
     lets its lease go: no renewal of it goes on for the life of the process."""
-    from durably._runtime import runtime as _runtime
+    from durably._runtime import attempt as _attempt
     from durably._store import lease as _lease
 
-    leave, calls, owners = _runtime._leave, [], []
+    leave, calls, owners = _attempt._leave, [], []
 
     def leave_then_ctrl_c(started: Any) -> None:
         calls.append(started)
@@ -1305,7 +1305,7 @@ def test_a_ctrl_c_in_the_attempts_last_clean_up_still_lets_its_lease_go(
         if len(calls) == 2:  # the second: end_run's finally
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(_runtime, "_leave", leave_then_ctrl_c)
+    monkeypatch.setattr(_attempt, "_leave", leave_then_ctrl_c)
 
     @entrypoint
     def job() -> int:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from durably._runtime.attempt import is_cancelled
 from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.run import _UNSET, Run, executing
-from durably._runtime.runtime import is_cancelled
 from durably._store.records import RunRecord, now
 from durably.exceptions import RunInterrupted, RunStateError
 from durably.store import Store

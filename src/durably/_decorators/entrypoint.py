@@ -31,13 +31,14 @@ from durably._decorators.pickling import _ByReference, _reduce_bound
 from durably._decorators.stream import _AsyncStream, _stream_async, _stream_sync
 from durably._decorators.wrapper import _check_bare, _describe, _instance_of
 from durably._keys import serde as _serde
+from durably._runtime.attempt import begin_run, end_run, validate_run_id
 from durably._runtime.config import default_store
 from durably._runtime.context import live_run
 from durably._runtime.history import NO_UPDATE, make_fork, unused_update
 from durably._runtime.interrupt import pending_interrupts, record_answers
 from durably._runtime.keep import keep_finished as keep_in
 from durably._runtime.run import Run
-from durably._runtime.runtime import Spec, begin_run, end_run, validate_run_id
+from durably._runtime.spec import Spec
 from durably._store.records import RunRecord
 from durably._trace.tracer import Event, RunGraph
 from durably.exceptions import DefinitionError, NotFoundError, RunStateError

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from durably._decorators.wrapper import _instance_of
 from durably._keys import serde as _serde
 from durably._keys.fingerprint import nameless_callable
-from durably._runtime.runtime import MAIN_MODULES, Spec
+from durably._runtime.spec import MAIN_MODULES, Spec
 
 if TYPE_CHECKING:
     from durably._decorators.task import Task

@@ -3,7 +3,7 @@ inside runs, :class:`BoundTask` (a task bound to an instance or class), and :fun
 the decorator that makes one.
 
 A task keeps the call signature of the function it wraps; a call goes straight to
-:mod:`durably._runtime.runtime` (a synchronous one does ``call_sync``'s work itself, one
+:mod:`durably._runtime.call` (a synchronous one does ``call_sync``'s work itself, one
 Python frame fewer). Its pickling lives in :mod:`.pickling`, entrypoints in
 :mod:`.entrypoint`.
 """
@@ -24,19 +24,13 @@ from durably._decorators.pickling import (
     _task_by_value,
 )
 from durably._decorators.wrapper import _check_bare, _describe, _instance_of
+from durably._runtime.call import begin_step, call_async, call_sync, execute_sync
 from durably._runtime.config import default_store
 from durably._runtime.explain import Explanation, explain
 from durably._runtime.failures import ReplayedFailure
 from durably._runtime.retry import Retry
-from durably._runtime.runtime import (
-    _MISS,
-    MAIN_MODULES,
-    Spec,
-    begin_step,
-    call_async,
-    call_sync,
-    execute_sync,
-)
+from durably._runtime.spec import MAIN_MODULES, Spec
+from durably._runtime.step import _MISS
 
 __all__ = ["Task", "task"]
 

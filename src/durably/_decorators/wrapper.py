@@ -5,7 +5,7 @@ decorator's argument.
 The wrappers are :class:`wrapt.FunctionWrapper` subclasses, so they bind correctly on
 functions, methods, classmethods and staticmethods, keep ``__name__``, ``__doc__``,
 ``__wrapped__`` and the signature, and ``inspect`` sees the original function. No execution
-logic lives in :mod:`durably._decorators`: calls go to :mod:`durably._runtime.runtime`.
+logic lives in :mod:`durably._decorators`: calls go to :mod:`durably._runtime.call`.
 Separate so that :mod:`.pickling`, :mod:`.task` and :mod:`.entrypoint` use them without
 importing one another.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 import wrapt
 
-from durably._runtime.runtime import Spec
+from durably._runtime.spec import Spec
 from durably.exceptions import DefinitionError
 
 P = ParamSpec("P")

@@ -4,7 +4,7 @@ processes or a Dask cluster, without giving up exact resume.
 How a fan-out keeps exact resume (DESIGN.md, "step identity"):
 
 1. In the caller's thread and in input order, each item goes through the call path up to
-   execution (:func:`~durably._runtime.runtime.begin_step`). Its step identity (parent step, cache
+   execution (:func:`~durably._runtime.call.begin_step`). Its step identity (parent step, cache
    key, occurrence) is assigned there, before anything runs, so it never depends on
    completion order; items the journal has are replayed, items the cache has are served,
    right there.
@@ -60,21 +60,20 @@ from durably._executors.worker import (
     _run_job,
     _unpack_outcome,
 )
-from durably._runtime.context import RunContext, StopRun, current_step, cutoff
-from durably._runtime.failures import ReplayedFailure
-from durably._runtime.interrupt import InterruptSignal
-from durably._runtime.retry import Seceded
-from durably._runtime.runtime import (
-    _MISS,
+from durably._runtime.call import (
     _SERVED,
-    Call,
-    Spec,
     _acall_with_policy,
     _call_with_policy,
     begin_step,
     cached_now,
     serve_cached,
 )
+from durably._runtime.context import RunContext, StopRun, current_step, cutoff
+from durably._runtime.failures import ReplayedFailure
+from durably._runtime.interrupt import InterruptSignal
+from durably._runtime.retry import Seceded
+from durably._runtime.spec import Spec
+from durably._runtime.step import _MISS, Call
 from durably._store.lease import RENEW_SECONDS
 from durably._store.records import now
 from durably.exceptions import DefinitionError

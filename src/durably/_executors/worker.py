@@ -20,9 +20,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from durably._keys import serde as _serde
+from durably._runtime.call import _NEVER_RETRIED
 from durably._runtime.config import configure
 from durably._runtime.retry import await_with_timeout, call_with_timeout, retrying
-from durably._runtime.runtime import _NEVER_RETRIED, Spec
+from durably._runtime.spec import Spec
 from durably._store.urls import open_store_at, redact, store_url_scheme
 from durably.exceptions import SerializationError, StoreError
 from durably.store import Store

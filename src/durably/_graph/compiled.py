@@ -677,7 +677,7 @@ class CompiledGraph(Execution, Generic[S]):
         import uuid
 
         from durably._keys import serde as _serde
-        from durably._runtime.runtime import step_identity
+        from durably._runtime.spec import step_identity
         from durably._store.records import EventRecord, RunRecord, StepRecord, now
 
         fork_id = f"{rec.run_id[:170]}-fork-{uuid.uuid4().hex[:8]}"

@@ -35,7 +35,7 @@ from durably._graph.superstep import (
     _writes,
 )
 from durably._runtime.context import current_run
-from durably._runtime.runtime import Spec
+from durably._runtime.spec import Spec
 from durably._trace.tracer import Event
 from durably.exceptions import CorruptJournalError
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from durably._decorators.task import Task
 from durably._graph.builder import GraphChangedError
 from durably._graph.state import InvalidUpdateError, describe_changes, parts_of
-from durably._runtime.runtime import Spec
+from durably._runtime.spec import Spec
 from durably.exceptions import RunStateError
 
 if TYPE_CHECKING:

@@ -659,7 +659,7 @@ MOVED_MODULES = {
     "durably._retry": "durably._runtime.retry",
     "durably._revalidate": "durably._keys.revalidate",
     "durably._run": "durably._runtime.run",
-    "durably._runtime": "durably._runtime.runtime",
+    "durably._runtime": "durably._runtime.call",
     "durably._seal": "durably._store.integrity",
     "durably._serde": "durably._keys.serde",
     "durably._state": "durably._keys.state",

@@ -9,7 +9,7 @@ from typing import Any
 
 from durably._keys.hashing import CLASS_USES, digest_each
 from durably._runtime.config import default_store
-from durably._runtime.runtime import CLASS_PART, Spec
+from durably._runtime.spec import CLASS_PART, Spec
 from durably._store.records import KeyRecord
 from durably.store import Store
 

@@ -44,7 +44,7 @@ _NOT_REPLAYED = (StoreError, RunStateError)
 
 
 class ReplayedFailure(BaseException):
-    """Raised by :func:`~durably._runtime.runtime.begin_step` for a step whose failure is replayed:
+    """Raised by :func:`~durably._runtime.call.begin_step` for a step whose failure is replayed:
     a plain call raises :attr:`error` in its place, a fan-out or a submitted call makes it
     the item's or the future's failure. A ``BaseException``: never swallowed on the way."""
 

@@ -24,7 +24,7 @@ How a step is matched (:class:`Keeper`):
   matched by task, parent, the short repr of its arguments and the tracer's digests of
   them (only to find its children: each child is matched exactly, as above). A
   ``cache=False`` step keeps its id whatever its code (see
-  :meth:`~durably._runtime.runtime.Spec.side_effect_key`).
+  :meth:`~durably._runtime.spec.Spec.side_effect_key`).
 
 A kept step is journaled under its new id as a ``cached`` record holding the older result
 and a note (:data:`KEPT`, read back by :attr:`durably.StepRecord.kept_from`), with the cache
@@ -47,7 +47,8 @@ from typing import Any
 import xxhash
 
 from durably._keys.hashing import digest_each, trace_digests
-from durably._runtime.runtime import Call, Spec, _load
+from durably._runtime.spec import Spec
+from durably._runtime.step import Call, _load
 from durably._store.records import FINISHED_STEP, RunRecord, StepRecord
 from durably._trace.tracer import flow_digests, inputs_repr, short_repr
 from durably.store import Store
@@ -65,12 +66,12 @@ _MAX_KEY_RECORDS = 1 << 20
 
 def _key(identity: str, code: str, input_digest: str) -> str:
     """The cache key of a call under code version ``code``: the key
-    :meth:`~durably._runtime.runtime.Spec.key_and_code` makes (a test pins the two equal)."""
+    :meth:`~durably._runtime.spec.Spec.key_and_code` makes (a test pins the two equal)."""
     return xxhash.xxh3_128_hexdigest(f"{identity}\x00{code}\x00{input_digest}".encode())
 
 
 def _step_id(parent: str | None, key: str, occurrence: int) -> str:
-    """:func:`~durably._runtime.runtime.step_identity`, for a cached task's call."""
+    """:func:`~durably._runtime.spec.step_identity`, for a cached task's call."""
     return xxhash.xxh3_128_hexdigest(f"{parent or ''}/{key}/{occurrence}".encode())
 
 
