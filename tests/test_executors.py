@@ -24,6 +24,7 @@ import pytest
 
 import durably
 from durably._executors import fanout as _executors
+from durably._executors import items as _items
 from durably._executors import progress as _progress
 from durably._executors import worker as _worker
 from durably._runtime.interrupt import Interrupt, InterruptSignal
@@ -1153,7 +1154,7 @@ def test_a_stop_right_after_an_item_was_sent_still_journals_it(
         if item.index != 2:
             started(self, item, target, done)
             return
-        item.handle = self._executor().submit(_executors._run_here, item.call, target.local,
+        item.handle = self._executor().submit(_items._run_here, item.call, target.local,
                                               item.args, item.kwargs)
         raise KeyboardInterrupt  # before the callback was attached
 
@@ -1582,7 +1583,7 @@ def test_the_stopped_wait_reads_futures_without_taking_their_locks() -> None:
     cancelled.cancel()
     items = {}
     for index, future in enumerate((running, finished, cancelled)):
-        item = _executors._Item(index, None, (), {})  # type: ignore[arg-type]
+        item = _items._Item(index, None, (), {})  # type: ignore[arg-type]
         item.handle = future
         items[index] = item
     held, release = threading.Event(), threading.Event()

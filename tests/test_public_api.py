@@ -60,9 +60,10 @@ def test_heavy_parts_are_imported_on_first_use() -> None:
     import sys
 
     code = ("import sys, durably; print(sorted(m for m in ('durably.stategraph', "
-            "'durably._executors.fanout', 'durably.cli', 'durably.render') if m in sys.modules)); "
+            "'durably._executors.fanout', 'durably._executors.pools', 'durably.cli', "
+            "'durably.render') if m in sys.modules)); "
             "durably.StateGraph; durably.executors.Dask; print('durably.stategraph' in "
-            "sys.modules, 'durably._executors.fanout' in sys.modules)")
+            "sys.modules, 'durably._executors.pools' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True True"]

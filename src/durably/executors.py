@@ -36,6 +36,6 @@ Example:
 
 from __future__ import annotations
 
-from durably._executors.fanout import Dask, Executor, Process, Thread
+from durably._executors.pools import Dask, Executor, Process, Thread
 
 __all__ = ["Dask", "Executor", "Process", "Thread"]

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
     from wrapt import FunctionWrapper as _Wrapper
 
-    from durably._executors.fanout import Executor, Target
+    from durably._executors.items import Target
+    from durably._executors.pools import Executor
 else:
     from durably._decorators.wrapper import _Wrapper
 
@@ -88,10 +89,7 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
             max_workers: int | None = None, progress: bool | None = None) -> Any:
         """See :meth:`Task.map`."""
         target = self._self_target()
-        from durably._executors.fanout import (  # imported on first use: import time
-            map_async,
-            map_sync,
-        )
+        from durably._executors.fanout import map_async, map_sync
 
         run = map_async if target.spec.is_async else map_sync
         return run(target, iterables, executor, max_workers, progress)
@@ -100,17 +98,17 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
         """See :meth:`Task.submit`."""
         target = self._self_target()
         if target.spec.is_async:
-            from durably._executors.fanout import submit_async
+            from durably._executors.pools import submit_async
 
             return submit_async(target, args, kwargs, None)
-        from durably._executors.fanout import submit_sync
+        from durably._executors.pools import submit_sync
 
         return submit_sync(target, args, kwargs, None)
 
     def _self_target(self) -> Target:
         parent = self._self_parent
         ref = (parent, True, self._self_instance, self._self_owner)
-        from durably._executors.fanout import Target
+        from durably._executors.items import Target
 
         return Target(parent._self_spec, self.__wrapped__, _instance_of(self), ref)
 
@@ -331,10 +329,7 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
             >>> durably.configure()
         """
         target = self._self_target()
-        from durably._executors.fanout import (  # imported on first use: import time
-            map_async,
-            map_sync,
-        )
+        from durably._executors.fanout import map_async, map_sync
 
         run = map_async if target.spec.is_async else map_sync
         return run(target, iterables, executor, max_workers, progress)
@@ -387,15 +382,15 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         """
         target = self._self_target()
         if target.spec.is_async:
-            from durably._executors.fanout import submit_async
+            from durably._executors.pools import submit_async
 
             return submit_async(target, args, kwargs, None)
-        from durably._executors.fanout import submit_sync
+        from durably._executors.pools import submit_sync
 
         return submit_sync(target, args, kwargs, None)
 
     def _self_target(self) -> Target:
-        from durably._executors.fanout import Target
+        from durably._executors.items import Target
 
         return Target(self._self_spec, self.__wrapped__, None, (self, False, None, None))
 
