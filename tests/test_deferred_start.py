@@ -614,9 +614,9 @@ def test_replays_refused_when_journaled_on_the_way_leave_the_call_its_result(
     records (many out of order); another attempt finished the run before that: the batch
     is refused, the attempt goes on replaying without journaling, and its call returns the
     run's result, as when it is refused at its end (was: RunStateError)."""
-    from durably._store.disk import store as _store
+    from durably._store.disk import steps as _steps
 
-    monkeypatch.setattr(_store, "_AHEAD_RANGES", 2)  # a batch every 2 ranges
+    monkeypatch.setattr(_steps, "_AHEAD_RANGES", 2)  # a batch every 2 ranges
     FAIL["on"] = True
     with pytest.raises(RuntimeError):
         nested.run(8, run_id="r")

@@ -293,7 +293,7 @@ def test_a_large_result_is_sealed_outside_the_transaction_that_ends_the_attempt(
     rest (the final record and the lease's release in one commit); a small one is sealed
     in it."""
     from durably._runtime import attempt as _attempt
-    from durably._store.disk.store import Sealed
+    from durably._store.disk.values import Sealed
 
     seen: list[tuple[str, bool, bool]] = []
     sealed: list[bool] = []
@@ -514,7 +514,7 @@ def test_the_cache_read_returns_what_diskcache_get_returns(tmp_path: Path,
                                                            limited: bool) -> None:
     """durably reads an entry the way Cache.get's own fast path does: same answer for a
     miss, a small value, a value kept in a file, and with an eviction policy."""
-    from durably._store.disk.store import _cache_fetch
+    from durably._store.disk.cache import _cache_fetch
 
     store = durably.DiskStore(tmp_path / "s", size_limit=10**9 if limited else None,
                               memo_entries=0)

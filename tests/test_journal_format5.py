@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import durably
 from durably._store.disk import maintenance as _maintenance
-from durably._store.disk import store as store_module
+from durably._store.disk import steps as steps_module
 from durably._store.disk.rows import row_hash, row_hash_sql, step_sid
 from durably._store.disk.store import JOURNAL_FORMAT
 from durably._store.records import KeyRecord, StepRecord
@@ -162,7 +162,7 @@ def test_steps_sharing_a_sid_are_told_apart_by_their_ids(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The index only narrows the search: two steps whose sids collide (forced here) are
     matched on their run and step ids, each run getting its own result."""
-    monkeypatch.setattr(store_module, "step_sid", lambda run_id, step_id: 7)
+    monkeypatch.setattr(steps_module, "step_sid", lambda run_id, step_id: 7)
     a = StepRecord("run-a", "01" * 16, None, "t", "ran", 1, 0, 1.0, 2.0, None, "")
     b = StepRecord("run-b", "01" * 16, None, "t", "ran", 1, 0, 1.0, 2.0, None, "")
     c = StepRecord("run-a", "02" * 16, None, "t", "ran", 1, 1, 1.0, 2.0, None, "")
@@ -217,7 +217,7 @@ def test_steps_an_older_process_writes_after_the_upgrade_are_found(
     # and a step written with a sid and again without one (a repeat) reads as the first one
     a = StepRecord("r", "01" * 16, None, "t", "ran", 1, 0, 1.0, 2.0, None, "")
     store.append_steps([(a, b"with")])
-    monkeypatch.setattr(store_module, "step_sid", lambda run_id, step_id: None)
+    monkeypatch.setattr(steps_module, "step_sid", lambda run_id, step_id: None)
     store.append_steps([(a, b"without")])
     monkeypatch.undo()
     store.close()

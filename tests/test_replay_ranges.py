@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durably
-from durably._store.disk import store as _store
+from durably._store.disk import steps as _steps
 from durably._store.disk.rows import compact_replay, pack_ranges, pack_replays, unpack_ranges
 from durably._store.integrity import open_seal, seal
 from durably._store.records import ReplayRange
@@ -61,7 +61,7 @@ def store(disk_store: durably.DiskStore) -> durably.DiskStore:
 @pytest.fixture
 def small_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read-ahead windows of 4 records, so that a few steps cross several of them."""
-    monkeypatch.setattr(_store, "_AHEAD_ROWS", 4)
+    monkeypatch.setattr(_steps, "_AHEAD_ROWS", 4)
 
 
 def _first_and_resumed(first: list[int], then: list[int], tag: str) -> durably.Run[int]:
@@ -118,8 +118,8 @@ def test_any_replay_order_is_recorded_exactly(tmp_path_factory: pytest.TempPathF
     the record it replayed, at the position it was called."""
     s = durably.DiskStore(tmp_path_factory.mktemp("order") / "store")
     durably.configure(store=s)
-    saved = _store._AHEAD_ROWS
-    _store._AHEAD_ROWS = 4
+    saved = _steps._AHEAD_ROWS
+    _steps._AHEAD_ROWS = 4
     try:
         then = [i for i in first if rnd.random() < 0.8]
         if rnd.random() < 0.5:
@@ -134,7 +134,7 @@ def test_any_replay_order_is_recorded_exactly(tmp_path_factory: pytest.TempPathF
                     for position, i in enumerate(then)]
         assert _records(s, run.id, 2) == expected
     finally:
-        _store._AHEAD_ROWS = saved
+        _steps._AHEAD_ROWS = saved
         durably.configure()
         s.close()
 

@@ -382,16 +382,16 @@ def test_a_folder_removed_between_makedirs_and_write_is_made_again(
 # -- cache values kept in memory once read -----------------------------------------------------
 def _count_disk_reads(store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The keys the store reads from its cache's SQLite index from now on."""
-    from durably._store.disk import store as _store
+    from durably._store.disk import cache as _cache_module
 
     reads: list[str] = []
-    real = _store._cache_fetch
+    real = _cache_module._cache_fetch
 
     def fetch(cache: Any, con: Any, key: str) -> Any:
         reads.append(key)
         return real(cache, con, key)
 
-    monkeypatch.setattr(_store, "_cache_fetch", fetch)
+    monkeypatch.setattr(_cache_module, "_cache_fetch", fetch)
     return reads
 
 
@@ -567,20 +567,20 @@ def test_a_value_read_before_a_clear_is_not_remembered_after_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread reads K, another clears the cache (and drops what memory holds), then the
     first would remember K: it must not, or the clearing thread would be served K."""
-    from durably._store.disk import store as _store
+    from durably._store.disk import cache as _cache_module
 
     store = durably.DiskStore(tmp_path / "s")
     store.cache_put("k", b"v")
-    real = _store._cache_fetch
+    real = _cache_module._cache_fetch
 
     def get_then_cleared(cache: Any, con: Any, key: str) -> Any:
         found = real(cache, con, key)
         store.forget_memo()  # what the clear does once it committed
         return found
 
-    monkeypatch.setattr(_store, "_cache_fetch", get_then_cleared)
+    monkeypatch.setattr(_cache_module, "_cache_fetch", get_then_cleared)
     assert store.cache_get("k") == b"v"  # read before the clear: returned, not remembered
-    monkeypatch.setattr(_store, "_cache_fetch", real)
+    monkeypatch.setattr(_cache_module, "_cache_fetch", real)
     reads = _count_disk_reads(store, monkeypatch)
     store.cache_get("k")
     assert reads == ["k"]

@@ -6,7 +6,8 @@ import os
 import threading
 from typing import Any
 
-from durably._store.disk.store import DiskStore, set_default_key
+from durably._store.disk.signing import set_default_key
+from durably._store.disk.store import DiskStore
 from durably._store.urls import open_store_at
 from durably.exceptions import DefinitionError
 from durably.store import Store
