@@ -1,6 +1,7 @@
 """The package's layers, checked from its source: imports point down the layers (none up, so
 no cycle between subpackages), only the disk backend imports its storage libraries, the
-runtime talks to stores only through the protocol (no probing of a store's attributes).
+runtime talks to stores only through the protocol (no probing of a store's attributes), and
+no module grows past about a thousand lines.
 
 The layers, top to bottom (``docs/concepts/architecture.md`` says what each does)::
 
@@ -157,6 +158,12 @@ def test_the_runtime_does_not_probe_stores() -> None:
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if probe.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_no_module_is_over_a_thousand_lines() -> None:
+    long = {str(path.relative_to(SRC.parent)): n for path in MODULES.values()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these modules by concept: {long}"
 
 
 def test_the_rules_catch_what_they_are_for(tmp_path: Path) -> None:
