@@ -346,3 +346,35 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
     assert found is durably.store.KeyRecord
     with pytest.raises(ModuleNotFoundError):  # (a module that never was still fails)
         serde.loads(now.replace(b"cdurably._runtime.retry\n", b"cdurably._nothing\n"))
+
+
+def test_durably_s_own_names_keep_their_digests_and_code_versions(fixture_dir: Path) -> None:
+    """A task whose code uses one of durably's public functions or classes, and an argument
+    that is one of durably's values, keep the cache key the release gave them: moving code
+    between durably's modules changed ``__module__``, which digests record
+    (``durably._keys.recorded``). Code versions cover bytecode: compared under the fixture's
+    Python only."""
+    from .fixtures import name_digests
+
+    then = json.loads((fixture_dir / "name_digests.json").read_text(encoding="utf-8"))
+    now = name_digests.compute()
+    kinds = ["digest", "value"] + (["code"] if _manifest(fixture_dir)["python"] == PYTHON else [])
+    changed = [f"{kind} of {name}" for kind in kinds for name, value in then[kind].items()
+               if name in now[kind] and now[kind][name] != value]
+    assert not changed, ("these changed since the release (run tests/fixtures/"
+                         "make_recorded_names.py after moving code): " + ", ".join(changed))
+    assert set(then["digest"]) <= set(now["digest"])  # (no public name went away)
+
+
+def test_every_recorded_name_is_where_the_table_says() -> None:
+    """Each entry of the table of moved names names a function or class its module defines
+    (some say a public module is theirs once it is imported: ``durably.stategraph``)."""
+    import importlib
+
+    from durably._keys import recorded
+
+    for _then, module, names in recorded._MOVED:
+        defined = vars(importlib.import_module(module))
+        for name in names.split():
+            found = getattr(defined.get(name), "__module__", None)
+            assert found == module or found in ("durably.stategraph", "durably"), (module, name)

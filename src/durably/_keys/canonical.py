@@ -44,6 +44,7 @@ from durably._keys.encoders import (
     type_path,
     without_cached,
 )
+from durably._keys.recorded import recorded_module
 from durably.exceptions import SerializationError
 
 __all__ = ["ENCODING_VERSION", "Encoder", "register_encoder"]
@@ -529,7 +530,7 @@ class Encoder:
                 "method, or call durably.register_encoder(type, fn)."
             ) from None
         if isinstance(rv, str):
-            self.text(b"G", f"{getattr(obj, '__module__', '')}.{rv}")
+            self.text(b"G", f"{recorded_module(getattr(obj, '__module__', ''), rv)}.{rv}")
             return
         if not self.enter(obj):
             return
@@ -593,7 +594,8 @@ def _class_code() -> Callable[[Encoder, type], bytes]:
 
 
 def _callable_name(f: Any) -> str:
-    return f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', repr(f))}"
+    qualname = getattr(f, "__qualname__", repr(f))
+    return f"{recorded_module(getattr(f, '__module__', ''), qualname)}.{qualname}"
 
 
 def _is_user_code(f: Any) -> bool:

@@ -28,6 +28,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from durably._keys.recorded import recorded_module
+
 if TYPE_CHECKING:  # the encoder calls these functions, and they write through it
     from durably._keys.canonical import Encoder
 
@@ -49,7 +51,7 @@ def type_path(t: type) -> bytes:
     """``module.qualname`` of a type, as bytes (cached)."""
     p = _TYPE_PATHS.get(t)
     if p is None:
-        p = f"{t.__module__}.{t.__qualname__}".encode()
+        p = f"{recorded_module(t.__module__, t.__qualname__)}.{t.__qualname__}".encode()
         _TYPE_PATHS[t] = p
     return p
 

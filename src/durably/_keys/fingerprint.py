@@ -118,6 +118,7 @@ from durably._keys.origin import (
     _resolve_import,
     is_user_module,
 )
+from durably._keys.recorded import recorded_module
 from durably._keys.revalidate import (
     _MISSING,
     _RECHECK_BYTES,
@@ -296,10 +297,16 @@ _OPAQUE_WARNED: set[tuple[str, str]] = set()
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _recorded(obj: Any) -> str:
+    """``module.qualname`` of a library's function or class as fingerprints record it (one
+    of durably's by the module of its first release: see :mod:`durably._keys.recorded`)."""
+    return f"{recorded_module(obj.__module__, obj.__qualname__)}.{obj.__qualname__}"
+
+
 def _type_text(t: Any) -> str:
     """An annotation as text, without memory addresses (stable across processes)."""
     if isinstance(t, type):
-        return f"{t.__module__}.{t.__qualname__}"
+        return f"{recorded_module(t.__module__, t.__qualname__)}.{t.__qualname__}"
     return _ADDRESS.sub("", repr(t))
 
 
@@ -633,7 +640,7 @@ class _Walker(_StateFinder):
             names: set[str] = set()
             for base in c.__bases__:
                 self.value(e, base, names)
-                own.text(b"B", f"{base.__module__}.{base.__qualname__}")
+                own.text(b"B", _recorded(base))
             meta = type(c)
             if meta is not type and is_user_module(meta.__module__):
                 # a metaclass of the user's: its methods are the class's (type(s).tag())
@@ -759,7 +766,7 @@ class _Walker(_StateFinder):
         registry = getattr(v, "registry", None) if isinstance(v, types.FunctionType) else None
         if isinstance(registry, types.MappingProxyType) and callable(getattr(v, "dispatch", None)):
             # functools.singledispatch: the code is in the registered implementations
-            e.text(b"D", f"{v.__module__}.{v.__qualname__}")
+            e.text(b"D", _recorded(v))
             for cls, impl in sorted(registry.items(), key=lambda kv: type_path(kv[0])):
                 e.raw(b"t", type_path(cls))
                 self.value(e, impl, names)
@@ -771,12 +778,12 @@ class _Walker(_StateFinder):
             if is_user_module(v.__module__):
                 e.text(b"F", self.function(v))
             else:
-                e.text(b"f", f"{v.__module__}.{v.__qualname__}@{_package_version(v.__module__)}")
+                e.text(b"f", f"{_recorded(v)}@{_package_version(v.__module__)}")
         elif isinstance(v, type):
             if is_user_module(v.__module__):
                 e.text(b"C", self.klass(v))
             else:
-                e.text(b"t", f"{v.__module__}.{v.__qualname__}@{_package_version(v.__module__)}")
+                e.text(b"t", f"{_recorded(v)}@{_package_version(v.__module__)}")
         elif isinstance(v, types.ModuleType):
             self.module(e, v, names)
         elif isinstance(v, (types.BuiltinFunctionType, types.MethodDescriptorType)):
@@ -937,7 +944,7 @@ def fingerprint_of(obj: Any) -> str | None:
     if isinstance(obj, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)):
         obj = obj.__wrapped__
     if isinstance(obj, types.FunctionType) and not is_user_module(obj.__module__):
-        return f"{obj.__module__}.{obj.__qualname__}@{_package_version(obj.__module__)}"
+        return f"{_recorded(obj)}@{_package_version(obj.__module__)}"
     if isinstance(obj, types.MethodType):
         inner = fingerprint_of(obj.__func__)
         e = Encoder()
@@ -953,7 +960,7 @@ def fingerprint_of(obj: Any) -> str | None:
             _ARG_CACHE[obj] = fp
         return fp.digest
     if isinstance(obj, type):
-        return f"{obj.__module__}.{obj.__qualname__}@{_package_version(obj.__module__)}"
+        return f"{_recorded(obj)}@{_package_version(obj.__module__)}"
     if isinstance(obj, (types.BuiltinFunctionType, types.MethodDescriptorType)) and isinstance(
         getattr(obj, "__self__", None), (types.ModuleType, type(None))
     ):
