@@ -161,6 +161,9 @@ def _store_at(ctx: click.Context, url: str, source: str) -> durably.Store:
         if source == "--store":
             _usage(str(exc))
         _fail(str(exc))
+    if not store.found():  # (a mistyped URL: the store there would be created empty)
+        _fail(f"no durably store at {redact(url)!r} ({source}): nothing is stored there. "
+              f"Fix: point {source.lstrip('$')} at the URL of an existing store.")
     durably.configure(store=store)
     ctx.meta["durably.store"] = store
     return store

@@ -30,7 +30,7 @@ found by looking for attributes:
   bytes before the backend sees them.
 - ``"maintenance"``: it implements :meth:`Store.cache_stats`, :meth:`Store.prune`,
   :meth:`Store.clear`, :meth:`Store.collect_values` and :meth:`Store.repair_run` (the CLI's
-  ``cache`` and ``repair`` commands).
+  ``cache`` commands).
 
 Every backend passes one conformance suite, :class:`durably.testing.StoreConformance`, and
 the whole behaviour suite runs on each backend durably ships.
@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, cast
 
 from durably._keys.serde import Spilled, Unreadable
-from durably._store.integrity import SigningKey, open_seal, process_key, seal
+from durably._store.integrity import OTHER_KEY, UNSIGNED, SigningKey, open_seal, process_key, seal
 from durably._store.lease import Owner
 from durably._store.records import (
     FINISHED_STEP,
@@ -131,8 +131,10 @@ class ReadAhead(abc.ABC):
 
     @abc.abstractmethod
     def replay(self, step_id: str, position: int, started: float) -> bytes | None:
-        """The value of finished step ``step_id`` replayed at ``position``, or None (not
-        read ahead: ask :meth:`Journal.find_step`)."""
+        """The value of finished step ``step_id``, replayed at ``position``, or None when
+        the run has no finished record of it (it executes). A step outside what was read
+        ahead is looked up here (as :meth:`Journal.find_step` would): the runtime does not
+        ask again."""
 
     @abc.abstractmethod
     def find(self, step_id: str) -> bytes | None:
@@ -379,17 +381,41 @@ class Store(Journal, Values, KeyRecords):
         super().__init_subclass__(**kwargs)
         if "integrity" not in cls.capabilities:
             # values checked and signed here, for every backend that does not itself
-            for name, wrap in _SEALING.items():
-                method = cls.__dict__.get(name)
-                if method is not None and not getattr(method, "_durably_layer", False):
-                    setattr(cls, name, _layer(method, wrap))
+            layers = _SEALING
         elif "large_values" not in cls.capabilities:
             # a backend that does not stream large values gets their bytes: the description
             # a LargeValue is made of never reaches it
-            for name in _TAKING:
-                method = cls.__dict__.get(name)
-                if method is not None and not getattr(method, "_durably_layer", False):
-                    setattr(cls, name, _layer(method, _read_large))
+            layers = dict.fromkeys(_TAKING, _read_large)
+        else:
+            return
+        for name, wrap in layers.items():
+            # the backend's own method, wherever it is defined: in the class, or in a part
+            # it is built from (class MyStore(MyJournal, MyValues, Store)); not a default of
+            # the protocol's (built on the backend's methods, wrapped already)
+            owner = next((c for c in cls.__mro__ if name in c.__dict__), None)
+            if owner is None or owner in _PROTOCOL:
+                continue
+            method = owner.__dict__[name]
+            if not getattr(method, "_durably_layer", False):
+                setattr(cls, name, _layer(method, wrap))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A store pickles as the URL and options that open it again
+        (:meth:`location`), as a worker reopens it.
+
+        Raises:
+            TypeError: the store has no location (``location()`` is None).
+        """
+        location = self.location()
+        if location is None:
+            raise TypeError(
+                f"cannot pickle {type(self).__qualname__}: a store pickles as the URL that "
+                "opens it again, and this one has none (its url and location() are None). "
+                "Fix: give the store a url (a memory store: memory://NAME), or pass the store's "
+                "URL instead of the store.")
+        from durably._store.urls import open_store_for_pickle  # (urls imports this module)
+
+        return (open_store_for_pickle, location)
 
     @property
     def signing_key(self) -> SigningKey | None:
@@ -465,12 +491,21 @@ class Store(Journal, Values, KeyRecords):
         raise self._unsupported("repair_run")
 
     def _unsupported(self, what: str) -> StoreError:
+        if "maintenance" in self.capabilities:
+            return StoreError(
+                f"{type(self).__name__} declares the capability \"maintenance\" but does not "
+                f"implement {what}(). Fix (for its author): implement {what}() "
+                f"(see durably.store.Store.{what}), or leave \"maintenance\" out of its "
+                "capabilities.")
         return StoreError(f"{type(self).__name__} does not support {what}() (its capabilities: "
                           f"{sorted(self.capabilities) or 'none'}). Fix: use a store that "
                           "declares \"maintenance\", such as durably.DiskStore.")
 
 
 #: the methods that take values
+#: the protocol's own classes: their methods are defaults built on the backend's methods
+_PROTOCOL: tuple[type, ...] = ()
+
 _TAKING = ("cache_put_many", "append_steps", "append_steps_if_current", "put_run",
            "put_run_if_current", "append_events")
 
@@ -559,8 +594,13 @@ def _seal_in(name: str, store: Store, method: Callable[..., Any], items: Any, *a
 
 
 def _corrupt(store: Store, run_id: str, what: str, why: str, fix: str = "") -> CorruptJournalError:
+    if why in (OTHER_KEY, UNSIGNED):  # not damage: a key that is not the store's
+        fix = ("Fix: use the signing key the run was written with (durably.configure(key=...), "
+               "$DURABLY_KEY or $DURABLY_KEY_FILE)" + (", or none" if why == UNSIGNED else "")
+               + "; with the right key nothing is lost.")
+    state = "is damaged" if why not in (OTHER_KEY, UNSIGNED) else "does not match the key"
     return CorruptJournalError(
-        f"the journal of run {run_id!r} at {store.where} is damaged: {what} cannot be trusted: "
+        f"the journal of run {run_id!r} at {store.where} {state}: {what} cannot be trusted: "
         f"{why}. " + (fix or "Fix: start a new run with fresh=True, or delete the run "
                       f"(durably.delete_runs([{run_id!r}]))."))
 
@@ -638,7 +678,59 @@ def _open_events(name: str, store: Store, method: Callable[..., Any], run_id: st
     return found
 
 
+class _OpenedAhead(ReadAhead):
+    """A backend's read-ahead, its values checked here (a backend without "integrity"): a
+    damaged one is not served from it, but asked of :meth:`Journal.find_step`, which says
+    what is wrong."""
+
+    __slots__ = ("ahead", "run_id", "store", "thread")
+
+    def __init__(self, ahead: ReadAhead, store: Store, run_id: str) -> None:
+        self.ahead, self.store, self.run_id = ahead, store, run_id
+        self.thread = ahead.thread
+
+    @property
+    def due(self) -> bool:  # type: ignore[override]
+        return self.ahead.due
+
+    @property
+    def buffered(self) -> bool:
+        return self.ahead.buffered
+
+    def _opened(self, step_id: str, data: bytes | None) -> bytes | None:
+        if data is None:
+            return None
+        key = self.store.signing_key
+        payload, _why = open_seal(data, key, _context(key, "step", self.run_id, step_id))
+        return payload
+
+    def replay(self, step_id: str, position: int, started: float) -> bytes | None:
+        data = self.ahead.replay(step_id, position, started)
+        payload = self._opened(step_id, data)
+        if data is not None and payload is None:
+            # not replayed from here: find_step says what is wrong (a cacheable step is
+            # computed again; a cache=False one raises, never executed twice by itself)
+            self.ahead.retract()
+            return self.store.find_step(self.run_id, step_id)
+        return payload
+
+    def find(self, step_id: str) -> bytes | None:
+        return self._opened(step_id, self.ahead.find(step_id))
+
+    def retract(self) -> None:
+        self.ahead.retract()
+
+    def take_ranges(self) -> list[ReplayRange]:
+        return self.ahead.take_ranges()
+
+
+def _open_ahead(name: str, store: Store, method: Callable[..., Any], run_id: str) -> Any:
+    ahead = method(store, run_id)
+    return None if ahead is None else _OpenedAhead(ahead, store, run_id)
+
+
 _SEALING: dict[str, Callable[..., Any]] = {
+    "read_ahead": _open_ahead,
     **dict.fromkeys(_TAKING, _seal_in),
     "cache_get": _open_cache,
     "find_step": _open_step,
@@ -647,3 +739,5 @@ _SEALING: dict[str, Callable[..., Any]] = {
     "list_runs": _open_runs,
     "list_events": _open_events,
 }
+
+_PROTOCOL = (Journal, Values, KeyRecords, Store)

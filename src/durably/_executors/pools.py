@@ -21,10 +21,11 @@ Where the bodies run:
 
 A worker process has no run: a task called inside a body there is a plain cached call
 against the caller's store, so the work is still cached for every later run. The store is
-sent along: a :class:`~durably.DiskStore` by its directory (process-safe), another store by
-pickle if it pickles; a store that cannot travel (``MemoryStore``), or a directory the worker
-cannot see (a Dask worker on another machine without the shared filesystem), gives that worker
-an in-memory cache of its own, and a warning is logged on the ``durably`` logger. The items'
+sent along by its URL and options (:meth:`~durably.store.Store.location`: a
+:class:`~durably.DiskStore` by its directory), and the worker reopens it; a store that cannot
+travel (a ``MemoryStore``), or a store the worker cannot reach (a directory it cannot see
+on another machine without the shared filesystem), gives that worker an in-memory cache of
+its own, and a warning is logged on the ``durably`` logger. The items'
 own results always come back to the caller, which journals and caches them in its store.
 
 A submitted call has no caller loop to come back to: its outcome is journaled and cached,

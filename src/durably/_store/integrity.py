@@ -203,6 +203,12 @@ def set_process_key(key: SigningKey | None) -> None:
     _process_key = key
 
 
+def _process_key_set() -> SigningKey | None:
+    """The key of ``durably.configure(key=...)``, None if none was given (the environment's
+    not looked at)."""
+    return _process_key
+
+
 def process_key() -> SigningKey | None:
     """The key every store not given its own signs with: ``durably.configure(key=...)``,
     else ``$DURABLY_KEY`` / ``$DURABLY_KEY_FILE``, else None."""

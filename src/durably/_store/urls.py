@@ -56,6 +56,8 @@ ENTRY_POINT_GROUP = "durably.stores"
 
 _BUILTIN = ("file", "memory")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
+#: a scheme without its // (two letters at least: C:\\store is a Windows path)
+_BARE_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+):")
 _PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:)[^/@?#]*@")
 _DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries")
 _TRUE = ("1", "true", "yes", "on")
@@ -95,7 +97,19 @@ def _split(url: Any, where: str) -> tuple[str, str]:
             f"{where}: the store URL is empty. Fix: give a directory (\"./.durably\"), a "
             "file:// URL, or memory:// for a store in memory.")
     match = _SCHEME.match(url)
-    return ("", url) if match is None else (match.group(1).lower(), url)
+    if match is not None:
+        return match.group(1).lower(), url
+    bare = _BARE_SCHEME.match(url)  # scheme:rest, without the //
+    if bare is not None:
+        scheme = bare.group(1).lower()
+        if scheme == "file":  # file:/data/store (RFC 8089's short form)
+            return scheme, url
+        if scheme in _BUILTIN or scheme in _INSTALL or scheme in _backends():
+            rest = url[bare.end():].lstrip("/")
+            raise DefinitionError(
+                f"{where} {redact(url)!r} looks like a {scheme}:// store URL without its '//'. "
+                f"Fix: {scheme}://{rest}, or ./{url} for a directory of that name.")
+    return "", url
 
 
 def store_url_scheme(url: str | os.PathLike[str]) -> str:
@@ -192,6 +206,10 @@ def _query_options(query: str, url: str, where: str) -> dict[str, Any]:
                     f"{where} {url!r}: allow_shared={value!r} is not true or false. Fix: "
                     "allow_shared=true.")
             options[name] = value.lower() in _TRUE
+        elif name == "synchronous" and value not in ("normal", "full"):
+            raise DefinitionError(
+                f"{where} {url!r}: synchronous={value!r} is not normal or full. Fix: "
+                "synchronous=full to survive power cuts, else leave it out.")
         else:
             options[name] = value
     return options

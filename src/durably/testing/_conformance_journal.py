@@ -232,6 +232,32 @@ class JournalConformance:
         assert store.find_step(run_id, _id()) is None
         assert store.find_step(_id(), ran.step_id) is None
 
+    def test_a_read_ahead_serves_what_find_step_serves(self, store: Store) -> None:
+        """A store that reads ahead (:meth:`~durably.store.Journal.read_ahead` is not None)
+        serves, in call order and from the thread that asked, each finished step's value
+        as :meth:`~durably.store.Journal.find_step` does, and None for a step without a
+        finished record; a replay it retracts is not journaled. A store that does not read
+        ahead is checked through ``find_step`` alone (the test above)."""
+        run_id = _id()
+        store.put_run(_run(run_id))
+        steps = [_step(run_id, i) for i in range(5)]
+        failed = _step(run_id, 5, status="failed")
+        store.append_steps([(s, b"value %d" % i) for i, s in enumerate(steps)]
+                           + [(failed, b"failed")])
+        ahead = store.read_ahead(run_id)
+        if ahead is None:
+            assert [store.find_step(run_id, s.step_id) for s in steps] == [
+                b"value %d" % i for i in range(5)]
+            return
+        assert ahead.thread == threading.get_ident()
+        served = [ahead.replay(s.step_id, i, 2000.0 + i) for i, s in enumerate(steps)]
+        assert served == [b"value %d" % i for i in range(5)]
+        assert ahead.find(steps[2].step_id) in (b"value 2", None)  # (None: forgotten)
+        assert ahead.replay(failed.step_id, 5, 2005.0) is None
+        assert ahead.replay(_id(), 6, 2006.0) is None
+        ranges = ahead.take_ranges()
+        assert sum(r.steps for r in ranges) == 5  # the five replays, nothing else
+
     def test_events_are_listed_in_order_and_by_kind(self, store: Store) -> None:
         """``list_events`` returns a run's events in the order they were appended (over
         several calls), as written; ``kinds`` keeps those of these kinds."""

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 import xxhash
 
+import durably
 from durably._keys import serde as _serde
+from durably._store.integrity import _process_key_set as _process_key
 from durably.store import KeyRecord, LargeValue, Store
 from durably.testing._conformance_journal import _id, _refused, _run, _step
 
@@ -198,6 +200,7 @@ class ValuesConformance:
         run_id, key = _id(), _id()
         step = _step(run_id, 0, cache_key=_id())  # (cacheable: a damaged value is a miss)
         value = b"a value signed with key A"
+        key_before = _process_key()
         writer = self.make_store_with_key(path, _KEY_A)
         handles = [writer]
         try:
@@ -224,6 +227,8 @@ class ValuesConformance:
                 if all(handle is not c for c in closed):
                     closed.append(handle)
                     handle.close()
+            if key_before is None and _process_key() is not None:
+                durably.configure(key=None)  # (a harness that configured a key: undone)
 
     def test_collect_values_removes_only_unreferenced_values(self, store: Store) -> None:
         """``collect_values(grace=0)`` (capability ``"maintenance"``) removes the large
