@@ -727,6 +727,11 @@ def loads(data: bytes) -> Any:
     Raises:
         CorruptJournalError: ``data`` is a stored blob that failed its check.
     """
+    if type(data) is bytes:  # (the common case, first)
+        try:
+            return pickle.loads(data)
+        except (ImportError, AttributeError) as exc:
+            return _loads_moved(data, exc)
     if isinstance(data, Unreadable):
         raise data.error
     try:
