@@ -175,3 +175,10 @@ def test_a_file_url_in_its_short_form_is_a_disk_store(tmp_path: Path) -> None:
     store = durably.open_store(f"file:{tmp_path}/s")
     assert isinstance(store, durably.DiskStore) and store.path == tmp_path / "s"
     assert isinstance(durably.open_store("C:/data"), durably.DiskStore)  # (a Windows path)
+
+
+def test_a_disk_store_names_the_key_it_signs_with(tmp_path: Path) -> None:
+    own = durably.DiskStore(tmp_path / "own", key=b"k" * 32)
+    assert own.signed and own.signing_key is not None
+    plain = durably.DiskStore(tmp_path / "plain")
+    assert (plain.signing_key is None) == (not plain.signed)

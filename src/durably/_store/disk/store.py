@@ -418,6 +418,12 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         return (open_store_for_pickle, self.location())
 
     @property
+    def signing_key(self) -> SigningKey | None:
+        """The key this store signs with: its own ``key=``, else the process's (see
+        :attr:`durably.store.Store.signing_key`); None: checksums only."""
+        return self._signing()
+
+    @property
     def signed(self) -> bool:
         """Whether values are signed and verified: a key is configured (``key=``,
         ``configure(key=...)``, ``$DURABLY_KEY`` or ``$DURABLY_KEY_FILE``)."""
