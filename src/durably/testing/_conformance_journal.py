@@ -462,6 +462,15 @@ class JournalConformance:
         if not url:
             pytest.fail(f"processes = True, but {type(store).__name__}.url is None: a "
                         "store shared by processes must have a URL they open it from")
+        try:  # (here first: a URL no process can open fails now, saying why)
+            type(self).open_in_process(url)
+        except Exception as exc:  # noqa: BLE001 - reported as the test's failure
+            pytest.fail(f"processes = True: the contender processes open the store from its "
+                        f"URL {url!r}, which does not open here: {type(exc).__name__}: "
+                        f"{str(exc).rstrip('.')}. "
+                        "Fix: register the backend's URL scheme (install the package whose "
+                        "entry point group durably.stores names it), override "
+                        "open_in_process, or set processes = False.")
         ctx = multiprocessing.get_context("spawn")
         start, done = ctx.Barrier(n), ctx.Barrier(n)
         answers: Any = ctx.Queue()
@@ -473,11 +482,17 @@ class JournalConformance:
             proc.start()
         got: list[tuple[str, str | None, str]] = []
         try:
-            for _ in range(n):
+            deadline = time.monotonic() + 120
+            while len(got) < n and time.monotonic() < deadline:
                 try:
-                    got.append(answers.get(timeout=120))
+                    got.append(answers.get(timeout=1))
                 except queue.Empty:
-                    break
+                    if not any(proc.is_alive() for proc in procs):
+                        # every contender exited: what they sent is in the queue by now
+                        with contextlib.suppress(queue.Empty):
+                            while len(got) < n:
+                                got.append(answers.get(timeout=5))
+                        break
         finally:
             for proc in procs:
                 proc.join(30)
