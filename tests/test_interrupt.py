@@ -1186,7 +1186,7 @@ def test_a_nested_side_effect_journaled_by_an_older_durably_is_replayed(
     """Journals written before nested side effects were identified by their callers'
     tasks and inputs hold them under their caller's step id: a run resumed after the
     upgrade finds them there (replayed, not sent again)."""
-    from durably._decorators import task as _task_module
+    from durably._decorators import tasks as _task_module
     from durably._runtime import call as _call
 
     sent: list[str] = []

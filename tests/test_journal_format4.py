@@ -451,7 +451,7 @@ def test_an_attempt_interrupted_while_it_settles_ends_and_frees_its_lease(
         store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C after the body returned, while the attempt waits for work it submitted: the
     attempt still ends (stopped), so the same process can continue the run at once."""
-    from durably._decorators import entrypoint as _entrypoint_module
+    from durably._decorators import entrypoints as _entrypoint_module
 
     _interrupt_first_call(monkeypatch, _entrypoint_module, "_settle_submitted")
     with pytest.raises(KeyboardInterrupt):

@@ -326,11 +326,11 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
     import io
     import pickle
 
-    from durably._keys import serde
+    from durably._keys import moved, serde
 
-    for old, new in serde.MOVED_MODULES.items():
+    for old, new in moved.MOVED_MODULES.items():
         assert old.count(".") == 1 and importlib.import_module(new)  # (each move is real)
-    for (old, name), new in serde.MOVED_NAMES.items():
+    for (old, name), new in moved.MOVED_NAMES.items():
         assert hasattr(importlib.import_module(new), name), (old, name, new)
     retry = durably.Retry(attempts=2)
     now = pickle.dumps(retry, protocol=2)
@@ -339,10 +339,10 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
     assert serde.loads(then) == retry
     from durably._runtime.retry import Seceded
 
-    found = serde._MovedUnpickler(io.BytesIO(b"")).find_class("durably._worker", "Seceded")
+    found = moved._MovedUnpickler(io.BytesIO(b"")).find_class("durably._worker", "Seceded")
     assert found is Seceded  # (a name that moved to another module than its own)
     # a name that moved to another module of the same package since (a module split in two)
-    found = serde._MovedUnpickler(io.BytesIO(b"")).find_class("durably._store", "KeyRecord")
+    found = moved._MovedUnpickler(io.BytesIO(b"")).find_class("durably._store", "KeyRecord")
     assert found is durably.store.KeyRecord
     with pytest.raises(ModuleNotFoundError):  # (a module that never was still fails)
         serde.loads(now.replace(b"cdurably._runtime.retry\n", b"cdurably._nothing\n"))
@@ -378,3 +378,34 @@ def test_every_recorded_name_is_where_the_table_says() -> None:
         for name in names.split():
             found = getattr(defined.get(name), "__module__", None)
             assert found == module or found in ("durably.stategraph", "durably"), (module, name)
+
+
+def test_plain_pickles_of_release_0_1_0_load() -> None:
+    """A value of durably's pickled by the user with plain pickle under release 0.1.0 (a
+    queue between an old and a new worker, a cache of their own) loads with plain pickle:
+    an old module that is gone imports as its moved names, an old module that is a package
+    now answers its old names, and never with the wrong object."""
+    import pickle
+
+    retry = durably.Retry(attempts=2)
+    now = pickle.dumps(retry, protocol=2)
+    old = now.replace(b"cdurably._runtime.retry\nRetry\n", b"cdurably._retry\nRetry\n")
+    assert pickle.loads(old) == retry
+    for module, name, expected in [
+            ("durably._decorators", "task", durably.task),  # (a module of that name now)
+            ("durably._decorators", "entrypoint", durably.entrypoint),
+            ("durably._store", "DiskStore", durably.DiskStore),
+            ("durably._runtime", "Spec", None),
+            ("durably._executors", "Thread", durably.executors.Thread),
+            ("durably._files", "File", durably.File),
+            ("durably._records", "StepRecord", durably.StepRecord)]:
+        found = pickle.loads(b"c" + module.encode() + b"\n" + name.encode() + b"\n.")
+        assert found is expected if expected is not None else found.__name__ == name
+    import importlib
+
+    assert importlib.import_module("durably._retry").Retry is durably.Retry  # (it imports)
+    from durably._store import records  # (a submodule is still a submodule)
+
+    assert records.StepRecord is durably.StepRecord
+    with pytest.raises(AttributeError):
+        pickle.loads(b"cdurably._store\nnothing_by_that_name\n.")

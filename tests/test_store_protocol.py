@@ -182,3 +182,28 @@ def test_a_disk_store_names_the_key_it_signs_with(tmp_path: Path) -> None:
     assert own.signed and own.signing_key is not None
     plain = durably.DiskStore(tmp_path / "plain")
     assert (plain.signing_key is None) == (not plain.signed)
+
+
+class OldProtocolStore:
+    """A store as durably 0.1's durably.Store protocol described it: duck-typed methods."""
+
+    def find_run(self, run_id: str) -> None: ...
+    def put_run(self, record: object) -> None: ...
+    def find_step(self, run_id: str, step_id: str) -> None: ...
+    def append_steps(self, steps: object) -> None: ...
+    def cache_get(self, key: str) -> None: ...
+    def cache_put_many(self, items: object) -> None: ...
+
+
+def test_a_store_of_the_old_protocol_is_told_how_to_port() -> None:
+    with pytest.raises(DefinitionError, match=r"durably 0\.1.*lacks .*acquire_run.*"
+                                              r"StoreConformance"):
+        durably.entrypoint(store=OldProtocolStore())  # type: ignore[call-overload]
+    with pytest.raises(DefinitionError, match=r"durably 0\.1"):
+        durably.configure(store=OldProtocolStore())  # type: ignore[arg-type]
+    with pytest.raises(DefinitionError, match="needs a durably store"):
+        durably.configure(store=object())  # type: ignore[arg-type]
+    from durably.testing import EventRecord, KeyRecord, RunRecord, StepRecord  # (as in 0.1)
+
+    assert StepRecord is durably.store.StepRecord and RunRecord is durably.store.RunRecord
+    assert (EventRecord, KeyRecord) == (durably.store.EventRecord, durably.store.KeyRecord)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from durably._decorators.entrypoint import Entrypoint, entrypoint, fork
-from durably._decorators.task import Task, task
+from durably._decorators.entrypoints import Entrypoint, entrypoint, fork
+from durably._decorators.tasks import Task, task
 from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
 from durably._keys.hashing import digest

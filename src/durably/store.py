@@ -67,7 +67,7 @@ from durably._store.records import (
     RunRecord,
     StepRecord,
 )
-from durably.exceptions import CorruptJournalError, StoreError
+from durably.exceptions import CorruptJournalError, DefinitionError, StoreError
 
 __all__ = ["FINISHED_STEP", "EventRecord", "Journal", "KeyRecord", "KeyRecords", "LargeValue",
            "Owner", "ReadAhead", "Replay", "ReplayRange", "RunRecord", "StepRecord", "Store",
@@ -501,6 +501,28 @@ class Store(Journal, Values, KeyRecords):
                           f"{sorted(self.capabilities) or 'none'}). Fix: use a store that "
                           "declares \"maintenance\", such as durably.DiskStore.")
 
+
+
+def not_a_store(value: Any, where: str, fix: str) -> DefinitionError:
+    """The error for ``value`` given where a store is needed: for an object written to the
+    protocol of durably 0.1 (``durably.Store`` was a ``typing.Protocol`` of 17 methods), what
+    it lacks and how to port it."""
+    got = type(value).__qualname__
+    old = ("find_run", "put_run", "find_step", "append_steps", "cache_get", "cache_put_many")
+    if all(callable(getattr(value, name, None)) for name in old):
+        missing = sorted(name for name in Store.__abstractmethods__
+                         if not callable(getattr(value, name, None)))
+        return DefinitionError(
+            f"{where} got a {got}, which looks like a store written for durably 0.1's "
+            "durably.Store protocol. A store now subclasses durably.store.Store and "
+            "implements its abstract methods" + (f" (it lacks {', '.join(missing)})"
+                                                 if missing else "")
+            + ": the runtime relies on them for leases, fencing and transactions. Fix: "
+            f"class {got}(durably.store.Store) with those methods (see the how-to 'Write a "
+            "store'), and check it with durably.testing.StoreConformance.")
+    return DefinitionError(
+        f"{where} needs a durably store (DiskStore, MemoryStore, or a subclass of "
+        f"durably.store.Store) or its URL, got {got}. Fix: {fix}.")
 
 #: the methods that take values
 #: the protocol's own classes: their methods are defaults built on the backend's methods

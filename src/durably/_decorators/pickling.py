@@ -27,7 +27,7 @@ from durably._keys.fingerprint import nameless_callable
 from durably._runtime.spec import MAIN_MODULES, Spec
 
 if TYPE_CHECKING:
-    from durably._decorators.task import Task
+    from durably._decorators.tasks import Task
 
 
 def _resolve(module: str, qualname: str) -> Any:
@@ -108,7 +108,7 @@ def _reduce_main_task(task: Any) -> tuple[Any, ...] | None:
     the caller's cache keys. A task met again while it is being pickled (a recursive one)
     is found by its identity when called. None for anything else (pickled by name)."""
     # imported here: the task module imports this one (its bases), so not at module level
-    from durably._decorators.task import Task
+    from durably._decorators.tasks import Task
 
     if type(task) is not Task or not _under_cloudpickle(3):
         return None
@@ -240,7 +240,7 @@ def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
                   retry: Any = None, timeout: float | None = None) -> Task[Any, Any]:
     """A task sent by value, with the identity and fingerprint it had in the caller: the code
     is the caller's code, so its calls here use the caller's cache keys."""
-    from durably._decorators.task import Task  # (here: the task module imports this one)
+    from durably._decorators.tasks import Task  # (here: the task module imports this one)
     from durably._keys.revalidate import Fingerprint
 
     spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore,

@@ -20,7 +20,7 @@ from durably._trace.tracer import Event
 from durably.exceptions import DefinitionError
 
 if TYPE_CHECKING:
-    from durably._decorators.entrypoint import Entrypoint
+    from durably._decorators.entrypoints import Entrypoint
 
 
 class _Listener:

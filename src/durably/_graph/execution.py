@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from durably._decorators.entrypoint import Entrypoint
-from durably._decorators.task import Task
+from durably._decorators.entrypoints import Entrypoint
+from durably._decorators.tasks import Task
 from durably._graph.builder import StepLimitError
 from durably._graph.checkpoints import FULL_STATE_EVERY, Writes, _spliced
 from durably._graph.migration import Migration

@@ -13,7 +13,7 @@ import contextvars
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from durably._decorators.task import Task
+from durably._decorators.tasks import Task
 from durably._graph.builder import GraphChangedError
 from durably._graph.state import InvalidUpdateError, describe_changes, parts_of
 from durably._runtime.spec import Spec

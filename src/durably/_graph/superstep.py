@@ -25,7 +25,7 @@ from durably._graph.structure import Send
 from durably._runtime.interrupt import InterruptSignal
 
 if TYPE_CHECKING:
-    from durably._decorators.task import Task
+    from durably._decorators.tasks import Task
 
 
 class _Handoff:

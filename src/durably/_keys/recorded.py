@@ -39,7 +39,7 @@ _MOVED = (
      "user_stacklevel"),
     ("durably._decorators", "durably._decorators.attempt",
      "_as_interrupt _handle _leaves _paused _require_interrupted _settle _settle_submitted"),
-    ("durably._decorators", "durably._decorators.entrypoint",
+    ("durably._decorators", "durably._decorators.entrypoints",
      "BoundEntrypoint Entrypoint _keep_option _warn_unused_update entrypoint entrypoint "
      "entrypoint fork"),
     ("durably._decorators", "durably._decorators.pickling",
@@ -47,7 +47,7 @@ _MOVED = (
      "_reduce_main_task _reduce_nameless _resolve _under_cloudpickle"),
     ("durably._decorators", "durably._decorators.stream",
      "_AsyncStream _Listener _stream_async _stream_sync"),
-    ("durably._decorators", "durably._decorators.task",
+    ("durably._decorators", "durably._decorators.tasks",
      "BoundTask Task _clear_task task task task"),
     ("durably._decorators", "durably._decorators.wrapper",
      "_check_bare _describe _instance_of"),

@@ -33,6 +33,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
 
+from durably._keys.moved import (
+    _loads_moved,
+)
 from durably.exceptions import SerializationError, StoreError
 
 __all__ = ["SPILL_BYTES", "SentByReference", "Spilled", "Unreadable", "dumps", "host_tag", "loads",
@@ -622,102 +625,6 @@ def spill_bytes(data: bytes, what: str) -> Spilled:
     spilled = sink.finish()
     assert isinstance(spilled, Spilled)
     return spilled
-
-
-#: durably's modules as release 0.1.0 named them, where they are now: a pickle it stored (a
-#: failure, an interrupt, a task sent by value) names them
-MOVED_MODULES = {
-    "durably._blobs": "durably._store.disk.blobs",
-    "durably._bytecode": "durably._keys.bytecode",
-    "durably._checkpoint": "durably._store.disk.checkpoint",
-    "durably._class_code": "durably._keys.class_code",
-    "durably._cli_support": "durably._cli.support",
-    "durably._config": "durably._runtime.config",
-    "durably._conformance": "durably.testing._conformance",
-    "durably._context": "durably._runtime.context",
-    "durably._decorators": "durably._decorators.pickling",
-    "durably._effects": "durably._runtime.effects",
-    "durably._encoders": "durably._keys.encoders",
-    "durably._executors": "durably._executors.fanout",
-    "durably._explain": "durably._runtime.explain",
-    "durably._failures": "durably._runtime.failures",
-    "durably._files": "durably._keys.files",
-    "durably._fingerprint": "durably._keys.fingerprint",
-    "durably._graph_builder": "durably._graph.builder",
-    "durably._graph_state": "durably._graph.state",
-    "durably._graph_structure": "durably._graph.structure",
-    "durably._hashing": "durably._keys.hashing",
-    "durably._history": "durably._runtime.history",
-    "durably._interrupt": "durably._runtime.interrupt",
-    "durably._keep": "durably._runtime.keep",
-    "durably._lease": "durably._store.lease",
-    "durably._maintenance": "durably._store.disk.maintenance",
-    "durably._origin": "durably._keys.origin",
-    "durably._progress": "durably._executors.progress",
-    "durably._records": "durably._store.records",
-    "durably._repair": "durably._store.disk.repair",
-    "durably._retry": "durably._runtime.retry",
-    "durably._revalidate": "durably._keys.revalidate",
-    "durably._run": "durably._runtime.run",
-    "durably._runtime": "durably._runtime.call",
-    "durably._seal": "durably._store.integrity",
-    "durably._serde": "durably._keys.serde",
-    "durably._state": "durably._keys.state",
-    "durably._store": "durably._store.disk.store",
-    "durably._threads": "durably._runtime.threads",
-    "durably._tracer": "durably._trace.tracer",
-    "durably._urls": "durably._store.urls",
-    "durably._wal": "durably._store.disk.wal",
-    "durably._worker": "durably._executors.worker",
-}
-#: names that moved to another module as well
-MOVED_NAMES = {
-    ("durably._records", name): "durably._store.disk.rows"
-    for name in ("step_row", "step_from_row", "run_row", "key_row", "immediate")
-} | {
-    ("durably._worker", "Seceded"): "durably._runtime.retry",
-    ("durably._worker", "_rebuild_task"): "durably._decorators.pickling",
-    ("durably._worker", "_task_by_value"): "durably._decorators.pickling",
-    ("durably.testing", "MemoryStore"): "durably._store.memory",
-}
-
-
-class _MovedUnpickler(pickle.Unpickler):
-    """Unpickles what an older release stored, finding its classes and functions where
-    they are now."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        module = MOVED_NAMES.get((module, name)) or MOVED_MODULES.get(module, module)
-        try:
-            return super().find_class(module, name)
-        except AttributeError:
-            found = _find_in_package(module.rpartition(".")[0], name)
-            if found is None:
-                raise
-            return found
-
-
-def _find_in_package(package: str, name: str) -> Any:
-    """``name`` where a module of ``package`` defines it (a module split in two since the
-    release that wrote the pickle), else None."""
-    import importlib
-    import pkgutil
-
-    if not package.startswith("durably."):
-        return None
-    root = importlib.import_module(package)
-    for info in pkgutil.iter_modules(getattr(root, "__path__", []), package + "."):
-        module = importlib.import_module(info.name)
-        found = vars(module).get(name)
-        if found is not None and getattr(found, "__module__", None) == info.name:
-            return found
-    return None
-
-
-def _loads_moved(data: bytes, exc: Exception) -> Any:
-    if b"durably." not in data:
-        raise exc
-    return _MovedUnpickler(io.BytesIO(data)).load()
 
 
 def loads(data: bytes) -> Any:

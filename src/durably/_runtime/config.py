@@ -9,8 +9,7 @@ from typing import Any
 from durably._store.disk.signing import set_default_key
 from durably._store.disk.store import DiskStore
 from durably._store.urls import open_store_at
-from durably.exceptions import DefinitionError
-from durably.store import Store
+from durably.store import Store, not_a_store
 
 __all__ = ["configure", "default_store"]
 
@@ -83,12 +82,9 @@ def configure(*, store: Store | str | os.PathLike[str] | None = _UNSET,
     if isinstance(store, (str, os.PathLike)):
         store = open_store_at(store, {}, "configure(store=...)")
     if store is not _UNSET and store is not None and not isinstance(store, Store):
-        raise DefinitionError(
-            f"configure(store=...) needs a durably store (DiskStore, MemoryStore, or a subclass "
-            f"of durably.store.Store) or its URL, got {type(store).__qualname__}. Fix: "
-            "configure(store=durably.DiskStore(\"path/to/store\")) or "
-            "configure(store=\"path/to/store\")."
-        )
+        raise not_a_store(store, "configure(store=...)",
+                          "configure(store=durably.DiskStore(\"path/to/store\")) or "
+                          "configure(store=\"path/to/store\")")
     if key is not _UNSET:
         set_default_key(key)  # validates before anything changes
     if store is not _UNSET:

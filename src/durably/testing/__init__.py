@@ -25,6 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from durably._store.memory import MemoryStore
 
+# the records a store works with, importable from here as in durably 0.1 (their home is
+# durably.store)
+from durably.store import EventRecord, KeyRecord, Owner, RunRecord, StepRecord  # noqa: F401
+
 if TYPE_CHECKING:  # (imported on first use at run time: see __getattr__)
     from durably.testing._conformance import StoreConformance as StoreConformance
 
