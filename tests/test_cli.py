@@ -406,6 +406,7 @@ def test_cache_clear_and_prune_keep_the_journals(sample: Sample, tmp_path: Path)
         "cache", "clear", "--task", "square", "--dry-run", cwd=s.project, store=s.store))
     text = ok(durably("cache", "clear", "--task", "square", cwd=s.project, store=s.store))
     assert "removed 4 cache entries" in text and "flows:square" in text
+    assert f"from {Path(s.store) / 'cache'}: " in text  # (the wording of 0.1, kept)
     after = entries()
     assert after["flows:square"] == 0 and after["flows:load"] == before["flows:load"]
     assert "removed 0 cache entries" in ok(durably("cache", "prune", "--older-than", "30d",

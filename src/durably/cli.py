@@ -954,8 +954,10 @@ def _report(store: durably.Store, removed: int, before: int, dry_run: bool) -> N
                    f"(dry run; the cache holds {_size(before)})")
         return
     after = store.cache_size()
-    click.echo(f"removed {removed:,} cache entr{'y' if removed == 1 else 'ies'} from the "
-               f"cache of {_where(store)}: {_size(before)} -> {_size(after)}; journals are kept")
+    cache = (str(store.path / "cache") if isinstance(store, durably.DiskStore)  # (as in 0.1)
+             else f"the cache of {_where(store)}")
+    click.echo(f"removed {removed:,} cache entr{'y' if removed == 1 else 'ies'} from "
+               f"{cache}: {_size(before)} -> {_size(after)}; journals are kept")
 
 
 def main() -> None:
