@@ -323,7 +323,6 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
     """A value an older release stored names durably's classes by the module they had then
     (``durably._retry.Retry``): it loads, as the class where it is now."""
     import importlib
-    import io
     import pickle
 
     from durably._keys import moved, serde
@@ -339,10 +338,10 @@ def test_pickles_naming_the_modules_of_release_0_1_0_load() -> None:
     assert serde.loads(then) == retry
     from durably._runtime.retry import Seceded
 
-    found = moved._MovedUnpickler(io.BytesIO(b"")).find_class("durably._worker", "Seceded")
+    found = moved.moved_name("durably._worker", "Seceded")
     assert found is Seceded  # (a name that moved to another module than its own)
     # a name that moved to another module of the same package since (a module split in two)
-    found = moved._MovedUnpickler(io.BytesIO(b"")).find_class("durably._store", "KeyRecord")
+    found = moved.moved_name("durably._store", "KeyRecord")
     assert found is durably.store.KeyRecord
     with pytest.raises(ModuleNotFoundError):  # (a module that never was still fails)
         serde.loads(now.replace(b"cdurably._runtime.retry\n", b"cdurably._nothing\n"))

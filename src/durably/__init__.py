@@ -14,6 +14,7 @@ from durably._decorators.tasks import Task, task
 from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
 from durably._keys.hashing import digest
+from durably._keys.moved import install_old_names
 from durably._runtime.config import configure
 from durably._runtime.explain import Explanation
 from durably._runtime.history import Checkpoint
@@ -62,6 +63,8 @@ def __getattr__(name: str) -> Any:
     if name == "executors":
         return importlib.import_module("durably.executors")
     raise AttributeError(f"module 'durably' has no attribute {name!r}")
+
+install_old_names()  # (a pickle of release 0.1.0 names its modules: durably._keys.moved)
 
 __all__ = [
     "ENCODING_VERSION",

@@ -503,7 +503,7 @@ class Store(Journal, Values, KeyRecords):
 
 
 
-def not_a_store(value: Any, where: str, fix: str) -> DefinitionError:
+def _not_a_store(value: Any, where: str, fix: str) -> DefinitionError:
     """The error for ``value`` given where a store is needed: for an object written to the
     protocol of durably 0.1 (``durably.Store`` was a ``typing.Protocol`` of 17 methods), what
     it lacks and how to port it."""

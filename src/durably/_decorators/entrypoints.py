@@ -655,11 +655,11 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
     _check_bare("entrypoint", func)
     from durably._store.urls import store_from
     from durably.store import Store as _StoreProto
-    from durably.store import not_a_store
+    from durably.store import _not_a_store
 
     store = store_from(store, "@entrypoint(store=...)")  # a URL or a path: its store
     if store is not None and not isinstance(store, _StoreProto):
-        raise not_a_store(store, "@entrypoint(store=...)",
+        raise _not_a_store(store, "@entrypoint(store=...)",
                           "@entrypoint(store=\"path/to/store\")")
 
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:

@@ -2,12 +2,11 @@
 
 Release 0.1.0 had one flat package (``durably._retry``, ``durably._store``, ...); its
 modules now live in subpackages. Pickles it wrote name its classes and functions by those
-modules: a value in a store, a failure journaled, or a value a user pickled. Three things find
-them: :func:`durably._keys.serde.loads` unpickles a store's values with an unpickler that
-maps the names; an import of an old module that no longer exists (``import durably._retry``,
-which plain ``pickle.loads`` does) gives a module whose attributes are the moved names; and
-an old module that is a package now (``durably._store``) answers its old names from its
-``__getattr__``."""
+modules: a value in a store, a failure journaled, or a value a user pickled. Plain
+``pickle.loads`` finds them: an old module that no longer exists (``durably._retry``)
+imports as a module whose attributes are its names where they are now (a finder at the end
+of ``sys.meta_path``, installed by ``import durably``), and an old module that is a package
+now (``durably._store``) answers its old names from the package's ``__getattr__``."""
 
 from __future__ import annotations
 
@@ -15,14 +14,12 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import io
-import pickle
 import pkgutil
 import sys
 import types
 from typing import Any
 
-__all__ = ["MOVED_MODULES", "MOVED_NAMES", "moved_name"]
+__all__ = ["MOVED_MODULES", "MOVED_NAMES", "install_old_names", "moved_name"]
 
 
 #: durably's modules as release 0.1.0 named them, where they are now: a pickle it stored (a
@@ -85,21 +82,6 @@ MOVED_NAMES = {
 }
 
 
-class _MovedUnpickler(pickle.Unpickler):
-    """Unpickles what an older release stored, finding its classes and functions where
-    they are now."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        module = MOVED_NAMES.get((module, name)) or MOVED_MODULES.get(module, module)
-        try:
-            return super().find_class(module, name)
-        except AttributeError:
-            found = _find_in_package(module.rpartition(".")[0], name)
-            if found is None:
-                raise
-            return found
-
-
 def _find_in_package(package: str, name: str) -> Any:
     """``name`` where a module of ``package`` defines it (a module split in two since the
     release that wrote the pickle), else None."""
@@ -112,12 +94,6 @@ def _find_in_package(package: str, name: str) -> Any:
         if found is not None and getattr(found, "__module__", None) == info.name:
             return found
     return None
-
-
-def _loads_moved(data: bytes, exc: Exception) -> Any:
-    if b"durably." not in data:
-        raise exc
-    return _MovedUnpickler(io.BytesIO(data)).load()
 
 
 def moved_name(old: str, name: str) -> Any:
@@ -166,5 +142,7 @@ class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-if not any(isinstance(finder, _OldModules) for finder in sys.meta_path):
-    sys.meta_path.append(_OldModules())
+def install_old_names() -> None:
+    """Let the old modules that no longer exist import (``import durably`` does it once)."""
+    if not any(isinstance(finder, _OldModules) for finder in sys.meta_path):
+        sys.meta_path.append(_OldModules())

@@ -33,9 +33,6 @@ from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
 
-from durably._keys.moved import (
-    _loads_moved,
-)
 from durably.exceptions import SerializationError, StoreError
 
 __all__ = ["SPILL_BYTES", "SentByReference", "Spilled", "Unreadable", "dumps", "host_tag", "loads",
@@ -629,25 +626,16 @@ def spill_bytes(data: bytes, what: str) -> Spilled:
 
 def loads(data: bytes) -> Any:
     """Unpickle what :func:`dumps` wrote (bytes, or a :class:`Spilled` file), by this
-    release or an older one (whose modules had other names).
+    release or an older one (whose modules had other names: see :mod:`durably._keys.moved`).
 
     Raises:
         CorruptJournalError: ``data`` is a stored blob that failed its check.
     """
-    if type(data) is bytes:  # (the common case, first)
-        try:
-            return pickle.loads(data)
-        except (ImportError, AttributeError) as exc:
-            return _loads_moved(data, exc)
+    if type(data) is bytes:
+        return pickle.loads(data)
+    if isinstance(data, Spilled):
+        with data.open() as f:
+            return pickle.load(f)
     if isinstance(data, Unreadable):
         raise data.error
-    try:
-        if isinstance(data, Spilled):
-            with data.open() as f:
-                return pickle.load(f)
-        return pickle.loads(data)
-    except (ImportError, AttributeError) as exc:
-        if isinstance(data, Spilled):
-            with data.open() as f:
-                return _loads_moved(f.read(), exc)
-        return _loads_moved(data, exc)
+    return pickle.loads(data)

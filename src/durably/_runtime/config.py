@@ -9,7 +9,7 @@ from typing import Any
 from durably._store.disk.signing import set_default_key
 from durably._store.disk.store import DiskStore
 from durably._store.urls import open_store_at
-from durably.store import Store, not_a_store
+from durably.store import Store, _not_a_store
 
 __all__ = ["configure", "default_store"]
 
@@ -82,7 +82,7 @@ def configure(*, store: Store | str | os.PathLike[str] | None = _UNSET,
     if isinstance(store, (str, os.PathLike)):
         store = open_store_at(store, {}, "configure(store=...)")
     if store is not _UNSET and store is not None and not isinstance(store, Store):
-        raise not_a_store(store, "configure(store=...)",
+        raise _not_a_store(store, "configure(store=...)",
                           "configure(store=durably.DiskStore(\"path/to/store\")) or "
                           "configure(store=\"path/to/store\")")
     if key is not _UNSET:
