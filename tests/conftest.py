@@ -19,14 +19,18 @@ import durably
 from durably.testing import MemoryStore
 
 from .minimal_store import MinimalStore
+from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
 
-STORES = ["disk", "memory", "minimal"]
+STORES = ["disk", "memory", "minimal", "postgres"]
 
 # type-checked by test_typing.py, never imported or run
 collect_ignore = ["typing", "fixtures"]  # fixtures: test_store_compat.py's data, frozen code
 
 
 def make_store(kind: str, root: Path) -> Any:
+    if kind == "postgres":  # (a schema of its own, dropped by the store fixture)
+        return durably.open_store(with_schema(server_url(), fresh_schema()),
+                                  allow_unsigned=True)
     if kind == "disk":
         return durably.DiskStore(root / "store")
     if kind == "minimal":
@@ -52,6 +56,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     yield s
     durably.configure()
     s.close()
+    if request.param == "postgres":
+        drop_schemas(server_url(), [s.schema])
 
 
 @pytest.fixture

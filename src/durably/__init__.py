@@ -50,12 +50,13 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {"StateGraph": "stategraph", "START": "stategraph", "END": "stategraph",
-         "Send": "stategraph", "Command": "stategraph"}
+         "Send": "stategraph", "Command": "stategraph", "PostgresStore": "_store.postgres"}
 
 
 def __getattr__(name: str) -> Any:
-    """StateGraph, START, END, Send, Command and the executors module are imported on first use, so
-    ``import durably`` stays fast for scripts that only decorate functions."""
+    """StateGraph, START, END, Send, Command, PostgresStore and the executors module are
+    imported on first use, so ``import durably`` stays fast for scripts that only decorate
+    functions."""
     import importlib
 
     if name in _LAZY:
@@ -71,6 +72,7 @@ __all__ = [
     "END",
     "START",
     "Checkpoint",
+    "PostgresStore",
     "Command",
     "CorruptJournalError",
     "DefinitionError",

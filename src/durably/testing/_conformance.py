@@ -24,6 +24,7 @@ collection); the harness and the fixtures they share are on :class:`StoreConform
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -71,6 +72,7 @@ class StoreConformance(ValuesConformance, JournalConformance):
     - :meth:`damage_value`: flip bytes of a stored cache value (default: those tests skip).
     - :meth:`make_store_with_key`: a store whose values are signed with a key (default: the
       signing test skips).
+    - :meth:`set_clock`: move the clock leases are timed by (default: the process's).
     - :meth:`open_in_process` (a staticmethod): how a contender process opens the store
       from its URL.
     - :attr:`processes`: whether the acquire race is run by processes (each opening
@@ -119,6 +121,13 @@ class StoreConformance(ValuesConformance, JournalConformance):
         pytest.skip(f"{type(self).__name__} does not implement make_store_with_key(path, "
                     "key): a store that signs its values implements it to check that a "
                     "value signed with another key is never served")
+
+    def set_clock(self, store: Store, when: float, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Make the clock the store's leases are timed by read ``when`` (seconds since the
+        epoch) for the rest of the test: the tests of lease expiry move it forward. Default:
+        the process's clock (``time.time``). A store that times leases by a server's clock
+        moves that one too (and calls this default)."""
+        monkeypatch.setattr(time, "time", lambda: when)
 
     @staticmethod
     def open_in_process(url: str) -> Store:

@@ -116,6 +116,9 @@ class JournalConformance:
         @staticmethod
         def open_in_process(url: str) -> Store: ...
 
+        def set_clock(self, store: Store, when: float,
+                      monkeypatch: pytest.MonkeyPatch) -> None: ...
+
     # -- records ---------------------------------------------------------------------------
     def test_a_run_record_round_trips(self, store: Store) -> None:
         """``put_run`` stores a run's record as given (``find_run`` returns it), and replaces
@@ -388,7 +391,7 @@ class JournalConformance:
         holder = store.acquire_run(run_id, new)
         assert holder is not None and holder.token == there.token
         later = time.time() + _lease.LEASE_SECONDS + 5
-        monkeypatch.setattr(time, "time", lambda: later)
+        self.set_clock(store, later, monkeypatch)
         assert store.run_holder(run_id) is None
         assert store.acquire_run(run_id, new) is None
         found = store.run_holder(run_id)
@@ -405,9 +408,9 @@ class JournalConformance:
         there = Owner(_OTHER_HOST, 4242, None, _id(), start)
         new = owners()
         assert store.acquire_run(run_id, there) is None
-        monkeypatch.setattr(time, "time", lambda: start + 0.75 * _lease.LEASE_SECONDS)
+        self.set_clock(store, start + 0.75 * _lease.LEASE_SECONDS, monkeypatch)
         assert store.renew_run(run_id, there) is True
-        monkeypatch.setattr(time, "time", lambda: start + 1.5 * _lease.LEASE_SECONDS)
+        self.set_clock(store, start + 1.5 * _lease.LEASE_SECONDS, monkeypatch)
         found = store.run_holder(run_id)
         assert found is not None and found.token == there.token, (
             "a lease renewed within LEASE_SECONDS expired: renew_run did not refresh its "

@@ -1,0 +1,189 @@
+"""Large values of a server-backed store, in object storage through :mod:`fsspec`.
+
+A value larger than the store's inline limit is kept as a **blob**: a file named by the
+SHA-256 of its bytes (content-addressed: the same value written twice is one blob), under a
+prefix that fsspec opens (``s3://bucket/prefix`` through s3fs, a shared directory,
+``memory://`` in tests). It is written before the row that names it, so a row never names a
+blob that is not there; a blob no row names (its row's write failed, or the row was deleted)
+is collected after a grace period (:meth:`Blobs.collect`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from durably.exceptions import DefinitionError, StoreError
+
+__all__ = ["Blobs", "blobs_from"]
+
+#: bytes written to a blob file at a time (a value is never copied whole to write it)
+_CHUNK = 8 << 20
+
+
+class Blobs:
+    """Content-addressed blobs under an fsspec URL.
+
+    Args:
+        url: Where blobs are kept: ``s3://bucket/prefix``, ``/shared/dir``,
+            ``file:///shared/dir``, ``memory://name``.
+        options: fsspec storage options (for S3: ``endpoint_url``, ``key``, ``secret``...).
+
+    Raises:
+        StoreError: fsspec cannot open the URL (its protocol's package is missing: the
+            message names it).
+
+    Example:
+        >>> blobs = Blobs("memory://durably-doctest")
+        >>> name = blobs.put(b"x" * 10)
+        >>> blobs.get(name)
+        b'xxxxxxxxxx'
+    """
+
+    def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
+        import fsspec
+
+        self.url = url
+        self.options = dict(options or {})
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **self.options)
+        except ImportError as exc:
+            raise StoreError(
+                f"the blob store {url!r} needs a package that is not installed ({exc}). Fix: "
+                "pip install 'durably[s3]' for s3:// (s3fs), or the fsspec package of that "
+                "protocol.") from exc
+        except (ValueError, TypeError) as exc:
+            raise DefinitionError(f"the blob store {url!r} cannot be opened: {exc}. Fix: an "
+                                  "fsspec URL such as s3://bucket/prefix or /shared/dir.") from exc
+        self.fs = fs
+        self.root = root.rstrip("/") or root
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        self.local = protocol in ("file", "local")
+
+    def path(self, name: str) -> str:
+        """Where the blob ``name`` (a SHA-256 in hex) is kept."""
+        return posixpath.join(self.root, name[:2], name)
+
+    def put(self, data: bytes) -> str:
+        """Keep ``data`` (unless a blob of the same bytes is there) and return its name.
+
+        Raises:
+            StoreError: the blob cannot be written (the message names where and why).
+        """
+        name = hashlib.sha256(data).hexdigest()
+        path = self.path(name)
+        try:
+            try:
+                if self.fs.size(path) == len(data):
+                    return name  # (the same bytes: content-addressed)
+            except (FileNotFoundError, OSError):
+                pass
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            if self.local:
+                # a local or shared directory: written aside and renamed, so a crash never
+                # leaves a partial file under the final name
+                temp = f"{path}.{uuid.uuid4().hex}.tmp"
+                with self.fs.open(temp, "wb") as f:
+                    view = memoryview(data)
+                    for at in range(0, len(view), _CHUNK):
+                        f.write(view[at:at + _CHUNK])
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temp, path)
+            else:  # object storage: an upload appears whole or not at all
+                self.fs.pipe_file(path, data)
+        except OSError as exc:
+            raise StoreError(f"a large value cannot be written to the blob store {self.url} "
+                             f"({path}): {exc}. Fix: check that it exists and that this "
+                             "process may write there (credentials, permissions, space).") from exc
+        return name
+
+    def get(self, name: str) -> bytes | None:
+        """The bytes of blob ``name``, or None when it is missing.
+
+        Raises:
+            StoreError: it cannot be read (other than missing).
+        """
+        try:
+            data: bytes = self.fs.cat_file(self.path(name))
+            return data
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"a large value cannot be read from the blob store {self.url} "
+                             f"({self.path(name)}): {exc}. Fix: check the credentials and "
+                             "that the store is reachable.") from exc
+
+    def listing(self) -> list[tuple[str, int, float]]:
+        """Every blob kept: ``(name, bytes, modified)`` (seconds since the epoch)."""
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        blobs = []
+        for path, info in found.items():
+            name = posixpath.basename(path)
+            if len(name) != 64 or name.endswith(".tmp"):
+                continue
+            blobs.append((name, int(info.get("size") or 0), _modified(info)))
+        return blobs
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Delete these blobs (missing ones are skipped)."""
+        for name in names:
+            try:
+                self.fs.rm_file(self.path(name))
+            except FileNotFoundError:
+                continue
+
+    def __repr__(self) -> str:
+        return f"Blobs({self.url!r})"
+
+
+def _modified(info: dict[str, Any]) -> float:
+    for field in ("mtime", "LastModified", "created", "last_modified"):
+        value = info.get(field)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+        stamp = getattr(value, "timestamp", None)
+        if callable(stamp):
+            return float(stamp())
+    return time.time()  # unknown: as if just written (kept for the grace period)
+
+
+def blobs_from(blobs: str | Blobs | None, options: dict[str, Any] | None) -> Blobs | None:
+    """The blob store given (``blobs=``), else ``$DURABLY_BLOBS`` (with
+    ``$DURABLY_BLOBS_OPTIONS``, a JSON object of fsspec options), else None.
+
+    Raises:
+        DefinitionError: ``$DURABLY_BLOBS_OPTIONS`` is not a JSON object.
+    """
+    if isinstance(blobs, Blobs):
+        return blobs
+    if blobs is None:
+        blobs = os.environ.get("DURABLY_BLOBS") or None
+        if blobs is None:
+            return None
+        if options is None and os.environ.get("DURABLY_BLOBS_OPTIONS"):
+            try:
+                options = json.loads(os.environ["DURABLY_BLOBS_OPTIONS"])
+            except ValueError as exc:
+                raise DefinitionError(f"$DURABLY_BLOBS_OPTIONS is not JSON ({exc}). Fix: a "
+                                      "JSON object, such as {\"endpoint_url\": "
+                                      "\"http://localhost:9000\"}.") from exc
+            if not isinstance(options, dict):
+                raise DefinitionError("$DURABLY_BLOBS_OPTIONS must be a JSON object of "
+                                      "fsspec options, such as {\"endpoint_url\": "
+                                      "\"http://localhost:9000\"}.")
+    if not isinstance(blobs, str):
+        raise DefinitionError(f"blobs= takes an fsspec URL (str), got "
+                              f"{type(blobs).__qualname__}. Fix: blobs=\"s3://bucket/prefix\".")
+    return Blobs(blobs, options)

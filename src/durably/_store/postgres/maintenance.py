@@ -1,0 +1,197 @@
+"""Looking after a PostgreSQL store (the capability ``"maintenance"``): cache statistics,
+pruning, clearing, collecting blobs no row refers to, and setting a run's damaged journal
+rows aside."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from durably._store.integrity import open_seal
+from durably.exceptions import NotFoundError
+from durably.store import match_tasks
+
+if TYPE_CHECKING:
+    from durably._store.postgres.store import PostgresStore
+
+__all__ = ["cache_stats", "clear", "collect_values", "large_value_bytes", "prune",
+           "repair_run"]
+
+log = logging.getLogger("durably")
+
+
+def cache_stats(store: PostgresStore) -> dict[str, Any]:
+    """What the cache holds, per task, and how often runs found their steps in it: the
+    dict :meth:`durably.DiskStore.cache_stats` returns (``path`` is the store's URL, its
+    password hidden; ``bytes`` and ``entry_bytes`` both the entries' sizes summed)."""
+    sql = store._sql
+    entries, size, oldest, newest = store._one("read the cache", sql(
+        "SELECT count(*), coalesce(sum(size), 0), min(stored), max(stored) FROM {s}.cache"))
+    runs = store._one("read the journal", sql("SELECT count(*) FROM {s}.runs"))[0]
+    per_task: dict[str, dict[str, Any]] = {}
+    for task, count, total in store._read("read the cache", sql(
+            "SELECT coalesce(k.task, '?'), count(*), coalesce(sum(c.size), 0) FROM {s}.cache c "
+            "LEFT JOIN {s}.keys k ON k.cache_key = c.key GROUP BY 1")):
+        per_task[task] = {"task": task, "entries": int(count), "bytes": int(total), "ran": 0,
+                          "cached": 0}
+    for task, status, count in store._read("read the journal", sql(
+            "SELECT k.task, s.status, count(*) FROM {s}.steps s JOIN {s}.keys k ON "
+            "k.cache_key = s.cache_key WHERE s.status IN ('ran', 'cached') GROUP BY 1, 2")):
+        entry = per_task.setdefault(task, {"task": task, "entries": 0, "bytes": 0, "ran": 0,
+                                           "cached": 0})
+        entry[status] += int(count)
+    for entry in per_task.values():
+        seen = entry["ran"] + entry["cached"]
+        entry["hit_rate"] = entry["cached"] / seen if seen else None
+    ran = sum(e["ran"] for e in per_task.values())
+    cached = sum(e["cached"] for e in per_task.values())
+    return {
+        "path": store.where, "entries": int(entries), "bytes": int(size),
+        "entry_bytes": int(size), "size_limit": None, "oldest": oldest, "newest": newest,
+        "runs": int(runs), "ran": ran, "cached": cached,
+        "hit_rate": cached / (ran + cached) if ran + cached else None,
+        "tasks": sorted(per_task.values(), key=lambda e: (-e["bytes"], e["task"])),
+    }
+
+
+def prune(store: PostgresStore, older_than: float | None, max_size: int | None, *,
+          dry_run: bool = False) -> int:
+    """Remove cache entries not used for ``older_than`` seconds, then the least recently
+    used until the entries take at most ``max_size`` bytes; returns how many.
+
+    Raises:
+        ValueError: a negative age or size.
+    """
+    if older_than is not None and older_than < 0:
+        raise ValueError(f"older_than={older_than!r} is negative")
+    if max_size is not None and max_size < 0:
+        raise ValueError(f"a cache size limit of {max_size!r} bytes is negative")
+    doomed: list[str] = []
+    if older_than is not None:
+        doomed = [row[0] for row in store._read("read the cache", store._sql(
+            "SELECT key FROM {s}.cache WHERE used < %s"), (time.time() - older_than,))]
+    if max_size is not None:
+        gone = set(doomed)
+        rows = store._read("read the cache", store._sql(
+            "SELECT key, size FROM {s}.cache ORDER BY used, stored, key"))
+        total = sum(int(size) for key, size in rows if key not in gone)
+        for key, size in rows:
+            if total <= max_size:
+                break
+            if key not in gone:
+                doomed.append(key)
+                total -= int(size)
+    if dry_run or not doomed:
+        return len(doomed)
+    return store.cache_delete(doomed)
+
+
+def clear(store: PostgresStore, task: str | None, *, dry_run: bool = False) -> int:
+    """Remove every cache entry, or those of one task (its identity or name); returns how
+    many.
+
+    Raises:
+        NotFoundError: no task of that name ever wrote to the cache.
+    """
+    if task is None:
+        if dry_run:
+            return int(store._one("read the cache", store._sql(
+                "SELECT count(*) FROM {s}.cache"))[0])
+        return store._write("clear the cache", store._sql("DELETE FROM {s}.cache"))
+    tasks = match_tasks(store.task_identities(), task)
+    if not tasks:
+        raise NotFoundError(
+            f"no task named {task!r} has entries in the cache of {store.where}. Fix: the "
+            "task's name or module:name, as `durably cache stats` lists them.")
+    if dry_run:
+        return int(store._one("read the cache", store._sql(
+            "SELECT count(*) FROM {s}.cache c JOIN {s}.keys k ON k.cache_key = c.key WHERE "
+            "k.task = ANY(%s)"), (tasks,))[0])
+    return sum(store.clear_task(t) for t in tasks)
+
+
+def _referenced(store: PostgresStore) -> set[str]:
+    rows = store._read("read the journal", store._sql(
+        "SELECT blob FROM {s}.cache WHERE blob IS NOT NULL UNION "
+        "SELECT blob FROM {s}.steps WHERE blob IS NOT NULL UNION "
+        "SELECT blob FROM {s}.events WHERE blob IS NOT NULL UNION "
+        "SELECT args_blob FROM {s}.runs WHERE args_blob IS NOT NULL UNION "
+        "SELECT result_blob FROM {s}.runs WHERE result_blob IS NOT NULL UNION "
+        "SELECT blob FROM {s}.set_aside WHERE blob IS NOT NULL"))
+    return {row[0] for row in rows}
+
+
+def large_value_bytes(store: PostgresStore) -> int:
+    """Bytes the blob store holds (0 without one)."""
+    if store.blobs is None:
+        return 0
+    return sum(size for _name, size, _when in store.blobs.listing())
+
+
+def collect_values(store: PostgresStore, grace: float = 3600.0) -> tuple[int, int]:
+    """Remove blobs no row refers to and not written in the last ``grace`` seconds (a blob
+    is written before its row: a younger one may be waiting for it); returns (blobs
+    removed, bytes freed)."""
+    if store.blobs is None:
+        return 0, 0
+    listing = store.blobs.listing()  # (before the rows: a blob written after is not in it)
+    used = _referenced(store)
+    cutoff = time.time() - grace
+    doomed = [(name, size) for name, size, when in listing
+              if name not in used and when < cutoff]
+    store.blobs.remove(name for name, _ in doomed)
+    return len(doomed), sum(size for _, size in doomed)
+
+
+def repair_run(store: PostgresStore, run_id: str) -> list[str]:
+    """Set the run's journal rows whose values fail their checksum or signature aside (into
+    the table ``set_aside``); returns a line per row set aside.
+
+    Raises:
+        NotFoundError: no run of that id.
+    """
+    from durably.store import _context
+
+    if store.find_run(run_id) is None:
+        raise NotFoundError(f"no run {run_id!r} in {store.where}")
+    key = store.signing_key
+    found: list[str] = []
+    rows = store._read("read the journal", store._sql(
+        "SELECT seq, step_id, task, status, attempt, position, value, blob FROM {s}.steps "
+        "WHERE run_id = %s AND (value IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
+    for seq, step_id, task, status, attempt, position, value, blob in rows:
+        data = store._get_value(value, blob) or b""
+        payload, why = open_seal(data, key, _context(key, "step", run_id, step_id))
+        if payload is not None:
+            continue
+        what = f"step {step_id} (task {task!r}, {status}, attempt {attempt}, #{position})"
+        _set_aside(store, run_id, "steps", seq, what, why, value, blob)
+        found.append(f"{what}: {why}")
+    rows = store._read("read the journal", store._sql(
+        "SELECT seq, kind, key, data, blob FROM {s}.events WHERE run_id = %s AND "
+        "(data IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
+    for seq, kind, ekey, value, blob in rows:
+        data = store._get_value(value, blob) or b""
+        payload, why = open_seal(data, key, _context(key, "event", run_id, kind, ekey))
+        if payload is not None:
+            continue
+        what = f"a {kind!r} event"
+        _set_aside(store, run_id, "events", seq, what, why, value, blob)
+        found.append(f"{what}: {why}")
+    for line in found:
+        log.warning("durably: run %r: %s is set aside", run_id, line)
+    return found
+
+
+def _set_aside(store: PostgresStore, run_id: str, table: str, seq: int, what: str, why: str,
+               value: Any, blob: str | None) -> None:
+    def move(conn: Any) -> None:
+        with conn.transaction():
+            conn.execute(store._sql(
+                "INSERT INTO {s}.set_aside (run_id, what, why, row_data, value, blob, time) "
+                f"SELECT %s, %s, %s, to_jsonb(t) - 'value' - 'data', %s, %s, %s FROM "
+                f"{{s}}.{table} t WHERE seq = %s"),
+                (run_id, what, why, value, blob, time.time(), seq))
+            conn.execute(store._sql(f"DELETE FROM {{s}}.{table} WHERE seq = %s"), (seq,))
+    store._do("set a damaged row aside", move)

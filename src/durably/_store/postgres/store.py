@@ -1,0 +1,937 @@
+"""The PostgreSQL store: journals, leases and the cache index on a PostgreSQL server, large
+values in object storage, so that a team, CI runners and a cluster share one cache and one
+set of journals.
+
+- **One round trip a step.** A connection of the process's pool is in autocommit mode: a
+  journal write is one statement, its own transaction (no BEGIN/COMMIT round trips). The
+  fencing of a step (its run still at the step's attempt) is part of that statement: the
+  run's row is locked ``FOR SHARE`` while the step is inserted, so a takeover that bumps the
+  attempt either waits for the insert (and the new attempt reads the step) or has happened
+  (and the insert writes nothing).
+- **Leases on the database's clock.** A lease's heartbeat is the server's ``now()``; its age
+  is measured there too, so clients whose clocks differ agree on when it expires.
+- **Values** are sealed above this backend (checksums, signatures: the base class, as this
+  store does not declare ``"integrity"``); those over ``inline_limit`` bytes go to a blob
+  store (:mod:`durably._store.postgres.blobs`) when one is named, written before their row.
+- **Dropped connections** (a server restart, a network cut): a statement that fails because
+  its connection broke is retried on a fresh connection until the server answers again
+  (every write is idempotent: a record written twice is kept once); inside a transaction
+  the block fails with a :class:`~durably.StoreError`, and nothing of it is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from durably._store.integrity import SigningKey, key_from, process_key
+from durably._store.lease import Owner
+from durably._store.postgres.blobs import Blobs, blobs_from
+from durably._store.postgres.schema import check_schema_name, migrate
+from durably._store.records import EventRecord, KeyRecord, Replay, RunRecord, StepRecord
+from durably.exceptions import DefinitionError, RunStateError, StoreError
+from durably.store import ReadAhead, ReplayRange, Store
+
+__all__ = ["PostgresStore", "open_store"]
+
+log = logging.getLogger("durably")
+T = TypeVar("T")
+
+#: the options durably reads from a postgresql:// URL's query (the rest is libpq's)
+OPTIONS = ("schema", "blobs", "allow_unsigned", "inline_limit", "pool_size",
+           "prepare_threshold")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+#: how long a statement whose connection broke is retried (the server restarting)
+RETRY_SECONDS = 60.0
+#: the largest value kept in a row when no blob store is named (bytea's limit is 1 GiB)
+_ROW_LIMIT = (1 << 30) - (1 << 20)
+#: rows of a run's journal read at a time when it is resumed
+_PAGE_ROWS = 2000
+_PAGE_BYTES = 64 << 20
+#: pools of a parent process, inherited by fork(): kept, never closed (closing would end the
+#: parent's connections, whose sockets the child shares)
+_INHERITED: list[Any] = []
+
+_STEP_COLS = ("run_id", "step_id", "parent_id", "task", "status", "attempt", "position",
+              "started", "ended", "error", "cache_key", "inputs", "output", "result_digest",
+              "input_digests", "output_digests", "value", "blob")
+_STEP_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "float8", "float8",
+               "text", "text", "text", "text", "text", "text", "text", "bytea", "text")
+_RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input_digest, "
+             "args, args_blob, result, result_blob, error")
+_NOW = "(now() + %(shift)s * interval '1 second')"
+
+
+def _digests(values: tuple[str, ...]) -> str | None:
+    return " ".join(values) if values else None
+
+
+def _undigests(text: str | None) -> tuple[str, ...]:
+    return () if text is None else tuple(text.split(" "))
+
+
+class PostgresStore(Store):
+    """A :class:`~durably.store.Store` on a PostgreSQL server, shared by every process and
+    machine that opens the same URL (``pip install 'durably[postgres]'``).
+
+    Args:
+        url: A libpq URL, ``postgresql://user[:password]@host[:port]/dbname[?...]``
+            (``postgres://`` too). Its query may carry this store's options (``schema``,
+            ``blobs``, ``allow_unsigned``, ``inline_limit``, ``pool_size``,
+            ``prepare_threshold``), read here and not passed to libpq; the rest is libpq's
+            (``host=/run/postgresql`` for a Unix socket, ``sslmode=require``...). A password
+            comes from the URL, ``$PGPASSWORD`` or ``~/.pgpass``; it is never written into
+            the store, and messages show the URL with it hidden.
+        schema: The PostgreSQL schema the tables live in (default ``"durably"``); made,
+            and migrated, on first use.
+        blobs: Where values larger than ``inline_limit`` bytes are kept: an fsspec URL
+            (``s3://bucket/prefix``, ``/shared/dir``, ``memory://name``); default
+            ``$DURABLY_BLOBS``; None: in the rows (up to 1 GiB each).
+        blob_options: fsspec storage options for ``blobs`` (default
+            ``$DURABLY_BLOBS_OPTIONS``, a JSON object), e.g. ``{"endpoint_url": ...}``.
+        inline_limit: Bytes up to which a value is kept in its row (default 1 MiB).
+        key: The signing key (bytes or str, 16 bytes at least); default the process's
+            (``durably.configure(key=...)``, ``$DURABLY_KEY``, ``$DURABLY_KEY_FILE``).
+        allow_unsigned: Open without a signing key. A shared store is code every reader
+            unpickles: without a key, anyone who can write to the database can make every
+            reader run code of theirs.
+        pool_size: The most connections this process opens (default 8).
+        prepare_threshold: psycopg's: a statement is prepared on the server after this many
+            executions; None never prepares (PgBouncer in transaction mode).
+
+    Raises:
+        DefinitionError: an option is wrong (the message says which and how to fix it).
+        StoreError: no signing key and not ``allow_unsigned``; psycopg is not installed.
+
+    Example:
+        >>> from durably._store.postgres.store import PostgresStore
+        >>> store = PostgresStore("postgresql://ada:s3cret@db.example/cache?schema=team",
+        ...                       allow_unsigned=True)
+        >>> store.where, store.schema
+        ('postgresql://ada:***@db.example/cache (schema team)', 'team')
+    """
+
+    capabilities = frozenset({"maintenance"})
+
+    def __init__(self, url: str, *, schema: str | None = None,
+                 blobs: str | Blobs | None = None, blob_options: dict[str, Any] | None = None,
+                 inline_limit: int | None = None, key: bytes | str | SigningKey | None = None,
+                 allow_unsigned: bool | None = None, pool_size: int | None = None,
+                 prepare_threshold: int | str | None = "default") -> None:
+        from durably._store.urls import redact
+
+        if not isinstance(url, str) or not url.strip():
+            raise DefinitionError(f"PostgresStore(url) takes a postgresql:// URL, got {url!r}."
+                                  " Fix: PostgresStore(\"postgresql://user@host/dbname\").")
+        self._base, given = _split_url(url)
+        self._shown = redact(self._base)
+        self.schema = check_schema_name(schema if schema is not None
+                                        else given.get("schema", "durably"), "schema=")
+        self.inline_limit = _whole(inline_limit if inline_limit is not None
+                                   else given.get("inline_limit", 1 << 20), "inline_limit")
+        self.pool_size = _whole(pool_size if pool_size is not None
+                                else given.get("pool_size", 8), "pool_size", least=1)
+        if prepare_threshold == "default":
+            prepare_threshold = given.get("prepare_threshold", 5)
+        if isinstance(prepare_threshold, str):
+            prepare_threshold = (None if prepare_threshold.lower() in ("none", "")
+                                 else _whole(prepare_threshold, "prepare_threshold"))
+        self.prepare_threshold: int | None = prepare_threshold
+        if allow_unsigned is None:
+            allow_unsigned = _flag(given.get("allow_unsigned", "false"), "allow_unsigned")
+        self.allow_unsigned = bool(allow_unsigned)
+        self._given_key = (key if isinstance(key, SigningKey) or key is None
+                           else key_from(key, "PostgresStore(key=...)"))
+        blob_url = blobs if blobs is not None else given.get("blobs")
+        self.blobs = blobs_from(blob_url, blob_options)
+        if self.signing_key is None and not self.allow_unsigned:
+            raise StoreError(
+                f"the PostgreSQL store {self._shown} has no signing key, and a shared store "
+                "is code that every reader unpickles: anyone who can write to the database "
+                "could make every reader run code of theirs. Fix: make a key once (python -c "
+                "\"import secrets; print(secrets.token_hex(32))\" > durably.key), share it "
+                "with the store's users as a secret, and set DURABLY_KEY_FILE=durably.key "
+                "(or durably.configure(key=...)); or pass allow_unsigned=True "
+                "(?allow_unsigned=true) for a store only you write to.")
+        self._pool: Any = None
+        self._pid = 0
+        self._open_lock = threading.Lock()
+        self._local = threading.local()
+        self._shift = 0.0  # seconds added to the server's clock (tests of lease expiry)
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The URL that opens this store again, with its options in the query (and the
+        password, if the URL given had one)."""
+        parts = urllib.parse.urlsplit(self._base)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+        query.append(("schema", self.schema))
+        if self.allow_unsigned:
+            query.append(("allow_unsigned", "true"))
+        if self.inline_limit != 1 << 20:
+            query.append(("inline_limit", str(self.inline_limit)))
+        if self.pool_size != 8:
+            query.append(("pool_size", str(self.pool_size)))
+        if self.prepare_threshold != 5:
+            query.append(("prepare_threshold", str(self.prepare_threshold).lower()))
+        return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+
+    def location(self) -> tuple[str, dict[str, Any]]:
+        """:attr:`url`, and the blob store and the key given in code (a worker reopens the
+        same store, signing with the same key)."""
+        options: dict[str, Any] = {}
+        if self._given_key is not None:
+            options["key"] = self._given_key
+        if self.blobs is not None:
+            options["blobs"] = self.blobs.url
+            if self.blobs.options:
+                options["blob_options"] = self.blobs.options
+        return self.url, options
+
+    @property
+    def where(self) -> str:
+        """The URL (password hidden) and the schema."""
+        return f"{self._shown} (schema {self.schema})"
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self.where}>"
+
+    @property
+    def signing_key(self) -> SigningKey | None:
+        """The key given (``key=``), else the process's."""
+        return self._given_key if self._given_key is not None else process_key()
+
+    # -- connections ---------------------------------------------------------------------------
+    def _get_pool(self) -> Any:
+        pool = self._pool
+        if pool is not None and self._pid == os.getpid():
+            return pool
+        with self._open_lock:
+            if self._pool is not None and self._pid != os.getpid():
+                _INHERITED.append(self._pool)  # (a forked child: the parent's)
+                self._pool = None
+            if self._pool is None:
+                self._pool = self._open()
+                self._pid = os.getpid()
+            return self._pool
+
+    def _open(self) -> Any:
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
+                             "pip install 'durably[postgres]'.") from exc
+        kwargs: dict[str, Any] = {"autocommit": True,
+                                  "prepare_threshold": self.prepare_threshold}
+        deadline = time.monotonic() + RETRY_SECONDS
+        while True:
+            try:
+                with psycopg.connect(self._base, connect_timeout=10, **kwargs) as conn:
+                    migrate(conn, self.schema, self._shown)
+                break
+            except psycopg.OperationalError as exc:
+                if not _reachable_later(exc) or time.monotonic() > deadline:
+                    raise StoreError(
+                        f"cannot connect to the PostgreSQL store {self._shown}: "
+                        f"{_message(exc)}. Fix: check the host, port, database and user in "
+                        "the URL, and the password (in the URL, $PGPASSWORD or "
+                        "~/.pgpass).") from None
+                time.sleep(0.5)
+            except psycopg.Error as exc:
+                raise StoreError(f"the PostgreSQL store {self._shown} cannot be prepared "
+                                 f"(schema {self.schema}): {_message(exc)}. Fix: give the "
+                                 "user the right to create the schema (GRANT CREATE ON "
+                                 "DATABASE ...), or create it for them.") from None
+        return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
+                              timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
+
+    def _do(self, what: str, work: Callable[[Any], T]) -> T:
+        """``work(connection)``: on this thread's transaction's connection, or on one of
+        the pool's, retried on a fresh connection while the server cannot be reached."""
+        import psycopg
+
+        conn = self._current()
+        if conn is not None:
+            try:
+                return work(conn)
+            except psycopg.Error as exc:
+                raise self._error(what, exc) from exc
+        deadline = None
+        while True:
+            pool = self._get_pool()
+            try:
+                with pool.connection() as conn:
+                    return work(conn)
+            except psycopg.OperationalError as exc:
+                # the connection broke (a restart, a network cut): once the server is back,
+                # the statement is run again on a new one (every write is idempotent)
+                if not _reachable_later(exc):
+                    raise self._error(what, exc) from exc
+                now = time.monotonic()
+                deadline = deadline or now + RETRY_SECONDS
+                if now > deadline:
+                    raise self._error(what, exc) from exc
+                log.debug("durably: %s: %s; retrying", what, exc)
+                with contextlib.suppress(Exception):
+                    pool.check()
+                time.sleep(0.2)
+            except psycopg.Error as exc:
+                raise self._error(what, exc) from exc
+            except Exception as exc:
+                if type(exc).__name__ == "PoolTimeout":
+                    raise self._error(what, exc) from exc
+                raise
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        return StoreError(f"the PostgreSQL store {self.where} could not {what}: "
+                          f"{_message(exc)}. Fix: check that the server is up and reachable; "
+                          "a finished step is never lost, and the run resumes where it "
+                          "stopped once it is back.")
+
+    def _current(self) -> Any:
+        """This thread's transaction's connection, or None."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid != os.getpid():
+            local.conn = conn = None
+        return conn
+
+    def _read(self, what: str, sql: str, params: Any = None) -> list[Any]:
+        return self._do(what, lambda conn: conn.execute(sql, params).fetchall())
+
+    def _one(self, what: str, sql: str, params: Any = None) -> Any:
+        return self._do(what, lambda conn: conn.execute(sql, params).fetchone())
+
+    def _write(self, what: str, sql: str, params: Any = None) -> int:
+        def run(conn: Any) -> int:
+            rowcount: int = conn.execute(sql, params).rowcount
+            return rowcount
+        return self._do(what, run)
+
+    def _sql(self, text: str) -> str:
+        return text.replace("{s}", self.schema)
+
+    # -- transactions --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """A transaction on one connection (pipelined: BEGIN travels with the first
+        statement, COMMIT with the last)."""
+        with self._transaction("BEGIN"):
+            yield
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """A read-only transaction in REPEATABLE READ: its reads see one state."""
+        with self._transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"):
+            yield
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str) -> Iterator[None]:
+        import psycopg
+
+        if self._current() is not None:
+            yield  # (inside another block of this thread: part of it)
+            return
+        pool = self._get_pool()
+        try:
+            conn = pool.getconn()
+        except Exception as exc:
+            raise self._error("start a transaction", exc) from exc
+        local = self._local
+        try:
+            try:
+                conn.execute(begin)
+            except psycopg.Error as exc:
+                raise self._error("start a transaction", exc) from exc
+            local.conn, local.pid = conn, os.getpid()
+            try:
+                yield
+            except BaseException:
+                local.conn = None
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            local.conn = None
+            try:
+                conn.execute("COMMIT")
+            except psycopg.Error as exc:
+                raise self._error("commit a transaction", exc) from exc
+        finally:
+            local.conn = None
+            pool.putconn(conn)
+
+    def abandon(self) -> None:
+        conn = self._current()
+        if conn is not None:
+            self._local.conn = None
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+
+    # -- values ----------------------------------------------------------------------------------
+    def _put_value(self, data: bytes | None) -> tuple[bytes | None, str | None]:
+        """How a value is kept: ``(bytes, None)`` in its row, or ``(None, blob name)``."""
+        if data is None:
+            return None, None
+        if len(data) > self.inline_limit and self.blobs is not None:
+            return None, self.blobs.put(data)
+        if len(data) > _ROW_LIMIT:
+            raise StoreError(
+                f"a value of {len(data):,} bytes is too large for a PostgreSQL row (1 GiB at "
+                f"most) in {self.where}. Fix: name a blob store for large values "
+                "(DURABLY_BLOBS=s3://bucket/prefix, or blobs=...).")
+        return bytes(data), None
+
+    def _get_value(self, data: Any, blob: str | None) -> bytes | None:
+        if blob is None:
+            return None if data is None else bytes(data)
+        if self.blobs is None:
+            raise StoreError(
+                f"{self.where} keeps a large value in a blob store ({blob}), and none is named "
+                "here. Fix: set DURABLY_BLOBS (and DURABLY_BLOBS_OPTIONS) as the processes "
+                "that wrote it did, or pass blobs=...")
+        found = self.blobs.get(blob)
+        return b"" if found is None else found  # (missing: fails its checksum, as damage)
+
+    # -- runs --------------------------------------------------------------------------------------
+    def _run_params(self, rec: RunRecord) -> list[Any]:
+        args, args_blob = self._put_value(rec.args)
+        result, result_blob = self._put_value(rec.result)
+        return [rec.run_id, rec.entrypoint, rec.name, rec.status, rec.created, rec.updated,
+                rec.attempt, rec.input_digest, args, args_blob, result, result_blob, rec.error]
+
+    def _run_from(self, row: Any) -> RunRecord:
+        return RunRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                         self._get_value(row[8], row[9]), self._get_value(row[10], row[11]),
+                         row[12])
+
+    def find_run(self, run_id: str) -> RunRecord | None:
+        row = self._one("read a run", self._sql(
+            f"SELECT {_RUN_COLS} FROM {{s}}.runs WHERE run_id = %s"), (run_id,))
+        return None if row is None else self._run_from(row)
+
+    def find_latest_run(self, entrypoint: str, input_digest: str) -> RunRecord | None:
+        row = self._one("read a run", self._sql(
+            f"SELECT {_RUN_COLS} FROM {{s}}.runs WHERE entrypoint = %s AND input_digest = %s "
+            "ORDER BY updated DESC, written DESC LIMIT 1"), (entrypoint, input_digest))
+        return None if row is None else self._run_from(row)
+
+    def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
+        if entrypoint is None:
+            rows = self._read("list runs", self._sql(
+                f"SELECT {_RUN_COLS} FROM {{s}}.runs ORDER BY updated DESC, written DESC"))
+        else:
+            rows = self._read("list runs", self._sql(
+                f"SELECT {_RUN_COLS} FROM {{s}}.runs WHERE entrypoint = %s OR name = %s "
+                "ORDER BY updated DESC, written DESC"), (entrypoint, entrypoint))
+        return [self._run_from(row) for row in rows]
+
+    def put_run(self, record: RunRecord) -> None:
+        self._write("write a run", self._sql(
+            f"INSERT INTO {{s}}.runs ({_RUN_COLS}, written) VALUES (%s, %s, %s, %s, %s, %s, %s, "
+            "%s, %s, %s, %s, %s, %s, nextval('{s}.written')) ON CONFLICT (run_id) DO UPDATE "
+            "SET entrypoint = excluded.entrypoint, name = excluded.name, status = "
+            "excluded.status, created = excluded.created, updated = excluded.updated, attempt "
+            "= excluded.attempt, input_digest = excluded.input_digest, args = excluded.args, "
+            "args_blob = excluded.args_blob, result = excluded.result, result_blob = "
+            "excluded.result_blob, error = excluded.error, written = excluded.written"),
+            self._run_params(record))
+
+    def put_run_if_current(self, record: RunRecord, previous: int | None = None) -> bool:
+        wanted = record.attempt if previous is None else previous
+        return self._write("write a run", self._sql(
+            "UPDATE {s}.runs SET entrypoint = %s, name = %s, status = %s, created = %s, "
+            "updated = %s, attempt = %s, input_digest = %s, args = %s, args_blob = %s, "
+            "result = %s, result_blob = %s, error = %s, written = nextval('{s}.written') "
+            "WHERE run_id = %s AND attempt = %s"),
+            [*self._run_params(record)[1:], record.run_id, wanted]) == 1
+
+    def delete_runs(self, run_ids: Iterable[str], *, dry_run: bool = False,
+                    skip_executing: bool = False) -> list[str]:
+        wanted = list(dict.fromkeys(run_ids))
+        found = {row[0] for row in self._read("list runs", self._sql(
+            "SELECT run_id FROM {s}.runs WHERE run_id = ANY(%s)"), (wanted,))}
+        doomed = []
+        for run_id in wanted:
+            if run_id not in found:
+                continue
+            holder = self.run_holder(run_id)
+            if holder is not None:
+                if skip_executing:
+                    continue
+                raise RunStateError(
+                    f"run {run_id!r} is executing ({holder.describe()}); it cannot be deleted. "
+                    "Fix: wait for it to end, or stop that process first.")
+            doomed.append(run_id)
+        if doomed and not dry_run:
+            def delete(conn: Any) -> None:
+                with conn.transaction():
+                    for table in ("steps", "events", "leases", "runs"):
+                        conn.execute(self._sql(f"DELETE FROM {{s}}.{table} WHERE run_id = ANY(%s)"),
+                                     (doomed,))
+            self._do("delete runs", delete)
+        return doomed
+
+    # -- leases -----------------------------------------------------------------------------------
+    def _owner(self, row: Any) -> Owner:
+        host, pid, started, token, age = row
+        return Owner(host, pid, started, token, time.time() - float(age))
+
+    def acquire_run(self, run_id: str, owner: Owner) -> Owner | None:
+        params = {"run": run_id, "host": owner.host, "pid": owner.pid, "started": owner.started,
+                  "token": owner.token, "shift": self._shift}
+        take = self._sql(
+            "WITH mine AS (INSERT INTO {s}.leases AS l (run_id, host, pid, started, token, "
+            f"heartbeat) VALUES (%(run)s, %(host)s, %(pid)s, %(started)s, %(token)s, {_NOW}) "
+            "ON CONFLICT (run_id) DO UPDATE SET heartbeat = excluded.heartbeat "
+            "WHERE l.token = excluded.token RETURNING 1) "
+            "SELECT (SELECT count(*) FROM mine), h.host, h.pid, h.started, h.token, "
+            f"extract(epoch FROM {_NOW} - h.heartbeat)::float8 "
+            "FROM (SELECT 1) AS one LEFT JOIN {s}.leases h ON h.run_id = %(run)s")
+        over = self._sql(
+            "UPDATE {s}.leases SET host = %(host)s, pid = %(pid)s, started = %(started)s, "
+            f"token = %(token)s, heartbeat = {_NOW} WHERE run_id = %(run)s AND token = %(old)s")
+        holder: Owner | None = None
+        for _ in range(100):
+            row = self._one("take a run's lease", take, params)
+            if row[0]:
+                return None
+            if row[4] is None:
+                continue  # (released as we looked: try again)
+            holder = self._owner(row[1:])
+            if holder.alive(time.time()):
+                return holder
+            # the holder is dead: taken over, unless another process took it first
+            if self._write("take a run's lease", over, {**params, "old": holder.token}) == 1:
+                return None
+        return holder
+
+    def run_holder(self, run_id: str) -> Owner | None:
+        row = self._one("read a run's lease", self._sql(
+            f"SELECT host, pid, started, token, extract(epoch FROM {_NOW} - heartbeat)::float8 "
+            "FROM {s}.leases WHERE run_id = %(run)s"), {"run": run_id, "shift": self._shift})
+        if row is None:
+            return None
+        holder = self._owner(row)
+        return holder if holder.alive(time.time()) else None
+
+    def renew_run(self, run_id: str, owner: Owner) -> bool:
+        return self._write("renew a run's lease", self._sql(
+            f"UPDATE {{s}}.leases SET heartbeat = {_NOW} WHERE run_id = %(run)s AND token = "
+            "%(token)s"), {"run": run_id, "token": owner.token, "shift": self._shift}) == 1
+
+    def release_run(self, run_id: str, owner: Owner) -> bool:
+        return self._write("release a run's lease", self._sql(
+            "DELETE FROM {s}.leases WHERE run_id = %s AND token = %s"),
+            (run_id, owner.token)) == 1
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _step_arrays(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> list[list[Any]]:
+        cols: list[list[Any]] = [[] for _ in _STEP_COLS]
+        for rec, data in steps:
+            value, blob = self._put_value(data)
+            for col, item in zip(cols, (
+                    rec.run_id, rec.step_id, rec.parent_id, rec.task, rec.status, rec.attempt,
+                    rec.position, rec.started, rec.ended, rec.error, rec.cache_key, rec.inputs,
+                    rec.output, rec.result_digest, _digests(rec.input_digests),
+                    _digests(rec.output_digests), value, blob), strict=True):
+                col.append(item)
+        return cols
+
+    def _unnest(self) -> str:
+        arrays = ", ".join(f"%s::{t}[]" for t in _STEP_TYPES)
+        return f"SELECT * FROM unnest({arrays}) AS s({', '.join(_STEP_COLS)})"
+
+    def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
+        if not steps:
+            return
+        cols = ", ".join(_STEP_COLS)
+        self._write("journal steps", self._sql(
+            f"INSERT INTO {{s}}.steps ({cols}) {self._unnest()} ON CONFLICT DO NOTHING"),
+            self._step_arrays(steps))
+
+    def append_steps_if_current(self, steps: Sequence[tuple[StepRecord, bytes | None]]
+                                ) -> bool:
+        if not steps:
+            return True
+        cols = ", ".join(_STEP_COLS)
+        # the run rows are locked FOR SHARE while the steps go in: a takeover (which updates
+        # the run's attempt) waits for this statement, or has committed and is seen here
+        sql = self._sql(
+            f"WITH s AS ({self._unnest()}), "
+            "cur AS (SELECT run_id, attempt FROM {s}.runs WHERE run_id IN "
+            "(SELECT DISTINCT run_id FROM s) FOR SHARE), "
+            "ok AS (SELECT s.* FROM s JOIN cur ON cur.run_id = s.run_id AND "
+            "cur.attempt = s.attempt), "
+            f"ins AS (INSERT INTO {{s}}.steps ({cols}) SELECT {cols} FROM ok "
+            "ON CONFLICT DO NOTHING RETURNING 1) "
+            "SELECT count(*) FROM ok")
+        row = self._one("journal steps", sql, self._step_arrays(steps))
+        return int(row[0]) == len(steps)
+
+    def _find_raw(self, run_id: str, step_id: str) -> bytes | None:
+        row = self._one("read a step", self._sql(
+            "SELECT value, blob FROM {s}.steps WHERE run_id = %s AND step_id = %s AND status "
+            "IN ('ran', 'cached') AND (value IS NOT NULL OR blob IS NOT NULL) "
+            "ORDER BY attempt, position LIMIT 1"), (run_id, step_id))
+        return None if row is None else self._get_value(row[0], row[1])
+
+    def find_step(self, run_id: str, step_id: str) -> bytes | None:
+        return self._find_raw(run_id, step_id)
+
+    def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
+        cols = ", ".join(_STEP_COLS[:-2])
+        if attempt is None:
+            rows = self._read("list steps", self._sql(
+                f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s "
+                "ORDER BY attempt, position, seq"), (run_id,))
+        else:
+            rows = self._read("list steps", self._sql(
+                f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s AND attempt = %s "
+                "ORDER BY position, seq"), (run_id, attempt))
+        return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
+                           _undigests(row[15])) for row in rows]
+
+    def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
+        rows = self._read("read steps", self._sql(
+            "SELECT DISTINCT ON (step_id) step_id, parent_id FROM {s}.steps WHERE run_id = %s "
+            "AND step_id = ANY(%s) ORDER BY step_id, attempt, position"),
+            (run_id, list(step_ids)))
+        return {row[0]: row[1] for row in rows}
+
+    def read_ahead(self, run_id: str) -> ReadAhead | None:
+        return _Ahead(self, run_id)
+
+    def append_replays(self, run_id: str, attempt: int,
+                       replays: Sequence[Replay | ReplayRange]) -> bool:
+        """Replays given whole as step records, and those of this store's read-ahead (one
+        step each, anchored at the record they replayed) copied from their records, in one
+        statement each; fenced as :meth:`append_steps_if_current`."""
+        ranges = [r for r in replays if type(r) is ReplayRange]
+        each = [r for r in replays if type(r) is not ReplayRange]
+        ok = True
+        if each:
+            ok = Store.append_replays(self, run_id, attempt, each)
+        if not ranges or not ok:
+            return ok
+        cols: list[list[Any]] = [[] for _ in range(6)]
+        for r in ranges:
+            for n in range(r.steps):  # (this store's ranges are of one step)
+                for col, item in zip(cols, (r.position + n, r.first, r.anchor[0], r.anchor[1],
+                                            r.started, r.ended), strict=True):
+                    col.append(item)
+        row = self._one("journal replayed steps", self._sql(
+            "WITH r AS (SELECT * FROM unnest(%(position)s::int4[], %(step)s::text[], "
+            "%(a_att)s::int4[], %(a_pos)s::int4[], %(started)s::float8[], %(ended)s::float8[])"
+            " AS r(position, step_id, a_att, a_pos, started, ended)), "
+            "cur AS (SELECT attempt FROM {s}.runs WHERE run_id = %(run)s AND attempt = "
+            "%(attempt)s FOR SHARE), "
+            "src AS (SELECT DISTINCT ON (r.position) r.position, r.step_id, r.started, r.ended,"
+            " s.parent_id, s.task, s.cache_key FROM r JOIN {s}.steps s ON s.run_id = %(run)s "
+            "AND s.step_id = r.step_id AND s.attempt = r.a_att AND s.position = r.a_pos "
+            "WHERE EXISTS (SELECT 1 FROM cur) ORDER BY r.position, s.seq), "
+            "ins AS (INSERT INTO {s}.steps (run_id, step_id, parent_id, task, status, attempt, "
+            "position, started, ended, cache_key, result_digest) SELECT %(run)s, step_id, "
+            "parent_id, task, 'replayed', %(attempt)s, position, started, ended, cache_key, '' "
+            "FROM src ON CONFLICT DO NOTHING RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM cur)"),
+            {"position": cols[0], "step": cols[1], "a_att": cols[2], "a_pos": cols[3],
+             "started": cols[4], "ended": cols[5], "run": run_id, "attempt": attempt})
+        return bool(row[0])
+
+    # -- events ----------------------------------------------------------------------------------
+    def append_events(self, events: Sequence[EventRecord]) -> None:
+        if not events:
+            return
+        cols: list[list[Any]] = [[] for _ in range(9)]
+        for e in events:
+            data, blob = self._put_value(e.data)
+            for col, item in zip(cols, (e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key,
+                                        data, blob, len(cols[0])), strict=True):
+                col.append(item)
+        self._write("journal events", self._sql(
+            "INSERT INTO {s}.events (run_id, kind, time, attempt, step_id, key, data, blob) "
+            "SELECT r, k, t, a, st, ky, d, b FROM unnest(%s::text[], %s::text[], "
+            "%s::float8[], %s::int4[], %s::text[], %s::text[], %s::bytea[], %s::text[], "
+            "%s::int4[]) AS e(r, k, t, a, st, ky, d, b, n) ORDER BY n "
+            "ON CONFLICT DO NOTHING"), cols)
+
+    def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
+        sql = ("SELECT run_id, kind, time, attempt, step_id, key, data, blob FROM {s}.events "
+               "WHERE run_id = %s")
+        params: list[Any] = [run_id]
+        if kinds is not None:
+            sql += " AND kind = ANY(%s)"
+            params.append(list(kinds))
+        rows = self._read("list events", self._sql(sql + " ORDER BY seq"), params)
+        return [EventRecord(r[0], r[1], r[2], r[3], r[4], r[5], self._get_value(r[6], r[7]))
+                for r in rows]
+
+    # -- the cache --------------------------------------------------------------------------------
+    def cache_get(self, key: str) -> bytes | None:
+        row = self._one("read the cache", self._sql(
+            "SELECT value, blob, used < %s FROM {s}.cache WHERE key = %s"),
+            (time.time() - 3600.0, key))
+        if row is None:
+            return None
+        if row[2]:  # last used over an hour ago: noted (pruning removes the least used)
+            self._write("read the cache", self._sql(
+                "UPDATE {s}.cache SET used = %s WHERE key = %s"), (time.time(), key))
+        return self._get_value(row[0], row[1])
+
+    def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
+        if not items:
+            return
+        latest = {key: (value, info) for key, value, info in items}
+        t = time.time()
+        keys, values, blobs, sizes = [], [], [], []
+        k_cols: list[list[Any]] = [[] for _ in range(6)]
+        for key, (data, info) in latest.items():
+            value, blob = self._put_value(data)
+            keys.append(key)
+            values.append(value)
+            blobs.append(blob)
+            sizes.append(len(data))
+            if info is not None:
+                for col, item in zip(k_cols, (key, info.task, info.code, json.dumps(info.inputs),
+                                              json.dumps(info.parts), info.created), strict=True):
+                    col.append(item)
+        self._write("write to the cache", self._sql(
+            "WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, created) "
+            "SELECT c, t, co, i::jsonb, p::jsonb, cr FROM unnest(%s::text[], %s::text[], "
+            "%s::text[], %s::text[], %s::text[], %s::float8[]) AS k(c, t, co, i, p, cr) "
+            "ON CONFLICT (cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
+            "inputs = excluded.inputs, parts = excluded.parts, created = excluded.created) "
+            "INSERT INTO {s}.cache (key, value, blob, size, stored, used) "
+            "SELECT k, v, b, n, %s, %s FROM unnest(%s::text[], %s::bytea[], %s::text[], "
+            "%s::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
+            "excluded.value, blob = excluded.blob, size = excluded.size, stored = "
+            "excluded.stored, used = excluded.used"),
+            [*k_cols, t, t, keys, values, blobs, sizes])
+
+    def cache_delete(self, keys: Iterable[str]) -> int:
+        wanted = list(keys)
+        if not wanted:
+            return 0
+        return self._write("remove cache entries", self._sql(
+            "DELETE FROM {s}.cache WHERE key = ANY(%s)"), (wanted,))
+
+    # -- key records ------------------------------------------------------------------------------
+    def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
+        rows = self._read("read key records", self._sql(
+            "SELECT task, cache_key, code, inputs, parts, created FROM {s}.keys WHERE task = %s "
+            "ORDER BY created DESC LIMIT %s"), (task, limit))
+        return [KeyRecord(*row) for row in rows]
+
+    def clear_task(self, task: str) -> int:
+        def clear(conn: Any) -> int:
+            with conn.transaction():
+                removed: int = conn.execute(self._sql(
+                    "DELETE FROM {s}.cache WHERE key IN (SELECT cache_key FROM {s}.keys "
+                    "WHERE task = %s)"), (task,)).rowcount
+                conn.execute(self._sql("DELETE FROM {s}.keys WHERE task = %s"), (task,))
+            return removed
+        return self._do("clear a task's cache entries", clear)
+
+    def task_identities(self) -> list[str]:
+        return [row[0] for row in self._read("read key records", self._sql(
+            "SELECT DISTINCT task FROM {s}.keys ORDER BY task"))]
+
+    # -- the store --------------------------------------------------------------------------------
+    def found(self) -> bool:
+        """Whether the schema holds durably's tables."""
+        row = self._one("look for the store", "SELECT to_regclass(%s)",
+                        (f"{self.schema}.meta",))
+        return row is not None and row[0] is not None
+
+    def check(self) -> None:
+        """Connect now (and make or migrate the tables).
+
+        Raises:
+            StoreError: the server cannot be reached, the user cannot create the schema, or
+                the schema was made by a newer durably.
+        """
+        self._get_pool()
+
+    def close(self) -> None:
+        """Close the pool's connections (it reopens on next use)."""
+        with self._open_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            pool.close()
+
+    # -- maintenance (see durably._store.postgres.maintenance) ----------------------------------
+    def cache_size(self) -> int:
+        row = self._one("read the cache", self._sql("SELECT coalesce(sum(size), 0) FROM {s}.cache"))
+        return int(row[0])
+
+    def large_value_bytes(self) -> int:
+        from durably._store.postgres import maintenance
+
+        return maintenance.large_value_bytes(self)
+
+    def cache_stats(self) -> dict[str, Any]:
+        from durably._store.postgres import maintenance
+
+        return maintenance.cache_stats(self)
+
+    def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              dry_run: bool = False) -> int:
+        from durably._store.postgres import maintenance
+
+        return maintenance.prune(self, older_than, max_size, dry_run=dry_run)
+
+    def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:
+        from durably._store.postgres import maintenance
+
+        return maintenance.clear(self, task, dry_run=dry_run)
+
+    def collect_values(self, grace: float = 3600.0) -> tuple[int, int]:
+        from durably._store.postgres import maintenance
+
+        return maintenance.collect_values(self, grace)
+
+    def repair_run(self, run_id: str) -> list[str]:
+        from durably._store.postgres import maintenance
+
+        return maintenance.repair_run(self, run_id)
+
+
+class _Ahead(ReadAhead):
+    """The finished steps of a run being resumed, read a page at a time in journal order (a
+    page is 2,000 rows or 64 MiB): a resumed run of 10,000 steps reads its journal in a few
+    queries, not one a step. A step asked for that is not in the page is looked up alone.
+    Each replay is kept as a one-step :class:`ReplayRange` anchored at its record, which
+    :meth:`PostgresStore.append_replays` copies in one statement."""
+
+    __slots__ = ("_after", "_buffer", "_done", "_page", "due", "run_id", "store", "thread")
+
+    def __init__(self, store: PostgresStore, run_id: str) -> None:
+        self.store, self.run_id = store, run_id
+        self.thread = threading.get_ident()
+        self.due = False
+        #: step id -> (value, blob, attempt, position, seq) of its first finished record
+        self._page: dict[str, tuple[Any, str | None, int, int, int]] = {}
+        self._buffer: list[ReplayRange] = []
+        self._after: tuple[int, int, int] = (-1, -1, -1)
+        self._done = False
+        self._next_page()
+
+    def _next_page(self) -> bool:
+        if self._done:
+            return False
+        rows = self.store._read("read a run's journal", self.store._sql(
+            "SELECT attempt, position, seq, step_id, value, blob "
+            "FROM {s}.steps WHERE run_id = %s AND status IN ('ran', 'cached') "
+            "AND (value IS NOT NULL OR blob IS NOT NULL) AND (attempt, position, seq) > "
+            "(%s, %s, %s) ORDER BY attempt, position, seq LIMIT %s"),
+            (self.run_id, *self._after, _PAGE_ROWS))
+        page: dict[str, tuple[Any, str | None, int, int, int]] = {}
+        size = 0
+        for attempt, position, seq, step_id, value, blob in rows:
+            self._after = (attempt, position, seq)
+            page.setdefault(step_id, (value, blob, attempt, position, seq))
+            size += len(value or b"")
+            if size > _PAGE_BYTES:
+                break
+        self._done = len(rows) < _PAGE_ROWS and size <= _PAGE_BYTES
+        self._page = page
+        return bool(page)
+
+    @property
+    def buffered(self) -> bool:
+        return bool(self._buffer)
+
+    def replay(self, step_id: str, position: int, started: float) -> bytes | None:
+        found = self._page.get(step_id)
+        while found is None and self._next_page():
+            found = self._page.get(step_id)
+        if found is None:
+            return self.store._find_raw(self.run_id, step_id)
+        data, blob, attempt, at, seq = found
+        self._buffer.append(ReplayRange(position, 1, (attempt, at, True), 0, step_id, step_id,
+                                        started, time.time(), seq))
+        self.due = len(self._buffer) >= 500
+        return self.store._get_value(data, blob)
+
+    def find(self, step_id: str) -> bytes | None:
+        found = self._page.get(step_id)
+        return None if found is None else self.store._get_value(found[0], found[1])
+
+    def retract(self) -> None:
+        if self._buffer:
+            self._buffer.pop()
+
+    def take_ranges(self) -> list[ReplayRange]:
+        taken, self._buffer = self._buffer, []
+        self.due = False
+        return taken
+
+
+# -- the URL -----------------------------------------------------------------------------------
+def _split_url(url: str) -> tuple[str, dict[str, str]]:
+    """The URL for libpq (durably's options taken out of its query) and those options."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("postgresql", "postgres"):
+        raise DefinitionError(
+            f"PostgresStore takes a postgresql:// URL, got one of scheme {parts.scheme!r}. "
+            "Fix: postgresql://user@host:5432/dbname.")
+    mine: dict[str, str] = {}
+    rest = []
+    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        if name in OPTIONS:
+            mine[name] = value
+        elif name in ("key", "signing_key"):
+            raise DefinitionError(
+                "a postgresql:// store URL gives a signing key; a key has no place in a URL "
+                "(it ends up in logs, shell histories and process lists). Fix: set "
+                "DURABLY_KEY_FILE (or DURABLY_KEY), or pass key=... in code.")
+        else:
+            rest.append((name, value))
+    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest))), mine
+
+
+def _whole(value: Any, name: str, least: int = 0) -> int:
+    try:
+        number = int(str(value).replace("_", "")) if not isinstance(value, int) else value
+    except ValueError:
+        number = -1
+    if isinstance(value, bool) or number < least:
+        raise DefinitionError(f"PostgresStore: {name}={value!r} is not a whole number of at "
+                              f"least {least}. Fix: for example {name}=8.")
+    return number
+
+
+def _flag(value: str, name: str) -> bool:
+    if value.lower() not in _TRUE + _FALSE:
+        raise DefinitionError(f"PostgresStore: {name}={value!r} is not true or false. Fix: "
+                              f"?{name}=true.")
+    return value.lower() in _TRUE
+
+
+def _message(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _reachable_later(exc: BaseException) -> bool:
+    """Whether a connection error may go away by itself (the server restarting, a network
+    cut), rather than a wrong URL, user or password."""
+    text = str(exc).lower()
+    refused = ("password authentication failed", "does not exist", "no password supplied",
+               "role ", "authentication", "invalid", "permission denied")
+    return not any(word in text for word in refused)
+
+
+def open_store(url: str, **options: Any) -> PostgresStore:
+    """The store of a ``postgresql://`` URL: the entry point of the URL scheme (see
+    :func:`durably.open_store`); ``options`` are :class:`PostgresStore`'s."""
+    return PostgresStore(url, **options)
