@@ -64,9 +64,9 @@ MIGRATIONS: dict[int, list[str]] = {
             value bytea,
             blob text)""",
         # a record written twice (its statement retried after a dropped connection) is kept
-        # once
+        # once (the tries of a retried step differ by their start)
         "CREATE UNIQUE INDEX IF NOT EXISTS steps_once ON {s}.steps "
-        "(run_id, attempt, position, status, step_id)",
+        "(run_id, attempt, position, status, step_id, started)",
         "CREATE INDEX IF NOT EXISTS steps_find ON {s}.steps (run_id, step_id)",
         """CREATE TABLE IF NOT EXISTS {s}.events (
             seq bigserial PRIMARY KEY,
