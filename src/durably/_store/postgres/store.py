@@ -51,6 +51,8 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 #: how long a statement whose connection broke is retried (the server restarting)
 RETRY_SECONDS = 60.0
+#: how long a store being opened waits for a server that refuses connections (starting up)
+OPEN_SECONDS = 10.0
 #: the largest value kept in a row when no blob store is named (bytea's limit is 1 GiB)
 _ROW_LIMIT = (1 << 30) - (1 << 20)
 #: rows of a run's journal read at a time when it is resumed
@@ -233,7 +235,7 @@ class PostgresStore(Store):
                              "pip install 'durably[postgres]'.") from exc
         kwargs: dict[str, Any] = {"autocommit": True,
                                   "prepare_threshold": self.prepare_threshold}
-        deadline = time.monotonic() + RETRY_SECONDS
+        deadline = time.monotonic() + OPEN_SECONDS
         while True:
             try:
                 with psycopg.connect(self._base, connect_timeout=10, **kwargs) as conn:
@@ -266,11 +268,12 @@ class PostgresStore(Store):
                 return work(conn)
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
-        deadline = None
+        deadline: float | None = None
         while True:
             pool = self._get_pool()
+            wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
             try:
-                with pool.connection() as conn:
+                with pool.connection(timeout=wait) as conn:
                     return work(conn)
             except psycopg.OperationalError as exc:
                 # the connection broke (a restart, a network cut): once the server is back,
@@ -288,7 +291,7 @@ class PostgresStore(Store):
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
             except Exception as exc:
-                if type(exc).__name__ == "PoolTimeout":
+                if type(exc).__name__ == "PoolTimeout":  # (no connection came back in time)
                     raise self._error(what, exc) from exc
                 raise
 

@@ -1,0 +1,473 @@
+"""The PostgreSQL store against a real server: opening it (keys, options, migrations from
+several processes, a schema of a newer durably), passwords, fencing raced by a stale writer,
+a server restart in the middle of a run, and the round trips of a step.
+
+The server: ``$DURABLY_TEST_POSTGRES`` (``eval "$(.ci/postgres start)"``; see
+postgres_server.py). Without it these tests skip, except in CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+from durably import entrypoint, task
+from durably._store import lease as _lease
+from durably._store.postgres import PostgresStore
+from durably._store.postgres.schema import VERSION
+from durably.exceptions import DefinitionError, StoreError
+from durably.store import RunRecord, StepRecord
+
+from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
+
+KEY = b"k" * 32
+
+
+@pytest.fixture
+def schemas() -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    drop_schemas(server_url(), made)
+
+
+@pytest.fixture
+def pg(schemas: list[str]) -> Iterator[PostgresStore]:
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY)
+    durably.configure(store=store)
+    yield store
+    durably.configure()
+    store.close()
+
+
+def _table_text(store: PostgresStore) -> str:
+    """Every row of every table of the store's schema, as text."""
+    import psycopg
+
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (store.schema,))]
+        return "".join(
+            str(conn.execute(f"SELECT string_agg(t::text, '') FROM {store.schema}.{t} t"
+                             ).fetchone()[0]) for t in tables)
+
+
+# -- opening --------------------------------------------------------------------------------
+def test_a_store_without_a_key_is_refused_unless_unsigned_is_allowed(
+        schemas: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DURABLY_KEY", raising=False)
+    monkeypatch.delenv("DURABLY_KEY_FILE", raising=False)
+    durably.configure()
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    with pytest.raises(StoreError) as caught:
+        durably.open_store(url)
+    message = str(caught.value)
+    assert "signing key" in message and "DURABLY_KEY_FILE" in message
+    assert "allow_unsigned" in message and "token_hex" in message
+    assert durably.open_store(url + "&allow_unsigned=true").allow_unsigned
+    assert PostgresStore(url, allow_unsigned=True).signing_key is None
+    durably.configure(key=KEY)  # the process's key is enough
+    assert durably.open_store(url).signing_key is not None
+
+
+def test_bad_options_are_named(schemas: list[str]) -> None:
+    base = server_url()
+    with pytest.raises(DefinitionError, match="schema"):
+        PostgresStore(with_schema(base, "Bad-Name"), key=KEY)
+    with pytest.raises(DefinitionError, match="inline_limit"):
+        PostgresStore(base, key=KEY, inline_limit=-1)
+    with pytest.raises(DefinitionError, match="allow_unsigned"):
+        PostgresStore(base + "&allow_unsigned=maybe")
+    with pytest.raises(DefinitionError, match="no place in a URL"):
+        PostgresStore(base + "&key=abcdefabcdefabcdefabcdef")
+    store = PostgresStore(base + "&prepare_threshold=none&pool_size=3", key=KEY)
+    assert store.prepare_threshold is None and store.pool_size == 3
+    assert "prepare_threshold=none" in store.url and "pool_size=3" in store.url
+
+
+def test_a_server_that_cannot_be_reached_is_a_store_error_without_the_password(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from durably._store.postgres import store as _pg
+
+    monkeypatch.setattr(_pg, "OPEN_SECONDS", 1.0)  # (10 s: a server starting up)
+    store = PostgresStore("postgresql://ada:s3cret@127.0.0.1:1/nothing?connect_timeout=2",
+                          key=KEY)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        store.check()
+    assert "s3cret" not in str(caught.value) and "ada:***@" in str(caught.value)
+    assert "cannot connect" in str(caught.value)
+    assert time.monotonic() - started < 120
+
+
+def test_the_tables_live_in_their_own_schema(pg: PostgresStore) -> None:
+    @task
+    def double(x: int) -> int:
+        return 2 * x
+
+    assert double(4) == 8
+    import psycopg
+
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        tables = {r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (pg.schema,))}
+        version = conn.execute(f"SELECT value FROM {pg.schema}.meta WHERE name = 'version'"
+                               ).fetchone()
+    assert {"runs", "steps", "events", "leases", "cache", "keys", "meta"} <= tables
+    assert version == (str(VERSION),)
+
+
+def test_a_schema_made_by_a_newer_durably_is_refused(pg: PostgresStore) -> None:
+    pg.check()
+    pg._write("make it newer", pg._sql("UPDATE {s}.meta SET value = '99' WHERE name = "
+                                       "'version'"))
+    again = PostgresStore(pg.url, key=KEY)
+    with pytest.raises(StoreError, match="newer durably") as caught:
+        again.check()
+    assert "99" in str(caught.value) and "upgrade durably" in str(caught.value)
+
+
+def _open_and_write(url: str, n: int) -> int:
+    store = PostgresStore(url, key=KEY)
+    store.cache_put(f"key-{n}", b"value")
+    found = store.cache_get(f"key-{n}")
+    store.close()
+    return 1 if found is not None else 0
+
+
+def test_migrations_run_once_from_several_processes_at_once(schemas: list[str]) -> None:
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        assert pool.starmap(_open_and_write, [(url, n) for n in range(6)]) == [1] * 6
+    store = PostgresStore(url, key=KEY)
+    assert len(store._read("keys", store._sql("SELECT key FROM {s}.cache"))) == 6
+    assert store._read("meta", store._sql("SELECT name, value FROM {s}.meta")) == [
+        ("version", str(VERSION))]
+    store.close()
+
+
+# -- passwords ------------------------------------------------------------------------------
+def _tcp() -> tuple[str, str]:
+    url = os.environ.get("DURABLY_TEST_POSTGRES_TCP")
+    password = os.environ.get("DURABLY_TEST_POSTGRES_PASSWORD")
+    if not url or not password:
+        server_url()  # (skips, or fails in CI)
+        pytest.skip("no password role on the test server: start it with .ci/postgres start")
+    return url, password
+
+
+@pytest.mark.parametrize("where", ["url", "PGPASSWORD", "pgpass"])
+def test_a_password_is_never_written_into_the_store_or_the_logs(
+        where: str, schemas: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    url, password = _tcp()
+    schema = fresh_schema()
+    schemas.append(schema)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    if where == "url":
+        url = url.replace("@", f":{password}@", 1)
+    elif where == "PGPASSWORD":
+        monkeypatch.setenv("PGPASSWORD", password)
+    else:
+        pgpass = tmp_path / "pgpass"
+        pgpass.write_text(f"*:*:*:*:{password}\n")
+        pgpass.chmod(0o600)
+        monkeypatch.setenv("PGPASSFILE", str(pgpass))
+    caplog.set_level(logging.DEBUG, logger="durably")
+    store = durably.open_store(with_schema(url, schema), key=KEY)
+    durably.configure(store=store)
+
+    @task
+    def shout(text: str) -> str:
+        return text.upper()
+
+    @entrypoint
+    def job(text: str) -> str:
+        return shout(text) + "!"
+
+    assert job.run("hi", run_id="pw").result == "HI!"
+    assert durably.get_run("pw").status == "finished"
+    shown = [store.where, repr(store), *(r.getMessage() for r in caplog.records),
+             _table_text(store), repr(durably.get_run("pw"))]
+    assert not any(password in text for text in shown)
+    if where == "url":
+        assert ":***@" in store.where
+    durably.configure()
+    store.close()
+
+
+def test_a_wrong_password_is_a_store_error_that_does_not_show_it(schemas: list[str]) -> None:
+    url, password = _tcp()
+    wrong = url.replace("@", ":not-the-password@", 1)
+    with pytest.raises(StoreError) as caught:
+        PostgresStore(wrong, key=KEY).check()
+    assert "not-the-password" not in str(caught.value) and password not in str(caught.value)
+    assert "password" in str(caught.value)
+
+
+# -- fencing --------------------------------------------------------------------------------
+def _stale_writer(url: str, run_id: str, writer: int, stop_at: float) -> list[tuple[str, bool]]:
+    """Append steps of attempt 1 as fast as it can until ``stop_at``: each (step id,
+    whether the store said it was written)."""
+    store = PostgresStore(url, key=KEY)
+    said = []
+    n = 0
+    while time.time() < stop_at:
+        step = f"w{writer}-{n}"
+        rec = StepRecord(run_id, step, None, "t", "ran", 1, writer * 1_000_000 + n,
+                         float(n), float(n))
+        said.append((step, store.append_steps_if_current([(rec, b"v")])))
+        n += 1
+    store.close()
+    return said
+
+
+def test_a_takeover_raced_by_stale_writers_lets_none_of_their_steps_in_after_it(
+        pg: PostgresStore) -> None:
+    """Three processes journal steps of attempt 1 as fast as they can while the run is taken
+    over (its record moved to attempt 2): every step the store accepted is there, none it
+    refused is, and the steps of attempt 1 seen just after the takeover are all there will
+    ever be — no write in flight lands after it."""
+    run_id = "raced"
+    pg.put_run(RunRecord(run_id, "m:job", "job", "running", 1.0, 1.0, 1, "d"))
+    stop_at = time.time() + 4.0
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        pending = pool.starmap_async(_stale_writer, [(pg.url, run_id, w, stop_at)
+                                                     for w in range(3)])
+        deadline = time.monotonic() + 60
+        while not pg.list_steps(run_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # (the writers are in full flow)
+        taken = pg.put_run_if_current(
+            RunRecord(run_id, "m:job", "job", "running", 1.0, 2.0, 2, "d"), previous=1)
+        assert taken
+        after_takeover = {s.step_id for s in pg.list_steps(run_id, attempt=1)}
+        said = [item for part in pending.get(timeout=120) for item in part]
+    final = {s.step_id for s in pg.list_steps(run_id, attempt=1)}
+    accepted = {step for step, ok in said if ok}
+    refused = {step for step, ok in said if not ok}
+    assert accepted and refused, "the race did not happen: no write on both sides of it"
+    assert final == after_takeover == accepted
+    assert not refused & final
+
+
+# -- a server restart -------------------------------------------------------------------------
+def _server_ctl() -> str:
+    """The command that restarts, stops or starts the test server (``CTL restart``)."""
+    command = os.environ.get("DURABLY_TEST_POSTGRES_CTL")
+    if not command:
+        server_url()
+        if os.environ.get("DURABLY_REQUIRE_POSTGRES"):
+            pytest.fail("DURABLY_TEST_POSTGRES_CTL is not set: .ci/postgres start sets it")
+        pytest.skip("the test server cannot be restarted from here: start it with "
+                    "eval \"$(.ci/postgres start)\", which sets DURABLY_TEST_POSTGRES_CTL")
+    return command
+
+
+def _ctl(command: str, action: str) -> None:
+    subprocess.run(f"{command} {action}", shell=True, check=True, capture_output=True,
+                   timeout=120)
+
+
+@pytest.mark.slow
+def test_a_run_goes_on_across_a_server_restart_and_no_step_executes_twice(
+        pg: PostgresStore) -> None:
+    command = _server_ctl()
+    executed: list[int] = []
+    started = pg._one("ask", "SELECT pg_postmaster_start_time()")[0]
+
+    @task(cache=False)
+    def work(i: int) -> int:
+        executed.append(i)
+        if i == 3:  # the server restarts in the middle of the run (every connection drops)
+            _ctl(command, "restart")
+        return i * i
+
+    @entrypoint
+    def job(n: int) -> list[int]:
+        return [work(i) for i in range(n)]
+
+    assert job.run(8, run_id="restart").result == [i * i for i in range(8)]
+    assert executed == list(range(8))
+    assert pg._one("ask", "SELECT pg_postmaster_start_time()")[0] > started  # (restarted)
+    assert [s.status for s in pg.list_steps("restart")] == ["ran"] * 8
+    executed.clear()
+    assert job.run(8, run_id="restart").result == [i * i for i in range(8)]
+    assert executed == []  # resumed: everything replayed
+
+
+@pytest.mark.slow
+def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it(
+        pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server stops in the middle of a run and stays down longer than durably waits:
+    the run fails with a StoreError that says what happened; once the server is back, a
+    rerun replays the steps journaled before the outage and executes only the others."""
+    from durably._store.postgres import store as _pg
+
+    command = _server_ctl()
+    monkeypatch.setattr(_pg, "RETRY_SECONDS", 2.0)
+    executed: list[int] = []
+
+    @task(cache=False)
+    def work(i: int) -> int:
+        executed.append(i)
+        if i == 3 and len(executed) == 4:
+            _ctl(command, "stop")
+        return i * i
+
+    @entrypoint
+    def job(n: int) -> list[int]:
+        return [work(i) for i in range(n)]
+
+    try:
+        with pytest.raises(StoreError) as caught:
+            job.run(8, run_id="outage")
+    finally:
+        _ctl(command, "start")
+    assert "could not" in str(caught.value) and "server is up" in str(caught.value)
+    assert executed == [0, 1, 2, 3]
+    executed.clear()
+    assert job.run(8, run_id="outage").result == [i * i for i in range(8)]
+    assert executed == [3, 4, 5, 6, 7]  # step 3's end was never journaled: only it again
+    ran = [s.step_id for s in pg.list_steps("outage") if s.status == "ran"]
+    assert len(ran) == len(set(ran)) == 8
+
+
+# -- round trips ----------------------------------------------------------------------------
+class _Counting:
+    """Counts the statements sent to the server (each is one round trip: autocommit)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import psycopg
+
+        self.count = 0
+        self.statements: list[str] = []
+        real = psycopg.Connection.execute
+
+        def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            self.statements.append(str(query)[:60])
+            return real(conn, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+
+
+def test_an_executed_step_is_one_round_trip_and_a_hit_is_one(
+        pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    @task(cache=False)
+    def act(i: int) -> int:
+        return i + 1
+
+    @task
+    def square(i: int) -> int:
+        return i * i
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(act(i) for i in range(n))
+
+    job.run(1, run_id="warm")  # (the pool and the tables are made)
+    square(0)
+    counting = _Counting(monkeypatch)
+    job.run(10, run_id="ten")
+    ten = counting.count
+    counting.count = 0
+    job.run(30, run_id="thirty")
+    assert counting.count - ten == 20, counting.statements  # one statement a step
+    counting.count = 0
+    assert square(0) == 0  # a hit
+    assert counting.count == 1, counting.statements
+
+
+def test_resuming_a_long_run_reads_its_journal_in_pages(
+        pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    @task(cache=False)
+    def act(i: int) -> int:
+        return i
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(act(i) for i in range(n))
+
+    assert job.run(3000, run_id="long").result == sum(range(3000))
+    counting = _Counting(monkeypatch)
+    assert job.run(3000, run_id="long").result == sum(range(3000))
+    assert counting.count < 40, counting.statements  # pages of 2,000, replays in batches
+
+
+def test_a_lease_heartbeat_is_the_server_s_clock(pg: PostgresStore,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client whose clock is an hour ahead still sees a lease of another host renewed a
+    moment ago as live: its age is measured on the server."""
+    owner = _lease.Owner("elsewhere", 4242, None, "t" * 32, time.time())
+    assert pg.acquire_run("clock", owner) is None
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    holder = pg.run_holder("clock")
+    assert holder is not None and holder.token == owner.token
+
+
+def test_threads_share_the_pool_without_errors(pg: PostgresStore) -> None:
+    errors: list[BaseException] = []
+
+    def hammer(n: int) -> None:
+        try:
+            for i in range(50):
+                pg.cache_put(f"{n}-{i}", b"x" * i)
+                assert pg.cache_get(f"{n}-{i}") == b"x" * i
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert pg.cache_stats()["entries"] == 16 * 50
+
+
+def test_a_store_pickles_as_its_url_and_reopens_in_a_subprocess(pg: PostgresStore,
+                                                                 tmp_path: Path) -> None:
+    @task
+    def triple(x: int) -> int:
+        return 3 * x
+
+    assert triple(5) == 15
+    script = tmp_path / "other.py"
+    script.write_text(
+        "import pickle, sys, durably\n"
+        "store = pickle.loads(sys.stdin.buffer.read())\n"
+        "durably.configure(store=store)\n"
+        "@durably.task\n"
+        "def triple(x: int) -> int:\n"
+        "    raise SystemExit('executed again')\n"
+        "triple.__module__ = 'tests.test_postgres_store'\n"
+        "triple.__qualname__ = 'test_a_store_pickles_as_its_url_and_reopens_in_a_subprocess."
+        "<locals>.triple'\n"
+        "print(type(store).__name__, store.schema)\n")
+    import pickle
+
+    proc = subprocess.run([sys.executable, str(script)], input=pickle.dumps(pg),
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "DURABLY_DIR": str(tmp_path / "elsewhere")})
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout.decode().split() == ["PostgresStore", pg.schema]
