@@ -43,9 +43,11 @@ LAYERS: list[set[str]] = [
     {"exceptions"},
 ]
 LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}
-#: the storage libraries only the disk backend may import
-STORAGE_LIBRARIES = {"sqlite3", "diskcache"}
-DISK_BACKEND = "durably._store.disk"
+#: the storage libraries only one backend may import: the disk store's, the PostgreSQL store's
+STORAGE_LIBRARIES = {"sqlite3": "durably._store.disk", "diskcache": "durably._store.disk",
+                     "psycopg": "durably._store.postgres",
+                     "psycopg_pool": "durably._store.postgres",
+                     "fsspec": "durably._store.postgres", "s3fs": "durably._store.postgres"}
 #: the layers that use stores only through :mod:`durably.store`'s protocol
 STORE_USERS = {"_runtime", "_decorators", "_executors", "_graph", "stategraph", "_trace"}
 MAX_LINES = 1000
@@ -142,11 +144,12 @@ def test_no_cycle_between_subpackages() -> None:
         visit(unit, [unit])
 
 
-def test_only_the_disk_backend_imports_storage_libraries() -> None:
+def test_only_a_backend_imports_its_storage_libraries() -> None:
     found = [f"{path.relative_to(SRC.parent)}:{line} imports {target}"
-             for name, path in MODULES.items() if not name.startswith(DISK_BACKEND)
+             for name, path in MODULES.items()
              for target, line in _imports(path, name)
-             if target.split(".")[0] in STORAGE_LIBRARIES]
+             if target.split(".")[0] in STORAGE_LIBRARIES
+             and not name.startswith(STORAGE_LIBRARIES[target.split(".")[0]])]
     assert not found, "\n".join(found)
 
 

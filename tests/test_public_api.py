@@ -9,7 +9,8 @@ import durably
 EXPECTED = [
     "ENCODING_VERSION", "END", "START", "Checkpoint", "Command", "CorruptJournalError",
     "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File",
-    "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "RenderError",
+    "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "PostgresStore",
+    "RenderError",
     "ReplayedError", "Retry", "Run", "RunGraph", "RunInterrupted", "RunStateError", "Send",
     "SerializationError",
     "StateGraph", "StepRecord", "Store",

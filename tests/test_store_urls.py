@@ -111,12 +111,24 @@ def test_an_unnamed_memory_store_still_does_not_pickle() -> None:
     assert MemoryStore().location() is None
 
 
-def test_an_unknown_scheme_names_it_the_schemes_available_and_the_fix() -> None:
-    with pytest.raises(durably.DefinitionError) as info:
-        open_store("postgresql://ada:s3cret@db.example/cache")
+def _without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a machine where durably[postgres] is not installed."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # (import psycopg: ImportError)
+
+
+def test_an_unknown_scheme_names_it_the_schemes_available_and_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patched:
+        _without_psycopg(patched)
+        with pytest.raises(durably.DefinitionError) as info:
+            open_store("postgresql://ada:s3cret@db.example/cache")
     text = str(info.value)
-    assert "'postgresql'" in text and "file://, memory://" in text
-    assert "pip install 'durably[postgres]'" in text
+    assert "pip install 'durably[postgres]'" in text and "psycopg" in text
+    assert "s3cret" not in text and "ada:***@db.example" in text  # no password in messages
+    with pytest.raises(durably.DefinitionError) as info:
+        open_store("redis://ada:s3cret@db.example/cache")
+    text = str(info.value)
+    assert "'redis'" in text and "file://, memory://" in text and "postgresql://" in text
     assert "s3cret" not in text and "ada:***@db.example" in text  # no password in messages
     with pytest.raises(durably.DefinitionError, match=r"'fiel'.*did you mean file://"):
         open_store("fiel:///data/store")
@@ -370,8 +382,10 @@ def test_cli_honours_durably_store_and_lets_options_win(cli_store: tuple[Path, s
     assert "no durably store at" in result.output and "($DURABLY_STORE)" in result.output
 
 
-def test_cli_store_errors(cli_store: tuple[Path, str], tmp_path: Path) -> None:
+def test_cli_store_errors(cli_store: tuple[Path, str], tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
     where, _ = cli_store
+    _without_psycopg(monkeypatch)
     runner = CliRunner()
     both = runner.invoke(cli, ["--store", str(where), "--dir", str(where), "runs"])
     assert both.exit_code == 2 and "--store and --dir" in both.output

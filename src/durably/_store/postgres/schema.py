@@ -168,7 +168,7 @@ def migrate(conn: Any, schema: str, where: str) -> None:
     if found is not None and found > VERSION:
         raise StoreError(
             f"the PostgreSQL store {where} (schema {schema!r}) was made by a newer durably "
-            f"(schema version {found}; this durably {_own()} writes version {VERSION}). "
+            f"(schema version {found}; this durably writes version {VERSION}). "
             "Fix: upgrade durably (pip install -U 'durably[postgres]') in every process "
             "that uses this store, or use another schema (?schema=NAME).")
 
@@ -185,8 +185,3 @@ def _version(conn: Any, schema: str) -> int | None:
         return None
     return int(row[0]) if row else None
 
-
-def _own() -> str:
-    from durably import __version__
-
-    return __version__

@@ -936,5 +936,19 @@ def _reachable_later(exc: BaseException) -> bool:
 
 def open_store(url: str, **options: Any) -> PostgresStore:
     """The store of a ``postgresql://`` URL: the entry point of the URL scheme (see
-    :func:`durably.open_store`); ``options`` are :class:`PostgresStore`'s."""
+    :func:`durably.open_store`); ``options`` are :class:`PostgresStore`'s.
+
+    Raises:
+        DefinitionError: psycopg is not installed (the message says how to install it).
+    """
+    try:
+        import psycopg  # noqa: F401
+        import psycopg_pool  # noqa: F401
+    except ImportError as exc:
+        from durably._store.urls import redact
+
+        raise DefinitionError(
+            f"the store URL {redact(url)!r} needs the PostgreSQL store's packages ({exc}). "
+            "Fix: pip install 'durably[postgres]' (it installs psycopg 3 and psycopg_pool)."
+        ) from None
     return PostgresStore(url, **options)
