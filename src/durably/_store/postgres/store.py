@@ -159,8 +159,9 @@ class PostgresStore(Store):
                 f"the PostgreSQL store {self._shown} has no signing key, and a shared store "
                 "is code that every reader unpickles: anyone who can write to the database "
                 "could make every reader run code of theirs. Fix: make a key once (python -c "
-                "\"import secrets; print(secrets.token_hex(32))\" > durably.key), share it "
-                "with the store's users as a secret, and set DURABLY_KEY_FILE=durably.key "
+                "\"import secrets; print(secrets.token_hex(32))\" > durably.key; chmod 600 "
+                "durably.key), share it with the store's users as a secret, and set "
+                "DURABLY_KEY_FILE=durably.key "
                 "(or durably.configure(key=...)); or pass allow_unsigned=True "
                 "(?allow_unsigned=true) for a store only you write to.")
         self._pool: Any = None
