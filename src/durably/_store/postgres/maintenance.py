@@ -58,7 +58,8 @@ def cache_stats(store: PostgresStore) -> dict[str, Any]:
 def prune(store: PostgresStore, older_than: float | None, max_size: int | None, *,
           dry_run: bool = False) -> int:
     """Remove cache entries not used for ``older_than`` seconds, then the least recently
-    used until the entries take at most ``max_size`` bytes; returns how many.
+    used until the entries take at most ``max_size`` bytes; returns how many. Then the
+    blobs no row refers to any more (not written in the last hour) are collected.
 
     Raises:
         ValueError: a negative age or size.
@@ -82,9 +83,11 @@ def prune(store: PostgresStore, older_than: float | None, max_size: int | None, 
             if key not in gone:
                 doomed.append(key)
                 total -= int(size)
-    if dry_run or not doomed:
+    if dry_run:
         return len(doomed)
-    return store.cache_delete(doomed)
+    removed = store.cache_delete(doomed) if doomed else 0
+    collect_values(store)
+    return removed
 
 
 def clear(store: PostgresStore, task: str | None, *, dry_run: bool = False) -> int:
