@@ -58,9 +58,6 @@ _ROW_LIMIT = (1 << 30) - (1 << 20)
 #: rows of a run's journal read at a time when it is resumed
 _PAGE_ROWS = 2000
 _PAGE_BYTES = 64 << 20
-#: pools of a parent process, inherited by fork(): kept, never closed (closing would end the
-#: parent's connections, whose sockets the child shares)
-_INHERITED: list[Any] = []
 
 _STEP_COLS = ("run_id", "step_id", "parent_id", "task", "status", "attempt", "position",
               "started", "ended", "error", "cache_key", "inputs", "output", "result_digest",
@@ -220,7 +217,9 @@ class PostgresStore(Store):
             return pool
         with self._open_lock:
             if self._pool is not None and self._pid != os.getpid():
-                _INHERITED.append(self._pool)  # (a forked child: the parent's)
+                # a forked child: the parent's pool is left alone, never closed here (its
+                # connections' sockets are the parent's; psycopg ends a connection only in
+                # the process that opened it)
                 self._pool = None
             if self._pool is None:
                 self._pool = self._open()
