@@ -74,15 +74,40 @@ def test_a_store_without_a_key_is_refused_unless_unsigned_is_allowed(
     schema = fresh_schema()
     schemas.append(schema)
     url = with_schema(server_url(), schema)
+    unsigned = durably.open_store(url)  # (nothing connects before its first use)
     with pytest.raises(StoreError) as caught:
-        durably.open_store(url)
+        unsigned.check()
     message = str(caught.value)
     assert "signing key" in message and "DURABLY_KEY_FILE" in message
     assert "allow_unsigned" in message and "token_hex" in message
     assert durably.open_store(url + "&allow_unsigned=true").allow_unsigned
     assert PostgresStore(url, allow_unsigned=True).signing_key is None
+    with pytest.raises(StoreError, match="signing key"):
+        unsigned.cache_get("any")
     durably.configure(key=KEY)  # the process's key is enough
-    assert durably.open_store(url).signing_key is not None
+    durably.open_store(url).check()
+    durably.configure()
+    durably.configure(key=KEY, store=url)  # (the key is set before the store opens)
+    durably.configure()
+
+
+def test_a_key_set_in_code_travels_with_the_store_to_workers(
+        schemas: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    monkeypatch.delenv("DURABLY_KEY", raising=False)
+    monkeypatch.delenv("DURABLY_KEY_FILE", raising=False)
+    schema = fresh_schema()
+    schemas.append(schema)
+    durably.configure(key=KEY)
+    store = durably.open_store(with_schema(server_url(), schema))
+    sent = pickle.dumps(store)  # (as to a worker, where no key is configured)
+    durably.configure()
+    again = pickle.loads(sent)
+    from durably._store.integrity import key_from
+
+    assert again.signing_key is not None and again.signing_key.id == key_from(KEY, "k").id
+    again.check()
 
 
 def test_bad_options_are_named(schemas: list[str]) -> None:

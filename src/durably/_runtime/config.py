@@ -8,6 +8,7 @@ from typing import Any
 
 from durably._store.disk.signing import set_default_key
 from durably._store.disk.store import DiskStore
+from durably._store.integrity import _process_key_set
 from durably._store.urls import open_store_at
 from durably.store import Store, _not_a_store
 
@@ -79,14 +80,22 @@ def configure(*, store: Store | str | os.PathLike[str] | None = _UNSET,
     global _default
     if store is _UNSET and key is _UNSET:
         store = key = None
-    if isinstance(store, (str, os.PathLike)):
-        store = open_store_at(store, {}, "configure(store=...)")
-    if store is not _UNSET and store is not None and not isinstance(store, Store):
-        raise _not_a_store(store, "configure(store=...)",
-                          "configure(store=durably.DiskStore(\"path/to/store\")) or "
-                          "configure(store=\"path/to/store\")")
     if key is not _UNSET:
-        set_default_key(key)  # validates before anything changes
+        # the key first: a store the URL opens may need it (a PostgreSQL store refuses to
+        # open unsigned); put back as it was if the store is refused
+        previous = _process_key_set()
+        set_default_key(key)  # (validates it before anything changes)
+    try:
+        if isinstance(store, (str, os.PathLike)):
+            store = open_store_at(store, {}, "configure(store=...)")
+        if store is not _UNSET and store is not None and not isinstance(store, Store):
+            raise _not_a_store(store, "configure(store=...)",
+                               "configure(store=durably.DiskStore(\"path/to/store\")) or "
+                               "configure(store=\"path/to/store\")")
+    except BaseException:
+        if key is not _UNSET:
+            set_default_key(previous)
+        raise
     if store is not _UNSET:
         with _lock:
             _default = store

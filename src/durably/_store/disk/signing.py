@@ -30,7 +30,8 @@ def set_default_key(key: Any) -> None:
         DefinitionError: the key is not bytes or str, or shorter than 16 bytes.
     """
     global _process_key, _key_generation
-    new = None if key is None else key_from(key, "configure(key=...)")
+    new = key if key is None or isinstance(key, SigningKey) else key_from(
+        key, "configure(key=...)")
     with _key_lock:
         _process_key = new
         _key_generation += 1

@@ -31,7 +31,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from durably._store.integrity import SigningKey, key_from, process_key
+from durably._store.integrity import SigningKey, _process_key_set, key_from, process_key
 from durably._store.lease import Owner
 from durably._store.postgres.blobs import Blobs, blobs_from
 from durably._store.postgres.schema import check_schema_name, migrate
@@ -108,7 +108,9 @@ class PostgresStore(Store):
 
     Raises:
         DefinitionError: an option is wrong (the message says which and how to fix it).
-        StoreError: no signing key and not ``allow_unsigned``; psycopg is not installed.
+        StoreError: on first use (or :meth:`check`): no signing key and not
+            ``allow_unsigned``, psycopg is not installed, the server cannot be reached or
+            the schema was made by a newer durably.
 
     Example:
         >>> from durably._store.postgres.store import PostgresStore
@@ -151,16 +153,6 @@ class PostgresStore(Store):
                            else key_from(key, "PostgresStore(key=...)"))
         blob_url = blobs if blobs is not None else given.get("blobs")
         self.blobs = blobs_from(blob_url, blob_options)
-        if self.signing_key is None and not self.allow_unsigned:
-            raise StoreError(
-                f"the PostgreSQL store {self._shown} has no signing key, and a shared store "
-                "is code that every reader unpickles: anyone who can write to the database "
-                "could make every reader run code of theirs. Fix: make a key once (python -c "
-                "\"import secrets; print(secrets.token_hex(32))\" > durably.key; chmod 600 "
-                "durably.key), share it with the store's users as a secret, and set "
-                "DURABLY_KEY_FILE=durably.key "
-                "(or durably.configure(key=...)); or pass allow_unsigned=True "
-                "(?allow_unsigned=true) for a store only you write to.")
         self._pool: Any = None
         self._pid = 0
         self._open_lock = threading.Lock()
@@ -183,14 +175,17 @@ class PostgresStore(Store):
             query.append(("pool_size", str(self.pool_size)))
         if self.prepare_threshold != 5:
             query.append(("prepare_threshold", str(self.prepare_threshold).lower()))
-        return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(query)))
+        return urllib.parse.urlunsplit(parts._replace(
+            query=urllib.parse.urlencode(query, safe="/")))
 
     def location(self) -> tuple[str, dict[str, Any]]:
-        """:attr:`url`, and the blob store and the key given in code (a worker reopens the
-        same store, signing with the same key)."""
+        """:attr:`url`, and the blob store and the key given in code (``key=``, else
+        ``durably.configure(key=...)``'s): a worker reopens the same store, signing with the
+        same key. A key from the environment is read where the store is reopened."""
         options: dict[str, Any] = {}
-        if self._given_key is not None:
-            options["key"] = self._given_key
+        key = self._given_key if self._given_key is not None else _process_key_set()
+        if key is not None:
+            options["key"] = key
         if self.blobs is not None:
             options["blobs"] = self.blobs.url
             if self.blobs.options:
@@ -226,7 +221,19 @@ class PostgresStore(Store):
                 self._pid = os.getpid()
             return self._pool
 
+    def _unsigned(self) -> StoreError:
+        return StoreError(
+            f"the PostgreSQL store {self._shown} has no signing key, and a shared store "
+            "is code that every reader unpickles: anyone who can write to the database "
+            "could make every reader run code of theirs. Fix: make a key once (python -c "
+            "\"import secrets; print(secrets.token_hex(32))\" > durably.key; chmod 600 "
+            "durably.key), share it with the store's users as a secret, and set "
+            "DURABLY_KEY_FILE=durably.key (or durably.configure(key=...)); or pass "
+            "allow_unsigned=True (?allow_unsigned=true) for a store only you write to.")
+
     def _open(self) -> Any:
+        if self.signing_key is None and not self.allow_unsigned:
+            raise self._unsigned()
         try:
             import psycopg
             from psycopg_pool import ConnectionPool
@@ -900,7 +907,8 @@ def _split_url(url: str) -> tuple[str, dict[str, str]]:
                 "DURABLY_KEY_FILE (or DURABLY_KEY), or pass key=... in code.")
         else:
             rest.append((name, value))
-    return urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest))), mine
+    return urllib.parse.urlunsplit(parts._replace(
+        query=urllib.parse.urlencode(rest, safe="/"))), mine
 
 
 def _whole(value: Any, name: str, least: int = 0) -> int:
