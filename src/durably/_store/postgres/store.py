@@ -574,6 +574,15 @@ class PostgresStore(Store):
         if not steps:
             return True
         cols = ", ".join(_STEP_COLS)
+        if len(steps) == 1:  # (the common case, an executed step: plain parameters)
+            rec = steps[0][0]
+            row = self._one("journal a step", self._sql(
+                "WITH cur AS (SELECT attempt FROM {s}.runs WHERE run_id = %s AND attempt = %s "
+                f"FOR SHARE), ins AS (INSERT INTO {{s}}.steps ({cols}) SELECT "
+                + ", ".join(f"%s::{t}" for t in _STEP_TYPES)
+                + " FROM cur ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM cur"),
+                [rec.run_id, rec.attempt, *(col[0] for col in self._step_arrays(steps))])
+            return int(row[0]) == 1
         # the run rows are locked FOR SHARE while the steps go in: a takeover (which updates
         # the run's attempt) waits for this statement, or has committed and is seen here
         sql = self._sql(
