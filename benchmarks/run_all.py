@@ -4,7 +4,9 @@ medians, ratios, targets and pass/miss, and ``results/summary.json``.
 Run: python benchmarks/run_all.py [--quick] [--store-entries N] [--only NAME,...] [--demo]
 
 Each script runs in its own process and writes ``results/<name>.json`` (its full output goes
-to ``results/<name>.log``); this runner reads them back. ``--quick`` fills the large store to
+to ``results/<name>.log``); this runner reads them back. ``bench_postgres.py`` runs when a
+PostgreSQL server is named (``$DURABLY_BENCH_POSTGRES`` or ``$DURABLY_TEST_POSTGRES``), and is
+skipped with a line saying so otherwise. ``--quick`` fills the large store to
 100,000 entries instead of 1,000,000 (about 30 s to fill at 1,000,000) and takes fewer rounds
 and processes in the call path and run-size benchmarks. ``--demo`` adds the demo's rerun
 benchmark.
@@ -33,7 +35,10 @@ SUITE = {  # name -> (script, title, extra arguments for --quick)
     "run_scale": ("bench_run_scale.py", "run size and memory", ["--quick"]),
     "store_scale": ("bench_store_scale.py", "large store", ["--quick"]),
     "demo_rerun": ("bench_demo_rerun.py", "demo rerun", []),
+    "postgres": ("bench_postgres.py", "PostgreSQL store vs LangGraph, DBOS", ["--quick"]),
 }
+#: benchmarks that need a server, by the environment variables that name one (any of them)
+NEEDS = {"postgres": ("DURABLY_BENCH_POSTGRES", "DURABLY_TEST_POSTGRES")}
 
 
 def provenance() -> dict[str, Any]:
@@ -99,6 +104,11 @@ def main() -> None:
     started, load_before = time.perf_counter(), os.getloadavg()
     for name in names:
         script, title, quick = SUITE[name]
+        if name in NEEDS and not any(os.environ.get(v) for v in NEEDS[name]):
+            print(f"== {title}: skipped, no server ({' or '.join(NEEDS[name])} unset; "
+                  'eval "$(.ci/postgres start)" starts one)', file=sys.stderr, flush=True)
+            sections[name] = {"skipped": f"{' or '.join(NEEDS[name])} unset"}
+            continue
         args = list(quick) if opts.quick else []
         if name == "store_scale" and opts.store_entries is not None:
             args = ["--entries", str(opts.store_entries)]
@@ -124,10 +134,12 @@ def main() -> None:
     checked = [r for r in rows if r.get("limit") is not None]
     missed = [r["measure"].strip() for r in checked if verdict(r) != "pass"]
     failed = [name for name, section in sections.items() if "error" in section]
+    skipped = [name for name, section in sections.items() if "skipped" in section]
     print(f"\n{len(checked) - len(missed)} of {len(checked)} targets met"
           + (f"; missed: {'; '.join(missed)}" if missed else "")
           + (f"; FAILED, their targets not measured: {', '.join(failed)} (see their logs in "
              f"{RESULTS})" if failed else "")
+          + (f"; skipped (no server): {', '.join(skipped)}" if skipped else "")
           + f". Ratios are durably / other (lower is better) unless the target says >=. "
           f"Suite: {time.perf_counter() - started:.0f} s; load average (1 min) "
           f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after, on "
