@@ -235,8 +235,21 @@ class PostgresStore(Store):
         if self.signing_key is None and not self.allow_unsigned:
             raise self._unsigned()
         try:
-            import psycopg
             from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
+                             "pip install 'durably[postgres]'.") from exc
+        kwargs: dict[str, Any] = {"autocommit": True,
+                                  "prepare_threshold": self.prepare_threshold}
+        self._alone(lambda conn: migrate(conn, self.schema, self._shown))
+        return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
+                              timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
+
+    def _alone(self, work: Callable[[Any], T]) -> T:
+        """``work(connection)`` on a connection of its own (not the pool's), retried while
+        the server cannot be reached."""
+        try:
+            import psycopg
         except ImportError as exc:
             raise StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
                              "pip install 'durably[postgres]'.") from exc
@@ -246,8 +259,7 @@ class PostgresStore(Store):
         while True:
             try:
                 with psycopg.connect(self._base, connect_timeout=10, **kwargs) as conn:
-                    migrate(conn, self.schema, self._shown)
-                break
+                    return work(conn)
             except psycopg.OperationalError as exc:
                 if not _reachable_later(exc) or time.monotonic() > deadline:
                     raise StoreError(
@@ -261,8 +273,6 @@ class PostgresStore(Store):
                                  f"(schema {self.schema}): {_message(exc)}. Fix: give the "
                                  "user the right to create the schema (GRANT CREATE ON "
                                  "DATABASE ...), or create it for them.") from None
-        return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
-                              timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
 
     def _do(self, what: str, work: Callable[[Any], T]) -> T:
         """``work(connection)``: on this thread's transaction's connection, or on one of
@@ -767,9 +777,13 @@ class PostgresStore(Store):
 
     # -- the store --------------------------------------------------------------------------------
     def found(self) -> bool:
-        """Whether the schema holds durably's tables."""
-        row = self._one("look for the store", "SELECT to_regclass(%s)",
-                        (f"{self.schema}.meta",))
+        """Whether the schema holds durably's tables. Looked up without making them (the
+        pool's first connection would): a mistyped schema is not created by asking."""
+        sql, params = "SELECT to_regclass(%s)", (f"{self.schema}.meta",)
+        if self._pool is not None and self._pid == os.getpid():
+            row = self._one("look for the store", sql, params)
+        else:
+            row = self._alone(lambda conn: conn.execute(sql, params).fetchone())
         return row is not None and row[0] is not None
 
     def check(self) -> None:
