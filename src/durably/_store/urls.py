@@ -59,6 +59,8 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
 #: a scheme without its // (two letters at least: C:\\store is a Windows path)
 _BARE_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+):")
 _PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:)[^/@?#]*@")
+#: a password in the query (libpq takes ?password=...&sslpassword=...)
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
 _DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -128,13 +130,16 @@ def store_url_scheme(url: str | os.PathLike[str]) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL with its password (``scheme://user:PASSWORD@host``) hidden, for messages.
+    """The URL with its password (``scheme://user:PASSWORD@host``, or ``?password=`` in the
+    query, as libpq takes it) hidden, for messages.
 
     Example:
         >>> redact("postgresql://ada:s3cret@db/cache")
         'postgresql://ada:***@db/cache'
+        >>> redact("postgresql://ada@db/cache?password=s3cret&sslmode=require")
+        'postgresql://ada@db/cache?password=***&sslmode=require'
     """
-    return _PASSWORD.sub(r"\1***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***@", url))
 
 
 def disk_location(url: str | os.PathLike[str], where: str = "the store URL"
