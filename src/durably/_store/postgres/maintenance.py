@@ -20,6 +20,9 @@ __all__ = ["cache_stats", "clear", "collect_values", "large_value_bytes", "prune
 
 log = logging.getLogger("durably")
 
+#: the task an entry is counted under when its key has no key record (as DiskStore's)
+UNKNOWN_TASK = "(unknown task)"
+
 
 def cache_stats(store: PostgresStore) -> dict[str, Any]:
     """What the cache holds, per task, and how often runs found their steps in it: the
@@ -31,8 +34,8 @@ def cache_stats(store: PostgresStore) -> dict[str, Any]:
     runs = store._one("read the journal", sql("SELECT count(*) FROM {s}.runs"))[0]
     per_task: dict[str, dict[str, Any]] = {}
     for task, count, total in store._read("read the cache", sql(
-            "SELECT coalesce(k.task, '?'), count(*), coalesce(sum(c.size), 0) FROM {s}.cache c "
-            "LEFT JOIN {s}.keys k ON k.cache_key = c.key GROUP BY 1")):
+            "SELECT coalesce(k.task, %s), count(*), coalesce(sum(c.size), 0) FROM {s}.cache c "
+            "LEFT JOIN {s}.keys k ON k.cache_key = c.key GROUP BY 1"), (UNKNOWN_TASK,)):
         per_task[task] = {"task": task, "entries": int(count), "bytes": int(total), "ran": 0,
                           "cached": 0}
     for task, status, count in store._read("read the journal", sql(
