@@ -58,7 +58,9 @@ _BUILTIN = ("file", "memory")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
 #: a scheme without its // (two letters at least: C:\\store is a Windows path)
 _BARE_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]+):")
-_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:)[^/@?#]*@")
+_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:"  # scheme://user:PASSWORD@
+                       r"|[A-Za-z][A-Za-z0-9+.\-]+:/?[^/@:?#]*:)"  # (its // left out)
+                       r"[^/@?#]*@")
 #: a password in the query (libpq takes ?password=...&sslpassword=...)
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
 _DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries")
@@ -110,7 +112,8 @@ def _split(url: Any, where: str) -> tuple[str, str]:
             rest = url[bare.end():].lstrip("/")
             raise DefinitionError(
                 f"{where} {redact(url)!r} looks like a {scheme}:// store URL without its '//'. "
-                f"Fix: {scheme}://{rest}, or ./{url} for a directory of that name.")
+                f"Fix: {redact(f'{scheme}://{rest}')}, or ./{redact(url)} for a directory of "
+                "that name.")
     return "", url
 
 
@@ -136,6 +139,8 @@ def redact(url: str) -> str:
     Example:
         >>> redact("postgresql://ada:s3cret@db/cache")
         'postgresql://ada:***@db/cache'
+        >>> redact("postgresql:ada:s3cret@db/cache")  # (its // left out)
+        'postgresql:ada:***@db/cache'
         >>> redact("postgresql://ada@db/cache?password=s3cret&sslmode=require")
         'postgresql://ada@db/cache?password=***&sslmode=require'
     """
