@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from durably._keys import serde as _serde
 from durably._runtime.call import _NEVER_RETRIED
-from durably._runtime.config import configure
+from durably._runtime.config import body_store, configure
 from durably._runtime.retry import await_with_timeout, call_with_timeout, retrying
 from durably._runtime.spec import Spec
 from durably._store.urls import open_store_at, redact, store_url_scheme
@@ -183,19 +183,23 @@ def _describe_store(store: Store) -> tuple[Any, ...]:
 
 _worker_lock = threading.Lock()
 _worker_store: tuple[Any, ...] | None = None
+_worker_opened: Store | None = None  # the store _worker_store names, opened here
 _worker_heads: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], Spec]] = {}
 
 
-def _use_store(where: tuple[Any, ...]) -> None:
-    """Make the caller's store the default store of this worker process."""
-    global _worker_store
+def _use_store(where: tuple[Any, ...]) -> Store | None:
+    """Make the caller's store the default store of this worker process, and return it (the
+    store of that caller's bodies); None for an in-process worker, whose bodies use this
+    process's default store."""
+    global _worker_store, _worker_opened
     with _worker_lock:
         if where == _worker_store:
-            return
+            return _worker_opened
         kind, (host, pid) = where[0], where[1]
         if (host, pid) == (socket.gethostname(), os.getpid()):
             _worker_store = where  # an in-process worker: leave this process's settings alone
-            return
+            _worker_opened = None
+            return None
         store: Store | None = None
         problem = ""
         if kind == "url":
@@ -223,11 +227,13 @@ def _use_store(where: tuple[Any, ...]) -> None:
             store = MemoryStore()
         configure(store=store)
         _worker_store = where
+        _worker_opened = store
+        return store
 
 
-def _load_head(head: bytes) -> tuple[Callable[..., Any], Spec]:
-    """The body a job's head names and its task's spec (unpickled once per worker), with
-    the caller's store in use."""
+def _load_head(head: bytes) -> tuple[Callable[..., Any], Spec, Store | None]:
+    """The body a job's head names, its task's spec (unpickled once per worker) and the
+    store of its caller, the default store of this worker process from now on."""
     found = _worker_heads.get(head)
     if found is None:
         (task, bound, instance, owner), where = _loads(head)
@@ -236,8 +242,7 @@ def _load_head(head: bytes) -> tuple[Callable[..., Any], Spec]:
             _worker_heads.clear()
         found = _worker_heads[head] = (fn, where, task._self_spec)
     fn, where, spec = found
-    _use_store(where)
-    return fn, spec
+    return fn, spec, _use_store(where)
 
 
 def _call_remote(spec: Spec, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -323,10 +328,16 @@ def _run_job(head: bytes, body: bytes) -> bytes:
     """Run one item's body in a worker; return its outcome, pickled (never raises)."""
     started = time.time()
     try:
-        fn, spec = _load_head(head)
+        fn, spec, store = _load_head(head)
         args, kwargs = _loads(body)
         started = time.time()
-        result = _call_remote(spec, fn, args, kwargs)
+        # the body's store is its caller's, whatever the bodies of other callers (other
+        # stores) running at once on other threads of this worker make the default
+        token = body_store.set(store)
+        try:
+            result = _call_remote(spec, fn, args, kwargs)
+        finally:
+            body_store.reset(token)
     except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the caller
         return _pack_failure(started, exc)
     ended = time.time()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextvars import ContextVar
 from typing import Any
 
 from durably._store.disk.signing import set_default_key
@@ -12,22 +13,32 @@ from durably._store.integrity import _process_key_set
 from durably._store.urls import open_store_at
 from durably.store import Store, _not_a_store
 
-__all__ = ["configure", "default_store"]
+__all__ = ["body_store", "configure", "default_store"]
 
 _lock = threading.Lock()
 _default: Store | None = None
 _UNSET: Any = object()
 
+#: the store of the caller whose item's body runs in this context, on a worker (a Dask
+#: worker's thread, a worker process): set around the body by durably._executors.worker. It
+#: wins over the process's default store, which the body of another caller (another store)
+#: starting on another thread of the same worker changes while this one runs.
+body_store: ContextVar[Store | None] = ContextVar("durably_body_store", default=None)
+
 
 def default_store() -> Store:
     """The store used when none was chosen: set by :func:`configure`, else the store
     ``$DURABLY_STORE`` names (a URL or a path), else a :class:`DiskStore` at
-    ``$DURABLY_DIR`` or ``./.durably``.
+    ``$DURABLY_DIR`` or ``./.durably``. Inside an item's body on a worker: the store of the
+    caller that sent it (:data:`body_store`).
 
     Raises:
         DefinitionError: ``$DURABLY_STORE`` is a URL no installed backend opens.
     """
     global _default
+    store = body_store.get()
+    if store is not None:
+        return store
     store = _default
     if store is None:
         with _lock:
