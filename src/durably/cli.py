@@ -202,7 +202,8 @@ def _maintained(store: durably.Store, what: str) -> durably.Store:
     if "maintenance" not in store.capabilities:
         _fail(f"{what} needs a store that looks after its cache (capability \"maintenance\"); "
               f"the store {_where(store)} is a {type(store).__name__}, which does not. Fix: "
-              "choose a store directory with --dir DIR or --store PATH.")
+              "choose a store directory with --dir DIR or --store PATH, or a PostgreSQL "
+              "store with --store postgresql://...")
     return store
 
 
@@ -882,7 +883,9 @@ def cache_group() -> None:
 @click.pass_context
 def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
     """Entries, bytes, entries per task, and the hit rate of runs."""
-    stats = _maintained(_store(ctx), "durably cache stats").cache_stats()
+    store = _maintained(_store(ctx), "durably cache stats")
+    stats = store.cache_stats()
+    kept = "on disk" if isinstance(store, durably.DiskStore) else "stored"
     if as_json:
         _echo_json(stats)
         return
@@ -893,7 +896,7 @@ def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
     click.echo(_fields([
         ("store", stats["path"]),
         ("entries", f"{stats['entries']:,}"),
-        ("size", f"{_size(stats['bytes'])} on disk, {_size(stats['entry_bytes'])} of entries"),
+        ("size", f"{_size(stats['bytes'])} {kept}, {_size(stats['entry_bytes'])} of entries"),
         ("stored", f"{_when(stats['oldest'])} … {_when(stats['newest'])}"
          if stats["entries"] else ""),
         ("hit rate", rate),

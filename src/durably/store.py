@@ -471,8 +471,8 @@ class Store(Journal, Values, KeyRecords):
 
     def prune(self, older_than: float | None = None, max_size: int | None = None, *,
               dry_run: bool = False) -> int:
-        """Remove cache entries not used for ``older_than`` seconds, then the least recently
-        used until the cache fits ``max_size`` bytes; returns how many."""
+        """Remove cache entries stored more than ``older_than`` seconds ago, then the oldest
+        until the cache fits ``max_size`` bytes; returns how many."""
         raise self._unsupported("prune")
 
     def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:

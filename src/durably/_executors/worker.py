@@ -184,6 +184,10 @@ def _describe_store(store: Store) -> tuple[Any, ...]:
 _worker_lock = threading.Lock()
 _worker_store: tuple[Any, ...] | None = None
 _worker_opened: Store | None = None  # the store _worker_store names, opened here
+#: the stores of the callers seen, opened here, by their description pickled: callers whose
+#: items alternate on this worker do not open their store again each time (a PostgreSQL
+#: store would open a new pool of connections each time)
+_worker_stores: dict[bytes, Store] = {}
 _worker_heads: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], Spec]] = {}
 
 
@@ -195,6 +199,15 @@ def _use_store(where: tuple[Any, ...]) -> Store | None:
     with _worker_lock:
         if where == _worker_store:
             return _worker_opened
+        try:
+            seen_key = pickle.dumps(where)
+        except Exception:  # noqa: BLE001 - not kept: opened again next time
+            seen_key = b""
+        seen = _worker_stores.get(seen_key) if seen_key else None
+        if seen is not None:
+            configure(store=seen)
+            _worker_store, _worker_opened = where, seen
+            return seen
         kind, (host, pid) = where[0], where[1]
         if (host, pid) == (socket.gethostname(), os.getpid()):
             _worker_store = where  # an in-process worker: leave this process's settings alone
@@ -228,6 +241,10 @@ def _use_store(where: tuple[Any, ...]) -> Store | None:
         configure(store=store)
         _worker_store = where
         _worker_opened = store
+        if seen_key:
+            if len(_worker_stores) >= 16:  # (dropped, not closed: a body may still use it)
+                _worker_stores.clear()
+            _worker_stores[seen_key] = store
         return store
 
 

@@ -60,25 +60,27 @@ def cache_stats(store: PostgresStore) -> dict[str, Any]:
 
 def prune(store: PostgresStore, older_than: float | None, max_size: int | None, *,
           dry_run: bool = False) -> int:
-    """Remove cache entries not used for ``older_than`` seconds, then the least recently
-    used until the entries take at most ``max_size`` bytes; returns how many. Then the
-    blobs no row refers to any more (not written in the last hour) are collected.
+    """Remove cache entries stored more than ``older_than`` seconds ago, then the oldest
+    until the entries take at most ``max_size`` bytes (as a DiskStore does); returns how
+    many. Then the blobs no row refers to any more (not written in the last hour) are
+    collected.
 
     Raises:
-        ValueError: a negative age or size.
+        ValueError: both limits are None, or one is negative.
     """
-    if older_than is not None and older_than < 0:
-        raise ValueError(f"older_than={older_than!r} is negative")
-    if max_size is not None and max_size < 0:
-        raise ValueError(f"a cache size limit of {max_size!r} bytes is negative")
+    if older_than is None and max_size is None:
+        raise ValueError("prune() needs older_than (seconds) or max_size (bytes), or both")
+    if (older_than is not None and older_than < 0) or (max_size is not None and max_size < 0):
+        raise ValueError(f"prune() limits must not be negative, got older_than={older_than!r}, "
+                         f"max_size={max_size!r}")
     doomed: list[str] = []
     if older_than is not None:
         doomed = [row[0] for row in store._read("read the cache", store._sql(
-            "SELECT key FROM {s}.cache WHERE used < %s"), (time.time() - older_than,))]
+            "SELECT key FROM {s}.cache WHERE stored < %s"), (time.time() - older_than,))]
     if max_size is not None:
         gone = set(doomed)
         rows = store._read("read the cache", store._sql(
-            "SELECT key, size FROM {s}.cache ORDER BY used, stored, key"))
+            "SELECT key, size FROM {s}.cache ORDER BY stored, key"))
         total = sum(int(size) for key, size in rows if key not in gone)
         for key, size in rows:
             if total <= max_size:

@@ -92,9 +92,8 @@ MIGRATIONS: dict[int, list[str]] = {
             value bytea,
             blob text,
             size bigint NOT NULL,
-            stored float8 NOT NULL,
-            used float8 NOT NULL)""",
-        "CREATE INDEX IF NOT EXISTS cache_used ON {s}.cache (used)",
+            stored float8 NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS cache_stored ON {s}.cache (stored)",
         """CREATE TABLE IF NOT EXISTS {s}.keys (
             cache_key text PRIMARY KEY,
             task text NOT NULL,

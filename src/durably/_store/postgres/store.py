@@ -158,6 +158,11 @@ class PostgresStore(Store):
         self._open_lock = threading.Lock()
         self._local = threading.local()
         self._shift = 0.0  # seconds added to the server's clock (tests of lease expiry)
+        self._connected = False  # (once it has: a server that does not answer is an outage)
+        #: a statement gave up waiting for the server: the next ones try once, not for
+        #: RETRY_SECONDS each, until one gets through (a run failing in an outage says so
+        #: at once, not after a minute for each of the writes its end makes)
+        self._given_up = False
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -206,7 +211,9 @@ class PostgresStore(Store):
         return self._given_key if self._given_key is not None else process_key()
 
     # -- connections ---------------------------------------------------------------------------
-    def _get_pool(self) -> Any:
+    def _get_pool(self, until: float | None = None) -> Any:
+        """The process's pool, opened if need be (waiting for the server until ``until``, a
+        ``time.monotonic()``, else :data:`OPEN_SECONDS`)."""
         pool = self._pool
         if pool is not None and self._pid == os.getpid():
             return pool
@@ -217,7 +224,7 @@ class PostgresStore(Store):
                 # the process that opened it)
                 self._pool = None
             if self._pool is None:
-                self._pool = self._open()
+                self._pool = self._open(until)
                 self._pid = os.getpid()
             return self._pool
 
@@ -231,7 +238,7 @@ class PostgresStore(Store):
             "DURABLY_KEY_FILE=durably.key (or durably.configure(key=...)); or pass "
             "allow_unsigned=True (?allow_unsigned=true) for a store only you write to.")
 
-    def _open(self) -> Any:
+    def _open(self, until: float | None = None) -> Any:
         if self.signing_key is None and not self.allow_unsigned:
             raise self._unsigned()
         try:
@@ -241,13 +248,15 @@ class PostgresStore(Store):
                              "pip install 'durably[postgres]'.") from exc
         kwargs: dict[str, Any] = {"autocommit": True,
                                   "prepare_threshold": self.prepare_threshold}
-        self._alone(lambda conn: migrate(conn, self.schema, self._shown))
+        self._alone(lambda conn: migrate(conn, self.schema, self._shown), until)
+        self._connected = True
         return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
                               timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
 
-    def _alone(self, work: Callable[[Any], T]) -> T:
+    def _alone(self, work: Callable[[Any], T], until: float | None = None) -> T:
         """``work(connection)`` on a connection of its own (not the pool's), retried while
-        the server cannot be reached."""
+        the server cannot be reached (until ``until``, a ``time.monotonic()``, else for
+        :data:`OPEN_SECONDS`)."""
         try:
             import psycopg
         except ImportError as exc:
@@ -255,12 +264,14 @@ class PostgresStore(Store):
                              "pip install 'durably[postgres]'.") from exc
         kwargs: dict[str, Any] = {"autocommit": True,
                                   "prepare_threshold": self.prepare_threshold}
-        deadline = time.monotonic() + OPEN_SECONDS
+        deadline = until if until is not None else time.monotonic() + OPEN_SECONDS
         while True:
             try:
                 with psycopg.connect(self._base, connect_timeout=10, **kwargs) as conn:
                     return work(conn)
             except psycopg.OperationalError as exc:
+                if self._connected and time.monotonic() > deadline:
+                    raise self._error("reconnect", exc) from None
                 if not _reachable_later(exc) or time.monotonic() > deadline:
                     raise StoreError(
                         f"cannot connect to the PostgreSQL store {self._shown}: "
@@ -285,32 +296,46 @@ class PostgresStore(Store):
                 return work(conn)
             except psycopg.Error as exc:
                 raise self._error(what, exc) from exc
-        deadline: float | None = None
+        deadline: float | None = time.monotonic() if self._given_up else None
         while True:
-            pool = self._get_pool()
-            wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
             try:
+                pool = self._get_pool(deadline)
+                wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
                 with pool.connection(timeout=wait) as conn:
-                    return work(conn)
-            except psycopg.OperationalError as exc:
+                    done = work(conn)
+                self._given_up = False
+                return done
+            except Exception as exc:  # noqa: BLE001 - _wait_for_server raises what is not
                 # the connection broke (a restart, a network cut): once the server is back,
                 # the statement is run again on a new one (every write is idempotent)
-                if not _reachable_later(exc):
-                    raise self._error(what, exc) from exc
-                now = time.monotonic()
-                deadline = deadline or now + RETRY_SECONDS
-                if now > deadline:
-                    raise self._error(what, exc) from exc
-                log.debug("durably: %s: %s; retrying", what, exc)
-                with contextlib.suppress(Exception):
-                    pool.check()
-                time.sleep(0.2)
-            except psycopg.Error as exc:
-                raise self._error(what, exc) from exc
-            except Exception as exc:
-                if type(exc).__name__ == "PoolTimeout":  # (no connection came back in time)
-                    raise self._error(what, exc) from exc
-                raise
+                deadline = self._wait_for_server(what, exc, deadline)
+
+    def _wait_for_server(self, what: str, exc: Exception, deadline: float | None) -> float:
+        """After ``exc``: the deadline to retry until, if the server may come back by
+        itself (its pool is dropped: a new one connects as soon as it answers, where the
+        old one would back off); else, or past the deadline, raise the StoreError."""
+        import psycopg
+
+        if isinstance(exc, StoreError) and deadline is None and not self._connected:
+            raise exc  # (the store could not be opened the first time: said why)
+        if not isinstance(exc, (psycopg.Error, StoreError)):
+            raise exc
+        if not (isinstance(exc, StoreError) or _reachable_later(exc)):
+            raise self._error(what, exc) from exc
+        now = time.monotonic()
+        deadline = deadline or now + RETRY_SECONDS
+        if now > deadline:
+            self._given_up = True
+            cause = exc.__cause__ or exc.__context__ if isinstance(exc, StoreError) else exc
+            raise self._error(what, cause or exc) from exc
+        log.debug("durably: %s: %s; retrying", what, exc)
+        with self._open_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None and self._pid == os.getpid():
+            with contextlib.suppress(Exception):
+                pool.close(timeout=0)
+        time.sleep(0.2)
+        return deadline
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
         return StoreError(f"the PostgreSQL store {self.where} could not {what}: "
@@ -362,17 +387,24 @@ class PostgresStore(Store):
         if self._current() is not None:
             yield  # (inside another block of this thread: part of it)
             return
-        pool = self._get_pool()
-        try:
-            conn = pool.getconn()
-        except Exception as exc:
-            raise self._error("start a transaction", exc) from exc
-        local = self._local
-        try:
+        deadline: float | None = time.monotonic() if self._given_up else None
+        while True:  # (a connection that broke before BEGIN: another one, as in _do)
+            try:
+                pool = self._get_pool(deadline)
+                wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
+                conn = pool.getconn(timeout=wait)
+            except Exception as exc:  # noqa: BLE001 - _wait_for_server raises what is not
+                deadline = self._wait_for_server("start a transaction", exc, deadline)
+                continue
             try:
                 conn.execute(begin)
-            except psycopg.Error as exc:
-                raise self._error("start a transaction", exc) from exc
+                self._given_up = False
+                break
+            except Exception as exc:  # noqa: BLE001 - _wait_for_server raises what is not
+                pool.putconn(conn)
+                deadline = self._wait_for_server("start a transaction", exc, deadline)
+        local = self._local
+        try:
             local.conn, local.pid = conn, os.getpid()
             try:
                 yield
@@ -708,14 +740,8 @@ class PostgresStore(Store):
     # -- the cache --------------------------------------------------------------------------------
     def cache_get(self, key: str) -> bytes | None:
         row = self._one("read the cache", self._sql(
-            "SELECT value, blob, used < %s FROM {s}.cache WHERE key = %s"),
-            (time.time() - 3600.0, key))
-        if row is None:
-            return None
-        if row[2]:  # last used over an hour ago: noted (pruning removes the least used)
-            self._write("read the cache", self._sql(
-                "UPDATE {s}.cache SET used = %s WHERE key = %s"), (time.time(), key))
-        return self._get_value(row[0], row[1])
+            "SELECT value, blob FROM {s}.cache WHERE key = %s"), (key,))
+        return None if row is None else self._get_value(row[0], row[1])
 
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         if not items:
@@ -740,12 +766,12 @@ class PostgresStore(Store):
             "%s::text[], %s::text[], %s::text[], %s::float8[]) AS k(c, t, co, i, p, cr) "
             "ON CONFLICT (cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
             "inputs = excluded.inputs, parts = excluded.parts, created = excluded.created) "
-            "INSERT INTO {s}.cache (key, value, blob, size, stored, used) "
-            "SELECT k, v, b, n, %s, %s FROM unnest(%s::text[], %s::bytea[], %s::text[], "
+            "INSERT INTO {s}.cache (key, value, blob, size, stored) "
+            "SELECT k, v, b, n, %s FROM unnest(%s::text[], %s::bytea[], %s::text[], "
             "%s::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
             "excluded.value, blob = excluded.blob, size = excluded.size, stored = "
-            "excluded.stored, used = excluded.used"),
-            [*k_cols, t, t, keys, values, blobs, sizes])
+            "excluded.stored"),
+            [*k_cols, t, keys, values, blobs, sizes])
 
     def cache_delete(self, keys: Iterable[str]) -> int:
         wanted = list(keys)
@@ -954,13 +980,32 @@ def _message(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+#: what a connection error says when the server may come back by itself (restarting, a
+#: network cut): anything else (a wrong host name, user, password or database) fails at once
+_TRANSIENT = ("connection refused", "no such file or directory", "server closed the connection",
+              "terminating connection", "the database system is starting up",
+              "the database system is shutting down", "the database system is in recovery",
+              "connection is lost", "connection is closed", "timed out", "timeout expired",
+              "could not receive data", "could not send data", "ssl syscall error",
+              "eof detected", "consuming input failed", "administrator command",
+              "connection is bad", "too many clients")
+#: SQLSTATEs of the same: admin shutdown, crash shutdown, cannot connect now, connection
+#: exceptions
+_TRANSIENT_STATES = ("57P01", "57P02", "57P03", "08000", "08003", "08006")
+
+
 def _reachable_later(exc: BaseException) -> bool:
     """Whether a connection error may go away by itself (the server restarting, a network
     cut), rather than a wrong URL, user or password."""
+    if getattr(exc, "sqlstate", None) in _TRANSIENT_STATES:
+        return True
+    if type(exc).__name__ == "PoolTimeout":  # (no connection came back in time)
+        return True
     text = str(exc).lower()
-    refused = ("password authentication failed", "does not exist", "no password supplied",
-               "role ", "authentication", "invalid", "permission denied")
-    return not any(word in text for word in refused)
+    if any(word in text for word in ("password", "authentication", "does not exist",
+                                     "could not translate host name")):
+        return False
+    return any(word in text for word in _TRANSIENT)
 
 
 def open_store(url: str, **options: Any) -> PostgresStore:
