@@ -43,6 +43,7 @@ from durably.exceptions import (
 from durably.store import Store
 
 if TYPE_CHECKING:
+    from durably._store.postgres import PostgresStore
     from durably.stategraph import END, START, Command, Send, StateGraph
 
     from . import executors as executors
