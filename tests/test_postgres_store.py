@@ -184,8 +184,8 @@ def test_migrations_run_once_from_several_processes_at_once(schemas: list[str]) 
         assert pool.starmap(_open_and_write, [(url, n) for n in range(6)]) == [1] * 6
     store = PostgresStore(url, key=KEY)
     assert len(store._read("keys", store._sql("SELECT key FROM {s}.cache"))) == 6
-    assert store._read("meta", store._sql("SELECT name, value FROM {s}.meta")) == [
-        ("version", str(VERSION))]
+    meta = dict(store._read("meta", store._sql("SELECT name, value FROM {s}.meta")))
+    assert sorted(meta) == ["store_id", "version"] and meta["version"] == str(VERSION)
     store.close()
 
 
@@ -496,3 +496,74 @@ def test_a_store_pickles_as_its_url_and_reopens_in_a_subprocess(pg: PostgresStor
                           env={**os.environ, "DURABLY_DIR": str(tmp_path / "elsewhere")})
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout.decode().split() == ["PostgresStore", pg.schema]
+
+
+# -- several stores, one blob store -----------------------------------------------------------
+def test_stores_sharing_a_blob_store_collect_only_their_own_blobs(
+        schemas: list[str], tmp_path: Path) -> None:
+    """Two stores (two schemas) with one DURABLY_BLOBS: each keeps its blobs in a folder of
+    its own (its id), so one's collection never removes the other's values, and a partial
+    file a killed write left is collected after the grace period."""
+    blobs = (tmp_path / "shared-blobs").as_uri()
+    big = b"x" * (2 << 20)
+    a_schema, b_schema = fresh_schema(), fresh_schema()
+    schemas += [a_schema, b_schema]
+    a = PostgresStore(with_schema(server_url(), a_schema), key=KEY, blobs=blobs)
+    b = PostgresStore(with_schema(server_url(), b_schema), key=KEY, blobs=blobs)
+    b.cache_put("b-entry", big)
+    a.cache_put("a-entry", big + b"a")
+    assert a.blobs is not None and b.blobs is not None and a.blobs.scope != b.blobs.scope
+    b_blob = b._one("blob", b._sql("SELECT blob FROM {s}.cache"))[0]
+    partial = Path(b.blobs.path(b_blob) + ".deadbeef.tmp")
+    partial.write_bytes(b"cut short")
+    old = time.time() - 7200
+    for path in (tmp_path / "shared-blobs").rglob("*"):
+        os.utime(path, (old, old))
+    assert a.collect_values(grace=3600) == (0, 0)  # (a's own blob is referenced)
+    assert b.cache_get("b-entry") == big
+    assert b.collect_values(grace=3600) == (1, len(b"cut short"))  # only the partial file
+    assert not partial.exists() and b.cache_get("b-entry") == big
+    a.close()
+    b.close()
+
+
+def test_a_missing_blob_is_a_store_error_that_names_where_it_was_looked_for(
+        schemas: list[str], tmp_path: Path) -> None:
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    writer = PostgresStore(url, key=KEY, blobs=(tmp_path / "right").as_uri())
+    writer.cache_put("entry", b"y" * (2 << 20))
+    misconfigured = PostgresStore(url, key=KEY, blobs=(tmp_path / "wrong").as_uri())
+    with pytest.raises(StoreError, match="not in the blob store") as caught:
+        misconfigured.cache_get("entry")
+    assert "DURABLY_BLOBS" in str(caught.value)
+    assert writer.cache_get("entry") == b"y" * (2 << 20)  # (nothing was removed)
+    unreachable = PostgresStore(url, key=KEY, blobs="s3://no-such-bucket/x", blob_options={
+        "key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://127.0.0.1:1"},
+        "retries": 0, "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}}})
+    with pytest.raises(StoreError, match="blob store s3://no-such-bucket/x"):
+        unreachable.cache_put("other", b"z" * (2 << 20))
+    for store in (writer, misconfigured, unreachable):
+        store.close()
+
+
+def test_an_entry_signed_with_another_key_is_a_miss_but_is_not_removed(
+        schemas: list[str]) -> None:
+    """A process with the wrong key must not remove the team's entries."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    team = PostgresStore(url, key=KEY)
+    team.cache_put("entry", b"value")
+    stranger = PostgresStore(url, key=b"s" * 32)
+    assert stranger.cache_get("entry") is None
+    assert team.cache_get("entry") == b"value"
+    team.close()
+    stranger.close()
+
+
+def test_system_schemas_are_refused() -> None:
+    for schema in ("public", "information_schema", "pg_catalog"):
+        with pytest.raises(DefinitionError, match="of PostgreSQL's own"):
+            PostgresStore(server_url(), schema=schema, key=KEY)

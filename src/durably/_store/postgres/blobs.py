@@ -63,12 +63,15 @@ class Blobs:
                                   "fsspec URL such as s3://bucket/prefix or /shared/dir.") from exc
         self.fs = fs
         self.root = root.rstrip("/") or root
+        #: the folder of this store's blobs under ``root`` (its id, once the store is open):
+        #: several stores may share one blob store, and each collects only its own
+        self.scope = ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.local = protocol in ("file", "local")
 
     def path(self, name: str) -> str:
         """Where the blob ``name`` (a SHA-256 in hex) is kept."""
-        return posixpath.join(self.root, name[:2], name)
+        return posixpath.join(self.root, self.scope, name[:2], name)
 
     def put(self, data: bytes) -> str:
         """Keep ``data`` (unless a blob of the same bytes is there) and return its name.
@@ -84,8 +87,8 @@ class Blobs:
                     return name  # (the same bytes: content-addressed)
             except (FileNotFoundError, OSError):
                 pass
-            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
             if self.local:
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                 # a local or shared directory: written aside and renamed, so a crash never
                 # leaves a partial file under the final name
                 temp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -96,9 +99,10 @@ class Blobs:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(temp, path)
-            else:  # object storage: an upload appears whole or not at all
+            else:  # object storage: an upload appears whole or not at all (no folders made:
+                # a mistyped bucket is an error, never a new bucket)
                 self.fs.pipe_file(path, data)
-        except OSError as exc:
+        except Exception as exc:
             raise StoreError(f"a large value cannot be written to the blob store {self.url} "
                              f"({path}): {exc}. Fix: check that it exists and that this "
                              "process may write there (credentials, permissions, space).") from exc
@@ -115,30 +119,34 @@ class Blobs:
             return data
         except FileNotFoundError:
             return None
-        except OSError as exc:
+        except Exception as exc:
             raise StoreError(f"a large value cannot be read from the blob store {self.url} "
                              f"({self.path(name)}): {exc}. Fix: check the credentials and "
                              "that the store is reachable.") from exc
 
     def listing(self) -> list[tuple[str, int, float]]:
-        """Every blob kept: ``(name, bytes, modified)`` (seconds since the epoch)."""
+        """Every file of this store's blobs: ``(name, bytes, modified)`` (seconds since the
+        epoch); the name of a partial file a killed write left ends with ``.tmp``."""
         try:
-            found = self.fs.find(self.root, detail=True)
+            found = self.fs.find(posixpath.join(self.root, self.scope), detail=True)
         except FileNotFoundError:
             return []
+        except Exception as exc:
+            raise StoreError(f"the blob store {self.url} cannot be listed: {exc}. Fix: check "
+                             "the credentials and that it is reachable.") from exc
         blobs = []
         for path, info in found.items():
             name = posixpath.basename(path)
-            if len(name) != 64 or name.endswith(".tmp"):
+            if len(name.partition(".")[0]) != 64:
                 continue
             blobs.append((name, int(info.get("size") or 0), _modified(info)))
         return blobs
 
     def remove(self, names: Iterable[str]) -> None:
-        """Delete these blobs (missing ones are skipped)."""
+        """Delete these blobs and partial files (missing ones are skipped)."""
         for name in names:
             try:
-                self.fs.rm_file(self.path(name))
+                self.fs.rm_file(posixpath.join(self.root, self.scope, name[:2], name))
             except FileNotFoundError:
                 continue
 

@@ -10,6 +10,7 @@ write tables whose meaning it does not know.
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from durably.exceptions import DefinitionError, StoreError
@@ -126,6 +127,12 @@ def check_schema_name(schema: Any, where: str) -> str:
         >>> check_schema_name("durably_ci", "schema=")
         'durably_ci'
     """
+    if schema in ("public", "information_schema") or (isinstance(schema, str)
+                                                       and schema.startswith("pg_")):
+        raise DefinitionError(
+            f"{where} {schema!r} is a schema of PostgreSQL's own or shared by every "
+            "application; durably makes tables named runs, steps, cache and keys in its "
+            "schema. Fix: a schema of durably's own, such as schema=\"durably\".")
     if not isinstance(schema, str) or not _NAME.fullmatch(schema):
         raise DefinitionError(
             f"{where} {schema!r} is not a schema name durably can use. Fix: lower-case "
@@ -134,14 +141,26 @@ def check_schema_name(schema: Any, where: str) -> str:
     return schema
 
 
-def migrate(conn: Any, schema: str, where: str) -> None:
+def migrate(conn: Any, schema: str, where: str) -> str:
     """Bring ``schema``'s tables to :data:`VERSION` (creating the schema), unless they are
-    there already.
+    there already; return the store's id (made once, with its tables: the folder of its
+    blobs in a blob store several stores may share).
 
     Raises:
-        StoreError: the schema was made by a newer durably.
+        StoreError: the schema was made by a newer durably, or its version is not durably's.
     """
-    found = _version(conn, schema)
+    _tables(conn, schema, where)
+    row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'store_id'").fetchone()
+    if row is None:
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('store_id', %s) ON CONFLICT (name) "
+                     "DO NOTHING", (uuid.uuid4().hex,))
+        row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'store_id'"
+                           ).fetchone()
+    return str(row[0])
+
+
+def _tables(conn: Any, schema: str, where: str) -> None:
+    found = _version(conn, schema, where)
     if found == VERSION:
         return
     if found is None or found < VERSION:
@@ -157,7 +176,7 @@ def migrate(conn: Any, schema: str, where: str) -> None:
                          "(name text PRIMARY KEY, value text NOT NULL)")
             row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'version'"
                                ).fetchone()
-            found = int(row[0]) if row else 0
+            found = _number(row[0], schema, where) if row else 0
             for version in range(found + 1, VERSION + 1):
                 for statement in MIGRATIONS[version]:
                     conn.execute(statement.format(s=schema))
@@ -172,7 +191,7 @@ def migrate(conn: Any, schema: str, where: str) -> None:
             "that uses this store, or use another schema (?schema=NAME).")
 
 
-def _version(conn: Any, schema: str) -> int | None:
+def _version(conn: Any, schema: str, where: str) -> int | None:
     """The schema's version, or None when it has no tables yet."""
     import psycopg
 
@@ -182,5 +201,15 @@ def _version(conn: Any, schema: str) -> int | None:
         return None
     except psycopg.errors.InvalidSchemaName:
         return None
-    return int(row[0]) if row else None
+    return _number(row[0], schema, where) if row else None
+
+
+def _number(value: Any, schema: str, where: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise StoreError(
+            f"the PostgreSQL store {where}: the table {schema}.meta says its version is "
+            f"{value!r}, which is not durably's. Fix: choose a schema of durably's own "
+            "(?schema=NAME); this one holds tables of something else.") from None
 

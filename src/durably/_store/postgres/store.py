@@ -31,9 +31,18 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from durably._store.integrity import SigningKey, _process_key_set, key_from, process_key
+from durably._store.integrity import (
+    OTHER_KEY,
+    UNSIGNED,
+    SigningKey,
+    _process_key_set,
+    key_from,
+    process_key,
+)
 from durably._store.lease import Owner
+from durably._store.postgres.ahead import Ahead
 from durably._store.postgres.blobs import Blobs, blobs_from
+from durably._store.postgres.options import flag, message, reachable_later, split_url, whole
 from durably._store.postgres.schema import check_schema_name, migrate
 from durably._store.records import EventRecord, KeyRecord, Replay, RunRecord, StepRecord
 from durably.exceptions import DefinitionError, RunStateError, StoreError
@@ -44,20 +53,12 @@ __all__ = ["PostgresStore", "open_store"]
 log = logging.getLogger("durably")
 T = TypeVar("T")
 
-#: the options durably reads from a postgresql:// URL's query (the rest is libpq's)
-OPTIONS = ("schema", "blobs", "allow_unsigned", "inline_limit", "pool_size",
-           "prepare_threshold")
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 #: how long a statement whose connection broke is retried (the server restarting)
 RETRY_SECONDS = 60.0
 #: how long a store being opened waits for a server that refuses connections (starting up)
 OPEN_SECONDS = 10.0
 #: the largest value kept in a row when no blob store is named (bytea's limit is 1 GiB)
 _ROW_LIMIT = (1 << 30) - (1 << 20)
-#: rows of a run's journal read at a time when it is resumed
-_PAGE_ROWS = 2000
-_PAGE_BYTES = 64 << 20
 
 _STEP_COLS = ("run_id", "step_id", "parent_id", "task", "status", "attempt", "position",
               "started", "ended", "error", "cache_key", "inputs", "output", "result_digest",
@@ -132,22 +133,22 @@ class PostgresStore(Store):
         if not isinstance(url, str) or not url.strip():
             raise DefinitionError(f"PostgresStore(url) takes a postgresql:// URL, got {url!r}."
                                   " Fix: PostgresStore(\"postgresql://user@host/dbname\").")
-        self._base, given = _split_url(url)
+        self._base, given = split_url(url)
         self._shown = redact(self._base)
         self.schema = check_schema_name(schema if schema is not None
                                         else given.get("schema", "durably"), "schema=")
-        self.inline_limit = _whole(inline_limit if inline_limit is not None
+        self.inline_limit = whole(inline_limit if inline_limit is not None
                                    else given.get("inline_limit", 1 << 20), "inline_limit")
-        self.pool_size = _whole(pool_size if pool_size is not None
+        self.pool_size = whole(pool_size if pool_size is not None
                                 else given.get("pool_size", 8), "pool_size", least=1)
         if prepare_threshold == "default":
             prepare_threshold = given.get("prepare_threshold", 5)
         if isinstance(prepare_threshold, str):
             prepare_threshold = (None if prepare_threshold.lower() in ("none", "")
-                                 else _whole(prepare_threshold, "prepare_threshold"))
+                                 else whole(prepare_threshold, "prepare_threshold"))
         self.prepare_threshold: int | None = prepare_threshold
         if allow_unsigned is None:
-            allow_unsigned = _flag(given.get("allow_unsigned", "false"), "allow_unsigned")
+            allow_unsigned = flag(given.get("allow_unsigned", "false"), "allow_unsigned")
         self.allow_unsigned = bool(allow_unsigned)
         self._given_key = (key if isinstance(key, SigningKey) or key is None
                            else key_from(key, "PostgresStore(key=...)"))
@@ -248,7 +249,9 @@ class PostgresStore(Store):
                              "pip install 'durably[postgres]'.") from exc
         kwargs: dict[str, Any] = {"autocommit": True,
                                   "prepare_threshold": self.prepare_threshold}
-        self._alone(lambda conn: migrate(conn, self.schema, self._shown), until)
+        store_id = self._alone(lambda conn: migrate(conn, self.schema, self._shown), until)
+        if self.blobs is not None:
+            self.blobs.scope = store_id  # (its blobs apart from other stores' in one place)
         self._connected = True
         return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
                               timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
@@ -272,16 +275,16 @@ class PostgresStore(Store):
             except psycopg.OperationalError as exc:
                 if self._connected and time.monotonic() > deadline:
                     raise self._error("reconnect", exc) from None
-                if not _reachable_later(exc) or time.monotonic() > deadline:
+                if not reachable_later(exc) or time.monotonic() > deadline:
                     raise StoreError(
                         f"cannot connect to the PostgreSQL store {self._shown}: "
-                        f"{_message(exc)}. Fix: check the host, port, database and user in "
+                        f"{message(exc)}. Fix: check the host, port, database and user in "
                         "the URL, and the password (in the URL, $PGPASSWORD or "
                         "~/.pgpass).") from None
                 time.sleep(0.5)
             except psycopg.Error as exc:
                 raise StoreError(f"the PostgreSQL store {self._shown} cannot be prepared "
-                                 f"(schema {self.schema}): {_message(exc)}. Fix: give the "
+                                 f"(schema {self.schema}): {message(exc)}. Fix: give the "
                                  "user the right to create the schema (GRANT CREATE ON "
                                  "DATABASE ...), or create it for them.") from None
 
@@ -320,7 +323,7 @@ class PostgresStore(Store):
             raise exc  # (the store could not be opened the first time: said why)
         if not isinstance(exc, (psycopg.Error, StoreError)):
             raise exc
-        if not (isinstance(exc, StoreError) or _reachable_later(exc)):
+        if not (isinstance(exc, StoreError) or reachable_later(exc)):
             raise self._error(what, exc) from exc
         now = time.monotonic()
         deadline = deadline or now + RETRY_SECONDS
@@ -339,7 +342,7 @@ class PostgresStore(Store):
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
         return StoreError(f"the PostgreSQL store {self.where} could not {what}: "
-                          f"{_message(exc)}. Fix: check that the server is up and reachable; "
+                          f"{message(exc)}. Fix: check that the server is up and reachable; "
                           "a finished step is never lost, and the run resumes where it "
                           "stopped once it is back.")
 
@@ -435,6 +438,7 @@ class PostgresStore(Store):
         if data is None:
             return None, None
         if len(data) > self.inline_limit and self.blobs is not None:
+            self._get_pool()  # (opened: the blobs' folder is the store's id)
             return None, self.blobs.put(data)
         if len(data) > _ROW_LIMIT:
             raise StoreError(
@@ -451,8 +455,16 @@ class PostgresStore(Store):
                 f"{self.where} keeps a large value in a blob store ({blob}), and none is named "
                 "here. Fix: set DURABLY_BLOBS (and DURABLY_BLOBS_OPTIONS) as the processes "
                 "that wrote it did, or pass blobs=...")
+        self._get_pool()
         found = self.blobs.get(blob)
-        return b"" if found is None else found  # (missing: fails its checksum, as damage)
+        if found is None:
+            raise StoreError(
+                f"{self.where} refers to a large value that is not in the blob store "
+                f"{self.blobs.url} (looked for {self.blobs.path(blob)}). Fix: "
+                "DURABLY_BLOBS (and DURABLY_BLOBS_OPTIONS) must name the same place on every "
+                "machine that uses this store; if it was deleted there, the entry can be "
+                "removed with durably cache clear.")
+        return found
 
     # -- runs --------------------------------------------------------------------------------------
     def _run_params(self, rec: RunRecord) -> list[Any]:
@@ -670,7 +682,7 @@ class PostgresStore(Store):
         return {row[0]: row[1] for row in rows}
 
     def read_ahead(self, run_id: str) -> ReadAhead | None:
-        return _Ahead(self, run_id)
+        return Ahead(self, run_id)
 
     def append_replays(self, run_id: str, attempt: int,
                        replays: Sequence[Replay | ReplayRange]) -> bool:
@@ -738,6 +750,17 @@ class PostgresStore(Store):
                 for r in rows]
 
     # -- the cache --------------------------------------------------------------------------------
+    def discard_cache(self, key: str, why: str, data: bytes | None = None) -> None:
+        """An entry signed with another key (or unsigned, when this process has a key) is a
+        miss here, and left for the processes that have its key: the store is shared, and one
+        misconfigured process must not remove everyone's entries. A damaged one is removed."""
+        if why in (OTHER_KEY, UNSIGNED):
+            log.warning("durably: cache entry %s of %s is not served here: %s. Fix: use the "
+                        "store's signing key (DURABLY_KEY_FILE) in every process that uses "
+                        "it", key, self.where, why)
+            return
+        super().discard_cache(key, why, data)
+
     def cache_get(self, key: str) -> bytes | None:
         row = self._one("read the cache", self._sql(
             "SELECT value, blob FROM {s}.cache WHERE key = %s"), (key,))
@@ -861,151 +884,6 @@ class PostgresStore(Store):
         from durably._store.postgres import maintenance
 
         return maintenance.repair_run(self, run_id)
-
-
-class _Ahead(ReadAhead):
-    """The finished steps of a run being resumed, read a page at a time in journal order (a
-    page is 2,000 rows or 64 MiB): a resumed run of 10,000 steps reads its journal in a few
-    queries, not one a step. A step asked for that is not in the page is looked up alone.
-    Each replay is kept as a one-step :class:`ReplayRange` anchored at its record, which
-    :meth:`PostgresStore.append_replays` copies in one statement."""
-
-    __slots__ = ("_after", "_buffer", "_done", "_page", "due", "run_id", "store", "thread")
-
-    def __init__(self, store: PostgresStore, run_id: str) -> None:
-        self.store, self.run_id = store, run_id
-        self.thread = threading.get_ident()
-        self.due = False
-        #: step id -> (value, blob, attempt, position, seq) of its first finished record
-        self._page: dict[str, tuple[Any, str | None, int, int, int]] = {}
-        self._buffer: list[ReplayRange] = []
-        self._after: tuple[int, int, int] = (-1, -1, -1)
-        self._done = False
-        self._next_page()
-
-    def _next_page(self) -> bool:
-        if self._done:
-            return False
-        rows = self.store._read("read a run's journal", self.store._sql(
-            "SELECT attempt, position, seq, step_id, value, blob "
-            "FROM {s}.steps WHERE run_id = %s AND status IN ('ran', 'cached') "
-            "AND (value IS NOT NULL OR blob IS NOT NULL) AND (attempt, position, seq) > "
-            "(%s, %s, %s) ORDER BY attempt, position, seq LIMIT %s"),
-            (self.run_id, *self._after, _PAGE_ROWS))
-        page: dict[str, tuple[Any, str | None, int, int, int]] = {}
-        size = 0
-        for attempt, position, seq, step_id, value, blob in rows:
-            self._after = (attempt, position, seq)
-            page.setdefault(step_id, (value, blob, attempt, position, seq))
-            size += len(value or b"")
-            if size > _PAGE_BYTES:
-                break
-        self._done = len(rows) < _PAGE_ROWS and size <= _PAGE_BYTES
-        self._page = page
-        return bool(page)
-
-    @property
-    def buffered(self) -> bool:
-        return bool(self._buffer)
-
-    def replay(self, step_id: str, position: int, started: float) -> bytes | None:
-        found = self._page.get(step_id)
-        while found is None and self._next_page():
-            found = self._page.get(step_id)
-        if found is None:
-            return self.store._find_raw(self.run_id, step_id)
-        data, blob, attempt, at, seq = found
-        self._buffer.append(ReplayRange(position, 1, (attempt, at, True), 0, step_id, step_id,
-                                        started, time.time(), seq))
-        self.due = len(self._buffer) >= 500
-        return self.store._get_value(data, blob)
-
-    def find(self, step_id: str) -> bytes | None:
-        found = self._page.get(step_id)
-        return None if found is None else self.store._get_value(found[0], found[1])
-
-    def retract(self) -> None:
-        if self._buffer:
-            self._buffer.pop()
-
-    def take_ranges(self) -> list[ReplayRange]:
-        taken, self._buffer = self._buffer, []
-        self.due = False
-        return taken
-
-
-# -- the URL -----------------------------------------------------------------------------------
-def _split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The URL for libpq (durably's options taken out of its query) and those options."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme.lower() not in ("postgresql", "postgres"):
-        raise DefinitionError(
-            f"PostgresStore takes a postgresql:// URL, got one of scheme {parts.scheme!r}. "
-            "Fix: postgresql://user@host:5432/dbname.")
-    mine: dict[str, str] = {}
-    rest = []
-    for name, value in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if name in OPTIONS:
-            mine[name] = value
-        elif name in ("key", "signing_key"):
-            raise DefinitionError(
-                "a postgresql:// store URL gives a signing key; a key has no place in a URL "
-                "(it ends up in logs, shell histories and process lists). Fix: set "
-                "DURABLY_KEY_FILE (or DURABLY_KEY), or pass key=... in code.")
-        else:
-            rest.append((name, value))
-    return urllib.parse.urlunsplit(parts._replace(
-        query=urllib.parse.urlencode(rest, safe="/"))), mine
-
-
-def _whole(value: Any, name: str, least: int = 0) -> int:
-    try:
-        number = int(str(value).replace("_", "")) if not isinstance(value, int) else value
-    except ValueError:
-        number = -1
-    if isinstance(value, bool) or number < least:
-        raise DefinitionError(f"PostgresStore: {name}={value!r} is not a whole number of at "
-                              f"least {least}. Fix: for example {name}=8.")
-    return number
-
-
-def _flag(value: str, name: str) -> bool:
-    if value.lower() not in _TRUE + _FALSE:
-        raise DefinitionError(f"PostgresStore: {name}={value!r} is not true or false. Fix: "
-                              f"?{name}=true.")
-    return value.lower() in _TRUE
-
-
-def _message(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
-#: what a connection error says when the server may come back by itself (restarting, a
-#: network cut): anything else (a wrong host name, user, password or database) fails at once
-_TRANSIENT = ("connection refused", "no such file or directory", "server closed the connection",
-              "terminating connection", "the database system is starting up",
-              "the database system is shutting down", "the database system is in recovery",
-              "connection is lost", "connection is closed", "timed out", "timeout expired",
-              "could not receive data", "could not send data", "ssl syscall error",
-              "eof detected", "consuming input failed", "administrator command",
-              "connection is bad", "too many clients")
-#: SQLSTATEs of the same: admin shutdown, crash shutdown, cannot connect now, connection
-#: exceptions
-_TRANSIENT_STATES = ("57P01", "57P02", "57P03", "08000", "08003", "08006")
-
-
-def _reachable_later(exc: BaseException) -> bool:
-    """Whether a connection error may go away by itself (the server restarting, a network
-    cut), rather than a wrong URL, user or password."""
-    if getattr(exc, "sqlstate", None) in _TRANSIENT_STATES:
-        return True
-    if type(exc).__name__ == "PoolTimeout":  # (no connection came back in time)
-        return True
-    text = str(exc).lower()
-    if any(word in text for word in ("password", "authentication", "does not exist",
-                                     "could not translate host name")):
-        return False
-    return any(word in text for word in _TRANSIENT)
 
 
 def open_store(url: str, **options: Any) -> PostgresStore:
