@@ -239,21 +239,28 @@ class PostgresStore(Store):
             "DURABLY_KEY_FILE=durably.key (or durably.configure(key=...)); or pass "
             "allow_unsigned=True (?allow_unsigned=true) for a store only you write to.")
 
+    def _kwargs(self) -> dict[str, Any]:
+        """psycopg's options of every connection: autocommit (a statement is its own
+        transaction), and when statements are prepared."""
+        return {"autocommit": True, "prepare_threshold": self.prepare_threshold}
+
+    def _no_psycopg(self, exc: ImportError) -> StoreError:
+        return StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
+                          "pip install 'durably[postgres]'.")
+
     def _open(self, until: float | None = None) -> Any:
         if self.signing_key is None and not self.allow_unsigned:
             raise self._unsigned()
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
-            raise StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
-                             "pip install 'durably[postgres]'.") from exc
-        kwargs: dict[str, Any] = {"autocommit": True,
-                                  "prepare_threshold": self.prepare_threshold}
+            raise self._no_psycopg(exc) from exc
         store_id = self._alone(lambda conn: migrate(conn, self.schema, self._shown), until)
         if self.blobs is not None:
             self.blobs.scope = store_id  # (its blobs apart from other stores' in one place)
         self._connected = True
-        return ConnectionPool(self._base, kwargs=kwargs, min_size=1, max_size=self.pool_size,
+        return ConnectionPool(self._base, kwargs=self._kwargs(), min_size=1,
+                              max_size=self.pool_size,
                               timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
 
     def _alone(self, work: Callable[[Any], T], until: float | None = None) -> T:
@@ -263,10 +270,8 @@ class PostgresStore(Store):
         try:
             import psycopg
         except ImportError as exc:
-            raise StoreError(f"the PostgreSQL store {self._shown} needs psycopg ({exc}). Fix: "
-                             "pip install 'durably[postgres]'.") from exc
-        kwargs: dict[str, Any] = {"autocommit": True,
-                                  "prepare_threshold": self.prepare_threshold}
+            raise self._no_psycopg(exc) from exc
+        kwargs = self._kwargs()
         deadline = until if until is not None else time.monotonic() + OPEN_SECONDS
         while True:
             try:
