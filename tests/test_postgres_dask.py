@@ -205,12 +205,13 @@ def test_a_nested_task_called_on_two_workers_executes_once(machines: Machines,
         store.close()
 
 
-def test_without_a_store_the_workers_share_each_executes_it(machines: Machines,
-                                                           pg: tuple[str, Log]) -> None:
+def test_without_a_store_the_workers_share_each_executes_it(
+        machines: Machines, pg: tuple[str, Log], caplog: pytest.LogCaptureFixture) -> None:
     """The contrast: a store the workers cannot reach (memory://, as a DiskStore without a
     shared filesystem) leaves each worker a cache of its own in its memory, and the nested
-    task executes once per worker."""
+    task executes once per worker; the caller is told so (not only the workers' logs)."""
     _, log = pg
+    caplog.set_level("WARNING", logger="durably")
     durably.configure(store=f"memory://{fresh_schema()}")
     where = machines.addresses()
     first, second = spread(8, [where["a"], where["b"]], log)
@@ -218,6 +219,8 @@ def test_without_a_store_the_workers_share_each_executes_it(machines: Machines,
     assert _executions(log, "shared_part") == [(8, first["pid"], first["durably_dir"]),
                                                (8, second["pid"], second["durably_dir"])]
     assert machines.untouched() == {}
+    told = [r.getMessage() for r in caplog.records if "worker's memory only" in r.getMessage()]
+    assert told and "cannot be shared" in told[0], caplog.text
 
 
 # -- a caller killed mid-map, resumed elsewhere -----------------------------------------------

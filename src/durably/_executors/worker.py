@@ -188,6 +188,8 @@ _worker_opened: Store | None = None  # the store _worker_store names, opened her
 #: items alternate on this worker do not open their store again each time (a PostgreSQL
 #: store would open a new pool of connections each time)
 _worker_stores: dict[bytes, Store] = {}
+#: why a worker caches in its own memory, by the id of the MemoryStore it uses instead
+_worker_problem: dict[int, str] = {}
 _worker_heads: dict[bytes, tuple[Callable[..., Any], tuple[Any, ...], Spec]] = {}
 
 
@@ -234,10 +236,12 @@ def _use_store(where: tuple[Any, ...]) -> Store | None:
             from durably._store.memory import MemoryStore
 
             reason = problem or f"the caller's store {where[2]} cannot be shared"
-            log.warning("durably: %s (worker process %d on %s); tasks called inside bodies "
-                        "here are cached in this worker's memory only", reason, os.getpid(),
-                        socket.gethostname())
+            said = (f"{reason} (worker process {os.getpid()} on {socket.gethostname()}); "
+                    "tasks called inside bodies there are cached in that worker's memory "
+                    "only")
+            log.warning("durably: %s", said)
             store = MemoryStore()
+            _worker_problem[id(store)] = said
         configure(store=store)
         _worker_store = where
         _worker_opened = store
@@ -359,7 +363,7 @@ def _run_job(head: bytes, body: bytes) -> bytes:
         return _pack_failure(started, exc)
     ended = time.time()
     try:
-        return _pack((True, result, started, None, ended),
+        return _pack((True, result, started, _fallback_note(store), ended),
                      what=f"the result of task {spec.name!r}", back=True)
     except SerializationError as exc:
         where = _serde.locate_unpicklable("result", result, pickles=_pack_part)
@@ -381,6 +385,16 @@ def _pack_failure(started: float, exc: BaseException) -> bytes:
         return _pack((False, stand_in, started, tb, ended), what="the exception")
 
 
+#: the warnings of workers that could not use their caller's store, said once each
+_noted: set[str] = set()
+
+
+def _fallback_note(store: Store | None) -> str | None:
+    """For a successful outcome: why this worker caches in its own memory, when it could
+    not use its caller's store (said in the caller too, not only in the worker's log)."""
+    return _worker_problem.get(id(store)) if store is not None else None
+
+
 def _unpack_outcome(data: bytes) -> _Outcome:
     try:
         ok, value, started, tb, ended = _loads(data)
@@ -388,6 +402,10 @@ def _unpack_outcome(data: bytes) -> _Outcome:
         return _Outcome(False, RuntimeError(
             f"the outcome of this item could not be read back from the worker: {exc!r}"),
             None)
+    if ok and tb and tb not in _noted:  # (a success's fourth field: a worker's warning)
+        _noted.add(tb)
+        log.warning("durably: %s", tb)
+        tb = None
     if not ok and tb and isinstance(value, BaseException) and value.__cause__ is None:
         value.__cause__ = _RemoteTraceback(tb)
     return _Outcome(ok, value, started, False, ended)
