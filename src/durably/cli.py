@@ -474,7 +474,8 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
     """Delete runs and their journals: the RUNs named, or the runs matching the filters.
 
     The cache is kept (their steps still serve later calls); the large values in blobs/
-    that only they referred to are removed. A run being executed is never deleted: named,
+    that only they referred to are removed (in a PostgreSQL store's blob store: collected by
+    `durably cache prune` an hour later). A run being executed is never deleted: named,
     it is an error; matched by a filter, it is left out. Examples: `durably delete RUN`,
     `durably delete --older-than 30d`, `durably delete --status failed --status crashed`.
     """
@@ -503,8 +504,12 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
         click.echo(f"would delete {len(deleted):,} {noun} (dry run)")
         return
     freed = before - _blob_bytes(store)
+    later = (not isinstance(store, durably.DiskStore) and "maintenance" in store.capabilities
+             and bool(deleted))  # (a shared blob store: collected after a grace period)
     click.echo(f"deleted {len(deleted):,} {noun} from {_where(store)}"
                + (f"; {_size(freed)} of large values freed in blobs/" if freed > 0 else "")
+               + ("; large values no row refers to any more are collected by durably cache "
+                  "prune after an hour" if later else "")
                + "; the cache is kept")
 
 
