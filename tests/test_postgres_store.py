@@ -194,7 +194,10 @@ def _tcp() -> tuple[str, str]:
     url = os.environ.get("DURABLY_TEST_POSTGRES_TCP")
     password = os.environ.get("DURABLY_TEST_POSTGRES_PASSWORD")
     if not url or not password:
-        server_url()  # (skips, or fails in CI)
+        server_url()  # (skips without a server, or fails in CI)
+        if os.environ.get("DURABLY_REQUIRE_POSTGRES"):
+            pytest.fail("DURABLY_TEST_POSTGRES_TCP/_PASSWORD are not set: .ci/postgres start "
+                        "sets them")
         pytest.skip("no password role on the test server: start it with .ci/postgres start")
     return url, password
 
