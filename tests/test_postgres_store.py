@@ -530,6 +530,54 @@ def test_stores_sharing_a_blob_store_collect_only_their_own_blobs(
     b.close()
 
 
+def test_a_large_value_is_streamed_to_its_blob_and_back_never_held_twice(
+        schemas: list[str], tmp_path: Path) -> None:
+    """A value pickled larger than 64 MiB is a file (a LargeValue) from the task to the blob
+    store and back: sealing it, writing it and reading it hold a chunk at a time, never the
+    value (and reading it back holds the value once: the unpickled object)."""
+    import tracemalloc
+
+    from durably._keys import serde
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY,
+                          blobs=(tmp_path / "blobs").as_uri())
+    size = 96 << 20
+    value = b"\x07" * size
+    pickled = serde.dumps(value, what="a value")
+    assert isinstance(pickled, serde.Spilled)  # (streamed to a spill file by the pickler)
+    tracemalloc.start()
+    try:
+        store.cache_put("big", pickled)
+        _, written = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        found = store.cache_get("big")
+        assert isinstance(found, serde.Spilled) and len(found) == len(pickled)
+        _, read = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        assert serde.loads(found) == value
+        _, loaded = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert written < 32 << 20, f"storing a {size:,}-byte value peaked at {written:,} bytes"
+    assert read < 32 << 20, f"reading it back peaked at {read:,} bytes"
+    assert loaded < size + (32 << 20), f"loading it peaked at {loaded:,} bytes"
+    # sealed and signed like any value: a blob damaged on disk is a miss, never served
+    blob = store._one("blob", store._sql("SELECT blob FROM {s}.cache"))[0]
+    assert store.blobs is not None
+    with open(store.blobs.path(blob), "r+b") as f:
+        f.seek(100 << 10)
+        f.write(b"\x08")
+    assert store.cache_get("big") is None
+    other = PostgresStore(with_schema(server_url(), schema), key=b"o" * 32,
+                          blobs=(tmp_path / "blobs").as_uri())
+    other.cache_put("big2", serde.dumps(value, what="a value"))
+    assert store.cache_get("big2") is None  # (signed with another key)
+    store.close()
+    other.close()
+
+
 def test_a_missing_blob_is_a_store_error_that_names_where_it_was_looked_for(
         schemas: list[str], tmp_path: Path) -> None:
     schema = fresh_schema()

@@ -55,8 +55,21 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, cast
 
-from durably._keys.serde import Spilled, Unreadable
-from durably._store.integrity import OTHER_KEY, UNSIGNED, SigningKey, open_seal, process_key, seal
+from durably._keys.serde import Spilled, Unreadable, spill_stream
+from durably._store.integrity import (
+    DAMAGED,
+    LARGE_HEADER,
+    OTHER_KEY,
+    UNSIGNED,
+    SigningKey,
+    check_large_header,
+    large_header,
+    open_seal,
+    process_key,
+    read_large_header,
+    scan,
+    seal,
+)
 from durably._store.lease import Owner
 from durably._store.records import (
     FINISHED_STEP,
@@ -588,30 +601,99 @@ def _context(key: SigningKey | None, *parts: str) -> bytes:
     return "\x00".join(parts).encode() if key is not None else b""
 
 
-def _sealed(value: bytes | None, key: SigningKey | None, *parts: str) -> bytes | None:
+def _sealed(value: bytes | None, key: SigningKey | None, large: bool, *parts: str
+            ) -> bytes | None:
     if value is None:
         return None
-    if isinstance(value, Unreadable):  # (a damaged value read back: never written again)
-        raise value.error
-    return seal(value_bytes(value), key, _context(key, *parts))
+    if type(value) is not bytes:
+        if isinstance(value, Unreadable):  # (a damaged value read back: never written again)
+            raise value.error
+        if isinstance(value, Spilled):
+            sealed = _seal_large(value, key, _context(key, *parts))
+            return sealed if large else value_bytes(sealed)
+    return seal(value, key, _context(key, *parts))
+
+
+def _seal_large(value: Spilled, key: SigningKey | None, context: bytes) -> Spilled:
+    """A :class:`LargeValue` sealed without holding it in memory: a large-file header (the
+    pickle's xxh3-128 and, with a key, a MAC of ``context`` and the pickle's HMAC) put before
+    the pickle: in the bytes its spill file reserves there, else in a copy of the file."""
+    try:
+        mac = None
+        if key is not None:
+            mac = value.macs.get(key.id)
+            if mac is None:
+                with value.open() as f:
+                    digest, mac, n = scan(f, value.offset, key, limit=value.size)
+                if digest != value.digest or n != value.size or mac is None:
+                    raise StoreError(f"the large value kept in {value.path} changed while it "
+                                     "was being stored. Fix: rerun.")
+                value.macs[key.id] = mac
+        head = large_header(value.digest, key, context, mac)
+        if not (value.header_free and value.offset >= LARGE_HEADER):
+            with value.open() as f:  # (the bytes before it are not ours: a copy)
+                return spill_stream(f, value.size, "a large value", head)
+        with open(value.path, "r+b") as f:  # (a spill file of this process's)
+            f.seek(value.offset - LARGE_HEADER)
+            f.write(head)
+            f.flush()
+            digest, _, n = scan(f, value.offset, None, limit=value.size, head=head)
+    except OSError as exc:
+        raise StoreError(f"the large value kept in {value.path} cannot be read ({exc}). Fix: "
+                         "check that the file still exists and is readable.") from exc
+    if n != value.size:
+        raise StoreError(f"the large value kept in {value.path} is cut short ({n:,} of "
+                         f"{value.size:,} bytes). Fix: check the disk it is on.")
+    sealed = Spilled(value.path, value.offset - LARGE_HEADER, value.size + LARGE_HEADER, digest)
+    sealed.keep = value  # (the owner of the file: deletes it when dropped)
+    return sealed
+
+
+def open_value(data: bytes, key: SigningKey | None, context: bytes) -> tuple[bytes | None, str]:
+    """``(payload, "")`` for a sound sealed value, else ``(None, why)``; a sealed
+    :class:`LargeValue` is checked reading its file a chunk at a time and its payload is a
+    :class:`LargeValue` too (never read into memory)."""
+    if type(data) is bytes or not isinstance(data, Spilled):
+        return open_seal(data, key, context)
+    try:
+        with data.open() as f:
+            head = f.read(LARGE_HEADER)
+            if read_large_header(head) is None:  # (sealed inline, then kept as a file)
+                return open_seal(value_bytes(data), key, context)
+            digest, mac, n = scan(f, data.offset + LARGE_HEADER, key,
+                                  limit=data.size - LARGE_HEADER)
+    except OSError as exc:
+        raise StoreError(f"the large value kept in {data.path} cannot be read ({exc}). Fix: "
+                         "check that the file still exists and is readable.") from exc
+    if n != data.size - LARGE_HEADER:
+        return None, DAMAGED
+    why = check_large_header(head, digest, mac, key, context)
+    if why:
+        return None, why
+    payload = Spilled(data.path, data.offset + LARGE_HEADER, n, digest)
+    payload.keep = data
+    if key is not None and mac is not None:
+        payload.macs[key.id] = mac
+    return payload, ""
 
 
 def _seal_in(name: str, store: Store, method: Callable[..., Any], items: Any, *args: Any,
              **kwargs: Any) -> Any:
     key = store.signing_key
+    large = "large_values" in store.capabilities
     if name in ("put_run", "put_run_if_current"):
         rec: RunRecord = items.copy()
-        rec.args = _sealed(rec.args, key, "args", rec.run_id)
-        rec.result = _sealed(rec.result, key, "result", rec.run_id)
+        rec.args = _sealed(rec.args, key, large, "args", rec.run_id)
+        rec.result = _sealed(rec.result, key, large, "result", rec.run_id)
         items = rec
     elif name == "cache_put_many":
-        items = [(k, _sealed(v, key, "cache", k), i) for k, v, i in items]
+        items = [(k, _sealed(v, key, large, "cache", k), i) for k, v, i in items]
     elif name == "append_events":
         items = [EventRecord(e.run_id, e.kind, e.time, e.attempt, e.step_id, e.key,
-                             _sealed(e.data, key, "event", e.run_id, e.kind, e.key))
+                             _sealed(e.data, key, large, "event", e.run_id, e.kind, e.key))
                  for e in items]
     else:
-        items = [(r, _sealed(d, key, "step", r.run_id, r.step_id)) for r, d in items]
+        items = [(r, _sealed(d, key, large, "step", r.run_id, r.step_id)) for r, d in items]
     return method(store, items, *args, **kwargs)
 
 
@@ -635,7 +717,7 @@ def _opened_run(store: Store, rec: RunRecord | None) -> RunRecord | None:
         data = getattr(rec, field)
         if data is None:
             continue
-        payload, why = open_seal(data, key, _context(key, field, rec.run_id))
+        payload, why = open_value(data, key, _context(key, field, rec.run_id))
         setattr(rec, field, payload if payload is not None else Unreadable(
             _corrupt(store, rec.run_id, f"its {'arguments' if field == 'args' else 'result'}",
                      why)))
@@ -647,7 +729,7 @@ def _open_cache(name: str, store: Store, method: Callable[..., Any], key: str) -
     if data is None:
         return None
     signer = store.signing_key
-    payload, why = open_seal(data, signer, _context(signer, "cache", key))
+    payload, why = open_value(data, signer, _context(signer, "cache", key))
     if payload is None:
         store.discard_cache(key, why)
     return payload
@@ -659,7 +741,7 @@ def _open_step(name: str, store: Store, method: Callable[..., Any], run_id: str,
     if data is None:
         return None
     key = store.signing_key
-    payload, why = open_seal(data, key, _context(key, "step", run_id, step_id))
+    payload, why = open_value(data, key, _context(key, "step", run_id, step_id))
     if payload is not None:
         return payload
     rec = next((r for r in store.list_steps(run_id) if r.step_id == step_id), None)
@@ -691,7 +773,7 @@ def _open_events(name: str, store: Store, method: Callable[..., Any], run_id: st
     found = []
     for e in method(store, run_id, *args, **kwargs):
         if e.data is not None:
-            payload, why = open_seal(e.data, key, _context(key, "event", e.run_id, e.kind,
+            payload, why = open_value(e.data, key, _context(key, "event", e.run_id, e.kind,
                                                            e.key))
             if payload is None:
                 payload = Unreadable(_corrupt(store, e.run_id, f"a {e.kind!r} event", why))
@@ -723,7 +805,7 @@ class _OpenedAhead(ReadAhead):
         if data is None:
             return None
         key = self.store.signing_key
-        payload, _why = open_seal(data, key, _context(key, "step", self.run_id, step_id))
+        payload, _why = open_value(data, key, _context(key, "step", self.run_id, step_id))
         return payload
 
     def replay(self, step_id: str, position: int, started: float) -> bytes | None:

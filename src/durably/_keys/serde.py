@@ -36,7 +36,7 @@ import xxhash
 from durably.exceptions import SerializationError, StoreError
 
 __all__ = ["SPILL_BYTES", "SentByReference", "Spilled", "Unreadable", "dumps", "host_tag", "loads",
-           "locate_unpicklable", "set_spill_dir", "spill_bytes"]
+           "locate_unpicklable", "set_spill_dir", "spill_bytes", "spill_stream"]
 
 #: A pickle larger than this many bytes is streamed to a file instead of kept in memory.
 SPILL_BYTES = 64 << 20
@@ -127,6 +127,9 @@ class Spilled(bytes):
     _file: IO[bytes] | None
     _check: Callable[[IO[bytes] | OSError], None] | None
     _owned: str | None
+    #: another handle whose file this one describes a part of (kept alive with it: its
+    #: owner deletes the file when dropped)
+    keep: Spilled | None
 
     def __new__(cls, path: str, offset: int, size: int, digest: bytes, *, owned: bool = False,
                 header_free: bool = False, file: IO[bytes] | None = None,
@@ -141,6 +144,7 @@ class Spilled(bytes):
         self._file = file
         self._check = check
         self._owned = path if owned else None
+        self.keep = None
         return self
 
     def __len__(self) -> int:
@@ -620,6 +624,35 @@ def spill_bytes(data: bytes, what: str) -> Spilled:
     sink.limit = -1
     sink.write(data)
     spilled = sink.finish()
+    assert isinstance(spilled, Spilled)
+    return spilled
+
+
+def spill_stream(file: IO[bytes], size: int, what: str, head: bytes = b"") -> Spilled:
+    """``head`` then ``size`` bytes read from ``file`` (from where it is), copied to a spill
+    file a chunk at a time: a large value moved without being held in memory.
+
+    Raises:
+        StoreError: ``file`` ends before ``size`` bytes, or the spill file cannot be written.
+    """
+    sink = _Sink()
+    sink.what = what
+    sink.limit = -1
+    try:
+        if head:
+            sink.write(head)
+        left = size
+        while left:
+            chunk = file.read(min(8 << 20, left))
+            if not chunk:
+                raise StoreError(f"{what} is cut short ({size - left:,} of {size:,} bytes). "
+                                 "Fix: check where it is kept.")
+            sink.write(chunk)
+            left -= len(chunk)
+        spilled = sink.finish()
+    except BaseException:
+        sink.reset()
+        raise
     assert isinstance(spilled, Spilled)
     return spilled
 

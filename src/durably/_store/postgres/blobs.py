@@ -16,9 +16,10 @@ import os
 import posixpath
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from durably._keys.serde import SPILL_BYTES, Spilled, spill_stream
 from durably.exceptions import DefinitionError, StoreError
 
 __all__ = ["Blobs", "blobs_from"]
@@ -74,14 +75,17 @@ class Blobs:
         return posixpath.join(self.root, self.scope, name[:2], name)
 
     def put(self, data: bytes) -> str:
-        """Keep ``data`` (unless a blob of the same bytes is there) and return its name.
+        """Keep ``data`` (unless a blob of the same bytes is there) and return its name. A
+        :class:`~durably.store.LargeValue` is streamed from its file, a chunk at a time.
 
         Raises:
             StoreError: the blob cannot be written (the message names where and why).
         """
-        name = hashlib.sha256(data).hexdigest()
-        path = self.path(name)
+        spilled = data if isinstance(data, Spilled) else None
+        path = "?"
         try:
+            name = _sha256(data if spilled is None else spilled)
+            path = self.path(name)
             try:
                 if self.fs.size(path) == len(data):
                     return name  # (the same bytes: content-addressed)
@@ -93,15 +97,25 @@ class Blobs:
                 # leaves a partial file under the final name
                 temp = f"{path}.{uuid.uuid4().hex}.tmp"
                 with self.fs.open(temp, "wb") as f:
-                    view = memoryview(data)
-                    for at in range(0, len(view), _CHUNK):
-                        f.write(view[at:at + _CHUNK])
+                    _copy(data, spilled, f)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(temp, path)
-            else:  # object storage: an upload appears whole or not at all (no folders made:
-                # a mistyped bucket is an error, never a new bucket)
+            elif spilled is None:  # object storage: an upload appears whole or not at all
+                # (no folders made: a mistyped bucket is an error, never a new bucket)
                 self.fs.pipe_file(path, data)
+            else:  # a multipart upload, a part at a time, abandoned (never completed) on error
+                f = self.fs.open(path, "wb")
+                try:
+                    _copy(data, spilled, f)
+                except BaseException:
+                    discard = getattr(f, "discard", None)
+                    if callable(discard):
+                        discard()
+                    raise
+                f.close()
+        except StoreError:
+            raise
         except Exception as exc:
             raise StoreError(f"a large value cannot be written to the blob store {self.url} "
                              f"({path}): {exc}. Fix: check that it exists and that this "
@@ -109,16 +123,25 @@ class Blobs:
         return name
 
     def get(self, name: str) -> bytes | None:
-        """The bytes of blob ``name``, or None when it is missing.
+        """The bytes of blob ``name``, or None when it is missing. A blob larger than 64 MiB
+        (:data:`~durably._keys.serde.SPILL_BYTES`) comes back as a
+        :class:`~durably.store.LargeValue`: copied to a local spill file a chunk at a time,
+        never held in memory.
 
         Raises:
             StoreError: it cannot be read (other than missing).
         """
         try:
-            data: bytes = self.fs.cat_file(self.path(name))
-            return data
+            with self.fs.open(self.path(name), "rb") as f:
+                size = int(getattr(f, "size", None) or self.fs.size(self.path(name)))
+                if size <= SPILL_BYTES:
+                    data: bytes = f.read()
+                    return data
+                return spill_stream(f, size, f"the large value {self.path(name)}")
         except FileNotFoundError:
             return None
+        except StoreError:
+            raise
         except Exception as exc:
             raise StoreError(f"a large value cannot be read from the blob store {self.url} "
                              f"({self.path(name)}): {exc}. Fix: check the credentials and "
@@ -152,6 +175,40 @@ class Blobs:
 
     def __repr__(self) -> str:
         return f"Blobs({self.url!r})"
+
+
+def _sha256(data: bytes) -> str:
+    """The name of a blob of these bytes (a LargeValue's read from its file)."""
+    if not isinstance(data, Spilled):
+        return hashlib.sha256(data).hexdigest()
+    h = hashlib.sha256()
+    for chunk in _chunks(data):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def _copy(data: bytes, spilled: Spilled | None, to: Any) -> None:
+    """Write ``data`` (a LargeValue: its file's bytes) to ``to``, a chunk at a time."""
+    if spilled is None:
+        view = memoryview(data)
+        for at in range(0, len(view), _CHUNK):
+            to.write(view[at:at + _CHUNK])
+        return
+    for chunk in _chunks(spilled):
+        to.write(chunk)
+
+
+def _chunks(spilled: Spilled) -> Iterator[bytes]:
+    """The bytes of a LargeValue, read from its file a chunk at a time."""
+    with spilled.open() as f:
+        left = spilled.size
+        while left:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                raise StoreError(f"the large value kept in {spilled.path} is cut short. Fix: "
+                                 "check the disk it is on.")
+            yield chunk
+            left -= len(chunk)
 
 
 def _modified(info: dict[str, Any]) -> float:

@@ -8,9 +8,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from durably._store.integrity import open_seal
 from durably.exceptions import NotFoundError
-from durably.store import match_tasks
+from durably.store import match_tasks, open_value
 
 if TYPE_CHECKING:
     from durably._store.postgres.store import PostgresStore
@@ -170,7 +169,7 @@ def repair_run(store: PostgresStore, run_id: str) -> list[str]:
         "WHERE run_id = %s AND (value IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
     for seq, step_id, task, status, attempt, position, value, blob in rows:
         data = store._get_value(value, blob) or b""
-        payload, why = open_seal(data, key, _context(key, "step", run_id, step_id))
+        payload, why = open_value(data, key, _context(key, "step", run_id, step_id))
         if payload is not None:
             continue
         what = f"step {step_id} (task {task!r}, {status}, attempt {attempt}, #{position})"
@@ -181,7 +180,7 @@ def repair_run(store: PostgresStore, run_id: str) -> list[str]:
         "(data IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
     for seq, kind, ekey, value, blob in rows:
         data = store._get_value(value, blob) or b""
-        payload, why = open_seal(data, key, _context(key, "event", run_id, kind, ekey))
+        payload, why = open_value(data, key, _context(key, "event", run_id, kind, ekey))
         if payload is not None:
             continue
         what = f"a {kind!r} event"

@@ -13,6 +13,9 @@ set of journals.
 - **Values** are sealed above this backend (checksums, signatures: the base class, as this
   store does not declare ``"integrity"``); those over ``inline_limit`` bytes go to a blob
   store (:mod:`durably._store.postgres.blobs`) when one is named, written before their row.
+  A value larger than 64 MiB arrives as a :class:`~durably.store.LargeValue` (a file, sealed
+  in place by the base class) and is streamed to its blob and back to a local file: never
+  held in memory whole, let alone twice.
 - **Dropped connections** (a server restart, a network cut): a statement that fails because
   its connection broke is retried on a fresh connection until the server answers again
   (every write is idempotent: a record written twice is kept once); inside a transaction
@@ -46,7 +49,7 @@ from durably._store.postgres.options import flag, message, reachable_later, spli
 from durably._store.postgres.schema import check_schema_name, migrate
 from durably._store.records import EventRecord, KeyRecord, Replay, RunRecord, StepRecord
 from durably.exceptions import DefinitionError, RunStateError, StoreError
-from durably.store import ReadAhead, ReplayRange, Store
+from durably.store import ReadAhead, ReplayRange, Store, value_bytes
 
 __all__ = ["PostgresStore", "open_store"]
 
@@ -121,7 +124,7 @@ class PostgresStore(Store):
         ('postgresql://ada:***@db.example/cache (schema team)', 'team')
     """
 
-    capabilities = frozenset({"maintenance"})
+    capabilities = frozenset({"large_values", "maintenance"})
 
     def __init__(self, url: str, *, schema: str | None = None,
                  blobs: str | Blobs | None = None, blob_options: dict[str, Any] | None = None,
@@ -444,7 +447,8 @@ class PostgresStore(Store):
             return None, None
         if len(data) > self.inline_limit and self.blobs is not None:
             self._get_pool()  # (opened: the blobs' folder is the store's id)
-            return None, self.blobs.put(data)
+            return None, self.blobs.put(data)  # (a LargeValue: streamed from its file)
+        data = value_bytes(data)
         if len(data) > _ROW_LIMIT:
             raise StoreError(
                 f"a value of {len(data):,} bytes is too large for a PostgreSQL row (1 GiB at "
