@@ -2244,3 +2244,68 @@ def test_a_stream_that_answers_shows_only_what_executes() -> None:
     first = app.run({"log": [], "count": 0})
     chunks = list(app.stream(durably.Command(resume="y"), run_id=first.id, mode="updates"))
     assert chunks == [{"ask": {"log": ["ask=y"]}}]
+
+
+# -- graph identity and isolation --------------------------------------------------------------
+def _append(word: str) -> Callable[[Notes], dict[str, Any]]:
+    def node(state: Notes) -> dict[str, Any]:
+        return {"notes": [word]}
+    node.__name__ = node.__qualname__ = f"append_{word}"
+    return node
+
+
+def test_a_compiled_graph_is_a_snapshot_of_its_builder() -> None:
+    """Nodes and edges added to the builder after compile() never reach an app compiled
+    before (it kept reading the builder: KeyError, or an endless loop)."""
+    b = StateGraph(Notes, name="snapshot")
+    b.add_node("a", _append("a")).add_edge(START, "a").add_edge("a", END)
+    first = b.compile()
+    b.add_node("c", _append("c")).add_edge("a", "c").add_edge("c", END)
+    assert first.invoke({"topic": "t", "notes": [], "draft": ""})["notes"] == ["a"]
+    assert 'label="c"' not in first.get_graph().to_dot()
+    second = b.compile(name="snapshot-2")
+    assert second.invoke({"topic": "t", "notes": [], "draft": ""})["notes"] == ["a", "c"]
+
+
+def test_two_graphs_over_one_state_never_share_runs() -> None:
+    """Two unnamed graphs over one state type: each has runs of its own, and calling one
+    never changes the status of the other's run."""
+    one = StateGraph(Notes)
+    one.add_node("a", _append("one")).add_edge(START, "a").add_edge("a", END)
+    two = StateGraph(Notes)
+    two.add_node("b", _append("two")).add_edge(START, "b").add_edge("b", END)
+    app_one, app_two = one.compile(), two.compile()
+    assert app_one.name != app_two.name and app_one.name.startswith("Notesgraph-")
+    state = {"topic": "t", "notes": [], "draft": ""}
+    first = app_one.run(state)
+    assert first.status == "finished" and first.result["notes"] == ["one"]
+    second = app_two.run(state)
+    assert second.status == "finished" and second.result["notes"] == ["two"]
+    assert second.id != first.id
+    assert durably.get_run(first.id).status == "finished"
+    # the same graph built again (a rerun of the script) continues its run
+    again = StateGraph(Notes)
+    again.add_node("a", _append("one")).add_edge(START, "a").add_edge("a", END)
+    assert again.compile().run(state).id == first.id
+
+
+def test_a_subgraph_over_its_parent_s_state_needs_no_name() -> None:
+    inner = StateGraph(Notes)
+    inner.add_node("x", _append("inner")).add_edge(START, "x").add_edge("x", END)
+    outer = StateGraph(Notes)
+    outer.add_node("x", _append("outer")).add_node("sub", inner.compile())
+    outer.add_edge(START, "x").add_edge("x", "sub").add_edge("sub", END)
+    run = outer.compile().run({"topic": "t", "notes": [], "draft": ""})
+    assert run.status == "finished"
+    assert run.result["notes"] == ["outer", "inner"]
+
+
+def test_a_graph_changed_error_says_to_name_graphs_apart() -> None:
+    state = {"topic": "t", "notes": [], "draft": ""}
+    one = StateGraph(Notes, name="shared-name")
+    one.add_node("a", _append("one")).add_edge(START, "a").add_edge("a", END)
+    one.compile().invoke(state)
+    two = StateGraph(Notes, name="shared-name")
+    two.add_node("b", _append("two")).add_edge(START, "b").add_edge("b", END)
+    with pytest.raises(GraphChangedError, match=r"name=\.\.\."):
+        two.compile().invoke(state)

@@ -9,11 +9,14 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import json
 import re
 import sys
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import xxhash
 
 from durably._graph.state import Schema
 from durably._graph.structure import END, RESERVED, START
@@ -85,7 +88,11 @@ class StateGraph(Generic[S]):
             operator.add]``), where a reducer is ``(current, update) -> merged``; keys
             without one are replaced by updates.
         name: The graph's name (the name of its runs and of its steps). Default: the state
-            type's name with ``graph`` appended.
+            type's name with ``graph`` and 8 hex digits of its nodes and edges appended
+            (``Stategraph-1f0c9a2e``), so two graphs over one state type never share runs;
+            name a graph to keep its runs across changes to its nodes and edges (then a
+            run checkpointed under another structure raises
+            :class:`~durably.stategraph.GraphChangedError`, and ``migrate=`` continues it).
 
     Raises:
         DefinitionError: ``state`` is not a TypedDict, dataclass or pydantic model.
@@ -113,6 +120,7 @@ class StateGraph(Generic[S]):
         caller = sys._getframe(1)
         self.schema = Schema(state, {**caller.f_globals, **caller.f_locals})
         self.name = name or f"{state.__name__}graph"
+        self.named = name is not None  # (else compile() adds a digest of the structure)
         self.nodes: dict[str, Any] = {}
         self.node_options: dict[str, dict[str, Any]] = {}
         self.edges: list[tuple[tuple[str, ...], str]] = []
@@ -261,7 +269,7 @@ class StateGraph(Generic[S]):
         Args:
             max_steps: The most super-steps one run may take (cycles are bounded by it).
             store: Where its runs live. Default: the configured store.
-            name: Override the graph's name.
+            name: Override the graph's name (see :class:`StateGraph`).
 
         Returns:
             A :class:`CompiledGraph`.
@@ -274,15 +282,40 @@ class StateGraph(Generic[S]):
         if not isinstance(max_steps, int) or max_steps < 1:
             raise DefinitionError(f"compile(max_steps=...) must be a positive int, not "
                                   f"{max_steps!r}")
+        named = name is not None or self.named
         name = name or self.name
         problems = list(self.problems) + self._check()
         if problems:
             raise GraphValidationError(name, problems)
+        if not named:  # two graphs over one state type never share runs (nor steps)
+            name = f"{name}-{self._structure_digest()}"
         # (here: the compiled graph is made of this module's errors and routers, so its module
         # imports this one)
         from durably._graph.compiled import CompiledGraph
 
-        return CompiledGraph(self, name, max_steps, store)
+        return CompiledGraph(self._snapshot(), name, max_steps, store)
+
+    def _structure_digest(self) -> str:
+        """8 hex digits of the graph's nodes, edges and routers (not their code: editing a
+        node keeps its runs, whose checkpoints say what changed)."""
+        shape = [sorted(self.nodes),
+                 sorted([list(sources), target] for sources, target in self.edges),
+                 sorted([r.source, sorted(map(str, r.names))] for r in self.routers)]
+        return xxhash.xxh3_64_hexdigest(json.dumps(shape).encode())[:8]
+
+    def _snapshot(self) -> StateGraph[S]:
+        """A copy of this builder as it is now: what a compiled graph runs, so that nodes and
+        edges added to the builder later never reach a graph compiled before."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy.nodes = dict(self.nodes)
+        copy.node_options = {n: dict(o) for n, o in self.node_options.items()}
+        copy.edges = list(self.edges)
+        copy.routers = [dataclasses.replace(r, names=list(r.names),
+                                            mapping=None if r.mapping is None else dict(r.mapping))
+                        for r in self.routers]
+        copy.problems = list(self.problems)
+        return copy
 
     def _check(self) -> list[str]:
         problems: list[str] = []

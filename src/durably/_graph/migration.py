@@ -99,7 +99,9 @@ class Migration:
                 f"graph: {'; '.join(changes) or 'the structure changed'}. Fix: restore the "
                 "old graph to finish it, start a new run (invoke(..., fresh=True)), or "
                 "continue it under the new graph with migrate=lambda state: state (or a "
-                "function that converts the state).", changes)
+                "function that converts the state). If it is another graph that has the same "
+                "name, give each graph a name of its own (StateGraph(..., name=...)).",
+                changes)
         return changes
 
     def _check_fingerprint(self, ctx: Any) -> int | None:
