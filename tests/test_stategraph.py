@@ -52,12 +52,13 @@ def test_validation_lists_every_problem_at_once() -> None:
     b.add_edge(START, "a")
     b.add_edge("a", "stuck")
     b.add_edge("a", "ghost")  # unknown
-    b.add_conditional_edges("a", lambda s: "a")  # no destinations
+    b.add_conditional_edges("orphan", lambda s: "a", ["a", "nowhere"])  # unknown destination
     with pytest.raises(GraphValidationError) as err:
         b.compile()
     problems = "\n".join(err.value.problems)
     for text in ("'a' is added twice", "'__end__' is reserved", "unknown node 'ghost'",
-                 "declares no destinations", "'orphan' is unreachable from START",
+                 "declares unknown destination 'nowhere'; the nodes are",
+                 "'orphan' is unreachable from START",
                  "'stuck' has no way out", "END is unreachable"):
         assert text in problems, text
     assert isinstance(err.value, durably.DefinitionError)
@@ -2309,3 +2310,79 @@ def test_a_graph_changed_error_says_to_name_graphs_apart() -> None:
     two.add_node("b", _append("two")).add_edge(START, "b").add_edge("b", END)
     with pytest.raises(GraphChangedError, match=r"name=\.\.\."):
         two.compile().invoke(state)
+
+
+# -- routers, as LangGraph users write them ----------------------------------------------------
+class Count(TypedDict):
+    n: int
+    seen: Annotated[list[str], operator.add]
+
+
+def _inc(state: Count) -> dict[str, Any]:
+    return {"n": state["n"] + 1, "seen": ["inc"]}
+
+
+def test_end_is_always_a_valid_destination_of_a_router() -> None:
+    b = StateGraph(Count, name="end-always")
+    b.add_node("inc", _inc).add_edge(START, "inc")
+    b.add_conditional_edges("inc", lambda s: "inc" if s["n"] < 3 else END, ["inc"])
+    assert b.compile().invoke({"n": 0, "seen": []})["n"] == 3
+    mapped = StateGraph(Count, name="end-always-mapped")
+    mapped.add_node("inc", _inc).add_edge(START, "inc")
+    mapped.add_conditional_edges("inc", lambda s: "again" if s["n"] < 2 else END,
+                                 {"again": "inc"})
+    assert mapped.compile().invoke({"n": 0, "seen": []})["n"] == 2
+
+
+def more(state: Count) -> Literal["inc", "__end__"]:
+    return "inc" if state["n"] < 4 else END
+
+
+def test_a_router_s_destinations_come_from_its_literal_annotation() -> None:
+    b = StateGraph(Count, name="literal-router")
+    b.add_node("inc", _inc).add_edge(START, "inc").add_conditional_edges("inc", more)
+    app = b.compile()
+    assert app.invoke({"n": 0, "seen": []})["n"] == 4
+    dot = app.get_graph().to_dot()
+    assert dot.count("style=dashed") == 2  # inc -> inc, inc -> END: from its annotation
+    assert "any node" not in dot
+
+    def typo(state: Count) -> Literal["inc", "incc"]:
+        return "inc"
+
+    bad = StateGraph(Count, name="literal-typo")
+    bad.add_node("inc", _inc).add_edge(START, "inc").add_edge("inc", END)
+    bad.add_conditional_edges("inc", typo)
+    with pytest.raises(GraphValidationError) as err:
+        bad.compile()
+    text = "\n".join(err.value.problems)
+    assert "its return annotation names unknown destination 'incc'" in text
+    assert "the nodes are ['inc'] and END" in text
+
+
+def test_a_router_without_destinations_is_checked_as_it_runs() -> None:
+    """A router that declares none and has no annotation may go to any node (or END): each
+    value is checked when returned; a wrong one names the router, the node, the value and
+    the allowed targets, and the run resumes once the router is fixed."""
+    fixed = {"on": False}
+
+    def route(state):  # type: ignore[no-untyped-def]
+        if state["n"] < 2:
+            return "inc"
+        return END if fixed["on"] else "finish_up"
+
+    b = StateGraph(Count, name="dynamic-router")
+    b.add_node("inc", _inc).add_node("log", lambda s: {"seen": ["log"]})
+    b.add_edge(START, "inc").add_conditional_edges("inc", route).add_edge("log", END)
+    app = b.compile()
+    dot = app.get_graph().to_dot()
+    assert "any node" in dot and dot.count("style=dashed") == 1  # one dynamic edge
+    with pytest.raises(InvalidRouteError) as err:
+        app.invoke({"n": 0, "seen": []})
+    message = str(err.value)
+    for text in ("'route'", "'inc'", "'finish_up'", "'log'", "__end__"):
+        assert text in message, text
+    fixed["on"] = True
+    state = app.invoke({"n": 0, "seen": []})  # the same run, resumed
+    assert state["n"] == 2 and state["seen"] == ["inc", "inc"]
+    assert len(durably.list_runs(app.name)) == 1

@@ -77,6 +77,8 @@ class _Router:
     fn: Callable[[Any], Any]
     mapping: dict[Any, str] | None  # router output -> node (None: outputs are node names)
     names: list[str]  # declared destinations (node names or END)
+    dynamic: bool = False  # none declared nor annotated: any node (or END), checked at run
+    inferred: bool = False  # names read from the router's ``-> Literal[...]`` annotation
 
 
 class StateGraph(Generic[S]):
@@ -236,10 +238,26 @@ class StateGraph(Generic[S]):
         Args:
             source: The node after which the router runs (or ``START``).
             router: ``state -> name``, a list of names (fan out), or ``END``.
-            destinations: What the router may return: a list of node names (and/or
-                ``END``), or a mapping from router outputs to node names. Required: the
-                graph is drawn and validated from it, and a router returning anything else
-                raises :class:`InvalidRouteError` at run time.
+            destinations: What the router may return: a list of node names, or a
+                mapping from router outputs to node names. Default: read from the router's
+                return annotation (``-> Literal["a", "b"]``), else any node (a *dynamic*
+                router: each value it returns is checked when it returns it, and the
+                drawing shows one dynamic edge). ``END`` is always allowed. The graph is
+                drawn and validated from them, and a router returning anything else raises
+                :class:`InvalidRouteError` at run time.
+
+        Example:
+            >>> from typing import Literal, TypedDict
+            >>> from durably import StateGraph, START, END
+            >>> class S(TypedDict):
+            ...     n: int
+            >>> def more(state: S) -> Literal["inc", "__end__"]:
+            ...     return "inc" if state["n"] < 3 else END
+            >>> b = StateGraph(S, name="count")
+            >>> _ = b.add_node("inc", lambda s: {"n": s["n"] + 1}).add_edge(START, "inc")
+            >>> _ = b.add_conditional_edges("inc", more)  # destinations from the annotation
+            >>> b.routers[0].names
+            ['inc', '__end__']
 
         Returns:
             The builder.
@@ -247,11 +265,10 @@ class StateGraph(Generic[S]):
         if not callable(router):
             self.problems.append(f"the router of {source!r} is not callable: {router!r}")
             return self
-        label = getattr(router, "__name__", repr(router))
         if not destinations:
-            self.problems.append(
-                f"router {label!r} from {source!r} declares no destinations. Fix: "
-                f"add_conditional_edges({source!r}, {label}, ['a', 'b', END])")
+            inferred = _literal_destinations(router, command=False)
+            self.routers.append(_Router(source, router, None, inferred or [],
+                                        dynamic=not inferred, inferred=bool(inferred)))
             return self
         if isinstance(destinations, Mapping):
             mapping = dict(destinations)
@@ -345,10 +362,15 @@ class StateGraph(Generic[S]):
             if r.source not in known or r.source == END:
                 problems.append(f"router {r.fn.__name__!r}: unknown source node {r.source!r}")
                 continue
+            out[r.source].add(END)  # (always allowed)
+            if r.dynamic:
+                out[r.source].update(self.nodes)
             for d in r.names:
                 if d not in known or d == START:
-                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} declares "
-                                    f"unknown destination {d!r}")
+                    where = "its return annotation names" if r.inferred else "declares"
+                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} {where} "
+                                    f"unknown destination {d!r}; the nodes are "
+                                    f"{sorted(self.nodes)} and END")
                 else:
                     out[r.source].add(d)
         if not out[START]:
@@ -378,6 +400,12 @@ class StateGraph(Generic[S]):
 def _command_destinations(fn: Any) -> list[str] | None:
     """The destinations a node function declares in its return annotation,
     ``Command[Literal["a", "b"]]`` (durably's Command or LangGraph's), else None."""
+    return _literal_destinations(fn, command=True)
+
+
+def _literal_destinations(fn: Any, *, command: bool) -> list[str] | None:
+    """The names in ``fn``'s return annotation: ``Command[Literal["a", "b"]]`` (``command``:
+    a node's) or ``Literal["a", "b"]`` (a router's), else None."""
     if isinstance(fn, functools.partial):
         fn = fn.func
     elif callable(fn) and not isinstance(fn, type) and not inspect.isroutine(fn) and not hasattr(
@@ -390,7 +418,9 @@ def _command_destinations(fn: Any) -> list[str] | None:
         with contextlib.suppress(Exception):  # a name not resolvable here: read as text
             raw = typing.get_type_hints(fn).get("return", raw)
     if isinstance(raw, str):
-        found = re.fullmatch(r"\s*(?:\w+\.)*Command\[\s*(?:\w+\.)*Literal\[(.*)\]\s*\]\s*", raw)
+        pattern = (r"\s*(?:\w+\.)*Command\[\s*(?:\w+\.)*Literal\[(.*)\]\s*\]\s*" if command
+                   else r"\s*(?:\w+\.)*Literal\[(.*)\]\s*")
+        found = re.fullmatch(pattern, raw)
         if found is None:
             return None
         try:
@@ -398,13 +428,17 @@ def _command_destinations(fn: Any) -> list[str] | None:
         except (ValueError, SyntaxError):
             return None
         return [str(n) for n in names]
-    origin = typing.get_origin(raw)
-    if getattr(origin, "__name__", "") != "Command":
+    if command:
+        origin = typing.get_origin(raw)
+        if getattr(origin, "__name__", "") != "Command":
+            return None
+        args = typing.get_args(raw)
+        if len(args) != 1:
+            return None
+        raw = args[0]
+    if typing.get_origin(raw) is not typing.Literal:
         return None
-    args = typing.get_args(raw)
-    if len(args) != 1 or typing.get_origin(args[0]) is not typing.Literal:
-        return None
-    return [str(n) for n in typing.get_args(args[0])]
+    return [str(n) for n in typing.get_args(raw)]
 
 
 def _reach(start: str, out: Mapping[str, set[str]]) -> set[str]:

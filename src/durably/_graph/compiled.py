@@ -36,7 +36,7 @@ from durably._graph.checkpoints import StateSnapshot, StepResult
 from durably._graph.execution import Execution, _Cancel, _executed_only
 from durably._graph.routing import Target, _is_command, _target_name, _without
 from durably._graph.state import InvalidUpdateError, fingerprint_of
-from durably._graph.structure import END, START, GraphStructure
+from durably._graph.structure import DYNAMIC, END, START, GraphStructure
 from durably._runtime.run import Run
 from durably._trace.tracer import short_repr
 from durably.exceptions import CorruptJournalError, DefinitionError, RunStateError
@@ -722,6 +722,10 @@ class CompiledGraph(Execution, Generic[S]):
             if r.mapping is not None:
                 for out, target in r.mapping.items():
                     edges.append((r.source, target, str(out), True))
+            elif r.dynamic:  # one edge: where it goes is known when it returns
+                if DYNAMIC not in nodes:
+                    nodes = (*nodes, DYNAMIC)
+                edges.append((r.source, DYNAMIC, getattr(r.fn, "__name__", "router"), True))
             else:
                 for target in r.names:
                     label = "END" if target == END else target

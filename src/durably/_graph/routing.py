@@ -60,6 +60,13 @@ def _without(frontier: list[Target], targets: list[Target]) -> list[Target]:
     return kept
 
 
+def _kind(r: _Router) -> str:
+    """What a router's allowed targets are, for its errors."""
+    if r.dynamic:
+        return "possible targets (the graph's nodes: it declares none)"
+    return "destinations (from its annotation)" if r.inferred else "declared destinations"
+
+
 class Routing:
     """The compiled graph's routing: the next frontier from edges, routers, Commands and
     joins."""
@@ -93,12 +100,13 @@ class Routing:
                     "router returns node names, END or Sends; a Command (an update and where "
                     "to go) is what a node returns. Fix: return the names (or Sends), or "
                     "move the decision into the node and return the Command from it.")
+            allowed = list(self.graph.nodes) if r.dynamic else r.names
             if isinstance(v, Send):
-                if not isinstance(v.node, str) or v.node not in r.names or v.node == END:
+                if not isinstance(v.node, str) or v.node not in allowed or v.node == END:
                     raise InvalidRouteError(
                         f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}, "
-                        f"whose node is not among its declared destinations "
-                        f"{[n for n in r.names if n != END]}. Fix: send to one of them, or "
+                        f"whose node is not among its {_kind(r)} "
+                        f"{[n for n in allowed if n != END]}. Fix: send to one of them, or "
                         "declare the node in add_conditional_edges.")
                 from durably._keys import serde as _serde
 
@@ -108,18 +116,23 @@ class Routing:
                 targets.append(v)
                 continue
             if r.mapping is not None:
-                if v not in r.mapping:
+                if v == END and v not in r.mapping:
+                    targets.append(END)  # (always allowed)
+                elif v not in r.mapping:
                     raise InvalidRouteError(
                         f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
                         f"is not among its declared outputs {list(r.mapping)}. Fix: return "
                         "one of them, or declare it in add_conditional_edges.")
-                targets.append(r.mapping[v])
+                else:
+                    targets.append(r.mapping[v])
             else:
-                if v not in r.names:
+                if v != END and (not isinstance(v, str) or v not in allowed):
                     raise InvalidRouteError(
-                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
-                        f"is not among its declared destinations {r.names}. Fix: return one "
-                        "of them, or declare it in add_conditional_edges.")
+                        f"router {r.fn.__name__!r} (after node {r.source!r}) returned "
+                        f"{v!r:.200}, which is not among its {_kind(r)} "
+                        f"{[n for n in allowed if n != END] + [END]}. Fix: return one of them"
+                        + (" (or add the node)." if r.dynamic else
+                           ", or declare it in add_conditional_edges."))
                 targets.append(v)
         return targets
 

@@ -15,6 +15,9 @@ START = "__start__"
 #: The virtual node a path ends at.
 END = "__end__"
 RESERVED = {START, END}
+#: Where a drawing sends a router that declares no destinations (any node, chosen as it runs).
+DYNAMIC = "__dynamic__"
+_SHOWN = {START: "START", END: "END", DYNAMIC: "any node"}
 
 
 class Send:
@@ -123,8 +126,8 @@ class GraphStructure:
         ids = {n: f"n{i}" for i, n in enumerate(self.nodes)}
         lines = ["flowchart TD"]
         for n in self.nodes:
-            shape = ("([", "])") if n in RESERVED else ("[", "]")
-            label = {START: "START", END: "END"}.get(n, n)
+            shape = ("([", "])") if n in _SHOWN else ("[", "]")
+            label = _SHOWN.get(n, n)
             if self.visits.get(n):
                 label += f" ×{self.visits[n]}"
             lines.append(f'    {ids[n]}{shape[0]}"{_mm(label)}"{shape[1]}')
@@ -149,12 +152,12 @@ class GraphStructure:
                  '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", '
                  'fontname="Helvetica"];']
         for n in self.nodes:
-            label = {START: "START", END: "END"}.get(n, n)
+            label = _SHOWN.get(n, n)
             if self.visits.get(n):
                 label += f" ×{self.visits[n]}"
             attrs = [f'label="{_dot(label)}"']
-            if n in RESERVED:
-                attrs.append("shape=oval")
+            if n in _SHOWN:
+                attrs.append("shape=oval" if n != DYNAMIC else 'shape=oval, style="dashed"')
             if n in self.stopped_at:
                 attrs.append('fillcolor="#ffe0b2", penwidth=3')
             elif self.visits.get(n):
