@@ -2386,3 +2386,37 @@ def test_a_router_without_destinations_is_checked_as_it_runs() -> None:
     state = app.invoke({"n": 0, "seen": []})  # the same run, resumed
     assert state["n"] == 2 and state["seen"] == ["inc", "inc"]
     assert len(durably.list_runs(app.name)) == 1
+
+
+# -- errors name their node --------------------------------------------------------------------
+def test_an_error_keeps_its_type_and_names_its_node_graph_and_super_step() -> None:
+    def broken(state: Count) -> dict[str, Any]:
+        raise KeyError("missing-key")
+
+    b = StateGraph(Count, name="errors-named")
+    b.add_node("inc", _inc).add_node("broken", broken)
+    b.add_edge(START, "inc").add_edge("inc", "broken").add_edge("broken", END)
+    with pytest.raises(KeyError) as err:
+        b.compile().invoke({"n": 0, "seen": []})
+    notes = getattr(err.value, "__notes__", [])
+    assert ("durably: raised by node 'broken' of graph 'errors-named', in super-step 1"
+            in notes), notes
+    assert any(f.name == "broken" for f in err.traceback)  # (its own traceback)
+
+
+def test_several_failing_nodes_are_each_named_in_the_group() -> None:
+    def bad_a(state: Count) -> dict[str, Any]:
+        raise ValueError("a is wrong")
+
+    def bad_b(state: Count) -> dict[str, Any]:
+        raise TypeError("b is wrong")
+
+    b = StateGraph(Count, name="errors-grouped")
+    b.add_node("a", bad_a).add_node("b", bad_b)
+    b.add_edge(START, "a").add_edge(START, "b").add_edge(["a", "b"], END)
+    with pytest.raises(ExceptionGroup) as err:
+        b.compile().invoke({"n": 0, "seen": []})
+    message = str(err.value)
+    assert "'a' (ValueError: a is wrong)" in message and "'b' (TypeError: b is wrong)" in message
+    by_type = {type(e): e for e in err.value.exceptions}
+    assert "durably: raised by node 'a'" in by_type[ValueError].__notes__[0]

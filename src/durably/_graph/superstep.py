@@ -186,11 +186,18 @@ class Supersteps(Routing):
                 fatal = [e for e in others.values() if not isinstance(e, Exception)]
                 if fatal:
                     raise fatal[0]  # Ctrl-C, a stopped stream: not a node failure
+                for i, e in others.items():  # (its type and traceback kept: a note added)
+                    note = (f"durably: raised by node {calls[i][0]!r} of graph {self.name!r}, "
+                            f"in super-step {index}")
+                    if note not in getattr(e, "__notes__", ()):
+                        e.add_note(note)
                 if len(others) == 1:
                     raise next(iter(others.values()))
+                named = ", ".join(f"{calls[i][0]!r} ({type(e).__name__}: {e!s:.80})"
+                                  for i, e in others.items())
                 raise ExceptionGroup(
-                    f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed",
-                    [e for e in others.values() if isinstance(e, Exception)])
+                    f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed: "
+                    f"{named}", [e for e in others.values() if isinstance(e, Exception)])
             raise InterruptSignal([i for s in signals for i in s.interrupts])
         updates: dict[str, Any] = {}
         gotos: list[Target] = []  # where nodes returning a Command go (in call order)
