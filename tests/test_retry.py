@@ -54,6 +54,56 @@ def test_other_exceptions_and_exhausted_retries_propagate_unchanged() -> None:
     assert calls == ["bad", "net", "net"]
 
 
+def test_several_policies_on_one_task_the_first_matching_applies() -> None:
+    """retry=[...] as LangGraph allows: each failure is retried by the first policy whose
+    on= matches it, with that policy's attempts; others propagate at once."""
+    failures = iter([ConnectionError("down"), TimeoutError("slow"), TimeoutError("slow")])
+    tries: list[str] = []
+
+    @task(cache=False, retry=[durably.Retry(attempts=5, backoff=0, on=(TimeoutError,)),
+                              durably.Retry(attempts=2, backoff=0, on=(OSError,))])
+    def fetch() -> str:
+        error = next(failures, None)
+        tries.append(type(error).__name__)
+        if error is not None:
+            raise error
+        return "page"
+
+    @entrypoint
+    def crawl() -> str:
+        return fetch()
+
+    run = crawl.run()
+    assert run.result == "page"
+    assert tries == ["ConnectionError", "TimeoutError", "TimeoutError", "NoneType"]
+    labels = [r.error.split(":")[0] for r in run.records() if r.status == "failed"]
+    assert labels == ["try 1 of 2", "try 2 of 5", "try 3 of 5"]
+
+    # a ConnectionError (an OSError, not a TimeoutError): the second policy, 2 tries
+    attempts: list[int] = []
+
+    @task(cache=False, retry=[durably.Retry(attempts=5, backoff=0, on=(TimeoutError,)),
+                              durably.Retry(attempts=2, backoff=0, on=(OSError,))])
+    def down() -> None:
+        attempts.append(1)
+        raise ConnectionError("down")
+
+    with pytest.raises(ConnectionError):
+        down()
+    assert len(attempts) == 2
+
+    @task(cache=False, retry=[durably.Retry(attempts=3, backoff=0, on=(TimeoutError,))])
+    def other() -> None:
+        attempts.append(2)
+        raise ValueError("not retried")
+
+    with pytest.raises(ValueError):
+        other()
+    assert attempts.count(2) == 1
+    with pytest.raises(durably.DefinitionError, match="non-empty list"):
+        task(retry=[])(lambda: 1)
+
+
 def test_retry_shorthand_and_bad_options() -> None:
     seen: list[int] = []
 

@@ -11,7 +11,7 @@ Python frame fewer). Its pickling lives in :mod:`.pickling`, entrypoints in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import wrapt
@@ -406,7 +406,7 @@ def task(
     version: str | None = None,
     cache: bool = True,
     ignore: tuple[str, ...] = (),
-    retry: int | Retry | None = None,
+    retry: int | Retry | Sequence[Retry] | None = None,
     timeout: float | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -419,7 +419,7 @@ def task(
     version: str | None = None,
     cache: bool = True,
     ignore: tuple[str, ...] = (),
-    retry: int | Retry | None = None,
+    retry: int | Retry | Sequence[Retry] | None = None,
     timeout: float | None = None,
 ) -> Any:
     """Make a function a durable task: its result is cached on disk by its code and inputs,
@@ -457,9 +457,11 @@ def task(
         cache: False for a side-effect task: never served from the cross-run cache, but
             inside a run it is journaled, so it is not executed twice in that run.
         ignore: Argument names left out of the input digest (a logger, a verbose flag).
-        retry: Retry a failing body: a number of attempts (``retry=3``) or a
-            :class:`~durably.Retry` (attempts, backoff in seconds, which exceptions). Built
-            on tenacity; inside a run every failed try is journaled.
+        retry: Retry a failing body: a number of attempts (``retry=3``), a
+            :class:`~durably.Retry` (attempts, backoff in seconds, which exceptions), or a
+            list of them, the first whose ``on`` matches a failure applying (``retry=
+            [Retry(on=(TimeoutError,), attempts=5), Retry(attempts=2)]``). Built on
+            tenacity; inside a run every failed try is journaled.
         timeout: Seconds each try may take before :class:`~durably.TaskTimeoutError`
             (an async task is cancelled; a sync one is abandoned in a background thread).
 

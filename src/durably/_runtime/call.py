@@ -59,7 +59,13 @@ from durably._runtime.effects import before as state_before
 from durably._runtime.failures import ReplayedFailure, replayed
 from durably._runtime.failures import note as note_failure
 from durably._runtime.interrupt import InterruptSignal
-from durably._runtime.retry import Retry, await_with_timeout, call_with_timeout, retrying
+from durably._runtime.retry import (
+    Retries,
+    Retry,
+    await_with_timeout,
+    call_with_timeout,
+    retrying,
+)
 from durably._runtime.spec import Spec
 from durably._runtime.step import _MISS, Call, _load, _load_cached
 from durably._runtime.threads import thread_run
@@ -519,21 +525,21 @@ async def _acall_body(call: Call, wrapped: Callable[..., Any], args: tuple[Any, 
 _NEVER_RETRIED = (InterruptSignal, StopRun, KeyboardInterrupt, SystemExit)
 
 
-def _last_try(policy: Retry, tries: int, exc: BaseException) -> bool:
+def _last_try(policy: Retry | Retries, tries: int, exc: BaseException) -> bool:
     """Whether no other try follows a try that failed with ``exc`` (as ``retrying`` decides:
     the tries are used up, or ``exc`` is not retried)."""
-    return tries >= policy.attempts or not (isinstance(exc, policy.on)
-                                            and not isinstance(exc, _NEVER_RETRIED))
+    found = None if isinstance(exc, _NEVER_RETRIED) else policy.for_error(exc)
+    return found is None or tries >= found.attempts
 
 
-def _try_label(policy: Retry, tries: int, exc: BaseException) -> str:
+def _try_label(policy: Retry | Retries, tries: int, exc: BaseException) -> str:
     """What a failed try's error is prefixed with: which try it was, and, when no other
     follows though tries are left, why ("" without retries)."""
     if policy.attempts <= 1:
         return ""
-    label = f"try {tries} of {policy.attempts}"
-    if tries < policy.attempts and not (isinstance(exc, policy.on)
-                                         and not isinstance(exc, _NEVER_RETRIED)):
+    found = None if isinstance(exc, _NEVER_RETRIED) else policy.for_error(exc)
+    label = f"try {tries} of {(found or policy).attempts}"
+    if tries < policy.attempts and found is None:
         label += f", not retried ({type(exc).__name__} is not in on=)"
     return label
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from durably.exceptions import DefinitionError, TaskTimeoutError
 
-__all__ = ["Retry", "Seceded", "call_with_timeout", "check_timeout", "retrying", "to_retry"]
+__all__ = ["Retries", "Retry", "Seceded", "call_with_timeout", "check_timeout", "retrying", "to_retry"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +73,49 @@ class Retry:
                 "on=(ConnectionError, TimeoutError)")
         object.__setattr__(self, "on", on)
 
+    def for_error(self, exc: BaseException) -> Retry | None:
+        """The policy that applies to a try that raised ``exc``: this one if ``exc`` is one
+        of ``on``, else None (not retried)."""
+        return self if isinstance(exc, self.on) else None
 
-def to_retry(retry: Any, name: str) -> Retry | None:
-    """The policy of ``@task(retry=...)``: None, an int of attempts, or a :class:`Retry`."""
-    if retry is None or isinstance(retry, Retry):
+
+@dataclasses.dataclass(frozen=True)
+class Retries:
+    """Several policies on one task (``@task(retry=[Retry(...), Retry(...)])``, as LangGraph
+    allows): a failed try is retried by the first policy whose ``on`` matches its exception,
+    with that policy's attempts and waits (tries counted from the first, whichever failed).
+
+    Attributes:
+        policies: The policies, in order.
+    """
+
+    policies: tuple[Retry, ...]
+
+    @property
+    def attempts(self) -> int:
+        """The most tries any policy allows."""
+        return max(p.attempts for p in self.policies)
+
+    def for_error(self, exc: BaseException) -> Retry | None:
+        """The first policy whose ``on`` matches ``exc``, else None (not retried)."""
+        return next((p for p in self.policies if isinstance(exc, p.on)), None)
+
+
+def to_retry(retry: Any, name: str) -> Retry | Retries | None:
+    """The policy of ``@task(retry=...)``: None, an int of attempts, a :class:`Retry`, or a
+    list of them (the first matching a failure applies)."""
+    if retry is None or isinstance(retry, (Retry, Retries)):
         return retry
     if isinstance(retry, int) and not isinstance(retry, bool):
         return Retry(attempts=retry)
+    if isinstance(retry, (list, tuple)) and retry and all(
+            isinstance(p, Retry) for p in retry):
+        return retry[0] if len(retry) == 1 else Retries(tuple(retry))
     raise DefinitionError(
-        f"@task(retry=...) of {name!r} must be a number of attempts or durably.Retry(...), "
-        f"not {retry!r}. Fix: retry=3, or retry=durably.Retry(attempts=3, backoff=2.0)")
+        f"@task(retry=...) of {name!r} must be a number of attempts, durably.Retry(...) or a "
+        f"non-empty list of them, not {retry!r}. Fix: retry=3, "
+        "retry=durably.Retry(attempts=3, backoff=2.0), or retry=[durably.Retry(on=(TimeoutError,"
+        "), attempts=5), durably.Retry(attempts=2)] (the first matching a failure applies)")
 
 
 def check_timeout(timeout: Any, name: str) -> float | None:
@@ -94,19 +127,33 @@ def check_timeout(timeout: Any, name: str) -> float | None:
     return float(timeout)
 
 
-def retrying(policy: Retry, never: tuple[type[BaseException], ...], is_async: bool) -> Any:
-    """A tenacity ``Retrying`` (or ``AsyncRetrying``) for the policy."""
+def retrying(policy: Retry | Retries, never: tuple[type[BaseException], ...],
+             is_async: bool) -> Any:
+    """A tenacity ``Retrying`` (or ``AsyncRetrying``) for the policy (for several, the first
+    matching each failure decides whether it is tried again and after how long)."""
     import tenacity
 
+    def matched(state: Any) -> Retry | None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        return None if exc is None or isinstance(exc, never) else policy.for_error(exc)
+
+    def stop(state: Any) -> bool:
+        found = matched(state)
+        return found is None or state.attempt_number >= found.attempts
+
+    def wait(state: Any) -> float:
+        found = matched(state)
+        if found is None or not found.backoff:
+            return 0.0
+        return float(min(found.backoff * found.multiplier ** (state.attempt_number - 1),
+                         found.max_backoff))
+
     def should_retry(exc: BaseException | None) -> bool:
-        return isinstance(exc, policy.on) and not isinstance(exc, never)
+        return (exc is not None and not isinstance(exc, never)
+                and policy.for_error(exc) is not None)
 
     options: dict[str, Any] = {
-        "stop": tenacity.stop_after_attempt(policy.attempts),
-        "wait": tenacity.wait_exponential(multiplier=policy.backoff, exp_base=policy.multiplier,
-                                          max=policy.max_backoff)
-        if policy.backoff else tenacity.wait_none(),
-        "retry": tenacity.retry_if_exception(should_retry),
+        "stop": stop, "wait": wait, "retry": tenacity.retry_if_exception(should_retry),
         "reraise": True,
     }
     return tenacity.AsyncRetrying(**options) if is_async else tenacity.Retrying(**options)
