@@ -2420,3 +2420,40 @@ def test_several_failing_nodes_are_each_named_in_the_group() -> None:
     assert "'a' (ValueError: a is wrong)" in message and "'b' (TypeError: b is wrong)" in message
     by_type = {type(e): e for e in err.value.exceptions}
     assert "durably: raised by node 'a'" in by_type[ValueError].__notes__[0]
+
+
+# -- breakpoints: interrupt_before / interrupt_after ------------------------------------------
+def test_interrupt_before_and_after_pause_between_super_steps_and_resume() -> None:
+    ran: list[str] = []
+
+    def step(name: str) -> Callable[[Count], dict[str, Any]]:
+        def node(state: Count) -> dict[str, Any]:
+            ran.append(name)
+            return {"seen": [name]}
+        node.__name__ = node.__qualname__ = name
+        return node
+
+    b = StateGraph(Count, name="breakpoints")
+    b.add_node("plan", step("plan")).add_node("act", step("act")).add_node("report",
+                                                                           step("report"))
+    b.add_edge(START, "plan").add_edge("plan", "act").add_edge("act", "report")
+    b.add_edge("report", END)
+    app = b.compile(interrupt_before=["act"], interrupt_after="report")
+    with pytest.raises(durably.RunInterrupted) as paused:
+        app.invoke({"n": 0, "seen": []})
+    assert ran == ["plan"]
+    assert paused.value.interrupts[0].payload == {"before": ["act"], "step": 1,
+                                                  "graph": "breakpoints"}
+    run_id = paused.value.run_id
+    with pytest.raises(durably.RunInterrupted) as again:
+        app.resume(run_id, "go on")
+    assert ran == ["plan", "act", "report"]  # (plan replayed, not executed again)
+    assert again.value.interrupts[0].payload["after"] == ["report"]
+    assert app.resume(run_id, True)["seen"] == ["plan", "act", "report"]
+    assert ran == ["plan", "act", "report"]
+    everywhere = b.compile(name="breakpoints-all", interrupt_before="*")
+    with pytest.raises(durably.RunInterrupted) as first:
+        everywhere.invoke({"n": 0, "seen": []})
+    assert first.value.interrupts[0].payload["before"] == ["plan"]
+    with pytest.raises(GraphValidationError, match=r"names \['acts'\], which are not nodes"):
+        b.compile(interrupt_after=["acts"])

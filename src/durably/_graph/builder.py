@@ -280,13 +280,21 @@ class StateGraph(Generic[S]):
         return self
 
     def compile(self, *, max_steps: int = 25, store: Store | None = None,
-                name: str | None = None) -> CompiledGraph[S]:
+                name: str | None = None, interrupt_before: Sequence[str] | str = (),
+                interrupt_after: Sequence[str] | str = ()) -> CompiledGraph[S]:
         """Validate the graph and make it runnable.
 
         Args:
             max_steps: The most super-steps one run may take (cycles are bounded by it).
             store: Where its runs live. Default: the configured store.
             name: Override the graph's name (see :class:`StateGraph`).
+            interrupt_before: Nodes (or ``"*"``: every node) before which a run pauses, as
+                if the graph called ``durably.interrupt({"before": [...], "step": n})``
+                between two super-steps: the run is interrupted, and ``app.resume(run_id,
+                True)`` (any answer but None; ``update_state`` first to change the state)
+                continues it with that super-step (LangGraph's breakpoints).
+            interrupt_after: Nodes (or ``"*"``) after whose super-step a run pauses, the
+                same way (``{"after": [...], "step": n}``).
 
         Returns:
             A :class:`CompiledGraph`.
@@ -302,6 +310,17 @@ class StateGraph(Generic[S]):
         named = name is not None or self.named
         name = name or self.name
         problems = list(self.problems) + self._check()
+        breakpoints: dict[str, frozenset[str]] = {}
+        for option, given in (("interrupt_before", interrupt_before),
+                              ("interrupt_after", interrupt_after)):
+            nodes = [given] if isinstance(given, str) else list(given)
+            if nodes == ["*"]:
+                nodes = list(self.nodes)
+            unknown = [n for n in nodes if n not in self.nodes]
+            if unknown:
+                problems.append(f"compile({option}=...) names {unknown}, which are not nodes; "
+                                f"the nodes are {sorted(self.nodes)} (or '*' for all)")
+            breakpoints[option] = frozenset(nodes)
         if problems:
             raise GraphValidationError(name, problems)
         if not named:  # two graphs over one state type never share runs (nor steps)
@@ -310,7 +329,8 @@ class StateGraph(Generic[S]):
         # imports this one)
         from durably._graph.compiled import CompiledGraph
 
-        return CompiledGraph(self._snapshot(), name, max_steps, store)
+        return CompiledGraph(self._snapshot(), name, max_steps, store,
+                             breakpoints["interrupt_before"], breakpoints["interrupt_after"])
 
     def _structure_digest(self) -> str:
         """8 hex digits of the graph's nodes, edges and routers (not their code: editing a

@@ -57,10 +57,13 @@ class CompiledGraph(Execution, Generic[S]):
     """
 
     def __init__(self, graph: StateGraph[S], name: str, max_steps: int,
-                 store: Store | None) -> None:
+                 store: Store | None, interrupt_before: frozenset[str] = frozenset(),
+                 interrupt_after: frozenset[str] = frozenset()) -> None:
         self.graph = graph
         self.name = name
         self.max_steps = max_steps
+        self.interrupt_before = interrupt_before
+        self.interrupt_after = interrupt_after
         self.schema = graph.schema
         self.fingerprint = fingerprint_of(graph)
         self.fingerprint_digest = xxhash.xxh3_64_hexdigest(

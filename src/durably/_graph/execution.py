@@ -84,6 +84,8 @@ class Execution(Supersteps, Migration):
     """The compiled graph's durable pieces and its super-step loop."""
 
     max_steps: int
+    interrupt_before: frozenset[str]
+    interrupt_after: frozenset[str]
     _cancel: contextvars.ContextVar[_Cancel | None]
     # the migration's and the defaults' Tasks (Any: as Migration._superstep)
     _migration: Any
@@ -218,6 +220,8 @@ class Execution(Supersteps, Migration):
             if index == migrate_at:
                 state = self._migration(index, state)
                 blob = None  # (the migrated state's bytes: the next checkpoint holds them)
+            if self.interrupt_before:
+                self._breakpoint("before", self.interrupt_before, path[-1], index)
             handoff = _Handoff(index % FULL_STATE_EVERY == 0, blob)
             token = _handoff.set(handoff)
             try:
@@ -230,6 +234,8 @@ class Execution(Supersteps, Migration):
             else:
                 state, blob = self._state_after(blob, result, state)
             frontier, joins = result["next"], result["joins"]
+            if self.interrupt_after:
+                self._breakpoint("after", self.interrupt_after, result["nodes"], index)
             if writes is not None:
                 for node in result["nodes"]:
                     writes.extend(_writes(result["updates"][node]))
@@ -255,6 +261,16 @@ class Execution(Supersteps, Migration):
                                attempt=ctx.attempt))
             index += 1
         return state
+
+    def _breakpoint(self, when: str, nodes: frozenset[str], ran: list[str],
+                    index: int) -> None:
+        """``interrupt_before`` / ``interrupt_after``: a pause of the run between two
+        super-steps, an ``interrupt()`` of the graph's own (answered, it replays)."""
+        hit = [n for n in ran if n in nodes]
+        if hit:
+            from durably._runtime.interrupt import interrupt
+
+            interrupt({when: hit, "step": index, "graph": self.name})
 
     def _state_after(self, base: bytes | None, result: Mapping[str, Any],
                      before: dict[str, Any] | None = None

@@ -21,7 +21,8 @@ from typing import Any
 
 from durably.exceptions import DefinitionError, TaskTimeoutError
 
-__all__ = ["Retries", "Retry", "Seceded", "call_with_timeout", "check_timeout", "retrying", "to_retry"]
+__all__ = ["Retries", "Retry", "Seceded", "call_with_timeout", "check_timeout", "retrying",
+           "to_retry"]
 
 
 @dataclasses.dataclass(frozen=True)
