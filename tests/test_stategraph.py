@@ -2457,3 +2457,51 @@ def test_interrupt_before_and_after_pause_between_super_steps_and_resume() -> No
     assert first.value.interrupts[0].payload["before"] == ["plan"]
     with pytest.raises(GraphValidationError, match=r"names \['acts'\], which are not nodes"):
         b.compile(interrupt_after=["acts"])
+
+
+# -- stream modes ------------------------------------------------------------------------------
+def test_stream_modes_debug_custom_and_several_at_once() -> None:
+    def think(state: Count) -> dict[str, Any]:
+        durably.get_writer()({"progress": "thinking"})
+        return {"n": state["n"] + 1, "seen": ["think"]}
+
+    b = StateGraph(Count, name="stream-modes")
+    b.add_node("think", think).add_node("say", lambda s: {"seen": ["say"]})
+    b.add_edge(START, "think").add_edge("think", "say").add_edge("say", END)
+    app = b.compile()
+    state = {"n": 0, "seen": []}
+    debug = list(app.stream(state, mode="debug", fresh=True))
+    assert [(d["step"], d["node"]) for d in debug] == [(0, "think"), (1, "say")]
+    assert debug[0]["update"] == {"n": 1, "seen": ["think"]}
+    assert debug[1]["state"] == {"n": 1, "seen": ["think", "say"]}
+    assert list(app.stream(state, mode="custom", fresh=True)) == [{"progress": "thinking"}]
+    both = list(app.stream(state, mode=["updates", "custom"], fresh=True))
+    assert both == [("custom", {"progress": "thinking"}),
+                    ("updates", {"think": {"n": 1, "seen": ["think"]}}),
+                    ("updates", {"say": {"seen": ["say"]}})]
+    with pytest.raises(durably.DefinitionError, match="'debug'"):
+        list(app.stream(state, mode=["updates", "tokens"]))
+
+
+def test_a_resumed_run_can_be_streamed_graph_and_entrypoint() -> None:
+    def ask(state: Count) -> dict[str, Any]:
+        return {"seen": [str(durably.interrupt("name?"))]}
+
+    b = StateGraph(Count, name="stream-resume")
+    b.add_node("ask", ask).add_edge(START, "ask").add_edge("ask", END)
+    app = b.compile()
+    items = list(app.stream({"n": 0, "seen": []}, mode="updates"))
+    assert "__interrupt__" in items[-1]
+    run_id = app.run({"n": 0, "seen": []}).id
+    resumed = list(app.stream(resume="ada", run_id=run_id, mode="updates"))
+    assert resumed == [{"ask": {"seen": ["ada"]}}]
+
+    @durably.entrypoint
+    def greet(who: str) -> str:
+        return f"hello {durably.interrupt(f'greet {who}?')}"
+
+    paused = greet.run("ada")
+    assert paused.status == "interrupted"
+    kinds = [(e.kind, e.data) for e in greet.stream_resume(paused.id, "there")]
+    assert kinds[-1] == ("run_finished", "hello there")
+    assert durably.get_run(paused.id).status == "finished"

@@ -84,6 +84,13 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return self._self_parent._self_resume(self.__wrapped__, _instance_of(self), run_id,
                                               value, keep_finished=keep_finished)
 
+    def stream_resume(self, run_id: str, value: Any) -> Any:
+        """See :meth:`Entrypoint.stream_resume`."""
+        parent = self._self_parent
+        args, kwargs, answer = parent._self_answering(run_id, value)
+        return parent._self_stream(self.__wrapped__, _instance_of(self), args, kwargs, run_id,
+                                   False, answer)
+
     def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
              cache: bool = False) -> Any:
         """See :meth:`Entrypoint.fork`."""
@@ -297,6 +304,37 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         """
         return self._self_resume(self.__wrapped__, None, run_id, value,  # type: ignore[no-any-return]
                                  keep_finished=keep_finished)
+
+    def stream_resume(self, run_id: str, value: Any) -> Iterator[Event]:
+        """Answer the pending ``interrupt()`` of a run, continue it, and yield its events as
+        they happen (:meth:`resume` as :meth:`stream` runs a call: a chat answering a
+        question shows what the resumed run does). An async entrypoint gives an async
+        iterator.
+
+        Args:
+            run_id: The interrupted run.
+            value: The answer, as for :meth:`resume`.
+
+        Yields:
+            :class:`~durably.Event` objects, as :meth:`stream` yields them.
+
+        Raises:
+            RunStateError, NotFoundError, DefinitionError: as for :meth:`resume` (at the
+                call, before the first event).
+
+        Example:
+            >>> import durably, tempfile
+            >>> @durably.entrypoint(store=durably.DiskStore(tempfile.mkdtemp()))
+            ... def approve(doc):
+            ...     return f"{doc}: {durably.interrupt({'review': doc})}"
+            >>> run = approve.run("draft-2")
+            >>> [e.data for e in approve.stream_resume(run.id, "ok") if e.kind == "run_finished"]
+            ['draft-2: ok']
+        """
+        args, kwargs, answer = self._self_answering(run_id, value)
+        events: Iterator[Event] = self._self_stream(self.__wrapped__, None, args, kwargs,
+                                                    run_id, False, answer)
+        return events
 
     def fork(self, run_id: str, at: str | None = None, update: Any = NO_UPDATE, *,
              cache: bool = False) -> Run[R]:

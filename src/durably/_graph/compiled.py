@@ -20,7 +20,7 @@ import itertools
 import json
 import operator
 import threading
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import xxhash
@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from durably._graph.builder import StateGraph
 
 S = TypeVar("S")
+
+
+#: what :meth:`CompiledGraph.stream` yields, by mode
+_MODES = ("values", "updates", "debug", "custom", "events")
 
 
 class CompiledGraph(Execution, Generic[S]):
@@ -230,9 +234,10 @@ class CompiledGraph(Execution, Generic[S]):
             self._migrate.reset(token)
         return self.schema.build(final)
 
-    def stream(self, state: Any = None, *, mode: str = "values", run_id: str | None = None,
-               fresh: bool = False, migrate: Callable[[Any], Any] | None = None,
-               subgraphs: bool = False) -> Generator[Any, None, None]:
+    def stream(self, state: Any = None, *, mode: str | Sequence[str] = "values",
+               run_id: str | None = None, fresh: bool = False,
+               migrate: Callable[[Any], Any] | None = None, subgraphs: bool = False,
+               resume: Any = None) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -241,8 +246,13 @@ class CompiledGraph(Execution, Generic[S]):
                 ``{node: update}`` per super-step (a subgraph node's update combines its
                 nodes' writes to a key with the key's reducer, ``reducer(first, second)``:
                 every write for ``operator.add`` or ``add_messages``; else the last write);
+                ``"debug"``: one dict per node that ran, ``{"step": n, "node": name,
+                "update": ..., "state": ...}`` (the state after its super-step);
+                ``"custom"``: what nodes wrote with :func:`durably.get_writer`;
                 ``"events"``: every :class:`~durably.Event` of the run (steps, nodes,
-                custom events, the super-steps of subgraphs too).
+                custom events, the super-steps of subgraphs too). Several at once
+                (``mode=["updates", "custom"]``): each item is a pair ``(mode, item)``, as
+                in LangGraph.
             run_id: As for :meth:`invoke`.
             fresh: As for :meth:`run`.
             migrate: As for :meth:`invoke`.
@@ -254,14 +264,16 @@ class CompiledGraph(Execution, Generic[S]):
                 yielded when its node executes (or resumes), not when the parent's
                 super-step is replayed whole from the journal. Not used with
                 ``mode="events"``.
+            resume: With ``run_id``: answer the run's pending interrupt with this value and
+                stream the resumed run (as ``stream(Command(resume=value), run_id=...)``).
 
         Super-steps replayed from the journal are yielded too. When a node interrupts, the
         last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
         Breaking out of the loop stops the run at its next step boundary (resumable).
 
         Raises:
-            DefinitionError: ``mode`` is not one of the three, or ``subgraphs`` is not a
-                bool (at the first item).
+            DefinitionError: ``mode`` is not one of the five (or a list of them), or
+                ``subgraphs`` is not a bool (at the first item).
 
         Example:
             >>> import durably, tempfile
@@ -282,11 +294,21 @@ class CompiledGraph(Execution, Generic[S]):
             ((), {'edit': {'text': 'HI'}})
             >>> durably.configure()
         """
-        if mode not in ("values", "updates", "events"):
-            raise DefinitionError(f"stream(mode=...) is 'values', 'updates' or 'events', not "
-                                  f"{mode!r}")
+        modes = [mode] if isinstance(mode, str) else list(mode)
+        if not modes or any(m not in _MODES for m in modes):
+            raise DefinitionError(f"stream(mode=...) is one of {list(_MODES)} or a list of "
+                                  f"them, not {mode!r}")
+        several = not isinstance(mode, str)
         if not isinstance(subgraphs, bool):
             raise DefinitionError(f"stream(subgraphs=...) is True or False, not {subgraphs!r}")
+        if resume is not None:
+            if state is not None:
+                raise DefinitionError("stream(state, resume=...): the answer continues the "
+                                      "run run_id with the input it started with. Fix: "
+                                      "stream(resume=answer, run_id=...).")
+            from durably._graph.structure import Command
+
+            state = Command(resume=resume)
         answering, answer = self._answer_in(state, run_id, fresh)
         # the run's thread starts at the first item, with a copy of this context: migrate=
         # is set in it for that moment only (a generator runs in its consumer's context)
@@ -307,19 +329,36 @@ class CompiledGraph(Execution, Generic[S]):
         finally:
             _executed_only.reset(only)
             self._migrate.reset(token)
+        def shaped(namespace: tuple[str, ...], m: str, item: Any) -> Any:
+            if several:
+                return (namespace, m, item) if subgraphs else (m, item)
+            return (namespace, item) if subgraphs else item
+
         try:
             for event in itertools.chain(() if first is None else (first,), events):
-                if mode == "events":
-                    yield event
-                elif event.kind == "graph_step":
+                if "events" in modes:
+                    yield ("events", event) if several else event
+                if event.kind == "graph_step":
                     namespace = event.data.get("namespace", ())
                     if namespace and not subgraphs:
                         continue  # a subgraph's own super-step
-                    item = event.data["values"] if mode == "values" else event.data["updates"]
-                    yield (namespace, item) if subgraphs else item
-                elif event.kind == "run_interrupted":
+                    for m in modes:
+                        if m == "values":
+                            yield shaped(namespace, m, event.data["values"])
+                        elif m == "updates":
+                            yield shaped(namespace, m, event.data["updates"])
+                        elif m == "debug":
+                            for node, update in event.data["updates"].items():
+                                yield shaped(namespace, m, {
+                                    "step": event.data["step"], "node": node,
+                                    "update": update, "state": event.data["values"]})
+                elif event.kind == "custom" and "custom" in modes:
+                    yield shaped((), "custom", event.data)
+                elif event.kind == "run_interrupted" and modes != ["events"]:
                     item = {"__interrupt__": list(event.data)}  # as LangGraph's stream does
-                    yield ((), item) if subgraphs else item
+                    shown = next((m for m in ("updates", "values", "debug", "custom")
+                                  if m in modes), modes[0])
+                    yield shaped((), shown, item)
         finally:
             close = getattr(events, "close", None)  # (a generator)
             if close is not None:
@@ -422,10 +461,10 @@ class CompiledGraph(Execution, Generic[S]):
                 pass
             raise
 
-    async def astream(self, state: Any = None, *, mode: str = "values",
+    async def astream(self, state: Any = None, *, mode: str | Sequence[str] = "values",
                       run_id: str | None = None, fresh: bool = False,
                       migrate: Callable[[Any], Any] | None = None,
-                      subgraphs: bool = False) -> AsyncIterator[Any]:
+                      subgraphs: bool = False, resume: Any = None) -> AsyncIterator[Any]:
         """:meth:`stream` from async code (``async for``): the same items, from a run that
         executes in a thread of its own and waits while you handle each item. Leaving the
         loop early (``break``, an exception, cancelling the task) stops the run at its next
@@ -438,12 +477,13 @@ class CompiledGraph(Execution, Generic[S]):
             fresh: As for :meth:`stream`.
             migrate: As for :meth:`invoke`.
             subgraphs: As for :meth:`stream`.
+            resume: As for :meth:`stream`.
 
         Yields:
             The items :meth:`stream` yields.
 
         Raises:
-            DefinitionError: ``mode`` is not one of the three.
+            DefinitionError: as for :meth:`stream`.
         """
         loop = asyncio.get_running_loop()
         arrived: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
@@ -464,7 +504,7 @@ class CompiledGraph(Execution, Generic[S]):
             stream (a generator is never closed while another thread runs it)."""
             self._cancel.set(cancel)
             items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate,
-                                subgraphs=subgraphs)
+                                subgraphs=subgraphs, resume=resume)
             try:
                 while True:
                     wanted.acquire()
