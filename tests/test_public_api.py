@@ -14,10 +14,11 @@ EXPECTED = [
     "ReplayedError", "Retry", "Run", "RunGraph", "RunInterrupted", "RunStateError", "Send",
     "SerializationError",
     "StateGraph", "StepRecord", "Store",
-    "StoreError", "Task", "TaskTimeoutError", "configure", "delete_runs", "digest",
+    "StoreError", "Task", "TaskTimeoutError", "asleep", "configure", "delete_runs", "digest",
     "entrypoint", "file", "fork",
     "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "open_store",
     "register_encoder",
+    "sleep",
     "task",
 ]
 

@@ -21,6 +21,7 @@ from durably._runtime.history import Checkpoint
 from durably._runtime.interrupt import Interrupt, get_writer, idempotency_key, interrupt
 from durably._runtime.retry import Retry
 from durably._runtime.run import Run, delete_runs, get_run, list_runs
+from durably._runtime.sleep import asleep, sleep
 from durably._store.disk.store import DiskStore
 from durably._store.records import StepRecord
 from durably._store.urls import open_store
@@ -102,6 +103,7 @@ __all__ = [
     "StoreError",
     "Task",
     "TaskTimeoutError",
+    "asleep",
     "configure",
     "delete_runs",
     "digest",
@@ -115,5 +117,6 @@ __all__ = [
     "list_runs",
     "open_store",
     "register_encoder",
+    "sleep",
     "task",
 ]
