@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from durably._decorators.entrypoints import Entrypoint, entrypoint, fork
+from durably._decorators.recover import Recovered, recover
 from durably._decorators.tasks import Task, task
 from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
@@ -88,6 +89,7 @@ __all__ = [
     "NondeterminismError",
     "NotFoundError",
     "PostgresStore",
+    "Recovered",
     "RenderError",
     "ReplayedError",
     "Retry",
@@ -116,6 +118,7 @@ __all__ = [
     "interrupt",
     "list_runs",
     "open_store",
+    "recover",
     "register_encoder",
     "sleep",
     "task",

@@ -8,6 +8,7 @@ cache miss, and look after the cache.
     durably history RUN [--json]
     durably graph RUN [-f mermaid|dot|svg|html] [-o FILE] [--attempt N] [--collapse N]
     durably resume MODULE:ENTRYPOINT RUN [--value JSON] [--keep-finished]
+    durably recover [--entrypoint NAME] [--keep-finished] [--dry-run]
     durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache]
     durably explain MODULE:TASK [ARG ...] [--json]
     durably cache stats [--json]
@@ -979,3 +980,6 @@ def main() -> None:
     """
     cli.main(prog_name="durably")
 
+
+
+from durably._cli import recover as _recover  # noqa: E402, F401 - its command, on cli
