@@ -79,6 +79,13 @@ async def apipeline(n):
     return total
 
 @durably.entrypoint
+def ask_later(n):
+    for i in range(n):
+        work("ask_later", i)
+        stop("ask_later", i)
+    return durably.interrupt("ok?")
+
+@durably.entrypoint
 def asker(n):
     work("asker", 0)
     return durably.interrupt("ok?")
@@ -238,7 +245,7 @@ def test_recover_from_python_returns_each_runs_outcome(
         project: tuple[Path, dict[str, str]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     root, env = project
-    _crash(root, env, "-m", "jobs", "pipeline", "apipeline", runs=2)
+    _crash(root, env, "-m", "jobs", "pipeline", "apipeline", "ask_later", runs=3)
     store = durably.DiskStore(tmp_path / "store")
     durably.configure(store=store)
     monkeypatch.syspath_prepend(str(root))  # (importable, as on PYTHONPATH)
@@ -247,8 +254,14 @@ def test_recover_from_python_returns_each_runs_outcome(
     try:
         recovered = durably.recover()
         assert sorted((r.entrypoint, r.outcome, r.error) for r in recovered) == [
-            ("jobs:apipeline", "finished", None), ("jobs:pipeline", "finished", None)]
+            ("jobs:apipeline", "finished", None), ("jobs:ask_later", "interrupted", None),
+            ("jobs:pipeline", "finished", None)]
+        (paused,) = [r for r in recovered if r.outcome == "interrupted"]
+        assert paused.run is not None and paused.run.status == "interrupted"
+        assert [i.payload for i in paused.run.interrupts] == ["ok?"]
         for r in recovered:
+            if r is paused:
+                continue
             assert r.run is not None and r.run.result == 10
             assert r.run.counts() == {"ran": 2, "cached": 0, "replayed": 3, "failed": 0}
             assert r.run.resumed_from == "crashed"

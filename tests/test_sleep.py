@@ -7,6 +7,7 @@ timing anything; the subprocess test kills a real process during a real sleep.""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextlib
 import datetime
@@ -15,6 +16,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,6 +258,46 @@ def test_a_closed_stream_stops_a_sleeping_run(disk_store: Any, clock: FakeClock)
     run = durably.list_runs(nap, store=disk_store)[0]
     assert run.status == "stopped"
     assert clock.waits == []  # (stopped before its first wait: the stream is in lockstep)
+
+
+def test_ctrl_c_during_a_map_stops_the_items_that_sleep(disk_store: Any,
+                                                          clock: FakeClock) -> None:
+    """Ctrl-C while items of a map on threads sleep: they stop at their next slice (a
+    running body is otherwise waited for), and the run is stopped, resumable."""
+    from durably._runtime.context import live_run
+
+    first = threading.Event()
+
+    def wait(seconds: float) -> None:  # (in an item's thread)
+        clock.waits.append(seconds)
+        clock.now += seconds
+        if not first.is_set():
+            first.set()
+            ctx = live_run()
+            assert ctx is not None
+            _thread.interrupt_main()  # Ctrl-C, in the run's own thread
+            deadline = time.monotonic() + 60
+            while not ctx.halting:  # the map marks its running items as stopping
+                assert time.monotonic() < deadline, "the map never stopped its items"
+                time.sleep(0.001)
+
+    clock.wait = wait  # type: ignore[method-assign]
+    sleep_module._wait = wait  # (the fixture puts it back)
+
+    @durably.task
+    def nap(i: int) -> int:
+        durably.sleep(3600)
+        return i
+
+    @durably.entrypoint
+    def naps(n: int) -> list[int]:
+        return nap.map(range(n), max_workers=1, progress=False)
+
+    with pytest.raises(KeyboardInterrupt):
+        naps(3)
+    run = durably.list_runs(naps, store=disk_store)[0]
+    assert run.status == "stopped"
+    assert len(clock.waits) == 1  # the item stopped after the wait that saw Ctrl-C
 
 
 SLEEPER = """

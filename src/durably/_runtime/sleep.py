@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from durably._runtime.call import call_sync
-from durably._runtime.context import RunContext, StopRun, live_run
+from durably._runtime.context import RunContext, StopRun, current_step, cutoff, live_run
 from durably._runtime.spec import Spec
 from durably.exceptions import DefinitionError
 
@@ -100,6 +100,15 @@ def _begin(seconds: float) -> tuple[RunContext | None, float]:
     return ctx, wake
 
 
+def _stopping(ctx: RunContext) -> bool:
+    """Whether the run was told to stop (a closed stream, a lost lease), the fan-out item
+    the sleep is in is stopping (Ctrl-C during a ``map``), or the body it is in was
+    abandoned by its ``timeout=`` (as a fan-out's ``_stopping`` asks)."""
+    abandoned = cutoff.get()
+    return ctx.stop or bool(ctx.halting and ctx.halted(current_step.get())) or (
+        abandoned is not None and abandoned.cut)
+
+
 def sleep(seconds: float | datetime.timedelta) -> None:
     """Wait ``seconds``, durably: inside a run, a resumed run wakes at the time its first
     attempt set (DBOS's ``DBOS.sleep``).
@@ -115,10 +124,11 @@ def sleep(seconds: float | datetime.timedelta) -> None:
     (``sleep(deadline - time.time())``).
 
     Ctrl-C interrupts the wait (the run is ``stopped``, and resumable: it then waits for
-    what is left). A run told to stop (its ``stream()`` closed, its lease taken over)
-    stops within a second. Outside a run (and in a worker process of a fan-out, which has
-    no run) it is a plain ``time.sleep``. In an ``async`` entrypoint, ``await``
-    :func:`asleep` instead, which does not block the event loop.
+    what is left). A run told to stop (its ``stream()`` closed, its lease taken over), and
+    an item of a ``task.map`` on threads that is stopping (Ctrl-C), stop within a second.
+    Outside a run (and in a worker process of a fan-out, which has no run) it is a plain
+    ``time.sleep``. In an ``async`` entrypoint, ``await`` :func:`asleep` instead, which
+    does not block the event loop.
 
     Args:
         seconds: How long to wait: seconds (int or float), or a ``datetime.timedelta``.
@@ -146,7 +156,7 @@ def sleep(seconds: float | datetime.timedelta) -> None:
         left = wake - _clock()
         if left <= 0:
             return
-        if ctx is not None and ctx.stop:
+        if ctx is not None and _stopping(ctx):
             raise StopRun()
         _wait(min(left, _SLICE) if ctx is not None else left)
 
@@ -180,6 +190,6 @@ async def asleep(seconds: float | datetime.timedelta) -> None:
         left = wake - _clock()
         if left <= 0:
             return
-        if ctx is not None and ctx.stop:
+        if ctx is not None and _stopping(ctx):
             raise StopRun()
         await _await(min(left, _SLICE) if ctx is not None else left)
