@@ -43,6 +43,15 @@ class Recovered:
         run: The run's handle after the attempt (``run.summary()``, ``run.result``), or
             None when skipped.
         error: Why it failed or was skipped, else None.
+
+    ``str()`` of it is the line ``durably recover`` prints: the run's summary, or why it
+    failed or was skipped.
+
+    Example:
+        >>> import durably
+        >>> print(durably.Recovered("nightly-3f2a", "jobs:nightly", "skipped",
+        ...                         error="cannot import module 'jobs'"))
+        run 'nightly-3f2a' (jobs:nightly) skipped: cannot import module 'jobs'
     """
 
     run_id: str
