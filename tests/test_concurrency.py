@@ -345,3 +345,63 @@ def test_a_child_forked_while_a_thread_holds_a_store_s_lock_uses_the_store(
     release.set()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- identical calls at once: wait= -------------------------------------------------------------
+def test_identical_calls_at_once_wait_for_the_one_executing(tmp_path: Path) -> None:
+    """@entrypoint(wait=...): the same input from several threads at once (a web server
+    handling a request sent twice): one executes, the others wait for it and return its
+    result; without wait=, a later caller gets RunBusyError at once."""
+    import threading
+
+    store = durably.DiskStore(tmp_path / "store")
+    started, release = threading.Event(), threading.Event()
+    executed: list[str] = []
+
+    @durably.task(cache=False)
+    def charge(order: str) -> str:
+        executed.append(order)
+        started.set()
+        assert release.wait(30)
+        return f"charged {order}"
+
+    @durably.entrypoint(store=store, wait=60)
+    def checkout(order: str) -> str:
+        return charge(order)
+
+    @durably.entrypoint(store=store, name="checkout_nowait")
+    def checkout_nowait(order: str) -> str:
+        return charge(order)
+
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(checkout("o-1")))
+    first.start()
+    assert started.wait(30)
+    waiting = [threading.Thread(target=lambda: results.append(checkout("o-1")))
+               for _ in range(3)]
+    for t in waiting:
+        t.start()
+    release.set()
+    for t in [first, *waiting]:
+        t.join(60)
+    assert results == ["charged o-1"] * 4
+    assert executed == ["o-1"]  # once, whoever asked
+
+    started.clear()
+    release.clear()
+    other = threading.Thread(target=lambda: checkout_nowait("o-2"))
+    other.start()
+    assert started.wait(30)
+    try:
+        with pytest.raises(durably.RunBusyError, match="wait=seconds") as busy:
+            checkout_nowait("o-2")
+        assert busy.value.run_id.startswith("checkout_nowait-")
+        brief = durably.entrypoint(store=store, name="checkout_nowait", wait=0.05)(
+            checkout_nowait.__wrapped__)
+        with pytest.raises(durably.RunBusyError):  # (held until released below)
+            brief("o-2")
+    finally:
+        release.set()
+        other.join(60)
+    with pytest.raises(durably.DefinitionError, match="wait="):
+        durably.entrypoint(wait=-1)

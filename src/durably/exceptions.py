@@ -91,6 +91,20 @@ class RunStateError(DurablyError):
     took the run over)."""
 
 
+class RunBusyError(RunStateError):
+    """Another call (a thread of this process, or another process) is executing the run
+    right now: two must not execute one run. ``@entrypoint(wait=seconds)`` makes a call wait
+    for it and return its result instead.
+
+    Attributes:
+        run_id: The run.
+    """
+
+    def __init__(self, message: str, run_id: str = "") -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class NoActiveRunError(RunStateError):
     """An operation that needs a run (``interrupt()``, ``idempotency_key()``,
     ``get_writer()``) was called outside one, or outside a task of one."""

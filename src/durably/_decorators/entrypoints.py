@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -41,7 +42,7 @@ from durably._runtime.run import Run
 from durably._runtime.spec import Spec
 from durably._store.records import RunRecord
 from durably._trace.tracer import Event, RunGraph
-from durably.exceptions import DefinitionError, NotFoundError, RunStateError
+from durably.exceptions import DefinitionError, NotFoundError, RunBusyError, RunStateError
 from durably.store import Store
 
 __all__ = ["Entrypoint", "entrypoint", "fork"]
@@ -103,6 +104,27 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return graph
 
 
+class _Pauses:
+    """The waits of a call that found its run executed by another (``wait=`` seconds in all):
+    short first (a duplicate request often arrives just behind the first), then up to a
+    quarter second; None once the time is up."""
+
+    __slots__ = ("deadline", "delay")
+
+    def __init__(self, wait: float | None) -> None:
+        self.deadline = None if wait is None else time.monotonic() + wait
+        self.delay = 0.005
+
+    def next(self) -> float | None:
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            return None
+        delay, self.delay = min(self.delay, left), min(self.delay * 2, 0.25)
+        return delay
+
+
 class Entrypoint(_ByReference, _Wrapper[P, R]):
     """A top-level function whose every call is a durable run with a journal.
 
@@ -116,6 +138,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def __init__(self, func: Callable[P, R], spec: Spec) -> None:
         super().__init__(func, self._self_call)
         self._self_spec = spec
+        self._self_wait: float | None = None  # (@entrypoint(wait=...))
         _ENTRYPOINTS[spec.identity] = self
 
     def __repr__(self) -> str:
@@ -396,9 +419,18 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                    run_id: str | None, fresh: bool, handle: bool,
                    listener: Any = None, read_cache: bool = True, store: Store | None = None,
                    on_lease: Any = None, keep_finished: bool = False) -> Any:
-        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                            fresh=fresh, listener=listener, read_cache=read_cache, store=store,
-                            on_lease=on_lease)
+        pause = _Pauses(self._self_wait)
+        while True:
+            try:
+                started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
+                                    fresh=fresh, listener=listener, read_cache=read_cache,
+                                    store=store, on_lease=on_lease)
+                break
+            except RunBusyError:
+                delay = pause.next()
+                if delay is None:
+                    raise
+                time.sleep(delay)
         if keep_finished:
             keep_in(started.ctx)
         try:
@@ -429,9 +461,20 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                          listener: Any = None, read_cache: bool = True,
                          store: Store | None = None, on_lease: Any = None,
                          keep_finished: bool = False) -> Any:
-        started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                            fresh=fresh, listener=listener, read_cache=read_cache, store=store,
-                            on_lease=on_lease)
+        pause = _Pauses(self._self_wait)
+        while True:
+            try:
+                started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
+                                    fresh=fresh, listener=listener, read_cache=read_cache,
+                                    store=store, on_lease=on_lease)
+                break
+            except RunBusyError:
+                delay = pause.next()
+                if delay is None:
+                    raise
+                import asyncio  # (on a running loop: imported already)
+
+                await asyncio.sleep(delay)
         if keep_finished:
             keep_in(started.ctx)
         try:
@@ -643,12 +686,14 @@ def entrypoint(func: Callable[P, R], /) -> Entrypoint[P, R]: ...
 
 @overload
 def entrypoint(
-    *, name: str | None = None, store: Store | str | os.PathLike[str] | None = None
+    *, name: str | None = None, store: Store | str | os.PathLike[str] | None = None,
+    wait: float | None = None,
 ) -> Callable[[Callable[P, R]], Entrypoint[P, R]]: ...
 
 
 def entrypoint(func: Any = None, /, *, name: str | None = None,
-               store: Store | str | os.PathLike[str] | None = None) -> Any:
+               store: Store | str | os.PathLike[str] | None = None,
+               wait: float | None = None) -> Any:
     """Make a function an entrypoint: each call is a durable run with a journal.
 
     Calling the entrypoint returns its plain result, so decorating a script's ``main``
@@ -670,9 +715,11 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
             (:func:`durably.open_store`). Default: the configured store
             (``durably.configure``), else ``$DURABLY_STORE``, ``$DURABLY_DIR``, or
             ``./.durably``.
-
-    Returns:
-        An :class:`Entrypoint` (or, with options, a decorator making one).
+        wait: Seconds a call waits when another call (a thread, another process)
+            executes the same run right now, as a web server handling a request sent twice
+            needs: it then returns that call's result (replayed from the journal; if that
+            call failed, this one resumes the run). Default None: such a call raises
+            :class:`~durably.RunBusyError` at once, as it does once ``wait`` has passed.
 
     Raises:
         DefinitionError: ``func`` is a class, a generator function or not callable, an
@@ -700,6 +747,11 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
         raise _not_a_store(store, "@entrypoint(store=...)",
                           "@entrypoint(store=\"path/to/store\")")
 
+    if wait is not None and (isinstance(wait, bool) or not isinstance(wait, (int, float))
+                             or not wait >= 0):
+        raise DefinitionError(f"@entrypoint(wait=...) is a number of seconds >= 0 (or None), "
+                              f"not {wait!r}. Fix: wait=30")
+
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:
         spec = Spec(f, kind="entrypoint", name=name, store=store)
         taken = [n for n in ("run_id", "fresh") if n in spec.signature.parameters]
@@ -709,6 +761,8 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
                 f"{spec.name}.run(..., {taken[0]}=...) and .stream() take for themselves, so "
                 f"your argument would be taken as the run option. Fix: rename the parameter "
                 f"(for example {taken[0]}_ or my_{taken[0]}).")
-        return Entrypoint(f, spec)
+        made = Entrypoint(f, spec)
+        made._self_wait = None if wait is None else float(wait)
+        return made
 
     return decorate(func) if func is not None else decorate

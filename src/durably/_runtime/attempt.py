@@ -35,7 +35,13 @@ from durably._runtime.step import _WRITE_THROUGH
 from durably._store.lease import LEASE_SECONDS, RENEW_SECONDS, Owner, _pid, beat, hold, let_go, me
 from durably._store.records import EventRecord, RunRecord, StepRecord, now
 from durably._trace.tracer import Event, short_repr
-from durably.exceptions import DefinitionError, RunStateError, SerializationError, StoreError
+from durably.exceptions import (
+    DefinitionError,
+    RunBusyError,
+    RunStateError,
+    SerializationError,
+    StoreError,
+)
 from durably.store import ReadAhead, Store
 
 __all__ = ["Started", "begin_run", "end_run", "is_cancelled", "run_status",
@@ -333,32 +339,33 @@ class _Renewal:
 _DEFERRED_FROM = frozenset({"failed", "stopped", "finished"})
 
 
-def _held(run_id: str, holder: Owner, owner: Owner) -> RunStateError:
+def _held(run_id: str, holder: Owner, owner: Owner) -> RunBusyError:
     """The error of an attempt that finds the run's lease held by ``holder``, alive."""
     if holder.pid == owner.pid and holder.host == owner.host:
-        return RunStateError(
+        return RunBusyError(
             f"run {run_id!r} is being executed in this process right now (by another "
             "thread, or a stream() that is still open: close it with .close(), or "
             "finish iterating it). Fix: wait for it, or start a separate run with "
-            "fresh=True or another run_id.")
+            "fresh=True or another run_id (or @entrypoint(wait=seconds) to wait for it and "
+            "return its result).", run_id)
     if holder.host != owner.host:
         # another machine, or another pid namespace (a container): its process
         # cannot be looked at from here, only its lease's heartbeat
         age = max(0.0, time.time() - holder.heartbeat)
         left = max(0.0, LEASE_SECONDS - age)
-        return RunStateError(
+        return RunBusyError(
             f"run {run_id!r} is held by {holder.describe()}, which this process "
             "cannot look at (another machine, or another container's pid namespace)"
             f": its lease was renewed {age:.0f} s ago. If that process is executing "
             "the run, two processes must not. If it died, the run can be resumed "
             f"once its lease expires, in {left:.0f} s (a lease not renewed for "
             f"{LEASE_SECONDS:.0f} s). Fix: wait for it to finish or expire (then "
-            "rerun), or start a separate run with fresh=True or another run_id.")
-    return RunStateError(
+            "rerun), or start a separate run with fresh=True or another run_id.", run_id)
+    return RunBusyError(
         f"run {run_id!r} is being executed by {holder.describe()} right now; two "
         "processes must not execute one run. Fix: wait for it to finish (then rerun to "
-        "get its result), or start a separate run with fresh=True or another run_id."
-    )
+        "get its result; @entrypoint(wait=seconds) waits for you), or start a separate run "
+        "with fresh=True or another run_id.", run_id)
 
 
 class _Deferred:
