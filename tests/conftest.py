@@ -1,4 +1,5 @@
-"""Shared fixtures: a store parametrized over every implementation, isolated defaults, and a
+"""Shared fixtures: a store parametrized over every implementation, isolated defaults, the
+system programs some tests need (skipped without them, failed in CI: see system.py), and a
 helper that runs a script in a real subprocess."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 import durably
 from durably.testing import MemoryStore
 
+from . import system
 from .minimal_store import MinimalStore
 from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
 
@@ -68,6 +70,18 @@ def disk_store(tmp_path: Path) -> Iterator[durably.DiskStore]:
     yield s
     durably.configure()
     s.close()
+
+
+@pytest.fixture(scope="session")
+def require_dot() -> str:
+    """The path of Graphviz's ``dot``: the test skips without it (fails in CI)."""
+    return system.dot()
+
+
+@pytest.fixture(scope="session")
+def require_chromium() -> str:
+    """The path of a headless Chromium: the test skips without it (fails in CI)."""
+    return system.chromium()
 
 
 def write_script(path: Path, source: str) -> Path:

@@ -1,10 +1,10 @@
 """The PostgreSQL server and the S3 server the tests of the PostgreSQL store use.
 
 The server is named by ``$DURABLY_TEST_POSTGRES`` (a libpq URL): ``.ci/run`` starts a
-throwaway one (``.ci/postgres start``) and sets ``DURABLY_REQUIRE_POSTGRES=1``, so that a
-test which needs it fails rather than skips there. Without it, those tests skip, saying how
-to run them. S3 is a local moto server, started in this process when a test asks for it.
-Each store gets a schema of its own, dropped when the test ends.
+throwaway one (``.ci/postgres start``) and sets ``DURABLY_REQUIRE_SYSTEM=1``, so that a
+test which needs it fails rather than skips there (system.py). Without it, those tests skip,
+saying how to run them. S3 is a local moto server, started in this process when a test asks
+for it. Each store gets a schema of its own, dropped when the test ends.
 """
 
 from __future__ import annotations
@@ -16,20 +16,25 @@ from typing import Any
 
 import pytest
 
-HOW = ("no PostgreSQL server for the tests: start a throwaway one with "
-       "eval \"$(.ci/postgres start)\" (it sets $DURABLY_TEST_POSTGRES), then run pytest again")
+from . import system
+
+HOW = ("start a throwaway server with eval \"$(.ci/postgres start)\" (it sets "
+       "$DURABLY_TEST_POSTGRES and the other variables the tests read), then run pytest again")
 
 
 def server_url() -> str:
     """The test server's URL; skips the test without one (fails it when
-    ``$DURABLY_REQUIRE_POSTGRES`` is set, as in CI)."""
-    url = os.environ.get("DURABLY_TEST_POSTGRES")
-    if url:
-        return url
-    if os.environ.get("DURABLY_REQUIRE_POSTGRES"):
-        pytest.fail("DURABLY_REQUIRE_POSTGRES is set but DURABLY_TEST_POSTGRES is not: "
-                    ".ci/run starts the server and sets both")
-    pytest.skip(HOW)
+    ``$DURABLY_REQUIRE_SYSTEM`` is set, as in CI: see system.py)."""
+    return server_setting("DURABLY_TEST_POSTGRES", "no PostgreSQL server for the tests")
+
+
+def server_setting(name: str, what: str) -> str:
+    """The value of ``$name``, one of the variables ``.ci/postgres start`` sets; skips the
+    test without it, saying ``what`` is missing (fails it when the server is required)."""
+    value = os.environ.get(name)
+    if value:
+        return value
+    system.missing(f"{what} (${name} is not set)", HOW, postgres=True)
 
 
 def fresh_schema() -> str:

@@ -296,12 +296,15 @@ def test_graph_in_every_format(sample: Sample, tmp_path: Path) -> None:
     ok(durably("graph", run, "-f", "html", "-o", str(tmp_path / "report.txt"),
                cwd=sample.project, store=sample.store))
     assert "<html" in (tmp_path / "report.txt").read_text(encoding="utf-8")
-    if shutil.which("dot"):
-        assert "<svg" in ok(durably("graph", run, "-f", "svg", cwd=sample.project,
-                                    store=sample.store))
     # without Graphviz's dot on PATH: the RenderError, in one line
     fails(durably("graph", run, "-f", "svg", cwd=sample.project, store=sample.store,
                   env={"PATH": str(DURABLY.parent)}), "Graphviz", "to_mermaid")
+
+
+def test_graph_as_svg(sample: Sample, require_dot: str) -> None:
+    svg = ok(durably("graph", sample.ids["p3"], "-f", "svg", cwd=sample.project,
+                     store=sample.store))
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg and "summary" in svg
 
 
 # -- resume and fork: writing runs ----------------------------------------------------------------

@@ -50,11 +50,11 @@ def _copy(tmp_path: Path, name: str) -> Path:
     return target
 
 
-def _run(script: Path, *args: str, expect: int = 0, timeout: float = 120
-         ) -> subprocess.CompletedProcess[str]:
+def _run(script: Path, *args: str, expect: int = 0, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, script.name, *args], cwd=script.parent,
-        env=script_env(script.parent / "store"), capture_output=True, text=True,
+        env=script_env(script.parent / "store", **(env or {})), capture_output=True, text=True,
         timeout=timeout,
     )
     assert proc.returncode == expect, (
@@ -206,17 +206,23 @@ def test_parallel_fan_out(tmp_path: Path) -> None:
 
 def test_run_graph_files(tmp_path: Path) -> None:
     script = _copy(tmp_path, "07_run_graph.py")
-    out = _run(script).stdout
+    out = _run(script, env={"PATH": ""}).stdout  # without Graphviz's dot: no SVG, said so
     assert "flowchart TD" in out and "subgraph" in out
     assert "13 nodes" in out
     assert (tmp_path / "run_graph.mmd").read_text(encoding="utf-8").count("evaluate") >= 2
     html = (tmp_path / "run_graph.html").read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and 'id="steps"' in html
-    if shutil.which("dot"):
-        assert "<svg" in (tmp_path / "run_graph.svg").read_text(encoding="utf-8")
-        assert "<svg" in html
-    else:
-        assert "skipped run_graph.svg" in out
+    assert "<svg" not in html and '<pre class="mermaid-source">' in html
+    assert "skipped run_graph.svg" in out and "apt install graphviz" in out
+    assert not (tmp_path / "run_graph.svg").exists()
+
+
+def test_run_graph_files_with_graphviz(tmp_path: Path, require_dot: str) -> None:
+    script = _copy(tmp_path, "07_run_graph.py")
+    out = _run(script).stdout
+    assert "wrote run_graph.svg" in out and "skipped" not in out
+    assert "<svg" in (tmp_path / "run_graph.svg").read_text(encoding="utf-8")
+    assert "<svg" in (tmp_path / "run_graph.html").read_text(encoding="utf-8")
 
 
 def test_stategraph_router_and_cycle(tmp_path: Path) -> None:

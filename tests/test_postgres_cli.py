@@ -27,7 +27,13 @@ import pytest
 import durably
 
 from .conftest import write_script
-from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
+from .postgres_server import (
+    drop_schemas,
+    fresh_schema,
+    server_setting,
+    server_url,
+    with_schema,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -224,12 +230,10 @@ def schema_exists(schema: str) -> bool:
 
 def tcp() -> tuple[str, str]:
     """The test server's URL over TCP for the role with a password, and that password."""
-    url = os.environ.get("DURABLY_TEST_POSTGRES_TCP")
-    password = os.environ.get("DURABLY_TEST_POSTGRES_PASSWORD")
-    if not url or not password:
-        server_url()  # (skips, or fails in CI)
-        pytest.skip("no password role on the test server: start it with .ci/postgres start")
-    return url, password
+    server_url()  # (skips, or fails in CI)
+    what = "no password role on the test server"
+    return (server_setting("DURABLY_TEST_POSTGRES_TCP", what),
+            server_setting("DURABLY_TEST_POSTGRES_PASSWORD", what))
 
 
 @pytest.fixture

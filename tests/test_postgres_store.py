@@ -29,7 +29,13 @@ from durably._store.postgres.schema import VERSION
 from durably.exceptions import DefinitionError, StoreError
 from durably.store import RunRecord, StepRecord
 
-from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
+from .postgres_server import (
+    drop_schemas,
+    fresh_schema,
+    server_setting,
+    server_url,
+    with_schema,
+)
 
 KEY = b"k" * 32
 
@@ -191,15 +197,10 @@ def test_migrations_run_once_from_several_processes_at_once(schemas: list[str]) 
 
 # -- passwords ------------------------------------------------------------------------------
 def _tcp() -> tuple[str, str]:
-    url = os.environ.get("DURABLY_TEST_POSTGRES_TCP")
-    password = os.environ.get("DURABLY_TEST_POSTGRES_PASSWORD")
-    if not url or not password:
-        server_url()  # (skips without a server, or fails in CI)
-        if os.environ.get("DURABLY_REQUIRE_POSTGRES"):
-            pytest.fail("DURABLY_TEST_POSTGRES_TCP/_PASSWORD are not set: .ci/postgres start "
-                        "sets them")
-        pytest.skip("no password role on the test server: start it with .ci/postgres start")
-    return url, password
+    server_url()  # (skips without a server, or fails in CI)
+    what = "no password role on the test server"
+    return (server_setting("DURABLY_TEST_POSTGRES_TCP", what),
+            server_setting("DURABLY_TEST_POSTGRES_PASSWORD", what))
 
 
 @pytest.mark.parametrize("where", ["url", "PGPASSWORD", "pgpass"])
@@ -300,14 +301,9 @@ def test_a_takeover_raced_by_stale_writers_lets_none_of_their_steps_in_after_it(
 # -- a server restart -------------------------------------------------------------------------
 def _server_ctl() -> str:
     """The command that restarts, stops or starts the test server (``CTL restart``)."""
-    command = os.environ.get("DURABLY_TEST_POSTGRES_CTL")
-    if not command:
-        server_url()
-        if os.environ.get("DURABLY_REQUIRE_POSTGRES"):
-            pytest.fail("DURABLY_TEST_POSTGRES_CTL is not set: .ci/postgres start sets it")
-        pytest.skip("the test server cannot be restarted from here: start it with "
-                    "eval \"$(.ci/postgres start)\", which sets DURABLY_TEST_POSTGRES_CTL")
-    return command
+    server_url()
+    return server_setting("DURABLY_TEST_POSTGRES_CTL",
+                          "the test server cannot be restarted from here")
 
 
 def _ctl(command: str, action: str) -> None:

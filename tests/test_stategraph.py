@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import durably
 from durably import END, START, StateGraph
 from durably.stategraph import (
+    CompiledGraph,
     GraphChangedError,
     GraphValidationError,
     InvalidRouteError,
@@ -436,7 +437,8 @@ def test_a_sync_invoke_inside_a_running_event_loop_runs_an_async_node() -> None:
     assert asyncio.run(handler()) == {"n": 1} and len(seen) == 1  # replayed, in a loop too
 
 
-def test_drawing_declared_structure_and_run_overlay() -> None:
+def _drawn() -> CompiledGraph[Any]:
+    """A graph with a router whose mapping declares its outputs, and an interrupt."""
     class S(TypedDict):
         n: int
 
@@ -447,7 +449,11 @@ def test_drawing_declared_structure_and_run_overlay() -> None:
     b.add_conditional_edges("work", lambda s: "ask" if s["n"] > 1 else "work",
                             {"ask": "ask", "again": "work"})
     b.add_edge("ask", END)
-    app = b.compile()
+    return b.compile()
+
+
+def test_drawing_declared_structure_and_run_overlay() -> None:
+    app = _drawn()
     text = app.get_graph().to_mermaid()
     assert 'n1 -.->|"ask"| n2' in text and 'n1 -.->|"again"| n1' in text
     assert "n0 --> n1" in text and "n2 --> n3" in text
@@ -460,7 +466,12 @@ def test_drawing_declared_structure_and_run_overlay() -> None:
     overlay = app.get_graph(run.id)
     assert overlay.visits == {"work": 1} and overlay.stopped_at == ("ask",)
     assert "class n2 stopped" in overlay.to_mermaid()
-    assert "<svg" in app.get_graph().to_svg()
+
+
+def test_the_declared_structure_draws_as_svg(require_dot: str) -> None:
+    svg = _drawn().get_graph().to_svg()
+    assert svg.rstrip().endswith("</svg>")
+    assert svg.count('class="node"') == 4 and ">work<" in svg and ">ask<" in svg
 
 
 def test_a_killed_graph_run_resumes_at_its_super_step(tmp_path: Path) -> None:
