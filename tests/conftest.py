@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,22 @@ def disk_store(tmp_path: Path) -> Iterator[durably.DiskStore]:
     yield s
     durably.configure()
     s.close()
+
+
+@pytest.fixture
+def sigint_raises_keyboard_interrupt() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in this process and in the processes it starts, as
+    Python's default handler does, during the test: whatever pytest was started with. (A
+    shell's background job, ``nohup`` and some CI runners start it with SIGINT ignored,
+    which Python then keeps, and which every process it starts inherits; a handler is
+    reset to the default on exec instead, so a Python child installs its own.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        # (None: a handler not installed from Python, which cannot be put back from it)
+        signal.signal(signal.SIGINT,
+                      signal.default_int_handler if previous is None else previous)
 
 
 @pytest.fixture(scope="session")

@@ -288,6 +288,7 @@ def test_one_thread_at_a_time_uses_sqlite_even_while_the_last_one_closes(
     con.close()
 
 
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_a_ctrl_c_while_fork_waits_for_a_checkpoint_is_raised_after_the_fork(
         tmp_path: Path) -> None:
     script = write_script(tmp_path / "ctrlc.py", """

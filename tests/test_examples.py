@@ -57,6 +57,7 @@ def test_demo_second_run_is_served_from_the_store(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_demo_killed_halfway_continues_and_says_so(tmp_path: Path, sig: signal.Signals) -> None:
     args = [sys.executable, str(DEMO), "--limit", "400"]
     env = script_env(tmp_path / ".durably")

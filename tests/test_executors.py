@@ -415,6 +415,7 @@ def _ctrl_c(*after: float) -> list[threading.Timer]:
 
 
 @pytest.mark.parametrize("inside", ["map", "loop", "twice"])
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_ctrl_c_stops_the_maps_inside_the_items_it_waits_for(store: Any, log: str,
                                                              inside: str) -> None:
     """After Ctrl-C a map waits for its running bodies; a map or a loop of task calls
@@ -992,6 +993,7 @@ ASYNC_FANOUT = FANOUT.replace(
 @pytest.mark.parametrize("executor,source", [("thread", FANOUT), ("process", FANOUT),
                                              ("process", ASYNC_FANOUT)],
                          ids=["thread", "process", "async-process"])
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
         tmp_path: Path, executor: str, source: str) -> None:
     """After Ctrl-C a map starts nothing more but waits for the bodies already running (a
@@ -1018,6 +1020,7 @@ def test_ctrl_c_during_a_map_journals_the_bodies_that_end_while_it_waits(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_more_ctrl_c_on_threads_keep_waiting_and_journaling(tmp_path: Path) -> None:
     """Bodies on threads cannot be stopped, and the process ends only once they have: a
     second or third Ctrl-C says so (and how to stop now: kill) and goes on waiting,
@@ -1046,6 +1049,7 @@ def test_more_ctrl_c_on_threads_keep_waiting_and_journaling(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_a_second_ctrl_c_on_worker_processes_stops_them_now(tmp_path: Path) -> None:
     """On worker processes a second Ctrl-C stops the bodies (the workers are killed, as
     kill -9 would): the process ends at once instead of when they end; those items
@@ -1715,6 +1719,7 @@ def test_workers_of_a_killed_caller_exit_though_nobody_reaped_it(tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_a_terminal_ctrl_c_keeps_the_bodies_running_on_worker_processes(
         tmp_path: Path) -> None:
     """A terminal's Ctrl-C goes to the whole process group, workers included: they ignore

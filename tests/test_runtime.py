@@ -1207,6 +1207,7 @@ def test_a_renewal_held_back_by_a_fork_is_tried_at_the_next_look(
     assert renewed and 1.2 <= renewed[0] < 1.9, renewed  # (before: 2.0, a period later)
 
 
+@pytest.mark.usefixtures("sigint_raises_keyboard_interrupt")
 def test_a_ctrl_c_while_fork_waits_for_a_renewal_is_raised_after_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """fork() waits for a renewal in progress; a Ctrl-C meanwhile neither cuts the wait
