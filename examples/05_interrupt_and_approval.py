@@ -74,6 +74,9 @@ def answer(run_id: str, value: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["answer"]:
+        if len(sys.argv) != 4:
+            print(f"usage: python {sys.argv[0]} answer RUN_ID ANSWER", file=sys.stderr)
+            sys.exit(2)
         answer(sys.argv[2], sys.argv[3])
     else:
         start(sys.argv[1] if len(sys.argv) > 1 else "durable Python")

@@ -10,9 +10,9 @@ Each command is a separate process: the run waits in the store between them.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import operator
-import sys
 from typing import Annotated, Any, TypedDict
 
 import durably
@@ -66,11 +66,17 @@ def report(run: Any) -> None:
 
 
 if __name__ == "__main__":
-    command = sys.argv[1]
-    if command == "start":
-        report(app.run({"topic": sys.argv[2], "draft": "", "feedback": [], "published": ""}))
+    parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="draft a post and wait for its approval")
+    start.add_argument("topic")
+    answer = commands.add_parser("answer", help="answer the run waiting for approval")
+    answer.add_argument("run_id")
+    answer.add_argument("answer", help='"approve", or "reject: what to change"')
+    args = parser.parse_args()
+    if args.command == "start":
+        report(app.run({"topic": args.topic, "draft": "", "feedback": [], "published": ""}))
     else:
-        run_id, answer = sys.argv[2], sys.argv[3]
         with contextlib.suppress(durably.RunInterrupted):  # asked again: reported below
-            app.resume(run_id, answer)
-        report(durably.get_run(run_id))
+            app.resume(args.run_id, args.answer)
+        report(durably.get_run(args.run_id))

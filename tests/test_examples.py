@@ -1,8 +1,10 @@
-"""Every example in examples/ runs; the demo resumes after SIGKILL and Ctrl-C."""
+"""Every example in examples/ runs as it is, without arguments, or prints its usage; the demo
+resumes after SIGKILL and Ctrl-C."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,32 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DEMO = EXAMPLES / "stdlib_index.py"
 
 pytestmark = pytest.mark.slow
+
+
+# examples whose run without arguments is not a working run but their usage (exit status 2)
+USAGE = {"graph_approval.py": "{start,answer}"}
+# examples whose run without arguments takes long: here --help, which must print their usage;
+# their work is tested elsewhere (the digits sweep without arguments by test_docs_examples.py,
+# the demo on a part of the standard library below)
+LONG = {"10_digits_sweep.py", "stdlib_index.py"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_example_runs_as_it_is_or_prints_its_usage(name: str, tmp_path: Path) -> None:
+    shutil.copy(EXAMPLES / name, tmp_path / name)  # (its file name is part of its tasks' names)
+    args = ["--help"] if name in LONG else []
+    proc = subprocess.run([sys.executable, name, *args], cwd=tmp_path,
+                          env=script_env(tmp_path / "store"), capture_output=True, text=True,
+                          timeout=120)
+    said = f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stdout + proc.stderr, said
+    if name in USAGE:
+        assert proc.returncode == 2, said
+        assert proc.stderr.startswith(f"usage: {name} ") and USAGE[name] in proc.stderr, said
+    elif args:
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {name} "), said
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip(), said
 
 
 def _demo(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
