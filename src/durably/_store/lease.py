@@ -13,9 +13,11 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 
 __all__ = ["LEASE_SECONDS", "RENEW_SECONDS", "Owner", "beat", "hold", "let_go", "me"]
 
@@ -247,9 +249,45 @@ def _after_fork_in_parent() -> None:
     _FORKS.pop(me, None)
     if me in _INTERRUPTED_FORKS:
         _INTERRUPTED_FORKS.discard(me)
-        # the Ctrl-C the wait held back, once fork() returned (raised in a hook, it would be
-        # reported and dropped): SIGINT again, to the main thread, which took the first
-        threading.Timer(0.01, signal.pthread_kill, (me, signal.SIGINT)).start()
+        raise_after_fork(me, sys._getframe(1))
+
+
+#: threads a Ctrl-C is waiting to be raised in, once their fork() has returned
+_RAISING: set[int] = set()
+_raising_lock = threading.Lock()
+
+
+def raise_after_fork(me: int, caller: FrameType) -> None:
+    """From an after-fork hook in the parent, ``caller`` the frame that called
+    ``os.fork()``: raise the Ctrl-C a before-fork wait held back in thread ``me`` once fork()
+    has returned to ``caller`` (raised in a hook, it would be reported and dropped). A
+    thread sends SIGINT when ``caller`` has moved on from the call, seen in ``me``'s stack:
+    never while a hook (ours or another's) still runs, however busy the machine. Once per
+    fork, whichever hooks held a Ctrl-C back."""
+    with _raising_lock:
+        if me in _RAISING:
+            return
+        _RAISING.add(me)
+    at = caller.f_lasti
+
+    def in_fork() -> bool:
+        frame = sys._current_frames().get(me)
+        while frame is not None:
+            if frame is caller:
+                return caller.f_lasti == at  # (still at the call: in its hooks)
+            frame = frame.f_back
+        return False  # (returned from the caller too)
+
+    def send() -> None:
+        try:
+            while in_fork():
+                time.sleep(0.001)
+            signal.pthread_kill(me, signal.SIGINT)
+        finally:
+            with _raising_lock:
+                _RAISING.discard(me)
+
+    threading.Thread(target=send, name="durably-fork-ctrl-c", daemon=True).start()
 
 
 def _after_fork_in_child() -> None:

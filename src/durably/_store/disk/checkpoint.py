@@ -29,12 +29,14 @@ import atexit
 import contextlib
 import logging
 import os
-import signal
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Iterable
 from urllib.parse import quote
+
+from durably._store.lease import raise_after_fork
 
 log = logging.getLogger("durably")
 
@@ -331,7 +333,7 @@ def _after_fork_in_parent() -> None:
         _interrupted_forks.discard(me)
         # the Ctrl-C the wait held back, once fork() returned (raised in a hook, it would
         # be reported and dropped): SIGINT again, to the thread that forked
-        threading.Timer(0.01, signal.pthread_kill, (me, signal.SIGINT)).start()
+        raise_after_fork(me, sys._getframe(1))
 
 
 def _after_fork_in_child() -> None:
