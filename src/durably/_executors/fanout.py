@@ -315,6 +315,15 @@ def _ended_unseen(inflight: dict[int, _Item]) -> list[tuple[_Item, Any]]:
             if i.handle is not None and _in_state(i.handle, _ENDED, i.handle.done)]
 
 
+def _unended(inflight: dict[int, _Item]) -> int:
+    """How many items in flight have not ended: after a stop cancelled the items not
+    started, the bodies running (and, on worker processes, those already queued for the
+    workers, which cannot be cancelled any more). An item cancelled or ended stays in
+    ``inflight`` until its message is taken: it is not counted."""
+    return sum(1 for i in inflight.values()
+               if i.handle is None or not _in_state(i.handle, _ENDED, i.handle.done))
+
+
 def _still_waited(batch: list[tuple[_Item, Any]], inflight: dict[int, _Item],
                   stopping: bool) -> list[tuple[_Item, Any]]:
     """The batch without items taken already (a message that came after the item was found
@@ -445,8 +454,11 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
         ex._cancel(list(inflight.values()))
         name = target.spec.name
         if isinstance(stop, KeyboardInterrupt) and inflight:
+            running, queued = ex._running(_unended(inflight))
             log.warning("durably: Ctrl-C: %r starts nothing more; waiting for its %d running "
-                        "bodies to finish, journaling each (%s)", name, len(inflight),
+                        "bodies%s to finish, journaling each (%s)", name, running,
+                        f" (and {queued} queued on the workers, too late to cancel)"
+                        if queued else "",
                         "Ctrl-C again to kill the worker processes" if ex._stoppable() else
                         "bodies on threads cannot be stopped")
         told = False
@@ -465,7 +477,7 @@ def _drive(ex: Executor, target: Target, missing: list[_Item], fan: _FanOut,
                             "cannot be stopped: the process ends only once they have, so "
                             "they are waited for and journaled. To stop now, kill the "
                             "process (kill -9 %d): those items then execute again on the "
-                            "next call", len(inflight), name, os.getpid())
+                            "next call", _unended(inflight), name, os.getpid())
                     continue
                 fan.abandoned = True  # (its bodies run on, or are killed: their marks stay)
                 ex._stop_running()  # worker processes: killed, so the process ends now

@@ -156,6 +156,11 @@ class Executor(abc.ABC):
             if isinstance(item.handle, cf.Future):
                 item.handle.cancel()
 
+    def _running(self, unended: int) -> tuple[int, int]:
+        """Of ``unended`` items sent and not cancelled (after a stop), how many bodies are
+        running, and how many wait, queued where they can no longer be cancelled."""
+        return unended, 0
+
     def _stoppable(self) -> bool:
         """Whether the bodies running now can be stopped (:meth:`_stop_running`); a
         thread's cannot: the process ends only once they have."""
@@ -320,6 +325,15 @@ class Process(_Pooled):
             outcome = _future_outcome(handle)
             out.append(_unpack_outcome(outcome.value) if outcome.ok else outcome)
         return out
+
+    def _running(self, unended: int) -> tuple[int, int]:
+        # a process pool marks an item running once it is queued for the workers (up to
+        # one more than their number, besides those they execute): at most one body runs
+        # per worker, the rest wait in that queue (they cannot be cancelled: they will run)
+        workers = getattr(self._pool, "_max_workers", None) or self.max_workers
+        if not isinstance(workers, int) or workers < 1:
+            return unended, 0
+        return min(unended, workers), max(unended - workers, 0)
 
     def _stop_running(self) -> None:
         """Kill the workers (their bodies end mid-way, as with kill -9: those items execute
