@@ -28,6 +28,7 @@ from durably._runtime.call import _monotonic
 from durably._runtime.config import default_store
 from durably._runtime.context import CACHE_BATCH as _CACHE_BATCH
 from durably._runtime.context import LARGE_ROW, RunContext, StopRun, current_run, current_step
+from durably._runtime.ctrl_c import note_stopped
 from durably._runtime.failures import RAISED, RETRY, released
 from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.spec import Spec
@@ -580,6 +581,9 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             _leave(started)  # (again, if a KeyboardInterrupt landed before it)
         finally:
             let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
+    if record.status == "stopped" and exc is not None and (
+            isinstance(exc, KeyboardInterrupt) or is_cancelled(exc)):
+        note_stopped(exc, record, ctx.store)  # (its two lines, if it ends the script)
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
