@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import re
 import sys
 import time
@@ -31,7 +32,7 @@ from durably._runtime.context import LARGE_ROW, RunContext, StopRun, current_run
 from durably._runtime.ctrl_c import note_stopped
 from durably._runtime.failures import RAISED, RETRY, released
 from durably._runtime.interrupt import InterruptSignal
-from durably._runtime.spec import Spec
+from durably._runtime.spec import MAIN_MODULES, Spec
 from durably._runtime.step import _WRITE_THROUGH
 from durably._store.lease import LEASE_SECONDS, RENEW_SECONDS, Owner, _pid, beat, hold, let_go, me
 from durably._store.records import EventRecord, RunRecord, StepRecord, now
@@ -305,14 +306,33 @@ def _attempt_record(spec: Spec, run_id: str, existing: RunRecord | None, input_d
         "crashed" if existing.status == "running" else existing.status)
     started_event = EventRecord(
         run_id, "run_started", t, record.attempt,
-        data=_started_data(resumed_from or "new"))
+        data=_started_data(resumed_from or "new", script_of(spec)))
     return record, resumed_from, started_event
 
 
 @functools.lru_cache(maxsize=16)
-def _started_data(status: str) -> bytes | None:
-    """The data of a start event (the status the run is resumed from), made once each."""
-    return _serde.dumps({"status": status}, what="a run event")
+def _started_data(status: str, script: str | None = None) -> bytes | None:
+    """The data of a start event (the status the run is resumed from, and the path of the
+    script that defines its entrypoint, if any), made once each."""
+    info = {"status": status}
+    if script is not None:
+        info["script"] = script
+    return _serde.dumps(info, what="a run event")
+
+
+def script_of(spec: Spec) -> str | None:
+    """The absolute path of the script that defines an entrypoint run as a script
+    (``python job.py``: identity ``__main__.job:...``; in a process that loaded the script
+    as ``__mp_main__``, as multiprocessing and ``durably resume`` do, too), else None."""
+    module, sep, _ = spec.identity.partition(":")
+    stem = module[len("__main__."):] if module.startswith("__main__.") and sep else ""
+    if not stem:
+        return None
+    for alias in MAIN_MODULES:
+        file = getattr(sys.modules.get(alias), "__file__", None)
+        if isinstance(file, str) and os.path.splitext(os.path.basename(file))[0] == stem:
+            return os.path.abspath(file)
+    return None
 
 
 class _Renewal:

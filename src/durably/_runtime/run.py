@@ -52,6 +52,8 @@ class Run(Generic[R]):
             before this attempt (``"crashed"`` after a crash, ``"stopped"`` after Ctrl-C,
             ``"failed"``, ``"finished"`` for a rerun), or None for a new run.
         wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
+        script: For a run of an entrypoint defined in a script run as ``python job.py``:
+            the script's absolute path (as its latest attempt recorded it), else None.
 
     Example:
         >>> import durably, tempfile
@@ -113,6 +115,24 @@ class Run(Generic[R]):
     created = property(lambda self: self._record.created)
     updated = property(lambda self: self._record.updated)
     error = property(lambda self: self._record.error)
+
+    @property
+    def script(self) -> str | None:
+        """The absolute path of the script that defines the run's entrypoint, when it ran as
+        a script (``python job.py``; identity ``__main__.job:...``), as the run's latest
+        attempt that knew it recorded it; None for an entrypoint of an importable module
+        (and for runs started before durably recorded it). ``durably resume`` and
+        ``durably fork`` load the script from there."""
+        if not self._record.entrypoint.startswith("__main__."):
+            return None
+        for event in reversed(self._store.list_events(self.id, kinds=("run_started",))):
+            try:
+                info = _serde.loads(event.data) if event.data is not None else None
+            except Exception:  # noqa: BLE001 - an unreadable event names no script
+                continue
+            if isinstance(info, dict) and isinstance(info.get("script"), str):
+                return info["script"]  # type: ignore[no-any-return]
+        return None
 
     @property
     def result(self) -> R:
