@@ -479,7 +479,11 @@ def test_usage_errors_exit_2(sample: Sample) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_runs_of_a_script_run_as_main_are_explained_not_imported(tmp_path: Path) -> None:
+def test_runs_of_a_script_run_as_main_are_loaded_from_the_script_not_its_module(
+        tmp_path: Path) -> None:
+    """A run of ``python job.py`` is the script's (``__main__.job``), not the module
+    ``job``'s: named as ``job:main`` it is refused with the command that works (the run id
+    alone: see test_cli_scripts.py), and fork loads the script."""
     store = tmp_path / "store"
     job = write_script(tmp_path / "job.py", """
         import durably
@@ -496,9 +500,10 @@ def test_runs_of_a_script_run_as_main_are_explained_not_imported(tmp_path: Path)
             print(main.run(2).id)
     """)
     run = run_script(job, script_env(store)).stdout.strip()
-    for args in (["resume", "job:main", run], ["fork", run]):
-        fails(durably(*args, cwd=tmp_path, store=store), "'__main__.job:main'",
-              "python -m job")
+    fails(durably("resume", "job:main", run, cwd=tmp_path, store=store),
+          "'__main__.job:main'", f"Fix: durably resume {run}")
+    forked = durably("fork", run, cwd=tmp_path, store=store)
+    assert forked.returncode == 3 and "waiting for 1 answer" in forked.stdout, forked.stderr
     why = ok(durably("explain", "job:double", "2", cwd=tmp_path, store=store))
     assert "no earlier entry of task 'job:double'" in why
     assert "entries of '__main__.job:double'" in why

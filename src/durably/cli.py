@@ -7,9 +7,9 @@ cache miss, and look after the cache.
     durably show RUN [--all] [--json]
     durably history RUN [--json]
     durably graph RUN [-f mermaid|dot|svg|html] [-o FILE] [--attempt N] [--collapse N]
-    durably resume MODULE:ENTRYPOINT RUN [--value JSON] [--keep-finished]
+    durably resume [MODULE:ENTRYPOINT] RUN [--value JSON] [--keep-finished] [--script PATH]
     durably recover [--entrypoint NAME] [--keep-finished] [--dry-run]
-    durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache]
+    durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache] [--script PATH]
     durably explain MODULE:TASK [ARG ...] [--json]
     durably cache stats [--json]
     durably cache prune [--older-than 30d] [--max-size 5GB] [--dry-run]
@@ -44,6 +44,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 import durably
+from durably._cli.scripts import run_entrypoint, script_option, script_stem
 from durably._cli.support import (
     _clip,
     _CommandError,
@@ -305,14 +306,6 @@ def _signature(func: Any) -> str:
         return str(inspect.signature(func))
     except (TypeError, ValueError):
         return "(...)"
-
-
-def _script_run(run: durably.Run[Any]) -> str:
-    script = run.entrypoint.rpartition(":")[0].partition(".")[2] or "script"
-    return (f"run {run.id!r} belongs to {run.entrypoint!r}: its script ran as `python "
-            f"{script}.py`, and the command cannot import a script's __main__. Fix: resume "
-            "or fork it from the script (entrypoint.resume(run_id, value), durably.fork(run_id, "
-            f"at=...)), or start such runs with `python -m {script}` or from an import.")
 
 
 def _await(value: Any) -> Any:
@@ -699,8 +692,7 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
 
 
 @cli.command("resume")
-@click.argument("target", metavar="MODULE:ENTRYPOINT")
-@click.argument("run_id", metavar="RUN")
+@click.argument("names", nargs=-1, required=True, metavar="[MODULE:ENTRYPOINT] RUN")
 @click.option("--value", default=None, metavar="JSON",
               help="The answer to the pending interrupt(), as JSON ('\"yes\"', 42, "
                    "'{\"ok\": true}'); several pending: '{\"<interrupt id>\": JSON, ...}'.")
@@ -708,24 +700,41 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
               help="Keep the steps the run finished under older code (the task fixed after "
                    "a crash): replay them, execute only the rest. Continues a crashed, "
                    "failed or stopped run too.")
+@script_option
 @_dir_option
 @click.pass_context
-def resume_command(ctx: click.Context, target: str, run_id: str, value: str | None,
-                   keep_finished: bool) -> None:
+def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None,
+                   keep_finished: bool, script: Path | None) -> None:
     """Answer an interrupted run and continue it (exit status 3 if it pauses again); with
     --keep-finished, continue a crashed, failed or stopped run keeping what it finished
-    under older code."""
+    under older code. Without MODULE:ENTRYPOINT, the entrypoint the run recorded (a run
+    started as `python job.py`: its script, loaded without its __main__ block)."""
+    if len(names) > 2:
+        _usage(f"durably resume takes [MODULE:ENTRYPOINT] RUN, not {len(names)} names: "
+               f"{' '.join(names)}")
+    target, run_id = ("", names[0]) if len(names) == 1 else names
     answer = None if value is None else _parse_json("--value", value)
     store = _store(ctx)
-    ep = _load(target, "entrypoint")
+    if not target or script_stem(target):
+        found = _find_run(store, run_id)
+        if target and found.entrypoint != target:
+            _fail(f"run {found.id!r} belongs to entrypoint {found.entrypoint!r}, not "
+                  f"{target!r}. Fix: durably resume {found.id}")
+        ep = run_entrypoint(ctx, found, script, _load, _entrypoint_named, "resume", found.id,
+                             *(["--value", value] if value is not None else
+                               ["--value", "JSON"] if found.status == "interrupted" else []),
+                             *(["--keep-finished"] if keep_finished else []))
+    else:
+        if script is not None:
+            _usage("--script is for runs started as `python job.py`: give RUN alone (durably "
+                   "resume RUN --script PATH), without MODULE:ENTRYPOINT.")
+        ep = _load(target, "entrypoint")
     durably.configure(store=store)  # again: importing the module may have configured another
     home = ep.spec.store or store
     run = _find_run(home, run_id)
     if run.entrypoint != ep.spec.identity:
-        if run.entrypoint.startswith("__main__."):
-            _fail(_script_run(run))
         _fail(f"run {run.id!r} belongs to entrypoint {run.entrypoint!r}, not "
-              f"{ep.spec.identity!r}. Fix: durably resume {run.entrypoint} {run.id}")
+              f"{ep.spec.identity!r}. Fix: durably resume {run.id}")
     if keep_finished and run.status in ("running", "crashed", "failed", "stopped",
                                         "finished") and value is None:
         if run.status == "running":
@@ -739,8 +748,10 @@ def resume_command(ctx: click.Context, target: str, run_id: str, value: str | No
             "forked": f"Execute it with: durably fork {run.id}, or call the entrypoint.",
             "running": f"A process is executing it now: answer once it pauses (see it with "
                        f"durably show {run.id}).",
-        }.get(run.status, "Fix: call the entrypoint again with the same arguments to "
-                          "continue it.")
+        }.get(run.status, f"Fix: run `python {run.script}` again with its arguments to "
+                          f"continue it, or durably resume {run.id} --keep-finished."
+              if run.script else "Fix: call the entrypoint again with the same arguments to "
+                                 "continue it.")
         _fail(f"run {run.id!r} is {run.status}, not interrupted: it waits for no answer. {fix}")
     if value is None:  # an approval must never be answered by accident
         _fail(f"run {run.id!r} waits for an answer: give it with --value JSON (for example "
@@ -777,18 +788,21 @@ def _resume_and_report(ctx: click.Context, home: durably.Store, run: durably.Run
 @click.option("--cache", "use_cache", is_flag=True,
               help="Let steps after the checkpoint be served from the cache (default: they "
                    "execute).")
+@script_option
 @_dir_option
 @click.pass_context
 def fork_command(ctx: click.Context, run_id: str, at: str | None, update: str | None,
-                 use_cache: bool) -> None:
+                 use_cache: bool, script: Path | None) -> None:
     """Start a new run from a checkpoint of RUN and execute it with today's code (the
-    entrypoint's module is imported by the name the run recorded)."""
+    entrypoint's module is imported by the name the run recorded; a run started as
+    `python job.py`: its script, loaded without its __main__ block)."""
     new_value = _parse_json("--update", update) if update is not None else None
     store = _store(ctx)
     run = _find_run(store, run_id)
-    if run.entrypoint.startswith("__main__"):
-        _fail(_script_run(run))
-    _load(run.entrypoint, "entrypoint")
+    run_entrypoint(ctx, run, script, _load, _entrypoint_named, "fork", run.id,
+                    *(["--at", at] if at is not None else []),
+                    *(["--update", update] if update is not None else []),
+                    *(["--cache"] if use_cache else []))
     durably.configure(store=store)
     points = run.history()
     chosen = [p for p in points if at is not None and p.id.startswith(at)]
