@@ -173,3 +173,43 @@ def test_durably_fork_forks_a_run_of_python_job_py(tmp_path: Path, project: Path
     assert forked.returncode == 3, forked.stderr  # it pauses at the interrupt again
     assert "main block" not in forked.stdout
     assert _steps(tmp_path) == ["0", "1", "2", "3", "1", "2", "3"]
+
+
+@pytest.mark.slow
+def test_a_script_resumed_by_durably_resume_maps_on_worker_processes(tmp_path: Path,
+                                                                      project: Path) -> None:
+    """Worker processes started by the command load the script as the command did (as
+    ``__mp_main__``, without its ``__main__`` block): the script's task runs there."""
+    (project / "pjob.py").write_text(PROCESS_JOB)
+    env = _env(tmp_path)
+    started = subprocess.run([sys.executable, "pjob.py"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert started.stdout == "main block interrupted\n", started.stderr
+    (run,) = durably.list_runs(store=durably.DiskStore(tmp_path / "store"))
+    done = _durably(["resume", run.id, "--value", "4"], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    assert "main block" not in done.stdout + done.stderr
+    assert done.stdout.endswith(f"result: {2 * 100 + sum(2 * i for i in range(4))}\n")
+    assert sorted(_steps(tmp_path), key=int) == ["0", "1", "2", "3", "100"]
+
+
+PROCESS_JOB = """
+import os
+import durably
+from helper import double
+
+@durably.task
+def body(i):
+    with open(os.environ["STEP_LOG"], "a") as f:
+        f.write(f"{i}\\n")
+    return double(i)
+
+@durably.entrypoint
+def pjob():
+    first = body(100)
+    n = durably.interrupt("how many?")
+    return first + sum(body.map(range(n), executor="process", max_workers=2))
+
+if __name__ == "__main__":
+    print("main block", pjob.run().status, flush=True)
+"""
