@@ -257,9 +257,9 @@ def _load(target: str, kind: str) -> Any:
               f"pkg/flows.py -> pkg.flows) and run durably from the directory that holds it.")
     if module.startswith("__main__"):
         _fail(f"{target!r} names a script that ran as __main__; the command cannot import a "
-              "script's __main__. Fix: give the module's name (job for job.py); runs started "
-              "with `python job.py` belong to '__main__.job:...', so start them with "
-              "`python -m job` or from an import to resume or fork them here.")
+              "script's __main__. Fix: give the module's name (job for job.py); a run started "
+              "with `python job.py` is resumed or forked by its id alone (durably resume RUN, "
+              "durably fork RUN), which loads the script it recorded.")
     mod = _import_module(module)
     if kind == "entrypoint":  # a compiled StateGraph runs as an entrypoint named after it
         found = _entrypoint_named(mod, f"{module}:{name}")
