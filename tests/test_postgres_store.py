@@ -129,6 +129,17 @@ def test_bad_options_are_named(schemas: list[str]) -> None:
     store = PostgresStore(base + "&prepare_threshold=none&pool_size=3", key=KEY)
     assert store.prepare_threshold is None and store.pool_size == 3
     assert "prepare_threshold=none" in store.url and "pool_size=3" in store.url
+    # libpq's options, given wrong: said at once, naming the option (one hung for ever,
+    # another asked to GRANT CREATE)
+    for option, said in (("connect_timeout=abc", "connect_timeout"),
+                         ("bogus=1", "bogus"), ("sslmode=bogus", "sslmode")):
+        schema = fresh_schema()
+        schemas.append(schema)
+        wrong = PostgresStore(with_schema(base, schema) + "&" + option, key=KEY)
+        with pytest.raises(StoreError, match=said) as caught:
+            wrong.check()
+        assert "GRANT" not in str(caught.value)
+        wrong.close()
 
 
 def test_a_server_that_cannot_be_reached_is_a_store_error_without_the_password(

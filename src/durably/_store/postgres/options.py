@@ -85,6 +85,7 @@ def reachable_later(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     if any(word in text for word in ("password", "authentication", "does not exist",
-                                     "could not translate host name")):
+                                     "could not translate host name", "invalid ",
+                                     "bad value")):  # (the last two: an option's value)
         return False
     return any(word in text for word in _TRANSIENT)

@@ -275,10 +275,18 @@ class PostgresStore(Store):
         except ImportError as exc:
             raise self._no_psycopg(exc) from exc
         kwargs = self._kwargs()
+        try:  # (the URL's own connect_timeout, else 10 s: what the pool connects with too)
+            given = psycopg.conninfo.conninfo_to_dict(self._base)
+        except psycopg.Error as exc:
+            raise self._bad_url(exc) from None
+        if "connect_timeout" not in given:
+            kwargs["connect_timeout"] = 10
         deadline = until if until is not None else time.monotonic() + OPEN_SECONDS
         while True:
+            connected = False
             try:
-                with psycopg.connect(self._base, connect_timeout=10, **kwargs) as conn:
+                with psycopg.connect(self._base, **kwargs) as conn:
+                    connected = True
                     return work(conn)
             except psycopg.OperationalError as exc:
                 if self._connected and time.monotonic() > deadline:
@@ -286,15 +294,24 @@ class PostgresStore(Store):
                 if not reachable_later(exc) or time.monotonic() > deadline:
                     raise StoreError(
                         f"cannot connect to the PostgreSQL store {self._shown}: "
-                        f"{message(exc)}. Fix: check the host, port, database and user in "
-                        "the URL, and the password (in the URL, $PGPASSWORD or "
+                        f"{message(exc)}. Fix: check the host, port, database, user and "
+                        "options in the URL, and the password (in the URL, $PGPASSWORD or "
                         "~/.pgpass).") from None
                 time.sleep(0.5)
             except psycopg.Error as exc:
+                if not connected:  # (an option libpq does not take: never the schema's)
+                    raise self._bad_url(exc) from None
                 raise StoreError(f"the PostgreSQL store {self._shown} cannot be prepared "
                                  f"(schema {self.schema}): {message(exc)}. Fix: give the "
                                  "user the right to create the schema (GRANT CREATE ON "
                                  "DATABASE ...), or create it for them.") from None
+
+    def _bad_url(self, exc: Exception) -> StoreError:
+        return StoreError(f"the PostgreSQL store's URL {self._shown} is not one libpq takes: "
+                          f"{message(exc)}. Fix: check its options (?connect_timeout=10, "
+                          "?sslmode=require, ...: libpq's connection parameters, plus "
+                          "durably's schema=, blobs=, allow_unsigned=, inline_limit=, "
+                          "pool_size=, prepare_threshold=).")
 
     def _do(self, what: str, work: Callable[[Any], T]) -> T:
         """``work(connection)``: on this thread's transaction's connection, or on one of
