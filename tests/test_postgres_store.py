@@ -585,6 +585,55 @@ def test_a_large_value_is_streamed_to_its_blob_and_back_never_held_twice(
     other.close()
 
 
+def test_a_large_value_without_a_blob_store_is_kept_in_its_row_said_once(
+        schemas: list[str], caplog: pytest.LogCaptureFixture) -> None:
+    """No blob store: a large value goes in its row, sent in binary (as text, libpq's hex
+    and psycopg's arrays held it 5 to 8 times over), and the store says once how to keep
+    such values in object storage instead."""
+    import tracemalloc
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY)
+    store.check()
+    value = os.urandom(24 << 20)
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        tracemalloc.start()
+        try:
+            store.cache_put("big", value)
+            _, written = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        store.cache_put("big-too", value + b"2")
+    assert written < 2.5 * len(value), f"a {len(value):,}-byte value peaked at {written:,}"
+    said = [r.getMessage() for r in caplog.records if "no blob store is named" in r.getMessage()]
+    assert len(said) == 1 and "DURABLY_BLOBS" in said[0]
+    assert store.cache_get("big") == value and store.cache_get("big-too") == value + b"2"
+    store.close()
+
+
+def test_a_damaged_blob_is_mended_by_the_next_write(schemas: list[str],
+                                                    tmp_path: Path) -> None:
+    """A blob damaged in place (same size, other bytes) is a miss; the value computed again
+    is written over it (a blob of that name already there was kept, damaged, for ever)."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY,
+                          blobs=(tmp_path / "blobs").as_uri())
+    value = b"v" * (3 << 20)
+    store.cache_put("entry", value)
+    blob = store._one("blob", store._sql("SELECT blob FROM {s}.cache"))[0]
+    assert store.blobs is not None
+    path = Path(store.blobs.path(blob))
+    with open(path, "r+b") as f:
+        f.seek(2 << 20)
+        f.write(b"!")
+    assert store.cache_get("entry") is None  # (damaged: a miss)
+    store.cache_put("entry", value)  # (what the task computed again)
+    assert store.cache_get("entry") == value
+    store.close()
+
+
 def test_a_missing_blob_is_a_store_error_that_names_where_it_was_looked_for(
         schemas: list[str], tmp_path: Path) -> None:
     schema = fresh_schema()

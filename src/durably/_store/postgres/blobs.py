@@ -26,6 +26,9 @@ __all__ = ["Blobs", "blobs_from"]
 
 #: bytes written to a blob file at a time (a value is never copied whole to write it)
 _CHUNK = 8 << 20
+#: bytes of a part of a multipart upload (S3 takes 5 MiB and more; s3fs's default, 50 MiB,
+#: held a part and its copy in memory per upload)
+_PART = 8 << 20
 
 
 class Blobs:
@@ -86,11 +89,10 @@ class Blobs:
         try:
             name = _sha256(data if spilled is None else spilled)
             path = self.path(name)
-            try:
-                if self.fs.size(path) == len(data):
-                    return name  # (the same bytes: content-addressed)
-            except (FileNotFoundError, OSError):
-                pass
+            # written even when a blob of that name is there: it may be damaged (same size,
+            # other bytes: a check upstream found it so, and only writing it mends it), or
+            # old enough to be collected before the row that now names it commits (a fresh
+            # write is within the grace period)
             if self.local:
                 self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
                 # a local or shared directory: written aside and renamed, so a crash never
@@ -105,7 +107,7 @@ class Blobs:
                 # (no folders made: a mistyped bucket is an error, never a new bucket)
                 self.fs.pipe_file(path, data)
             else:  # a multipart upload, a part at a time, abandoned (never completed) on error
-                f = self.fs.open(path, "wb")
+                f = self.fs.open(path, "wb", block_size=_PART)
                 try:
                     _copy(data, spilled, f)
                 except BaseException:

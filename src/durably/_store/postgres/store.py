@@ -73,6 +73,12 @@ _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input
 _NOW = "(now() + %(shift)s * interval '1 second')"
 
 
+def _param(sql_type: str) -> str:
+    """A statement's placeholder for a parameter of this type: values (bytea) in binary
+    (sent as they are: in text, libpq's hex doubled them, and arrays of them grew more)."""
+    return "%b" if sql_type == "bytea" else "%s"
+
+
 def _digests(values: tuple[str, ...]) -> str | None:
     return " ".join(values) if values else None
 
@@ -167,6 +173,7 @@ class PostgresStore(Store):
         #: RETRY_SECONDS each, until one gets through (a run failing in an outage says so
         #: at once, not after a minute for each of the writes its end makes)
         self._given_up = False
+        self._warned_inline = False  # (said once: large values kept in rows)
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -465,6 +472,14 @@ class PostgresStore(Store):
         if len(data) > self.inline_limit and self.blobs is not None:
             self._get_pool()  # (opened: the blobs' folder is the store's id)
             return None, self.blobs.put(data)  # (a LargeValue: streamed from its file)
+        if len(data) > self.inline_limit and not self._warned_inline:
+            self._warned_inline = True
+            log.warning("durably: a value of %.1f MB is kept in a PostgreSQL row of %s, as no "
+                        "blob store is named: every large value then passes through the "
+                        "database (its size, its backups, its memory). Fix: name one for "
+                        "values over %s bytes: DURABLY_BLOBS=s3://bucket/prefix (or a shared "
+                        "directory), or blobs=...", len(data) / 1e6, self.where,
+                        f"{self.inline_limit:,}")
         data = value_bytes(data)
         if len(data) > _ROW_LIMIT:
             raise StoreError(
@@ -528,7 +543,7 @@ class PostgresStore(Store):
     def put_run(self, record: RunRecord) -> None:
         self._write("write a run", self._sql(
             f"INSERT INTO {{s}}.runs ({_RUN_COLS}, written) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-            "%s, %s, %s, %s, %s, %s, nextval('{s}.written')) ON CONFLICT (run_id) DO UPDATE "
+            "%s, %b, %s, %b, %s, %s, nextval('{s}.written')) ON CONFLICT (run_id) DO UPDATE "
             "SET entrypoint = excluded.entrypoint, name = excluded.name, status = "
             "excluded.status, created = excluded.created, updated = excluded.updated, attempt "
             "= excluded.attempt, input_digest = excluded.input_digest, args = excluded.args, "
@@ -540,8 +555,8 @@ class PostgresStore(Store):
         wanted = record.attempt if previous is None else previous
         return self._write("write a run", self._sql(
             "UPDATE {s}.runs SET entrypoint = %s, name = %s, status = %s, created = %s, "
-            "updated = %s, attempt = %s, input_digest = %s, args = %s, args_blob = %s, "
-            "result = %s, result_blob = %s, error = %s, written = nextval('{s}.written') "
+            "updated = %s, attempt = %s, input_digest = %s, args = %b, args_blob = %s, "
+            "result = %b, result_blob = %s, error = %s, written = nextval('{s}.written') "
             "WHERE run_id = %s AND attempt = %s"),
             [*self._run_params(record)[1:], record.run_id, wanted]) == 1
 
@@ -638,7 +653,7 @@ class PostgresStore(Store):
         return cols
 
     def _unnest(self) -> str:
-        arrays = ", ".join(f"%s::{t}[]" for t in _STEP_TYPES)
+        arrays = ", ".join(f"{_param(t)}::{t}[]" for t in _STEP_TYPES)
         return f"SELECT * FROM unnest({arrays}) AS s({', '.join(_STEP_COLS)})"
 
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
@@ -659,7 +674,7 @@ class PostgresStore(Store):
             row = self._one("journal a step", self._sql(
                 "WITH cur AS (SELECT attempt FROM {s}.runs WHERE run_id = %s AND attempt = %s "
                 f"FOR SHARE), ins AS (INSERT INTO {{s}}.steps ({cols}) SELECT "
-                + ", ".join(f"%s::{t}" for t in _STEP_TYPES)
+                + ", ".join(f"{_param(t)}::{t}" for t in _STEP_TYPES)
                 + " FROM cur ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM cur"),
                 [rec.run_id, rec.attempt, *(col[0] for col in self._step_arrays(steps))])
             return int(row[0]) == 1
@@ -760,7 +775,7 @@ class PostgresStore(Store):
         self._write("journal events", self._sql(
             "INSERT INTO {s}.events (run_id, kind, time, attempt, step_id, key, data, blob) "
             "SELECT r, k, t, a, st, ky, d, b FROM unnest(%s::text[], %s::text[], "
-            "%s::float8[], %s::int4[], %s::text[], %s::text[], %s::bytea[], %s::text[], "
+            "%s::float8[], %s::int4[], %s::text[], %s::text[], %b::bytea[], %s::text[], "
             "%s::int4[]) AS e(r, k, t, a, st, ky, d, b, n) ORDER BY n "
             "ON CONFLICT DO NOTHING"), cols)
 
@@ -809,6 +824,19 @@ class PostgresStore(Store):
                 for col, item in zip(k_cols, (key, info.task, info.code, json.dumps(info.inputs),
                                               json.dumps(info.parts), info.created), strict=True):
                     col.append(item)
+        if len(keys) == 1:  # (one entry, the common case: plain parameters, no arrays)
+            key_row = ("WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, "
+                       "created) VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s) ON CONFLICT "
+                       "(cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
+                       "inputs = excluded.inputs, parts = excluded.parts, created = "
+                       "excluded.created) ") if k_cols[0] else ""
+            self._write("write to the cache", self._sql(
+                key_row + "INSERT INTO {s}.cache (key, value, blob, size, stored) VALUES "
+                "(%s, %b, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                "blob = excluded.blob, size = excluded.size, stored = excluded.stored"),
+                [*(col[0] for col in k_cols if col), keys[0], values[0], blobs[0], sizes[0],
+                 t])
+            return
         self._write("write to the cache", self._sql(
             "WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, created) "
             "SELECT c, t, co, i::jsonb, p::jsonb, cr FROM unnest(%s::text[], %s::text[], "
@@ -816,7 +844,7 @@ class PostgresStore(Store):
             "ON CONFLICT (cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
             "inputs = excluded.inputs, parts = excluded.parts, created = excluded.created) "
             "INSERT INTO {s}.cache (key, value, blob, size, stored) "
-            "SELECT k, v, b, n, %s FROM unnest(%s::text[], %s::bytea[], %s::text[], "
+            "SELECT k, v, b, n, %s FROM unnest(%s::text[], %b::bytea[], %s::text[], "
             "%s::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
             "excluded.value, blob = excluded.blob, size = excluded.size, stored = "
             "excluded.stored"),
