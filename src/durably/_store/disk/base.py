@@ -73,6 +73,8 @@ class _WriteJournal(_Translate):
     __slots__ = ()
 
     def __enter__(self) -> None:
+        if self.store._read_only:
+            raise self.store.read_only_error(self.action)
         if self.store._wal_unchecked:
             self.store._check_wal_before_write()
 
@@ -129,6 +131,7 @@ class DiskBase:
     _write_cache: _Translate
     _read_journal: _Translate
     _write_journal: _WriteJournal
+    _read_only: bool
 
     if TYPE_CHECKING:
         # -- the core (durably._store.disk.store) ------------------------------------------
@@ -140,6 +143,7 @@ class DiskBase:
         def _translate(self, where: str | Path, action: str) -> _Translate: ...
         def store_error(self, exc: BaseException, where: str | Path, action: str
                         ) -> StoreError: ...
+        def read_only_error(self, action: str) -> StoreError: ...
         def _journal_here(self) -> None: ...
         def _checkpoint_soon(self, *parts: str) -> None: ...
         def snapshot(self) -> contextlib.AbstractContextManager[None]: ...

@@ -147,6 +147,12 @@ class CacheValues(DiskBase):
         import diskcache
 
         folder = root / "cache"
+        if self._read_only:  # (diskcache's Cache writes its settings when it opens)
+            from durably._store.disk.readonly import ReadOnlyCache
+
+            with self._translate(folder, "open the cache"):
+                return ReadOnlyCache(folder, self.read_only_error("write the cache"),
+                                     disk_class())
         limited = self.size_limit is not None
         for retry in (False, True):
             try:
@@ -311,8 +317,7 @@ class CacheValues(DiskBase):
             pid = os.getpid()
             if self._watch is None or self._watch_pid != pid:  # or a forked child's first look
                 self._watch_version = -1
-                self._watch = sqlite3.connect(str(root / "cache" / "cache.db"), timeout=60.0,
-                                              isolation_level=None, check_same_thread=False)
+                self._watch = self._watch_connection(root / "cache" / "cache.db")
                 self._watch_pid = pid
             try:
                 with self._read_cache:
@@ -328,6 +333,18 @@ class CacheValues(DiskBase):
                 self._watch_version, self._memo_signer = version, sid
             self._memo_until = time.monotonic() + _MEMO_RECHECK
             return current
+
+    def _watch_connection(self, path: Path) -> sqlite3.Connection:
+        """A connection of the store's own to the cache's index, that writes nothing."""
+        if self._read_only:
+            from durably._store.disk.readonly import connect_read_only
+
+            with self._read_cache:
+                if not path.exists():  # (no cache: nothing ever changes)
+                    return sqlite3.connect(":memory:", check_same_thread=False)
+                return connect_read_only(path)
+        return sqlite3.connect(str(path), timeout=60.0, isolation_level=None,
+                               check_same_thread=False)
 
     def _drop_memo(self) -> None:
         """Empty what memory holds, and refuse values read before now (lock held)."""

@@ -53,6 +53,7 @@ from durably._store.disk import signing
 from durably._store.disk.base import _WAL_PAGES, _is_corrupt, _Translate, _WriteJournal
 from durably._store.disk.blobs import clean_tmp, share_bits, share_file, subdir
 from durably._store.disk.cache import CacheValues
+from durably._store.disk.readonly import connect_read_only, store_read_only
 from durably._store.disk.repair import seal_old_blobs
 from durably._store.disk.rows import (
     SCHEMA,
@@ -175,6 +176,8 @@ class _Batch:
         # its __exit__ there): a KeyboardInterrupt in that gap would leave it open
         store = self.store
         tx = None
+        if self.begin != "BEGIN" and store._read_only:
+            raise store.read_only_error("write the journal")
         if store._wal_unchecked and self.begin != "BEGIN":
             store._check_wal_before_write()  # (before the transaction begins)
         try:
@@ -340,6 +343,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         self._local = threading.local()
         self._wal_sound = False  # the journal's write-ahead log was checked (see _check_wal)
         self._wal_unchecked = False  # not yet: its write lock was held when it was opened
+        self._read_only = False  # opened for reading only: this process cannot write it
         #: commits to the journal, and cache rows written, since the last request for a
         #: checkpoint of each in the background (see _checkpoint)
         self._journal_writes = self._cache_writes = 0
@@ -381,6 +385,34 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         if self._given is not None:
             return self._given
         return Path(os.environ.get("DURABLY_DIR") or ".durably").expanduser()
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the store was opened for reading only: it holds a store this process
+        cannot write (its directory, journal or cache is not writable, or on a read-only
+        file system). Runs, steps, graphs and the cache can be read; every write raises a
+        :class:`~durably.StoreError` saying the store is read-only. False until the store
+        is first used.
+
+        Example:
+            >>> import durably, tempfile
+            >>> store = durably.DiskStore(tempfile.mkdtemp())
+            >>> store.check(); store.read_only
+            False
+        """
+        return self._read_only
+
+    def read_only_error(self, action: str) -> StoreError:
+        """The error of a write (``action``, e.g. ``"write the journal"``) to a store
+        opened read-only."""
+        root = self.path
+        return StoreError(
+            f"cannot {action}: the store {root} is read-only (not writable by this process: "
+            "its directory, journal or cache, or the file system), so it was opened for "
+            "reading only: runs, steps, graphs and cache statistics can be read, nothing can "
+            f"be written. Fix: make it writable (chmod -R u+w {root}, or mount it "
+            "read-write), or copy it to a writable directory and point DURABLY_DIR (or "
+            "--dir) there.")
 
     @property
     def url(self) -> str:
@@ -444,19 +476,24 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                         f"the store path {root} is a file, not a directory. Fix: point "
                         "DURABLY_DIR (or DiskStore(path)) at a directory, or remove the file."
                     )
-                root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                read_only = store_read_only(root)  # (opened for reading: see read_only)
+                if not read_only:
+                    root.mkdir(mode=0o700, parents=True, exist_ok=True)
                 self._key_gen = -1
                 self._signing()  # a bad key file is reported when the store opens
                 self._check_private(root)
+                self._read_only = read_only
                 self._check_format(root)
-                clean_tmp(root / "tmp")
-                if share_bits(root):  # a shared store: its members spill into tmp/ too
-                    subdir(root, "tmp")
+                if not read_only:
+                    clean_tmp(root / "tmp")
+                    if share_bits(root):  # a shared store: its members spill into tmp/ too
+                        subdir(root, "tmp")
             self._root = root
             self._pid = os.getpid()
             self._cache = None
             self._local = threading.local()
-            _serde.set_spill_dir(root / "tmp")
+            if not self._read_only:  # (else large values spill to the system's tmp)
+                _serde.set_spill_dir(root / "tmp")
             return root
 
     def path_checked(self) -> Path:
@@ -529,9 +566,9 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                     f"version reads format {STORE_FORMAT}). Fix: upgrade durably, or use "
                     "another DURABLY_DIR."
                 )
-            if found < STORE_FORMAT:  # the journal upgrades itself when it is opened
-                self._write_marker(root, marker)
-        else:
+            if found < STORE_FORMAT and not self._read_only:  # (the journal upgrades
+                self._write_marker(root, marker)  # itself when it is opened)
+        elif not self._read_only:
             self._write_marker(root, marker)
 
     @staticmethod
@@ -548,6 +585,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         path = where if isinstance(where, Path) else self.path / where
         text = str(exc).lower()
         code = getattr(exc, "errno", None)
+        if self._read_only and not _is_corrupt(exc) and (
+                "readonly" in text or "read-only" in text or "permission" in text
+                or code in (errno.EACCES, errno.EPERM, errno.EROFS)):
+            return self.read_only_error(action)
         if _is_corrupt(exc):
             if path.name.startswith("journal"):
                 return CorruptJournalError(
@@ -581,6 +622,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 discard_leftover(con)
             return con
         path = root / "journal.sqlite3"
+        if self._read_only:
+            return self._db_read_only(root, path)
         with self._translate(path, "open the journal"):
             con = sqlite3.connect(
                 str(path), timeout=60.0, isolation_level=None, check_same_thread=False
@@ -628,6 +671,34 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 raise
         with contextlib.suppress(OSError):
             self._local.ino = os.stat(path).st_ino
+        self._local.con = con
+        return con
+
+    def _db_read_only(self, root: Path, path: Path) -> sqlite3.Connection:
+        """This thread's connection to the journal of a store opened read-only (see
+        :attr:`read_only`): ``mode=ro``; an empty journal in memory when the store has none
+        (a store used outside runs only)."""
+        with self._translate(path, "open the journal"):
+            if not path.exists() and not (root / "JOURNAL").exists():
+                con = sqlite3.connect(":memory:", isolation_level=None,
+                                      check_same_thread=False)
+                self._upgrade(con)
+            else:
+                con = connect_read_only(path)
+            try:
+                version = con.execute("PRAGMA user_version").fetchone()[0]
+                if version != JOURNAL_FORMAT:
+                    newer = version > JOURNAL_FORMAT
+                    raise StoreError(
+                        f"the journal {path} is in format {version} and this durably reads "
+                        f"format {JOURNAL_FORMAT}: " + (
+                            "it was written by a newer durably. Fix: upgrade durably."
+                            if newer else "it is upgraded when the store is first opened by "
+                            "a process that can write it, and this store is read-only. Fix: "
+                            "copy the store to a writable directory and read the copy."))
+            except BaseException:
+                con.close()
+                raise
         self._local.con = con
         return con
 
