@@ -184,6 +184,26 @@ def test_get_run_and_list_runs(store: Any) -> None:
     assert "PosixPath" not in str(info.value)  # the path as it reads: '/tmp/...'
 
 
+def test_get_run_takes_the_unique_start_of_an_id_as_the_cli_does(store: Any) -> None:
+    @entrypoint
+    def pipeline(x: int) -> int:
+        return x * 10
+
+    pipeline.run(1, run_id="batch-alpha-1")
+    pipeline.run(2, run_id="batch-alpha-2")
+    pipeline.run(3, run_id="batch-beta")
+    assert durably.get_run("batch-b", store=store).id == "batch-beta"
+    assert durably.get_run("batch-alpha-2", store=store).result == 20
+    with pytest.raises(durably.NotFoundError, match="ambiguous") as info:
+        durably.get_run("batch-alpha", store=store)
+    assert "batch-alpha-1" in str(info.value) and "batch-alpha-2" in str(info.value)
+    assert "batch-beta" not in str(info.value) and "Fix: give more of the id" in str(info.value)
+    with pytest.raises(durably.NotFoundError, match="no run 'batch-gamma'.*no run id starts"):
+        durably.get_run("batch-gamma", store=store)
+    with pytest.raises(durably.NotFoundError, match="no run ''"):  # never "any run"
+        durably.get_run("", store=store)
+
+
 def test_explicit_run_id_is_bound_to_its_entrypoint_and_arguments() -> None:
     @entrypoint
     def one(x: int) -> int:

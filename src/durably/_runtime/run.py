@@ -423,14 +423,17 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
     """Read a run back from the store, from any process.
 
     Args:
-        run_id: The run's id (``Run.id``).
+        run_id: The run's id (``Run.id``), or the start of it that only one run's id starts
+            with (as the ``durably`` command takes it: ``durably show pipeline-3f2a``).
         store: The store to read. Default: the configured store.
 
     Returns:
         The :class:`Run` handle.
 
     Raises:
-        NotFoundError: no run with that id in the store (also a :class:`LookupError`).
+        NotFoundError: no run with that id, or whose id starts with it, in the store; or the
+            start of an id that several runs' ids start with (the message lists them). Also
+            a :class:`LookupError`.
 
     Example:
         >>> import durably, tempfile
@@ -441,14 +444,27 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
         >>> run = hello.run("ada")
         >>> durably.get_run(run.id, store=store).result
         'hello ada'
+        >>> durably.get_run(run.id[:12], store=store).id == run.id
+        True
     """
     st = _store_of(store)
     rec = st.find_run(run_id)
+    if rec is None and run_id:
+        found = [r for r in st.list_runs() if r.run_id.startswith(run_id)]
+        if len(found) == 1:
+            rec = found[0]
+        elif found:
+            shown = ", ".join(r.run_id for r in found[:10]) + (", ..." if len(found) > 10
+                                                                 else "")
+            raise NotFoundError(
+                f"the run id prefix {run_id!r} is ambiguous: {len(found)} runs in the store at "
+                f"{st.where!r} have ids starting with it ({shown}). Fix: give more of the "
+                "id, or the whole id.")
     if rec is None:
         raise NotFoundError(
-            f"no run {run_id!r} in the store at {st.where!r}. Fix: check "
-            "the id with durably.list_runs(), or pass store=... (or set DURABLY_DIR) for the "
-            "store that holds it."
+            f"no run {run_id!r} in the store at {st.where!r}, and no run id starts with it. "
+            "Fix: check the id with durably.list_runs(), or pass store=... (or set "
+            "DURABLY_DIR) for the store that holds it."
         )
     return Run(rec, st)
 
