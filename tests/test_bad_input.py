@@ -169,7 +169,7 @@ CASES: list[Case] = [
      lambda c: durably.DiskStore(allow_shared="yes"),  # type: ignore[arg-type]
      durably.DefinitionError, ("allow_shared", "'yes'")),
     ("DiskStore with a size limit of True", lambda c: durably.DiskStore(size_limit=True),
-     ValueError, ("size_limit", "True")),
+     durably.DefinitionError, ("size_limit", "True", "'5GB'")),
     ("a Dask executor given an address instead of a client",
      lambda c: __import__("durably.executors").executors.Dask("tcp://host:8786"),
      durably.DefinitionError, ("Dask(client=...)", "tcp://host:8786", "Client(")),

@@ -198,7 +198,7 @@ def test_get_run_takes_the_unique_start_of_an_id_as_the_cli_does(store: Any) -> 
         durably.get_run("batch-alpha", store=store)
     assert "batch-alpha-1" in str(info.value) and "batch-alpha-2" in str(info.value)
     assert "batch-beta" not in str(info.value) and "Fix: give more of the id" in str(info.value)
-    with pytest.raises(durably.NotFoundError, match="no run 'batch-gamma'.*no run id starts"):
+    with pytest.raises(durably.NotFoundError, match=r"no run 'batch-gamma'.*no run id starts"):
         durably.get_run("batch-gamma", store=store)
     with pytest.raises(durably.NotFoundError, match="no run ''"):  # never "any run"
         durably.get_run("", store=store)

@@ -767,3 +767,30 @@ def test_a_new_journal_has_2_kib_pages_and_an_older_one_keeps_its_own(tmp_path: 
         assert con.execute("PRAGMA page_size").fetchone()[0] == page
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         con.close()
+
+
+@pytest.mark.parametrize("given,expected", [
+    ("5GB", 5 * 10**9), ("5 GiB", 5 * 2**30), ("500MB", 500 * 10**6), ("500mb", 500 * 10**6),
+    ("1.5TiB", int(1.5 * 2**40)), ("64kB", 64_000), ("2048", 2048), ("10_000 B", 10_000),
+    (123_456, 123_456),
+])
+def test_a_size_limit_takes_bytes_or_the_common_units(tmp_path: Path, given: object,
+                                                      expected: int) -> None:
+    assert durably.DiskStore(tmp_path, size_limit=given).size_limit == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("given", ["5 parsecs", "GB", "", "-5GB", "0", 0, -1, 2.5, True, b"5GB"])
+def test_a_size_limit_that_is_no_size_names_the_argument_and_the_forms(
+        tmp_path: Path, given: object) -> None:
+    with pytest.raises(durably.DefinitionError) as info:
+        durably.DiskStore(tmp_path, size_limit=given)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "DiskStore(size_limit=...)" in message and repr(given) in message
+    assert all(form in message for form in ("'5GB'", "'5 GiB'", "'500MB'", "int"))
+
+
+def test_a_size_limit_in_a_store_url_takes_the_same_forms(tmp_path: Path) -> None:
+    store = durably.open_store(f"{tmp_path.as_uri()}?size_limit=5GB")
+    assert isinstance(store, durably.DiskStore) and store.size_limit == 5 * 10**9
+    with pytest.raises(durably.DefinitionError, match=r"size_limit.*'5 GiB'"):
+        durably.open_store(f"{tmp_path.as_uri()}?size_limit=lots")

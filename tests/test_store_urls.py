@@ -70,7 +70,7 @@ def test_a_file_url_is_a_disk_store_with_the_options_of_its_query(tmp_path: Path
 @pytest.mark.parametrize("url,message", [
     ("file:///s?key=0123456789abcdef0123", "has no place in a URL"),
     ("file:///s?colour=blue", "does not take"),
-    ("file:///s?size_limit=big", "not a whole number"),
+    ("file:///s?size_limit=big", "size_limit must be a positive number of bytes.*5GB"),
     ("file:///s?allow_shared=maybe", "not true or false"),
     ("file://server/share/s", "another host|on the host 'server'"),
     ("file://", "names no directory"),

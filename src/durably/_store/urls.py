@@ -4,7 +4,7 @@ on the command line, ``@durably.entrypoint(store="...")``.
 - A plain path (no ``scheme://``: ``/data/store``, ``./store``, ``~/store``, a
   :class:`pathlib.Path`) or a ``file://`` URL (``file:///data/store``) is a
   :class:`~durably.DiskStore` directory. A ``file://`` URL may carry the store's options as
-  its query: ``file:///data/store?synchronous=full&size_limit=1000000000`` (``size_limit``,
+  its query: ``file:///data/store?synchronous=full&size_limit=5GB`` (``size_limit``,
   ``synchronous``, ``allow_shared``, ``memo_entries``; never ``key``: a key has no place in a
   URL, which ends up in logs and process lists).
 - ``memory://`` is a new :class:`~durably.testing.MemoryStore`; ``memory://NAME`` is the same
@@ -30,7 +30,7 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from durably._store.disk.store import DiskStore
+from durably._store.disk.store import DiskStore, size_limit_bytes
 from durably._store.integrity import SigningKey
 from durably._store.memory import MemoryStore
 from durably.exceptions import DefinitionError, StoreError
@@ -203,7 +203,9 @@ def _query_options(query: str, url: str, where: str) -> dict[str, Any]:
             raise DefinitionError(
                 f"{where} {url!r} has the option {name!r}, which a DiskStore does not take. "
                 f"Its options: {known} (for example ?synchronous=full).")
-        if name in ("size_limit", "memo_entries"):
+        if name == "size_limit":
+            options[name] = size_limit_bytes(value, f"{where} {url!r}: size_limit")
+        elif name == "memo_entries":
             try:
                 options[name] = int(value.replace("_", ""))
             except ValueError:

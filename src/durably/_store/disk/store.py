@@ -39,6 +39,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -160,6 +161,53 @@ def _read_only(path: Path) -> bool:
 
 _TRUE = ("1", "true", "yes", "on")
 
+#: the units of a size limit given as text: kB, MB, GB, TB count in powers of 1000 (as
+#: disks are sold), KiB, MiB, GiB, TiB in powers of 1024; case does not matter
+_SIZE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*(\d[\d_]*(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+_SIZE_FORMS = ("a positive number of bytes (an int, e.g. 10 * 2**30), or text with a unit: "
+               "'5GB', '5 GiB', '500MB', '1.5TiB' (kB, MB, GB, TB in powers of 1000; KiB, "
+               "MiB, GiB, TiB in powers of 1024)")
+
+
+def size_limit_bytes(value: object, argument: str = "DiskStore(size_limit=...)") -> int:
+    """Bytes from a size limit: an int of bytes, or text such as ``"5GB"``, ``"5 GiB"``,
+    ``"500MB"``, ``"1.5TiB"`` (kB, MB, GB, TB count in powers of 1000; KiB, MiB, GiB, TiB in
+    powers of 1024; case does not matter).
+
+    Args:
+        value: The limit as given.
+        argument: How messages name the argument.
+
+    Returns:
+        The limit in bytes (int, at least 1).
+
+    Raises:
+        DefinitionError: not one of those forms, or not positive; the message names the
+            argument and the forms it takes.
+
+    Example:
+        >>> size_limit_bytes("5GB"), size_limit_bytes("5 GiB"), size_limit_bytes(500_000)
+        (5000000000, 5368709120, 500000)
+    """
+    found: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        found = value
+    elif isinstance(value, str):
+        m = _SIZE.fullmatch(value)
+        unit = _SIZE_UNITS.get(m.group(2).lower()) if m else None
+        if m is not None and unit is not None:
+            found = int(float(m.group(1).replace("_", "")) * unit)
+    if found is None or found <= 0:
+        raise DefinitionError(
+            f"{argument} must be {_SIZE_FORMS}; {value!r} is not one"
+            + (" (a limit is positive)" if found is not None else "")
+            + ". Fix: size_limit=\"5GB\", or leave it out for no limit.")
+    return found
+
 
 class _Batch:
     """:meth:`DiskStore.batch`: a class, so that a KeyboardInterrupt landing between its
@@ -266,7 +314,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
     Args:
         path: The store directory. Default: ``$DURABLY_DIR`` if set, else ``./.durably``
             (resolved against the working directory when the store is first used).
-        size_limit: Cache size limit in bytes. Default None: the cache is never evicted.
+        size_limit: Cache size limit: int bytes, or text with a unit (``"5GB"``,
+            ``"5 GiB"``, ``"500MB"``; kB, MB, GB, TB count in powers of 1000, KiB, MiB,
+            GiB, TiB in powers of 1024), kept as int bytes. Default None: the cache is
+            never evicted.
             With a limit, the least recently stored entries are evicted once the cache grows
             past it; each eviction is logged on the ``durably`` logger and counted in
             :meth:`stats`. Journals are never evicted.
@@ -289,7 +340,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
             read again from disk from 0.05 s after that write on.
 
     Raises:
-        DefinitionError: an argument has the wrong type (at construction).
+        DefinitionError: an argument has the wrong type, or ``size_limit`` is not a size
+            (at construction).
         StoreError: (on first use) the path is a file, is not writable, is writable by other
             users, or holds a store written by a newer durably.
 
@@ -306,7 +358,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         self,
         path: str | os.PathLike[str] | None = None,
         *,
-        size_limit: int | None = None,
+        size_limit: int | str | None = None,
         synchronous: str = "normal",
         key: bytes | str | None = None,
         allow_shared: bool | None = None,
@@ -320,11 +372,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         if synchronous not in ("normal", "full"):
             raise ValueError(f"synchronous must be 'normal' or 'full', not {synchronous!r}. "
                              "Fix: synchronous=\"full\" to survive power cuts, else leave it out.")
-        if size_limit is not None and (not isinstance(size_limit, int) or size_limit <= 0
-                                       or isinstance(size_limit, bool)):
-            raise ValueError(f"size_limit must be a positive number of bytes, not "
-                             f"{size_limit!r}. Fix: size_limit=10 * 2**30 for 10 GiB, or leave "
-                             "it out for no limit.")
+        if size_limit is not None:
+            size_limit = size_limit_bytes(size_limit)
         if isinstance(memo_entries, bool) or not isinstance(memo_entries, int) \
                 or memo_entries < 0:
             raise ValueError(f"memo_entries must be a number of entries (0 or more), not "
