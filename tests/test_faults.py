@@ -789,11 +789,13 @@ def test_a_cache_index_damaged_while_a_process_uses_it_is_moved_once(
     assert third.cache_get(_three_kb.cache_key(2)) is not None
 
 
-def test_a_store_deleted_while_a_run_executes_is_not_reported_finished(
+def test_a_store_deleted_while_a_run_executes_is_noticed_at_the_next_step(
         tmp_path: Path) -> None:
     """The store's directory removed while a run executes: its steps went on being written
     to the unlinked journal, and the run reported itself finished with nothing kept (a
-    rerun executed every side effect again). Its end raises StoreError saying so."""
+    rerun executed every side effect again); then it was noticed only after the last step.
+    The write of the step that finished after the deletion raises StoreError naming the
+    journal, and no later step executes."""
     import shutil
 
     store = durably.DiskStore(tmp_path / "s")
@@ -812,6 +814,8 @@ def test_a_store_deleted_while_a_run_executes_is_not_reported_finished(
         return sum(effect(i) for i in range(n))
 
     assert job(2) == 1  # a run kept in full
-    with pytest.raises(durably.StoreError, match="was deleted while this process used it"):
+    with pytest.raises(durably.StoreError, match="was deleted while this process used it") \
+            as info:
         job(6)
-    assert done == [0, 1, 0, 1, 2, 3, 4, 5]
+    assert str(tmp_path / "s" / "journal.sqlite3") in str(info.value)
+    assert done == [0, 1, 0, 1, 2, 3]  # (steps 4 and 5 never started)

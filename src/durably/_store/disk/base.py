@@ -66,17 +66,21 @@ class _Translate:
 
 
 class _WriteJournal(_Translate):
-    """The errors of the journal's writes, translated; and before the first write of a
+    """The errors of the journal's writes, translated; before each write, that the journal
+    is still the store's (a store deleted while a run executes is noticed at its next step,
+    not after its last: :meth:`DiskStore._journal_here`); and before the first write of a
     store whose write-ahead log could not be checked when it was opened (another
     connection held the write lock), that check (see :meth:`DiskStore._check_wal`)."""
 
     __slots__ = ()
 
     def __enter__(self) -> None:
-        if self.store._read_only:
-            raise self.store.read_only_error(self.action)
-        if self.store._wal_unchecked:
-            self.store._check_wal_before_write()
+        store = self.store
+        if store._read_only:
+            raise store.read_only_error(self.action)
+        store._journal_here()
+        if store._wal_unchecked:
+            store._check_wal_before_write()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:

@@ -720,6 +720,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 raise
         with contextlib.suppress(OSError):
             self._local.ino = os.stat(path).st_ino
+            self._local.journal = str(path)
         self._local.con = con
         return con
 
@@ -752,23 +753,25 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         return con
 
     def _journal_here(self) -> None:
-        """Before a run's record is written: the journal this thread's connection writes is
-        still the store's (not deleted, nor replaced, since it was opened). A store deleted
-        while a run executed took the run's steps with it: the run must not report it
-        finished, as if they were kept.
+        """Before each write of the journal (a step's, a run's record): the journal this
+        thread's connection writes is still the store's (not deleted, nor replaced, since it
+        was opened). A store deleted while a run executes took the run's steps with it: its
+        next step must not write into the deleted file, nor the run report itself finished,
+        as if they were kept. One ``stat`` of the journal's path (about a microsecond).
 
         Raises:
             StoreError: the journal file is gone or is another one.
         """
-        ino = getattr(self._local, "ino", None)
-        if ino is None or getattr(self._local, "con", None) is None:
+        local = self._local
+        ino = getattr(local, "ino", None)
+        if ino is None or getattr(local, "con", None) is None:
             return
-        path = (self._root or self.path) / "journal.sqlite3"
         try:
-            now: int | None = os.stat(path).st_ino
+            now: int | None = os.stat(local.journal).st_ino
         except OSError:
             now = None
         if now != ino:
+            path = local.journal
             raise StoreError(
                 f"the journal {path} was {'deleted' if now is None else 'replaced'} while "
                 "this process used it: what it wrote since went to the file that was there "
