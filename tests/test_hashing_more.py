@@ -226,6 +226,27 @@ def test_a_deleted_file_raises_a_serialization_error(tmp_path: pathlib.Path) -> 
         encode_arguments({"data": f})
 
 
+def test_a_file_input_reads_as_a_pathlib_path_does(tmp_path: pathlib.Path) -> None:
+    """durably.file() hands a task a File: its reading methods take pathlib.Path's
+    arguments (read_text(errors=...) raised TypeError)."""
+    p = tmp_path / "mixed.txt"
+    p.write_bytes(b"caf\xe9\r\nline two\n")
+    f = durably.file(p)
+    assert f.read_bytes() == p.read_bytes()
+    assert f.read_text(errors="replace") == "caf\ufffd\nline two\n"
+    assert f.read_text("latin-1") == "café\nline two\n"
+    assert f.read_text(encoding="latin-1", newline="") == "café\r\nline two\n"
+    assert f.read_text("utf-8", "ignore", "") == "caf\r\nline two\n"
+    with pytest.raises(UnicodeDecodeError):
+        f.read_text()  # (UTF-8, strict: as Path.read_text(encoding="utf-8"))
+    with f.open() as raw:
+        assert raw.read(3) == b"caf"
+    with f.open("r", encoding="utf-8", errors="backslashreplace", newline="") as text:
+        assert text.read() == "caf\\xe9\r\nline two\n"
+    with f.open(mode="rb", buffering=0) as unbuffered:
+        assert unbuffered.read() == p.read_bytes()
+
+
 class Broken:
     def __durably_digest__(self) -> Any:
         raise ValueError("boom")

@@ -84,16 +84,54 @@ class File(os.PathLike[str]):
         return (str(self.path), self.content_digest())
 
     def read_bytes(self) -> bytes:
-        """The file's content."""
+        """The file's content, as :meth:`pathlib.Path.read_bytes`."""
         return self.path.read_bytes()
 
-    def read_text(self, encoding: str | None = None) -> str:
-        """The file's content decoded as text (UTF-8 unless ``encoding`` says otherwise)."""
-        return self.path.read_text(encoding=encoding or "utf-8")
+    def read_text(self, encoding: str | None = None, errors: str | None = None,
+                  newline: str | None = None) -> str:
+        """The file's content decoded as text, as :meth:`pathlib.Path.read_text` (its
+        ``newline``, new in Python 3.13, is taken on every version), except that the
+        encoding is UTF-8 unless ``encoding`` says otherwise (never the locale's).
 
-    def open(self, mode: str = "rb") -> IO[Any]:
-        """Open the file (binary by default)."""
-        return open(self.path, mode)
+        Args:
+            encoding: The text encoding (default ``"utf-8"``).
+            errors: How decoding errors are handled, as :func:`open` takes it
+                (``"strict"`` by default, ``"replace"``, ``"ignore"``, ...).
+            newline: How line endings are translated, as :func:`open` takes it (default:
+                universal newlines, every ending read as ``"\\n"``).
+
+        Raises:
+            OSError: the file cannot be read; UnicodeDecodeError: not text in that
+                encoding (with ``errors="strict"``).
+
+        Example:
+            >>> import durably, pathlib, tempfile
+            >>> p = pathlib.Path(tempfile.mkdtemp()) / "latin.txt"
+            >>> _ = p.write_bytes(b"caf\\xe9\\r\\n")
+            >>> durably.file(p).read_text(errors="replace", newline="")
+            'caf\\ufffd\\r\\n'
+        """
+        with open(self.path, encoding=encoding or "utf-8", errors=errors,
+                  newline=newline) as f:
+            return f.read()
+
+    def open(self, mode: str = "rb", buffering: int = -1, encoding: str | None = None,
+             errors: str | None = None, newline: str | None = None) -> IO[Any]:
+        """Open the file, as :meth:`pathlib.Path.open` (same arguments), except that the
+        mode is binary (``"rb"``) unless ``mode`` says otherwise.
+
+        Raises:
+            OSError: the file cannot be opened.
+
+        Example:
+            >>> import durably, pathlib, tempfile
+            >>> p = pathlib.Path(tempfile.mkdtemp()) / "notes.txt"
+            >>> _ = p.write_text("one")
+            >>> with durably.file(p).open("r", encoding="ascii", errors="strict") as f:
+            ...     f.read()
+            'one'
+        """
+        return open(self.path, mode, buffering, encoding, errors, newline)
 
 
 def file(path: str | os.PathLike[str]) -> File:
