@@ -15,6 +15,7 @@ from durably._runtime.history import Checkpoint, checkpoints
 from durably._runtime.interrupt import Interrupt, pending_interrupts
 from durably._runtime.keep import kept_steps, rerun_after_code_change
 from durably._store.records import RunRecord, StepRecord
+from durably._trace.spans import wall_span
 from durably._trace.tracer import Event, RunGraph, build_graph
 from durably.exceptions import (
     DefinitionError,
@@ -312,17 +313,29 @@ class Run(Generic[R]):
         return found
 
     def time_saved(self) -> float:
-        """Seconds the latest attempt did not spend: for each replayed step, the time it
-        took when it ran (steps served from the cross-run cache count 0: their cost was paid
-        by another run)."""
-        ran: dict[str, float] = {}
-        saved = 0.0
+        """Seconds of wall-clock time the latest attempt did not spend: the time covered by
+        the original executions of the steps it replayed, steps that ran at the same time (a
+        parallel map, a step and the steps it called) counted once: the union of their
+        ``(started, ended)`` intervals, never a sum of durations. Steps served from the
+        cross-run cache count 0 (their cost was paid by another run).
+
+        Example:
+            >>> import durably, tempfile
+            >>> store = durably.DiskStore(tempfile.mkdtemp())
+            >>> @durably.entrypoint(store=store)
+            ... def hello(name):
+            ...     return f"hello {name}"
+            >>> hello.run("ada").time_saved()
+            0.0
+        """
+        ran: dict[str, tuple[float, float]] = {}
+        replayed: set[str] = set()
         for s in self._store.list_steps(self.id):
             if s.status == "ran":
-                ran.setdefault(s.step_id, s.duration)
+                ran.setdefault(s.step_id, (s.started, s.ended))
             elif s.status == "replayed" and s.attempt == self.attempt:
-                saved += ran.get(s.step_id, 0.0)
-        return saved
+                replayed.add(s.step_id)
+        return wall_span(ran[step] for step in replayed if step in ran)
 
     def counts(self) -> dict[str, int]:
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
@@ -365,8 +378,11 @@ class Run(Generic[R]):
             self.resumed_from or "", "resumed a run that had stopped before finishing")
         if self.resumed_from is None:
             return text
-        if c["replayed"] or not c["ran"] or kept:
+        if c["replayed"]:
             return text + f" ({how}: its finished steps were replayed)"
+        if kept:
+            return text + (f" ({how}: no step was replayed: its finished steps were kept from "
+                           "older code)")
         try:  # did the attempts before have finished steps to replay?
             had = any(s.status in ("ran", "cached", "replayed") for s in
                       self._store.list_steps(self.id, attempt=self.attempt - 1))
@@ -374,10 +390,13 @@ class Run(Generic[R]):
             had = False
         if not had:
             return text + f" ({how}: none of its steps had finished)"
+        if not c["ran"]:
+            return text + (f" ({how}: no step was replayed: "
+                           + ("its steps were served from the cache)" if c["cached"] else
+                              "this attempt called no step)"))
         return text + (f" ({how}: no step was replayed: the steps that had finished are of "
                        "tasks whose code or inputs changed since, so they executed again; "
                        "task.explain(...) says what changed)")
-        return text
 
     def _code_changes(self, c: dict[str, int]) -> tuple[str, int]:
         """What the summary says of steps this attempt kept from older code

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably._keys.hashing import MAX_FLOW_ELEMENTS, trace_digest
+from durably._trace.spans import wall_span
 
 _SHORT = 16  # hex digits of a digest compared for a data-flow edge
 
@@ -265,8 +266,10 @@ class RunGraph:
         attempt: The attempt drawn.
         nodes: The nodes in call order.
         edges: The data-flow edges, in order of their targets.
-        time_saved: Seconds the cache and the journal saved in this attempt: for each cached
-            or replayed step, the time it took when it ran.
+        time_saved: Seconds the cache and the journal saved in this attempt: the wall-clock
+            time covered by the executions (in earlier attempts of the run) of the steps it
+            served from the cache or the journal, steps that ran at the same time counted
+            once (see :func:`~durably._trace.spans.wall_span`).
         wall_time: Seconds from the attempt's start to its end (None while it runs or when
             unknown).
     """
@@ -368,12 +371,12 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
         last[s.step_id] = s
     ordered = [s for s in current if last[s.step_id] is s]
 
-    saved: dict[str, float] = {}
+    saved: dict[str, tuple[float, float]] = {}
     nodes: list[Node] = []
     for s in ordered:
         origin = first.get(s.step_id, s)
         if s.status in ("cached", "replayed") and origin is not s:
-            saved[s.step_id] = origin.duration
+            saved[s.step_id] = (origin.started, origin.ended)
         nodes.append(Node(
             id=s.step_id, task=s.task, status=s.status, parent=s.parent_id, started=s.started,
             duration=s.duration if s.status != "replayed" else origin.duration,
@@ -431,7 +434,7 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
             returning.append((s.step_id, out, s.output_digests or origin.output_digests,
                               s.ended))
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
-                     sum(saved.values()))
+                     wall_span(saved.values()))
     if collapse:
         while True:  # again: the children of a collapsed group may collapse in turn
             smaller = _collapse(graph, collapse)
