@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given, settings
@@ -923,6 +923,48 @@ def test_a_step_given_an_element_of_an_earlier_result_draws_a_fan_out_edge() -> 
     assert {k for k, v in again.counts().items() if v} == {"replayed"}
     assert fan_out(again.graph()) == {"load": ["process"] * 4, "pages": ["words"] * 2,
                                       "pair": ["show"]}
+
+
+class _Split(NamedTuple):
+    train: list[int]
+    test: list[int]
+
+
+class _Rows(list[str]):
+    pass
+
+
+def test_a_result_unpacked_before_it_is_passed_on_draws_its_edges() -> None:
+    """train, test = split(data): a NamedTuple (or a list subclass) unpacked, each part
+    passed to a later step, drew no edge (only exact tuples and lists offered their
+    elements' digests)."""
+    @task
+    def split(n: int) -> _Split:
+        return _Split(list(range(n)), list(range(n, 2 * n)))
+
+    @task
+    def names(n: int) -> _Rows:
+        return _Rows(f"name {i}" for i in range(n))
+
+    @task
+    def fit(xs: list[int]) -> int:
+        return sum(xs) + 100
+
+    @task
+    def shout(name: str) -> str:
+        return name.upper()
+
+    @entrypoint
+    def train(n: int) -> tuple[int, int, str, str]:
+        train_set, test_set = split(n)
+        first, second = names(2)
+        return fit(train_set), fit(test_set), shout(first), shout(second)
+
+    run = train.run(5)
+    by_id = {s.step_id: _n(s.task) for s in run.steps}
+    for graph in (run.graph(), durably.get_run(run.id).graph(), train.run(5).graph()):
+        assert sorted((by_id[e.source], by_id[e.target]) for e in graph.edges) == [
+            ("names", "shout"), ("names", "shout"), ("split", "fit"), ("split", "fit")]
 
 
 _hex32 = st.text("0123456789abcdef", min_size=32, max_size=32)

@@ -206,7 +206,8 @@ def trace_digest(obj: Any) -> str:
 
 
 def trace_digests(obj: Any) -> tuple[str, tuple[str, ...]]:
-    """:func:`trace_digest` of a value, and for an exact list, tuple or dict the
+    """:func:`trace_digest` of a value, and for a list, tuple (a ``NamedTuple`` too: a
+    result unpacked, ``a, b = step()``, before it is passed on) or exact dict the
     ``trace_digest`` of each of its first ``MAX_RESULT_ELEMENTS`` elements (the dict's
     values, in its order; "" for one too common to mean a flow), cut to their first 16 hex
     digits (what the tracer compares): the digests a result offers the tracer, so that a
@@ -217,6 +218,12 @@ def trace_digests(obj: Any) -> tuple[str, tuple[str, ...]]:
         return "", ()
     t = type(obj)
     if not (t is list or t is tuple or t is dict):
+        if isinstance(obj, (tuple, list)):  # a NamedTuple, a list subclass: unpacked
+            whole = trace_digest(obj)       # (a, b = step()) as a tuple is
+            if not whole:
+                return "", ()
+            first = islice(obj, MAX_RESULT_ELEMENTS)
+            return whole, tuple(trace_digest(item)[:16] for item in first)
         return trace_digest(obj), ()
     if len(obj) > MAX_RESULT_ELEMENTS:  # the first ones alone (a bounded cost and size)
         whole = trace_digest(obj)
