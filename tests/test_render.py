@@ -585,3 +585,50 @@ def test_a_real_rerun_and_a_failure_render(tmp_path: pathlib.Path, require_dot: 
     svg = svg_node_lines(graph.to_svg())
     assert [lines[0].rpartition(".")[2] for _, lines in sorted(svg.items())] == [
         "parse ×25", "check"]
+
+
+def _loose(n: int, linked: int = 0) -> RunGraph:
+    """A run of ``n`` steps no edge connects (collapse=None), after ``linked`` pairs that
+    an edge does, and a step with 10 unconnected calls nested in it."""
+    nodes = [Node(f"{i:032x}", "work", "ran", None, float(i), 0.01) for i in range(n)]
+    edges = []
+    for j in range(linked):
+        a, b = f"a{j:031x}", f"b{j:031x}"
+        nodes += [Node(a, "load", "ran", None, 0.0, 0.01),
+                  Node(b, "fit", "ran", None, 0.0, 0.01)]
+        edges.append(Edge(a, b))
+    outer = f"c{0:031x}"
+    nodes.append(Node(outer, "batch", "ran", None, 0.0, 0.5))
+    nodes += [Node(f"d{i:031x}", "part", "ran", outer, 0.0, 0.01) for i in range(10)]
+    return RunGraph("r-loose", "sweep", "finished", 1, tuple(nodes), tuple(edges))
+
+
+def test_many_unconnected_steps_are_drawn_in_rows_in_dot() -> None:
+    """graph(collapse=None) of 60 steps that no data flow connects drew one row 100 times
+    wider than high: invisible edges chain each to the one 8 places after it."""
+    graph = _loose(60, linked=2)
+    dot = render.to_dot(graph)
+    names = {n.id: f"n{i}" for i, n in enumerate(graph.nodes)}
+    invisible = re.findall(r"^  (n\d+) -> (n\d+) \[style=invis\];$", dot, re.M)
+    top = [names[f"{i:032x}"] for i in range(60)]
+    nested = [names[f"d{i:031x}"] for i in range(10)]
+    # the top level's unconnected steps, then the calls nested in "batch" among themselves
+    # (the cluster's own node is left alone), each in call order
+    assert invisible == [*zip(top, top[8:], strict=False),
+                         *zip(nested, nested[8:], strict=False)]
+    linked = {names[n.id] for n in graph.nodes if n.task in ("load", "fit")}
+    assert not linked & {end for pair in invisible for end in pair}  # drawn by their edges
+    assert dot.count(" -> ") == len(invisible) + 2
+    row = render.to_dot(_loose(8))  # a row's worth at the top: nothing to chain there
+    assert re.findall(r"^  (n\d+) -> (n\d+) \[style=invis\];$", row, re.M) == [
+        ("n9", "n17"), ("n10", "n18")]
+
+
+def test_many_unconnected_steps_draw_an_svg_of_readable_proportions(
+        require_dot: None) -> None:
+    svg = render.to_svg(_loose(60))
+    found = re.search(r'<svg width="(\d+)pt" height="(\d+)pt"', svg)
+    assert found is not None
+    width, height = int(found.group(1)), int(found.group(2))
+    assert width / height < 4, (width, height)  # (one row: 105 to 1)
+    assert svg.count('class="node"') == 71

@@ -304,12 +304,19 @@ def _tooltip(node: Node) -> list[str]:
     return lines
 
 
+#: how many steps that no edge touches a row of the DOT drawing holds (see to_dot)
+_ROW = 8
+
+
 def to_dot(graph: RunGraph) -> str:
     """The run graph as Graphviz DOT text (``digraph``).
 
     Nodes are ``n0, n1, ...`` in the order of ``graph.nodes``, filled by status; a step's
     nested calls sit in ``subgraph cluster_n<i>`` with the step's own node; a tooltip gives
     inputs, output and error. Strings are quoted with ``\\"`` and ``\\\\`` escaped.
+    Steps that no data-flow edge touches (many calls drawn one by one, ``collapse=None``)
+    are laid out in rows of 8, in call order, by invisible edges (``style=invis``), so the
+    drawing stays readable instead of one row as wide as all of them.
 
     Args:
         graph: The run graph.
@@ -333,6 +340,9 @@ def to_dot(graph: RunGraph) -> str:
         <BLANKLINE>
     """
     layout = _Layout(graph)
+    linked = {end for e in graph.edges for end in (e.source, e.target)}
+    loose: dict[str | None, list[str]] = {}  # per cluster: its nodes no edge touches
+    inside: list[str | None] = [None]
     out = [
         "digraph durably_run {",
         f"  graph [label={_dot_quote(_title(graph))}, labelloc=t, fontname=\"Helvetica\", "
@@ -344,11 +354,15 @@ def to_dot(graph: RunGraph) -> str:
     for kind, node, depth in layout.walk():
         pad = "  " * (depth + 1)
         if kind == "close":
+            inside.pop()
             out.append(f"{pad}}}")
             continue
         assert node is not None
         name = layout.names[node.id]
+        if kind == "node" and node.id != inside[-1] and node.id not in linked:
+            loose.setdefault(inside[-1], []).append(name)
         if kind == "open":
+            inside.append(node.id)
             out.append(f"{pad}subgraph cluster_{name} {{")
             out.append(f"{pad}  label={_dot_quote(node.label)}; labeljust=l; "
                        'style="rounded,dashed"; color="#9e9e9e"; fontsize=11;')
@@ -369,6 +383,12 @@ def to_dot(graph: RunGraph) -> str:
         a, b = layout.names[e.source], layout.names[e.target]
         label = f' [label="×{e.count:,}"]' if e.count > 1 else ""
         out.append(f"  {a} -> {b}{label};")
+    # steps no edge touches sit side by side on one rank: 60 of them drew a row 100 times
+    # wider than high. Invisible edges chain each to the one _ROW places after it, so
+    # they fill rows of _ROW
+    for names in loose.values():
+        out.extend(f"  {a} -> {b} [style=invis];"
+                   for a, b in zip(names, names[_ROW:], strict=False))
     out.append("}")
     return "\n".join(out) + "\n"
 
