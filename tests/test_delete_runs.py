@@ -432,3 +432,62 @@ def test_a_resume_of_a_run_deleted_as_it_starts_says_so(
     with pytest.raises(durably.NotFoundError, match="was deleted while this resume"):
         asker.resume(run.id, "yes")
     assert calls == [run.id] and real(run.id) is None
+
+
+ASKING_JOBS = """
+import durably
+
+@durably.task
+def step(x):
+    return x + 1
+
+@durably.entrypoint
+def done(x):
+    return step(x)
+
+@durably.entrypoint
+def asks(x):
+    return durably.interrupt({"approve": step(x)})
+"""
+
+
+def test_a_run_waiting_for_an_answer_is_deleted_only_when_asked_for(tmp_path: Path) -> None:
+    """`durably delete --older-than 30d` deleted the runs still waiting for a person's
+    answer with the finished ones: their questions were lost. The filters leave them unless
+    --status interrupted is given (or the run is named)."""
+    write_script(tmp_path / "jobs.py", ASKING_JOBS)
+    start = write_script(tmp_path / "start.py", """
+        import jobs
+        jobs.done(1); jobs.done(2)
+        assert jobs.asks.run(3).status == "interrupted"
+        assert jobs.asks.run(4).status == "interrupted"
+    """)
+    store = tmp_path / "store"
+    subprocess.run([sys.executable, str(start)], env=script_env(store), cwd=tmp_path,
+                   check=True, timeout=60)
+    runs = {r.run_id: r.status for r in durably.DiskStore(store).list_runs()}
+    waiting = sorted(i for i, s in runs.items() if s == "interrupted")
+    finished = sorted(i for i, s in runs.items() if s == "finished")
+    assert len(waiting) == 2 and len(finished) == 2
+
+    dry = _cli("delete", "--older-than", "0", "--dry-run", cwd=tmp_path, store=store)
+    assert dry.returncode == 0 and sorted(dry.stdout.splitlines()[:-1]) == finished
+    assert dry.stdout.splitlines()[-1] == (
+        "would delete 2 runs (dry run); 2 runs are waiting for an answer (interrupted) and "
+        "kept: add --status interrupted to delete them")
+    swept = _cli("delete", "--older-than", "0", cwd=tmp_path, store=store)
+    assert swept.returncode == 0 and sorted(swept.stdout.splitlines()[:-1]) == finished
+    assert "2 runs are waiting for an answer (interrupted) and kept" in swept.stdout
+    assert sorted(r.run_id for r in durably.DiskStore(store).list_runs()) == waiting
+
+    # the library too: filters leave them; a run named by id, or status=, deletes them
+    disk = durably.DiskStore(store)
+    assert durably.delete_runs(older_than=0, store=disk) == []
+    assert durably.delete_runs(entrypoint="asks", store=disk) == []
+    assert durably.delete_runs([waiting[0]], older_than=0, store=disk) == [waiting[0]]
+    disk.close()
+    one = _cli("delete", "--older-than", "0", "--status", "interrupted", cwd=tmp_path,
+               store=store)
+    assert one.returncode == 0 and one.stdout.splitlines()[0] == waiting[1]
+    assert "waiting for an answer" not in one.stdout
+    assert durably.DiskStore(store).list_runs() == []

@@ -456,7 +456,9 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
               help="Only runs last updated longer ago than this: 30d, 12h, 90m, 45s (0: any).")
 @click.option("--status", "-s", "statuses", metavar="STATUS", multiple=True,
               help="Only runs with this status (repeat for several): "
-                   f"{', '.join(STATUSES[1:])}.")
+                   f"{', '.join(STATUSES[1:])}. Default: any but interrupted (runs waiting "
+                   "for an answer are deleted only when asked for by --status interrupted, "
+                   "or by id).")
 @click.option("--entrypoint", "-e", "entrypoint", metavar="NAME",
               help="Only runs of this entrypoint (its name, or module:name).")
 @click.option("--dry-run", is_flag=True, help="List the runs that would be deleted; delete "
@@ -470,8 +472,10 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
     The cache is kept (their steps still serve later calls); the large values in blobs/
     that only they referred to are removed (in a PostgreSQL store's blob store: collected by
     `durably cache prune` an hour later). A run being executed is never deleted: named,
-    it is an error; matched by a filter, it is left out. Examples: `durably delete RUN`,
-    `durably delete --older-than 30d`, `durably delete --status failed --status crashed`.
+    it is an error; matched by a filter, it is left out. A run waiting for an answer
+    (interrupted) is left out by the filters unless --status interrupted is given. Examples:
+    `durably delete RUN`, `durably delete --older-than 30d`, `durably delete --status
+    failed --status crashed`.
     """
     wrong = [s for s in statuses if s not in STATUSES]
     if wrong:
@@ -479,7 +483,8 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
                f"{', '.join(STATUSES[1:])}.")
     if not run_ids and older_than is None and not statuses and entrypoint is None:
         _usage("delete needs RUN ids or a filter: --older-than AGE, --status STATUS, "
-               "--entrypoint NAME (--older-than 0 matches every run).")
+               "--entrypoint NAME (--older-than 0 matches every run but those waiting for "
+               "an answer).")
     age = _parse_duration("--older-than", older_than) if older_than is not None else None
     store = _store(ctx)
     ids = [_find_run(store, text).id for text in run_ids] if run_ids else None
@@ -492,10 +497,15 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
               f"{_other_entrypoints(store)}. Fix: name one of them with --entrypoint "
               "(its name, or module:name).")
     noun = f"run{'' if len(deleted) == 1 else 's'}"
+    waiting = [] if run_ids or statuses else durably.delete_runs(
+        older_than=age, status="interrupted", entrypoint=entrypoint, dry_run=True, store=store)
+    kept = (f"; {len(waiting):,} run{' is' if len(waiting) == 1 else 's are'} waiting for an "
+            "answer (interrupted) and kept: add --status interrupted to delete "
+            f"{'it' if len(waiting) == 1 else 'them'}" if waiting else "")
     for run_id in deleted:
         click.echo(run_id)
     if dry_run:
-        click.echo(f"would delete {len(deleted):,} {noun} (dry run)")
+        click.echo(f"would delete {len(deleted):,} {noun} (dry run){kept}")
         return
     freed = before - _blob_bytes(store)
     later = (not isinstance(store, durably.DiskStore) and "maintenance" in store.capabilities
@@ -504,7 +514,7 @@ def delete_command(ctx: click.Context, run_ids: tuple[str, ...], older_than: str
                + (f"; {_size(freed)} of large values freed in blobs/" if freed > 0 else "")
                + ("; large values no row refers to any more are collected by durably cache "
                   "prune after an hour" if later else "")
-               + "; the cache is kept")
+               + "; the cache is kept" + kept)
 
 
 def _other_entrypoints(store: durably.Store) -> str:

@@ -538,14 +538,18 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
     """Delete runs and their journals (records, steps, events, answers, and the large values
     in ``blobs/`` only they refer to): the runs named, or every run that matches the
     filters. The cache is kept, so their steps still serve later calls. A run a live
-    process is executing is never deleted. Like LangGraph's ``delete_thread`` or a DBOS
-    garbage collection, for a store that grows with every run.
+    process is executing is never deleted. A run waiting for an answer (``"interrupted"``:
+    someone is still to answer its question) is matched by the filters only when
+    ``status`` names ``"interrupted"`` (or when it is named by id): ``older_than=30 *
+    86400`` alone leaves it. Like LangGraph's ``delete_thread`` or a DBOS garbage
+    collection, for a store that grows with every run.
 
     Args:
         run_ids: The runs to delete. With filters too: only those of them that match.
         older_than: Only runs last updated more than this many seconds ago (``0``: any).
         status: Only runs with this status, or one of these: ``"crashed"``,
             ``"finished"``, ``"failed"``, ``"interrupted"``, ``"stopped"``, ``"forked"``.
+            Default: any status but ``"interrupted"``.
         entrypoint: Only runs of this entrypoint (the decorated function, its name or its
             ``module:name``).
         dry_run: Say which runs would be deleted; delete nothing.
@@ -554,7 +558,8 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
 
     Returns:
         The ids of the runs deleted (with ``dry_run``: that would be). Runs named by id
-        that do not exist are skipped; with filters, a run being executed is left out.
+        that do not exist are skipped; with filters, a run being executed is left out, and
+        so is a run waiting for an answer unless ``status`` names ``"interrupted"``.
 
     Raises:
         ValueError: neither ``run_ids`` nor a filter was given (pass ``older_than=0`` to
@@ -600,7 +605,8 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
     filtered = older_than is not None or statuses is not None or entrypoint is not None
     if run_ids is None and not filtered:
         raise ValueError("delete_runs() needs run ids or a filter (older_than=, status=, "
-                         "entrypoint=); older_than=0 deletes every run")
+                         "entrypoint=); older_than=0 deletes every run (but those waiting "
+                         "for an answer: status='interrupted' deletes them)")
     st = _store_of(store)
     spec = getattr(entrypoint, "_self_spec", None)
     if store is None and spec is not None and spec.store is not None:
@@ -611,10 +617,12 @@ def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | Non
         return list(delete(run_ids, dry_run=dry_run))
     runs = list_runs(entrypoint, store=st)
     cutoff = time.time() - older_than if older_than is not None else None
+    named = set(run_ids) if run_ids is not None else None
     chosen = [r.id for r in runs
               if (cutoff is None or r.updated < cutoff)
-              and (statuses is None or r.status in statuses)]
-    if run_ids is not None:
-        named = set(run_ids)
+              and (r.status in statuses if statuses is not None else
+                   # (a question still to be answered is kept unless asked for or named)
+                   named is not None or r.status != "interrupted")]
+    if named is not None:
         chosen = [i for i in chosen if i in named]
     return list(delete(chosen, dry_run=dry_run, skip_executing=True))
