@@ -386,9 +386,13 @@ class Store(Journal, Values, KeyRecords):
 
     Attributes:
         capabilities: What the backend does beyond the protocol (see the module docstring).
+        compress_level: The zstandard level the results of tasks without ``compress=`` are
+            compressed with (``DiskStore(compress=...)``), None: not compressed. A value
+            records whether it is compressed, so entries of either kind load whatever it is.
     """
 
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    compress_level: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

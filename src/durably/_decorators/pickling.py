@@ -232,12 +232,13 @@ def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
     parts = spec.code_parts()
     return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
                             tuple(sorted(spec.ignore)), spec.identity, code, parts,
-                            spec.retry, spec.timeout))
+                            spec.retry, spec.timeout, spec.storage))
 
 
 def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
                   ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str],
-                  retry: Any = None, timeout: float | None = None) -> Task[Any, Any]:
+                  retry: Any = None, timeout: float | None = None,
+                  storage: Any = None) -> Task[Any, Any]:
     """A task sent by value, with the identity and fingerprint it had in the caller: the code
     is the caller's code, so its calls here use the caller's cache keys."""
     from durably._decorators.tasks import Task  # (here: the task module imports this one)
@@ -246,6 +247,7 @@ def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
     spec = Spec(func, kind="task", name=name, version=version, cache=cache, ignore=ignore,
                 retry=retry, timeout=timeout)
     spec.identity = identity
+    spec.storage = storage  # (mmap=, compress=: checked in the caller)
     if version is None:
         spec._fingerprint = Fingerprint(code, [], [], dict(parts))
     return Task(func, spec)

@@ -408,6 +408,8 @@ def task(
     ignore: tuple[str, ...] = (),
     retry: int | Retry | Sequence[Retry] | None = None,
     timeout: float | None = None,
+    mmap: bool = False,
+    compress: bool | int | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -421,6 +423,8 @@ def task(
     ignore: tuple[str, ...] = (),
     retry: int | Retry | Sequence[Retry] | None = None,
     timeout: float | None = None,
+    mmap: bool = False,
+    compress: bool | int | None = None,
 ) -> Any:
     """Make a function a durable task: its result is cached on disk by its code and inputs,
     and inside a run each call is a journaled step that never executes twice.
@@ -464,6 +468,16 @@ def task(
             tenacity; inside a run every failed try is journaled.
         timeout: Seconds each try may take before :class:`~durably.TaskTimeoutError`
             (an async task is cancelled; a sync one is abandoned in a background thread).
+        mmap: Store the numpy arrays in its results (the result itself, or arrays inside
+            tuples, lists, dicts, objects) as raw ``.npy`` images in a file, and return them
+            as read-only :class:`numpy.memmap` views of it (joblib's ``mmap_mode="r"``), on
+            hits and on the call that executes alike: a hit on a 10 GB array costs
+            milliseconds and no memory. A store without files (PostgreSQL, the memory
+            store) returns read-only arrays in memory, with a one-time warning.
+        compress: Compress its stored results with zstandard: True (level 3) or a level
+            from 1 (fastest) to 22 (smallest). Default None: its store's ``compress=``
+            (off by default); False: never. Not with ``mmap=True``. Needs
+            ``pip install 'durably[compress]'``.
 
     Returns:
         A :class:`Task` (or, with options, a decorator making one).
@@ -471,7 +485,8 @@ def task(
     Raises:
         DefinitionError: ``func`` is a class, a generator function or not callable; an
             option has the wrong type; ``ignore`` names an unknown argument; ``func`` is a
-            partial or a callable object and ``name`` is not given.
+            partial or a callable object and ``name`` is not given; ``mmap=True`` with
+            ``compress=``; ``compress=`` without zstandard installed.
 
     Calling the task raises :class:`~durably.SerializationError` when an argument cannot be
     digested or the result cannot be stored (before anything is written); exceptions raised
@@ -504,7 +519,7 @@ def task(
     def decorate(f: Callable[P, R]) -> Task[P, R]:
         spec = Spec(f, kind="task", name=name, version=version, cache=cache, ignore=tuple(ignore)
                     if isinstance(ignore, (list, tuple)) else ignore, retry=retry,
-                    timeout=timeout)
+                    timeout=timeout, mmap=mmap, compress=compress)
         return Task(f, spec)
 
     return decorate(func) if func is not None else decorate

@@ -35,8 +35,9 @@ import xxhash
 
 from durably.exceptions import SerializationError, StoreError
 
-__all__ = ["SPILL_BYTES", "SentByReference", "Spilled", "Unreadable", "dumps", "host_tag", "loads",
-           "locate_unpicklable", "set_spill_dir", "spill_bytes", "spill_stream"]
+__all__ = ["LAYOUTS", "SPILL_BYTES", "SentByReference", "Spilled", "Unreadable", "dumps",
+           "host_tag", "loads", "locate_unpicklable", "new_sink", "set_spill_dir", "spill_bytes",
+           "spill_stream"]
 
 #: A pickle larger than this many bytes is streamed to a file instead of kept in memory.
 SPILL_BYTES = 64 << 20
@@ -657,18 +658,50 @@ def spill_stream(file: IO[bytes], size: int, what: str, head: bytes = b"") -> Sp
     return spilled
 
 
+def new_sink(what: str, spill: bool = False) -> _Sink:
+    """A sink for a value ``what`` names: in memory up to :data:`SPILL_BYTES`, then a file
+    (``spill``: a file from the first byte). ``finish()`` gives the value, as :func:`dumps`."""
+    sink = _Sink()
+    sink.what = what
+    if spill:
+        sink.limit = -1
+    return sink
+
+
+#: the first bytes of a value stored in another layout than a plain pickle (compressed,
+#: mapped: see :mod:`durably._keys.layouts`); no pickle starts with them
+LAYOUTS = (b"DRZ1", b"DRM1")
+
+
 def loads(data: bytes) -> Any:
     """Unpickle what :func:`dumps` wrote (bytes, or a :class:`Spilled` file), by this
-    release or an older one (whose modules had other names: see :mod:`durably._keys.moved`).
+    release or an older one (whose modules had other names: see :mod:`durably._keys.moved`),
+    or a value of another layout (compressed, mapped: :mod:`durably._keys.layouts`).
 
     Raises:
         CorruptJournalError: ``data`` is a stored blob that failed its check.
     """
     if type(data) is bytes:
-        return pickle.loads(data)
+        try:
+            return pickle.loads(data)
+        except pickle.UnpicklingError:
+            if data[:4] not in LAYOUTS:
+                raise
+        from durably._keys.layouts import loads_layout
+
+        return loads_layout(data)
     if isinstance(data, Spilled):
         with data.open() as f:
+            if f.read(4) in LAYOUTS:
+                from durably._keys.layouts import loads_layout
+
+                return loads_layout(data, f)
+            f.seek(data.offset)
             return pickle.load(f)
     if isinstance(data, Unreadable):
         raise data.error
+    if bytes(data[:4]) in LAYOUTS:
+        from durably._keys.layouts import loads_layout
+
+        return loads_layout(data)
     return pickle.loads(data)

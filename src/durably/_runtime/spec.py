@@ -22,6 +22,7 @@ from durably._keys import serde as _serde
 from durably._keys.files import File
 from durably._keys.fingerprint import fingerprint_function, nameless_callable
 from durably._keys.hashing import encode_arguments, locate_undigestable, positional_plan
+from durably._keys.layouts import storage_for
 from durably._keys.revalidate import LARGE_VALUE_BYTES, Fingerprint
 from durably._runtime.context import user_stacklevel as _user_stacklevel
 from durably._runtime.retry import check_timeout, to_retry
@@ -83,6 +84,7 @@ class Spec:
         "retry",
         "signature",
         "slow",
+        "storage",
         "store",
         "timeout",
         "version",
@@ -100,6 +102,8 @@ class Spec:
         store: Store | None = None,
         retry: Any = None,
         timeout: Any = None,
+        mmap: bool = False,
+        compress: bool | int | None = None,
     ) -> None:
         raw = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
         if isinstance(raw, type) or not callable(raw):
@@ -168,6 +172,10 @@ class Spec:
         self.store = store
         self.retry = to_retry(retry, self.name)
         self.timeout = check_timeout(timeout, self.name)
+        #: how its results are stored (mmap=, compress=); None: a pickle (or its store's
+        #: compress=)
+        self.storage = storage_for(mmap, compress, self.name) if (
+            mmap or compress is not None) else None
         self._fingerprint: Fingerprint | None = None
         #: whether the body's last execution in this process wrote its cache entry at once
         #: (it took _WRITE_THROUGH or more), or it never executed here

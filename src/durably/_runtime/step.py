@@ -15,9 +15,11 @@ import logging
 import warnings
 from typing import Any
 
+from durably._keys import layouts as _layouts
 from durably._keys import serde as _serde
 from durably._keys.files import File, file_stamp
 from durably._keys.hashing import trace_digests
+from durably._keys.layouts import Storage
 from durably._runtime.context import RunContext, current_step
 from durably._runtime.context import user_stacklevel as _user_stacklevel
 from durably._runtime.effects import Effects, changed, warn_once
@@ -102,6 +104,19 @@ def _load_cached(data: bytes, spec: Spec, store: Store, key: str) -> Any:
                "once it loads back")
         store.discard_cache(key, why, data)
         return _MISS
+
+
+def _dump(result: Any, what: str, storage: Storage | None) -> bytes:
+    if storage is None:
+        return _serde.dumps(result, what=what)
+    return _layouts.dumps_as(result, storage, what=what)
+
+
+def _mapped_result(data: bytes) -> Any:
+    """The result a task with ``mmap=True`` returns when it executes: the memory maps of
+    the file just written (as its hits return), not the arrays its body made."""
+    loaded = _serde.loads(data)
+    return loaded.result if type(loaded) is Effects else loaded
 
 
 class Call:
@@ -251,19 +266,19 @@ class Call:
         except Exception as store_exc:  # noqa: BLE001 - never hide the user's exception
             exc.add_note(f"durably: could not journal this failure: {store_exc}")
 
-    def _stored(self, result: Any) -> bytes:
-        """The bytes stored for ``result``: with the new state of the arguments the body
-        changed in place (see _effects), when any did."""
+    def _stored(self, result: Any, storage: Storage | None = None) -> bytes:
+        """The bytes stored for ``result`` (in the layout ``storage`` asks for): with the
+        new state of the arguments the body changed in place (see _effects), when any did."""
         what = f"the result of task {self.spec.name!r}"
         if self.mutable is not None:  # (None: succeeded() pickles the result itself)
             moved = changed(self.spec.name, self.mutable[1], self.mutable[0])
             if moved:
                 try:
-                    return _serde.dumps(Effects(result, moved), what=what)
+                    return _dump(Effects(result, moved), what, storage)
                 except SerializationError:
                     warn_once(self.spec.name, tuple(moved), "the new state cannot be pickled",
                               self.spec)
-        return _serde.dumps(result, what=what)
+        return _dump(result, what, storage)
 
     def interrupted(self, signal: InterruptSignal) -> None:
         """Journal a step that called ``interrupt()`` (it runs again from its start when the
@@ -284,9 +299,18 @@ class Call:
     def succeeded(self, result: Any) -> Any:
         """Store the result in the cache and the journal (committed), then return it."""
         spec = self.spec
+        storage = spec.storage  # (mmap=, compress=: see _layouts)
+        if storage is None and self.store.compress_level is not None:
+            storage = _layouts.store_storage(self.store.compress_level)
         try:
-            data = self._stored(result) if self.mutable is not None else _serde.dumps(
-                result, what=f"the result of task {spec.name!r}")
+            if storage is not None:
+                data = self._stored(result, storage)
+                if storage.mmap:  # the arrays the hits will return (joblib does too)
+                    result = _mapped_result(data)
+            elif self.mutable is not None:
+                data = self._stored(result)
+            else:
+                data = _serde.dumps(result, what=f"the result of task {spec.name!r}")
         except SerializationError as exc:
             self.failed(exc)  # journaled (and streamed) as the step's failure
             raise

@@ -5,8 +5,8 @@ on the command line, ``@durably.entrypoint(store="...")``.
   :class:`pathlib.Path`) or a ``file://`` URL (``file:///data/store``) is a
   :class:`~durably.DiskStore` directory. A ``file://`` URL may carry the store's options as
   its query: ``file:///data/store?synchronous=full&size_limit=5GB`` (``size_limit``,
-  ``synchronous``, ``allow_shared``, ``memo_entries``; never ``key``: a key has no place in a
-  URL, which ends up in logs and process lists).
+  ``synchronous``, ``allow_shared``, ``memo_entries``, ``compress`` (a zstandard level, or
+  true); never ``key``: a key has no place in a URL, which ends up in logs and process lists).
 - ``memory://`` is a new :class:`~durably.testing.MemoryStore`; ``memory://NAME`` is the same
   one for the same name within a process (it lives as long as the process), handy in tests.
 - Any other scheme is a backend registered by a package under the entry point group
@@ -63,7 +63,8 @@ _PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:"  # scheme://us
                        r"[^/@?#]*@")
 #: a password in the query (libpq takes ?password=...&sslpassword=...)
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
-_DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries")
+_DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries",
+                 "compress")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 #: how to get the backend of a scheme durably knows about but does not ship by default
@@ -218,6 +219,10 @@ def _query_options(query: str, url: str, where: str) -> dict[str, Any]:
                     f"{where} {url!r}: allow_shared={value!r} is not true or false. Fix: "
                     "allow_shared=true.")
             options[name] = value.lower() in _TRUE
+        elif name == "compress":  # a zstandard level (0: off), true or false
+            low = value.lower()
+            options[name] = (int(value) or False) if value.isdigit() else (
+                low in _TRUE if low in _TRUE + _FALSE else value)  # (a bad one: DiskStore says)
         elif name == "synchronous" and value not in ("normal", "full"):
             raise DefinitionError(
                 f"{where} {url!r}: synchronous={value!r} is not normal or full. Fix: "

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from durably._keys.layouts import check_mapped
 from durably._keys.serde import Spilled, host_tag, open_regular, spill_bytes
 from durably._store.integrity import (
     LARGE_HEADER,
@@ -39,6 +40,7 @@ from durably._store.integrity import (
     SigningKey,
     check_large_header,
     large_header,
+    read_large_header,
     scan,
 )
 from durably.exceptions import StoreError
@@ -397,14 +399,22 @@ def large_from_cache(root: Path, found: FileValue, signer: SigningKey | None, co
             path, owned = pin, True
         f.seek(0)
         head = f.read(LARGE_HEADER)
-        digest, mac, size = scan(f, LARGE_HEADER, signer)
+        # a mapped value (@task(mmap=True)) is checked without reading its arrays (see
+        # check_mapped); with a key, every value is read end to end, its MAC checked
+        mapped = check_mapped(f, LARGE_HEADER, None) if signer is None else None
+        if mapped is None:
+            digest, mac, size = scan(f, LARGE_HEADER, signer)
+        else:
+            fields = read_large_header(head)
+            digest, mac = (fields[1] if fields is not None else b""), None
+            size = os.fstat(f.fileno()).st_size - LARGE_HEADER
     except BaseException:
         f.close()
         if owned:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         raise
-    why = check_large_header(head, digest, mac, signer, context)
+    why = mapped or check_large_header(head, digest, mac, signer, context)
     if why:
         f.close()
         if owned:
@@ -416,7 +426,11 @@ def large_from_cache(root: Path, found: FileValue, signer: SigningKey | None, co
         if isinstance(again, OSError):
             raise StoreError(f"the cache value file {path} cannot be read ({again}). Fix: "
                              "rerun (it will be recomputed).")
-        if scan(again, LARGE_HEADER, None)[0] != digest:
+        if mapped is not None:
+            if check_mapped(again, LARGE_HEADER, size):
+                raise StoreError(f"the cache value file {path} changed after it was checked. "
+                                 "Fix: rerun (it will be recomputed).")
+        elif scan(again, LARGE_HEADER, None)[0] != digest:
             raise StoreError(f"the cache value file {path} changed after it was checked. "
                              "Fix: rerun (it will be recomputed).")
 
@@ -515,6 +529,9 @@ def open_blob(root: Path, ref: bytes, signer: SigningKey | None, eager: bool,
 
     def verify(f: IO[bytes]) -> str:
         try:
+            mapped = check_mapped(f, offset, size) if signer is None else None
+            if mapped is not None:  # (see large_from_cache)
+                return f"its file {path} is damaged: {mapped}" if mapped else ""
             found, found_mac, n = scan(f, offset, signer)
         except OSError as exc:
             return f"its file {path} cannot be read ({exc})"

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from durably._keys import serde as _serde
+from durably._keys.layouts import compression_level
 from durably._store.disk import checkpoint as _checkpoint
 from durably._store.disk import signing
 from durably._store.disk.base import _WAL_PAGES, _is_corrupt, _Translate, _WriteJournal
@@ -338,6 +339,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
             has written the cache since (SQLite's ``PRAGMA data_version``, looked at every
             0.05 s at most), so an entry cleared or replaced by another process or thread is
             read again from disk from 0.05 s after that write on.
+        compress: Compress the results of tasks that do not say otherwise with zstandard:
+            True (level 3) or a level from 1 (fastest) to 22 (smallest); default False. A
+            task's own ``compress=`` or ``mmap=True`` wins. Entries written either way load
+            either way. Needs ``pip install 'durably[compress]'``.
 
     Raises:
         DefinitionError: an argument has the wrong type, or ``size_limit`` is not a size
@@ -363,6 +368,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         key: bytes | str | None = None,
         allow_shared: bool | None = None,
         memo_entries: int = 4096,
+        compress: bool | int = False,
     ) -> None:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise DefinitionError(
@@ -384,6 +390,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                                   f"{allow_shared!r}. Fix: allow_shared=True.")
         self._given = Path(path).expanduser() if path is not None else None
         self._given_key = None if key is None else key_from(key, "DiskStore(key=...)")
+        self.compress_level = compression_level(compress, "DiskStore")
         self.size_limit = size_limit
         self.synchronous = synchronous
         self.allow_shared = allow_shared
@@ -475,7 +482,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         return self.url, {
             "size_limit": self.size_limit, "synchronous": self.synchronous,
             "key": self._given_key, "allow_shared": self.allow_shared,
-            "memo_entries": self.memo_entries}
+            "memo_entries": self.memo_entries, **(
+                {} if self.compress_level is None else {"compress": self.compress_level})}
 
     def found(self) -> bool:
         """Whether the directory holds a store (its ``FORMAT`` file)."""
