@@ -34,6 +34,10 @@ SUITE = {  # name -> (script, title, extra arguments for --quick)
                   ["--rounds", "2", "--repeat", "5"]),
     "run_scale": ("bench_run_scale.py", "run size and memory", ["--quick"]),
     "store_scale": ("bench_store_scale.py", "large store", ["--quick"]),
+    "mmap": ("bench_mmap.py", "large numpy result: mmap hit vs joblib",
+             ["--mb", "256", "--repeat", "2"]),
+    "compress": ("bench_compress.py", "compression: size, write, read",
+                 ["--mb", "16", "--repeat", "3"]),
     "demo_rerun": ("bench_demo_rerun.py", "demo rerun", []),
     "postgres": ("bench_postgres.py", "PostgreSQL store vs LangGraph, DBOS", ["--quick"]),
 }
