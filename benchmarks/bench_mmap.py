@@ -88,8 +88,8 @@ def child(kind: str, root: str, mb: int) -> None:
     value = float(a[0]) + float(a[-1])
     seconds = time.perf_counter() - t
     assert value == 8.5, value
-    emit({"seconds": seconds, "first_s": first, "rss_mb": _rss_mb() - rss, "peak_mb": _peak_mb() - peak,
-          "memmap": isinstance(a, np.memmap)})
+    emit({"seconds": seconds, "first_s": first, "rss_mb": _rss_mb() - rss,
+          "peak_mb": _peak_mb() - peak, "memmap": isinstance(a, np.memmap)})
 
 
 def main() -> None:
