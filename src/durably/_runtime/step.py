@@ -31,7 +31,7 @@ from durably._store.lease import _pid
 from durably._store.records import StepRecord, now
 from durably._trace.tracer import Event, flow_digests, inputs_repr, short_repr
 from durably.exceptions import SerializationError
-from durably.store import Store
+from durably.store import Store, value_bytes
 
 __all__ = ["Call"]
 
@@ -112,10 +112,12 @@ def _dump(result: Any, what: str, storage: Storage | None) -> bytes:
     return _layouts.dumps_as(result, storage, what=what)
 
 
-def _mapped_result(data: bytes) -> Any:
-    """The result a task with ``mmap=True`` returns when it executes: the memory maps of
-    the file just written (as its hits return), not the arrays its body made."""
-    loaded = _serde.loads(data)
+def _mapped_result(data: bytes, files: bool) -> Any:
+    """The result a task with ``mmap=True`` returns when it executes, as its hits will
+    return it, not the arrays its body made: the memory maps of the file just written, for
+    a store that keeps large values in files (``files``), else read-only arrays over the
+    value's bytes (what such a store's hits give)."""
+    loaded = _serde.loads(data if files else value_bytes(data))
     return loaded.result if type(loaded) is Effects else loaded
 
 
@@ -306,7 +308,7 @@ class Call:
             if storage is not None:
                 data = self._stored(result, storage)
                 if storage.mmap:  # the arrays the hits will return (joblib does too)
-                    result = _mapped_result(data)
+                    result = _mapped_result(data, "large_values" in self.store.capabilities)
             elif self.mutable is not None:
                 data = self._stored(result)
             else:
