@@ -192,3 +192,40 @@ def test_without_zstandard_the_error_names_the_pip_command(
         assert again(1) == TEXT
     monkeypatch.delitem(sys.modules, "zstandard")
     assert _serde.loads(_bytes(disk_store.cache_get(text.cache_key(1)))) == TEXT
+
+
+def test_a_postgres_store_compresses_the_tasks_that_do_not_say() -> None:
+    from .postgres_server import drop_schemas, fresh_schema, server_url, with_schema
+
+    store = durably.open_store(with_schema(server_url(), fresh_schema()),
+                               allow_unsigned=True, compress=5)
+    try:
+        durably.configure(store=store)
+
+        @durably.task
+        def text(n: int) -> bytes:
+            return TEXT * n
+
+        assert text(2) == TEXT * 2 and text(2) == TEXT * 2
+        assert _bytes(store.cache_get(text.cache_key(2))).startswith(ZSTD)
+        again = pickle.loads(pickle.dumps(store))  # (as a worker reopens it)
+        assert again.compress_level == 5
+        again.close()
+    finally:
+        durably.configure()
+        store.close()
+        drop_schemas(server_url(), [store.schema])
+
+
+def test_a_signed_store_signs_the_compressed_bytes(tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "s", key=b"k" * 32, compress=True)
+    durably.configure(store=store)
+    calls = []
+
+    @durably.task
+    def text(n: int) -> bytes:
+        calls.append(n)
+        return TEXT * n
+
+    assert text(1) == TEXT and text(1) == TEXT and calls == [1]
+    assert _bytes(store.cache_get(text.cache_key(1))).startswith(ZSTD)

@@ -34,6 +34,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from durably._keys.layouts import compression_level
 from durably._store.integrity import (
     OTHER_KEY,
     UNSIGNED,
@@ -115,6 +116,9 @@ class PostgresStore(Store):
         pool_size: The most connections this process opens (default 8).
         prepare_threshold: psycopg's: a statement is prepared on the server after this many
             executions; None never prepares (PgBouncer in transaction mode).
+        compress: Compress the results of tasks without their own ``compress=`` with
+            zstandard: True (level 3) or a level 1-22; default False (see
+            :class:`~durably.DiskStore`).
 
     Raises:
         DefinitionError: an option is wrong (the message says which and how to fix it).
@@ -136,7 +140,8 @@ class PostgresStore(Store):
                  blobs: str | Blobs | None = None, blob_options: dict[str, Any] | None = None,
                  inline_limit: int | None = None, key: bytes | str | SigningKey | None = None,
                  allow_unsigned: bool | None = None, pool_size: int | None = None,
-                 prepare_threshold: int | str | None = "default") -> None:
+                 prepare_threshold: int | str | None = "default",
+                 compress: bool | int = False) -> None:
         from durably._store.urls import redact
 
         if not isinstance(url, str) or not url.strip():
@@ -156,6 +161,7 @@ class PostgresStore(Store):
             prepare_threshold = (None if prepare_threshold.lower() in ("none", "")
                                  else whole(prepare_threshold, "prepare_threshold"))
         self.prepare_threshold: int | None = prepare_threshold
+        self.compress_level = compression_level(compress, "PostgresStore")
         if allow_unsigned is None:
             allow_unsigned = flag(given.get("allow_unsigned", "false"), "allow_unsigned")
         self.allow_unsigned = bool(allow_unsigned)
@@ -206,6 +212,8 @@ class PostgresStore(Store):
             options["blobs"] = self.blobs.url
             if self.blobs.options:
                 options["blob_options"] = self.blobs.options
+        if self.compress_level is not None:
+            options["compress"] = self.compress_level
         return self.url, options
 
     @property
