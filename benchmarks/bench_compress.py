@@ -2,7 +2,7 @@
 the ``--level`` given) against the same result stored as a plain pickle, for a compressible
 and an incompressible value, measured in one process, interleaved.
 
-Run: python benchmarks/bench_compress.py [--mb 64] [--level 19] [--repeat 5]
+Run: python benchmarks/bench_compress.py [--mb 64] [--level 9] [--repeat 5]
 
 - **compressible**: a ``--mb`` MB numpy array of small integers with runs (a typical feature
   matrix or label column), and the same size of repetitive text (a log, a JSON dump);
@@ -60,7 +60,7 @@ def _stored_mb(store: durably.DiskStore, key: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=description(__doc__))
     parser.add_argument("--mb", type=positive_int, default=64, help="value size, MB")
-    parser.add_argument("--level", type=positive_int, default=19,
+    parser.add_argument("--level", type=positive_int, default=9,
                         help="a second zstandard level to measure")
     parser.add_argument("--repeat", type=positive_int, default=5)
     opts = parser.parse_args()
