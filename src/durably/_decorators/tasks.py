@@ -472,8 +472,9 @@ def task(
             tuples, lists, dicts, objects) as raw ``.npy`` images in a file, and return them
             as read-only :class:`numpy.memmap` views of it (joblib's ``mmap_mode="r"``), on
             hits and on the call that executes alike: a hit on a 10 GB array costs
-            milliseconds and no memory. A store without files (PostgreSQL, the memory
-            store) returns read-only arrays in memory, with a one-time warning.
+            milliseconds and no memory. A store that hands values back as bytes (the
+            memory store; PostgreSQL below 64 MiB) gives read-only arrays in memory, with a
+            one-time warning.
         compress: Compress its stored results with zstandard: True (level 3) or a level
             from 1 (fastest) to 22 (smallest). Default None: its store's ``compress=``
             (off by default); False: never. Not with ``mmap=True``. Needs

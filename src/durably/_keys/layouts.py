@@ -19,8 +19,8 @@ A mapped value is always kept in a file (a store's large value: it starts 64 byt
 file, so every array's data is 64-byte aligned there too) and loaded as read-only
 :class:`numpy.memmap` views of that file (``numpy.load(mmap_mode="r")``): a hit costs the
 skeleton's unpickling, whatever the arrays' size. A store that hands back bytes rather than
-a file (PostgreSQL, the memory store) gets read-only arrays over those bytes, with a one-time
-warning. What is checked when: :func:`check_mapped`.
+a file (the memory store; PostgreSQL below 64 MiB) gets read-only arrays over those bytes,
+with a one-time warning. What is checked when: :func:`check_mapped`.
 """
 
 from __future__ import annotations
@@ -398,9 +398,9 @@ def _load_mapped(data: bytes, f: IO[bytes] | None) -> Any:
             _warned_unmapped[0] = True
             warnings.warn(
                 "durably: a result stored with @task(mmap=True) came from a store that hands "
-                "values back as bytes, not files (PostgreSQL, the memory store): its arrays "
-                "are read-only views of those bytes in memory, not memory maps. Fix, for "
-                "arrays larger than memory: use a DiskStore.", stacklevel=4)
+                "values back as bytes, not files (the memory store; PostgreSQL below 64 MiB): "
+                "its arrays are read-only views of those bytes in memory, not memory maps. "
+                "Fix, for arrays larger than memory: use a DiskStore.", stacklevel=4)
         view = memoryview(data)
         skeleton, found = _parse(lambda at, n: bytes(view[at:at + n]), len(data))
         arrays = []
