@@ -21,6 +21,13 @@ Keyed BLAKE2b is used below 1 KiB (cheapest for tiny values), HMAC-SHA256 above 
 byte where the CPU has SHA extensions: ``benchmarks/bench_signing.py``). The key id (8 bytes
 of a hash of the key) tells "signed with another key" apart from "tampered with".
 
+A large file's content is hashed as it is written and checked end to end when it is read,
+with one exception: a value laid out for memory mapping (``@task(mmap=True)``) in a store
+without a key is checked on a read without its arrays being read (its length, the checksum
+of its description, each array's ``.npy`` header: :func:`durably._keys.layouts.check_mapped`),
+so that a hit on gigabytes of arrays costs milliseconds; with a key it is read and its
+signature checked like any other.
+
 Keys come from ``DiskStore(key=...)``, ``durably.configure(key=...)``, ``$DURABLY_KEY`` or
 the file named by ``$DURABLY_KEY_FILE``, in that order. A key is at least 16 bytes; it is
 hashed to the 32-byte working key, so any length works.
