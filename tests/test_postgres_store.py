@@ -659,6 +659,40 @@ def test_a_missing_blob_is_a_store_error_that_names_where_it_was_looked_for(
         store.close()
 
 
+def test_a_run_whose_blob_was_deleted_is_repaired_and_goes_on(schemas: list[str],
+                                                              tmp_path: Path) -> None:
+    """A run's large value deleted from the blob store: the run stops with a StoreError that
+    says how to repair it, repair_run sets the lost value aside, and the run then executes
+    that (cacheable) step again and finishes."""
+    import shutil
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    blobs = tmp_path / "blobs"
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY, blobs=blobs.as_uri())
+    executed: list[int] = []
+
+    @task
+    def big(n: int) -> bytes:
+        executed.append(n)
+        return bytes([n]) * (2 << 20)
+
+    @entrypoint(store=store)
+    def job(n: int) -> int:
+        return len(big(n)) + n
+
+    assert job(3) == (2 << 20) + 3 and executed == [3]
+    shutil.rmtree(blobs)
+    with pytest.raises(StoreError, match="repair_run") as caught:
+        job(3)
+    assert "not in the blob store" in str(caught.value)
+    run_id = durably.list_runs(store=store)[0].id
+    lost = store.repair_run(run_id)
+    assert any("missing from the blob store" in line for line in lost), lost
+    assert job(3) == (2 << 20) + 3 and executed == [3, 3]
+    store.close()
+
+
 def test_an_entry_signed_with_another_key_is_a_miss_but_is_not_removed(
         schemas: list[str]) -> None:
     """A process with the wrong key must not remove the team's entries."""

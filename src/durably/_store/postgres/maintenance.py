@@ -152,8 +152,10 @@ def collect_values(store: PostgresStore, grace: float = 3600.0) -> tuple[int, in
 
 
 def repair_run(store: PostgresStore, run_id: str) -> list[str]:
-    """Set the run's journal rows whose values fail their checksum or signature aside (into
-    the table ``set_aside``); returns a line per row set aside.
+    """Set the run's journal rows whose values fail their checksum or signature, or whose
+    blob is missing from the blob store, aside (into the table ``set_aside``), and remove
+    the cache entries that lost the same blob; returns a line per row set aside or entry
+    removed.
 
     Raises:
         NotFoundError: no run of that id.
@@ -165,13 +167,15 @@ def repair_run(store: PostgresStore, run_id: str) -> list[str]:
     key = store.signing_key
     found: list[str] = []
     rows = store._read("read the journal", store._sql(
-        "SELECT seq, step_id, task, status, attempt, position, value, blob FROM {s}.steps "
-        "WHERE run_id = %s AND (value IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
-    for seq, step_id, task, status, attempt, position, value, blob in rows:
-        data = store._get_value(value, blob) or b""
-        payload, why = open_value(data, key, _context(key, "step", run_id, step_id))
+        "SELECT seq, step_id, task, status, attempt, position, value, blob, cache_key FROM "
+        "{s}.steps WHERE run_id = %s AND (value IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
+    lost_keys: list[str] = []
+    for seq, step_id, task, status, attempt, position, value, blob, cache_key in rows:
+        payload, why = _opened(store, value, blob, key, _context(key, "step", run_id, step_id))
         if payload is not None:
             continue
+        if cache_key and why == _MISSING:
+            lost_keys.append(cache_key)
         what = f"step {step_id} (task {task!r}, {status}, attempt {attempt}, #{position})"
         _set_aside(store, run_id, "steps", seq, what, why, value, blob)
         found.append(f"{what}: {why}")
@@ -179,16 +183,43 @@ def repair_run(store: PostgresStore, run_id: str) -> list[str]:
         "SELECT seq, kind, key, data, blob FROM {s}.events WHERE run_id = %s AND "
         "(data IS NOT NULL OR blob IS NOT NULL)"), (run_id,))
     for seq, kind, ekey, value, blob in rows:
-        data = store._get_value(value, blob) or b""
-        payload, why = open_value(data, key, _context(key, "event", run_id, kind, ekey))
+        payload, why = _opened(store, value, blob, key,
+                               _context(key, "event", run_id, kind, ekey))
         if payload is not None:
             continue
         what = f"a {kind!r} event"
         _set_aside(store, run_id, "events", seq, what, why, value, blob)
         found.append(f"{what}: {why}")
+    from durably._store.postgres.store import MissingBlobError
+
+    for cache_key in lost_keys:  # (its cache entry lost the same blob: a miss, not an error)
+        row = store._read("read the cache", store._sql(
+            "SELECT value, blob FROM {s}.cache WHERE key = %s"), (cache_key,))
+        try:
+            if row:
+                store._get_value(*row[0])
+        except MissingBlobError:
+            store.cache_delete([cache_key])
+            found.append(f"cache entry {cache_key}: {_MISSING}")
     for line in found:
         log.warning("durably: run %r: %s is set aside", run_id, line)
     return found
+
+
+def _opened(store: PostgresStore, value: Any, blob: str | None, key: Any, context: bytes
+            ) -> tuple[bytes | None, str]:
+    """A journal value checked, or (None, why): damaged, or its blob missing (another
+    blob-store error is raised: an unreachable bucket is not a lost value)."""
+    from durably._store.postgres.store import MissingBlobError
+
+    try:
+        data = store._get_value(value, blob) or b""
+    except MissingBlobError:
+        return None, _MISSING
+    return open_value(data, key, context)
+
+
+_MISSING = "its large value is missing from the blob store"
 
 
 def _set_aside(store: PostgresStore, run_id: str, table: str, seq: int, what: str, why: str,

@@ -74,6 +74,11 @@ _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input
 _NOW = "(now() + %(shift)s * interval '1 second')"
 
 
+class MissingBlobError(StoreError):
+    """A row names a blob that is not in the blob store (deleted there, or another blob
+    store is named here)."""
+
+
 def _param(sql_type: str) -> str:
     """A statement's placeholder for a parameter of this type: values (bytea) in binary
     (sent as they are: in text, libpq's hex doubled them, and arrays of them grew more)."""
@@ -507,12 +512,14 @@ class PostgresStore(Store):
         self._get_pool()
         found = self.blobs.get(blob)
         if found is None:
-            raise StoreError(
+            raise MissingBlobError(
                 f"{self.where} refers to a large value that is not in the blob store "
                 f"{self.blobs.url} (looked for {self.blobs.path(blob)}). Fix: "
                 "DURABLY_BLOBS (and DURABLY_BLOBS_OPTIONS) must name the same place on every "
-                "machine that uses this store; if it was deleted there, the entry can be "
-                "removed with durably cache clear.")
+                "machine that uses this store. If the value was deleted there: a cache entry "
+                "is removed with durably cache clear TASK; a run's lost values are set aside "
+                "by PostgresStore(URL).repair_run(RUN_ID), after which its cacheable steps "
+                "execute again.")
         return found
 
     # -- runs --------------------------------------------------------------------------------------
