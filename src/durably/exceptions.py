@@ -42,6 +42,7 @@ __all__ = [
     "NotFoundError",
     "RenderError",
     "ReplayedError",
+    "RunBusyError",
     "RunInterrupted",
     "RunStateError",
     "SerializationError",
