@@ -304,13 +304,21 @@ def _write_replacing(path: Path, text: str) -> None:
         raise
 
 
+def _ignore_in_git(root: Path) -> None:
+    """Write ``.gitignore`` (``*``) into a store directory durably has just created, so that a
+    store made inside a project (``./.durably``) is never committed by accident. A directory
+    that existed before is left as it is (it may be a folder the user made on purpose)."""
+    _write_replacing(root / ".gitignore", "# created by durably: a store is never committed\n*\n")
+
+
 class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
     """The default store: a directory holding a diskcache cache and a SQLite journal.
 
     Nothing touches the disk until the first read or write. The directory is created readable
     by its owner only (mode 0o700), and a directory other users can write (or that belongs to
     another user) is refused unless ``allow_shared``: whoever can write a store can make
-    durably load their pickles.
+    durably load their pickles. A directory durably creates also gets a ``.gitignore``
+    (``*``), so a store inside a project is never committed by accident.
 
     Args:
         path: The store directory. Default: ``$DURABLY_DIR`` if set, else ``./.durably``
@@ -535,7 +543,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                     )
                 read_only = store_read_only(root)  # (opened for reading: see read_only)
                 if not read_only:
+                    created = not root.exists()
                     root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    if created:
+                        _ignore_in_git(root)
                 self._key_gen = -1
                 self._signing()  # a bad key file is reported when the store opens
                 self._check_private(root)
