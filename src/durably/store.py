@@ -355,6 +355,14 @@ class KeyRecords(abc.ABC):
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         """Key records of a task's cache entries, newest first."""
 
+    def find_key(self, task: str, key: str) -> KeyRecord | None:
+        """The key record of cache key ``key`` of task ``task`` (its identity), or None.
+        A task with ``expires_after=`` asks it on each hit, for when its entry was written
+        (:attr:`KeyRecord.created`). Default: from :meth:`list_keys` (every record of the
+        task read); a backend overrides it with a look-up by key."""
+        return next((r for r in self.list_keys(task, limit=1 << 62) if r.cache_key == key),
+                    None)
+
     @abc.abstractmethod
     def clear_task(self, task: str) -> int:
         """Remove the cache entries of the task of this identity; returns how many."""

@@ -91,6 +91,11 @@ class MemoryStore(Store):
         with self._lock:
             return sorted({k.task for k in self._keys.values()})
 
+    def find_key(self, task: str, key: str) -> KeyRecord | None:
+        with self._lock:
+            found = self._keys.get(key)
+        return found if found is not None and found.task == task else None
+
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._lock:
             found = [k for k in self._keys.values() if k.task == task]

@@ -101,6 +101,22 @@ class ValuesConformance:
         assert store.cache_delete([records[1].cache_key]) == 1
         assert store.list_keys(task)[0] == records[1]
 
+    def test_a_key_record_is_found_by_its_key(self, store: Store) -> None:
+        """``find_key`` returns the key record of a cache key of that task (the latest
+        written for it), None for another task's key or a key without one."""
+        task = "conformance:found"
+        first = KeyRecord(task, _id(), "code-1", {"x": "ab" * 16}, {}, 1000.0)
+        store.cache_put_many([(first.cache_key, b"v", first)])
+        assert store.find_key(task, first.cache_key) == first
+        again = KeyRecord(task, first.cache_key, "code-1", {"x": "ab" * 16}, {}, 2000.0)
+        store.cache_put(first.cache_key, b"w", again)  # written again: its newer record
+        assert store.find_key(task, first.cache_key) == again
+        assert store.find_key("conformance:other", first.cache_key) is None
+        plain = _id()
+        store.cache_put(plain, b"v")
+        assert store.find_key(task, plain) is None
+        assert store.find_key(task, _id()) is None
+
     def test_cache_entries_are_put_got_and_deleted(self, store: Store) -> None:
         """``cache_get`` returns what ``cache_put``/``cache_put_many`` stored (the last value
         written for a key), None for a miss; ``cache_delete`` removes entries and returns

@@ -39,7 +39,7 @@ from durably._store.disk.blobs import (
     share_file,
     subdir,
 )
-from durably._store.disk.rows import immediate, key_row
+from durably._store.disk.rows import immediate, key_row, row_hash
 from durably._store.disk.signing import _ctx
 from durably._store.integrity import open_seal, seal
 from durably._store.lease import _pid
@@ -584,6 +584,16 @@ class CacheValues(DiskBase):
             removed += sum(1 for name in doomed if cache.delete(name, retry=True))
             self.forget_memo(doomed)
         return removed
+
+    def find_key(self, task: str, key: str) -> KeyRecord | None:
+        with self._read_journal:
+            row = self._db().execute(
+                "SELECT task, cache_key, code, inputs, parts, created FROM keys WHERE kid=? "
+                "AND cache_key=? AND task=?", (row_hash(key), key, task)).fetchone()
+        if row is None:
+            return None
+        t, k, c, i, p, cr = row
+        return KeyRecord(t, k, c, json.loads(i), json.loads(p), cr)
 
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._read_journal:

@@ -873,6 +873,12 @@ class PostgresStore(Store):
             "DELETE FROM {s}.cache WHERE key = ANY(%s)"), (wanted,))
 
     # -- key records ------------------------------------------------------------------------------
+    def find_key(self, task: str, key: str) -> KeyRecord | None:
+        rows = self._read("read key records", self._sql(
+            "SELECT task, cache_key, code, inputs, parts, created FROM {s}.keys WHERE "
+            "cache_key = %s AND task = %s"), (key, task))
+        return KeyRecord(*rows[0]) if rows else None
+
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         rows = self._read("read key records", self._sql(
             "SELECT task, cache_key, code, inputs, parts, created FROM {s}.keys WHERE task = %s "
