@@ -10,6 +10,7 @@ Python frame fewer). Its pickling lives in :mod:`.pickling`, entrypoints in
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
@@ -80,6 +81,12 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
     def clear(self) -> int:
         """See :meth:`Task.clear`."""
         return _clear_task(self._self_parent._self_spec)
+
+    def refresh(self, *args: Any, **kwargs: Any) -> Any:
+        """See :meth:`Task.refresh`."""
+        spec = self._self_parent._self_spec.refreshing()
+        call = call_async if spec.is_async else call_sync
+        return call(spec, self.__wrapped__, _instance_of(self), args, kwargs)
 
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """See :meth:`Task.cache_key`."""
@@ -235,6 +242,48 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
             >>> durably.configure()
         """
         return _clear_task(self._self_spec)
+
+    def refresh(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Execute this call again, whatever the cache holds, and replace its cache entry
+        with the new result (joblib's ``MemorizedFunc.call``). Nothing else changes: the
+        next plain call with these arguments is served the new entry.
+
+        Inside a run the call is a step like any other, journaled as ``ran`` (never served
+        from the cache); a step the run already finished is replayed from its journal, as
+        always: a run never executes a finished step twice. A result ``cache_if`` refuses is
+        not cached, and the entry it was to replace is removed.
+
+        Args:
+            *args: The call's positional arguments.
+            **kwargs: The call's keyword arguments.
+
+        Returns:
+            The new result (a coroutine of it for an ``async`` task).
+
+        Raises:
+            SerializationError: an argument cannot be digested, or the result cannot be
+                stored.
+            TypeError: the arguments do not fit the signature.
+
+        Exceptions raised by the body propagate unchanged, and the entry is kept.
+
+        Example:
+            >>> import durably, tempfile
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> prices = {"apple": 1.0}
+            >>> @durably.task(version="1")
+            ... def price(item):
+            ...     return prices[item]
+            >>> price("apple")
+            1.0
+            >>> prices["apple"] = 1.25  # a source durably cannot see
+            >>> price("apple"), price.refresh("apple"), price("apple")
+            (1.0, 1.25, 1.25)
+            >>> durably.configure()
+        """
+        spec = self._self_spec.refreshing()
+        call: Any = call_async if spec.is_async else call_sync
+        return call(spec, self._self_func, None, args, kwargs)  # type: ignore[no-any-return]
 
     def cache_key(self, *args: Any, **kwargs: Any) -> str:
         """The cache key (32 hex characters) a call with these arguments would use.
@@ -410,6 +459,8 @@ def task(
     timeout: float | None = None,
     mmap: bool = False,
     compress: bool | int | None = None,
+    expires_after: datetime.timedelta | float | None = None,
+    cache_if: Callable[[Any, float], bool] | None = None,
 ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
 
@@ -425,6 +476,8 @@ def task(
     timeout: float | None = None,
     mmap: bool = False,
     compress: bool | int | None = None,
+    expires_after: datetime.timedelta | float | None = None,
+    cache_if: Callable[[Any, float], bool] | None = None,
 ) -> Any:
     """Make a function a durable task: its result is cached on disk by its code and inputs,
     and inside a run each call is a journaled step that never executes twice.
@@ -479,6 +532,19 @@ def task(
             from 1 (fastest) to 22 (smallest). Default None: its store's ``compress=``
             (off by default); False: never. Not with ``mmap=True``. Needs
             ``pip install 'durably[compress]'``.
+        expires_after: How long a cache entry is served: a :class:`datetime.timedelta` or
+            seconds (Prefect's ``cache_expiration``, joblib's ``expires_after``). An entry
+            written longer ago than that is a miss: the task executes and its new result
+            replaces it. Only the cache expires: inside a run, a step the run already
+            finished is replayed from its journal whatever its age. Default None: never.
+        cache_if: ``cache_if(result, duration)`` decides whether a result is cached
+            (joblib's ``cache_validation_callback``): ``duration`` is the seconds its body
+            took; return False to leave it out, e.g. ``lambda result, duration: duration >
+            1.0`` (only slow calls) or ``lambda result, duration: bool(result)`` (no empty
+            results). A result left out is still journaled inside a run, so it never
+            executes twice in that run. If it raises, the call raises
+            :class:`~durably.DefinitionError` naming the task (inside a run, the step is
+            journaled as failed).
 
     Returns:
         A :class:`Task` (or, with options, a decorator making one).
@@ -487,7 +553,8 @@ def task(
         DefinitionError: ``func`` is a class, a generator function or not callable; an
             option has the wrong type; ``ignore`` names an unknown argument; ``func`` is a
             partial or a callable object and ``name`` is not given; ``mmap=True`` with
-            ``compress=``; ``compress=`` without zstandard installed.
+            ``compress=``; ``compress=`` without zstandard installed; ``expires_after`` is
+            not positive; ``expires_after`` or ``cache_if`` is given with ``cache=False``.
 
     Calling the task raises :class:`~durably.SerializationError` when an argument cannot be
     digested or the result cannot be stored (before anything is written); exceptions raised
@@ -520,7 +587,8 @@ def task(
     def decorate(f: Callable[P, R]) -> Task[P, R]:
         spec = Spec(f, kind="task", name=name, version=version, cache=cache, ignore=tuple(ignore)
                     if isinstance(ignore, (list, tuple)) else ignore, retry=retry,
-                    timeout=timeout, mmap=mmap, compress=compress)
+                    timeout=timeout, mmap=mmap, compress=compress,
+                    expires_after=expires_after, cache_if=cache_if)
         return Task(f, spec)
 
     return decorate(func) if func is not None else decorate

@@ -32,6 +32,7 @@ from durably._runtime.context import LARGE_ROW, RunContext, StopRun, current_run
 from durably._runtime.ctrl_c import note_stopped
 from durably._runtime.failures import RAISED, RETRY, released
 from durably._runtime.interrupt import InterruptSignal
+from durably._runtime.policy import ADMITTING
 from durably._runtime.spec import MAIN_MODULES, Spec
 from durably._runtime.step import _WRITE_THROUGH
 from durably._store.lease import LEASE_SECONDS, RENEW_SECONDS, Owner, _pid, beat, hold, let_go, me
@@ -573,6 +574,8 @@ def _restore_cache(store: Store, run_id: str, attempt: int, held: set[str]) -> N
     recent = [s for s in steps
               if s.status == "ran" and s.cache_key and s.step_id not in held
               and s.ended - s.started < _WRITE_THROUGH][-_CACHE_BATCH:]
+    if ADMITTING:  # (tasks with cache_if=: which of their results it refused is not known)
+        recent = [s for s in recent if s.task not in ADMITTING]
     missing = []
     for step in recent:
         if store.cache_get(step.cache_key) is None:

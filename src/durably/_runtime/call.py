@@ -59,6 +59,7 @@ from durably._runtime.effects import before as state_before
 from durably._runtime.failures import ReplayedFailure, replayed
 from durably._runtime.failures import note as note_failure
 from durably._runtime.interrupt import InterruptSignal
+from durably._runtime.policy import fresh_entry
 from durably._runtime.retry import (
     Retries,
     Retry,
@@ -195,7 +196,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
         if spec.cache:
-            data = store.cache_get(key)
+            data = store.cache_get(key) if spec.policy is None else fresh_entry(
+                spec, store, key, None)
             if data is not None:
                 value = _load_cached(data, spec, store, key)
                 if type(value) is Effects:
@@ -366,9 +368,12 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
-        data = ctx.pending_cache(key) if ctx.read_cache else None
-        if data is None and ctx.read_cache:
-            data = store.cache_get(key)
+        if spec.policy is not None:
+            data = fresh_entry(spec, store, key, ctx) if ctx.read_cache else None
+        else:
+            data = ctx.pending_cache(key) if ctx.read_cache else None
+            if data is None and ctx.read_cache:
+                data = store.cache_get(key)
         if data is None:
             call.files = _file_inputs(spec, files, before)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
@@ -417,6 +422,8 @@ def cached_now(call: Call) -> bytes | None:
     ctx = call.ctx
     if ctx is not None and not ctx.read_cache:
         return None
+    if call.spec.policy is not None:
+        return fresh_entry(call.spec, call.store, call.key, ctx)
     data = ctx.pending_cache(call.key) if ctx is not None else None
     return data if data is not None else call.store.cache_get(call.key)
 

@@ -34,6 +34,8 @@ class Explanation:
             the code of its user class: editing ``Params.effective_lr`` changes it).
         version_change: ``(old, new)`` explicit versions when they differ, else None.
         nearest: The key record of the nearest earlier entry, or None when there is none.
+        expired: True when an entry with this key exists but is older than the task's
+            ``expires_after`` (``nearest`` is then its key record).
 
     Example:
         >>> import durably
@@ -57,6 +59,7 @@ class Explanation:
     changed_code: tuple[str, ...] = ()
     version_change: tuple[str | None, str | None] | None = None
     nearest: KeyRecord | None = None
+    expired: bool = False
 
     def __str__(self) -> str:
         return self.reason
@@ -110,6 +113,16 @@ def explain(spec: Spec, store: Store | None, instance: Any, args: tuple[Any, ...
         return Explanation(name, key, False, f"task {name!r} has cache=False: it is never "
                            "served from the cache (inside a run, its journal still replays it).")
     if st.cache_get(key) is not None:
+        policy = spec.policy
+        if policy is not None and policy.expires_after is not None:
+            record = st.find_key(spec.identity, key)
+            if policy.expired(record.created if record is not None else None):
+                written = (f"written {_when(record.created)}" if record is not None
+                           else "written at a time it has no record of")
+                return Explanation(name, key, False, (
+                    f"{name}(...) would execute: its entry expired ({written}, more than "
+                    f"expires_after={policy.expires_after:g} s ago)."), nearest=record,
+                    expired=True)
         return Explanation(name, key, True, f"{name}(...) would be served from the cache: an "
                            "entry exists for this code and these inputs.")
     records = st.list_keys(spec.identity)

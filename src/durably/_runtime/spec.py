@@ -25,6 +25,7 @@ from durably._keys.hashing import encode_arguments, locate_undigestable, positio
 from durably._keys.layouts import storage_for
 from durably._keys.revalidate import LARGE_VALUE_BYTES, Fingerprint
 from durably._runtime.context import user_stacklevel as _user_stacklevel
+from durably._runtime.policy import CachePolicy, make_policy
 from durably._runtime.retry import check_timeout, to_retry
 from durably._store.records import KeyRecord, now
 from durably.exceptions import DefinitionError, SerializationError
@@ -80,6 +81,7 @@ class Spec:
         "is_async",
         "kind",
         "name",
+        "policy",
         "raw",
         "retry",
         "signature",
@@ -104,6 +106,8 @@ class Spec:
         timeout: Any = None,
         mmap: bool = False,
         compress: bool | int | None = None,
+        expires_after: Any = None,
+        cache_if: Any = None,
     ) -> None:
         raw = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
         if isinstance(raw, type) or not callable(raw):
@@ -176,6 +180,9 @@ class Spec:
         #: compress=)
         self.storage = storage_for(mmap, compress, self.name) if (
             mmap or compress is not None) else None
+        #: the cache policy of expires_after= and cache_if= (see durably._runtime.policy),
+        #: else None: the call path asks it only when it is set
+        self.policy = make_policy(kind, self.name, expires_after, cache_if, cache)
         self._fingerprint: Fingerprint | None = None
         #: whether the body's last execution in this process wrote its cache entry at once
         #: (it took _WRITE_THROUGH or more), or it never executed here
@@ -202,6 +209,16 @@ class Spec:
         #: written without binding them (encode_positional), or None
         self._plan = positional_plan(self._names, self.ignore) if (
             self._names is not None and self._npositional >= 0) else None
+
+    def refreshing(self) -> Spec:
+        """A copy of this spec for one :meth:`Task.refresh <durably.Task.refresh>` call: its
+        policy reads no cache entry and replaces it (the same identity, keys and steps)."""
+        copy = object.__new__(Spec)
+        for name in Spec.__slots__:
+            object.__setattr__(copy, name, getattr(self, name))
+        policy = self.policy if self.policy is not None else CachePolicy(None, None)
+        copy.policy = policy.refreshing()
+        return copy
 
     def arguments(self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Arguments bound by name, defaults applied, ignored ones dropped (joblib's rule:

@@ -30,7 +30,7 @@ from durably._runtime.spec import Spec
 from durably._store.lease import _pid
 from durably._store.records import StepRecord, now
 from durably._trace.tracer import Event, flow_digests, inputs_repr, short_repr
-from durably.exceptions import SerializationError
+from durably.exceptions import DefinitionError, SerializationError
 from durably.store import Store, value_bytes
 
 __all__ = ["Call"]
@@ -321,7 +321,9 @@ class Call:
             if spec.cache and (ctx is None or self.step_id not in ctx.uncacheable) and not (
                     spec.changed_in_place()) and not self.files_changed() \
                     and not (_UNLOADABLE and self.key in _UNLOADABLE
-                             and not _loads_back(self.key, data)):
+                             and not _loads_back(self.key, data)) and (
+                    spec.policy is None or spec.policy.admits(
+                        spec, self.store, self.key, result, now() - self.started)):
                 self.store.cache_put(self.key, data, spec.key_record(
                     self.key, self.inputs, self.code or None, self.classes))
             return result
@@ -333,6 +335,13 @@ class Call:
             if self.parent is not None:
                 ctx.uncacheable.add(self.parent)
         slow = spec.slow = record.ended - record.started >= _WRITE_THROUGH
+        if cacheable and spec.policy is not None:
+            try:  # (cache_if=: given the duration the record shows)
+                cacheable = spec.policy.admits(spec, self.store, self.key, result,
+                                               record.ended - record.started)
+            except DefinitionError as exc:
+                self.failed(exc)  # journaled as the step's failure: the next attempt runs it
+                raise
         if cacheable:
             info = spec.key_record(self.key, self.inputs, self.code or None, self.classes)
             if slow or ctx.codes.get(spec) != self.code:
