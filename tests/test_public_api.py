@@ -10,7 +10,7 @@ EXPECTED = [
     "ENCODING_VERSION", "END", "START", "Checkpoint", "Command", "CorruptJournalError",
     "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File",
     "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "PostgresStore",
-    "Recovered", "RenderError",
+    "Recovered", "Removed", "RenderError",
     "ReplayedError", "Retry", "Run", "RunBusyError", "RunGraph", "RunInterrupted", "RunStateError",
     "Send",
     "SerializationError",
@@ -18,7 +18,7 @@ EXPECTED = [
     "StoreError", "Task", "TaskTimeoutError", "asleep", "configure", "delete_runs", "digest",
     "entrypoint", "file", "fork",
     "get_run", "get_writer", "idempotency_key", "interrupt", "list_runs", "open_store",
-    "recover", "register_encoder",
+    "prune", "recover", "register_encoder",
     "sleep",
     "task",
 ]

@@ -1383,7 +1383,7 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
         return sum(square(i) for i in range(n))
 
     assert job(3) == 5 and cube(2) == 8
-    assert square.clear() == 3 and square.clear() == 0
+    assert square.clear().entries == 3 and square.clear().entries == 0
     assert cube.explain(2).hit and not square.explain(1).hit
     assert job(3) == 5 and calls == [0, 1, 2]  # (finished: its run's result)
     assert square(1) == 1 and calls == [0, 1, 2, 1]  # outside the run: executed again
@@ -1391,7 +1391,7 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
     @entrypoint
     def clears(n: int) -> list[Any]:
         first = [square(i) for i in range(n)]  # (cheap steps: their entries are queued)
-        removed = square.clear()
+        removed = square.clear().entries
         return [first, removed, [square(i) for i in range(n)]]
 
     square.clear()
@@ -1405,7 +1405,7 @@ def test_task_clear_removes_its_entries_only_and_keeps_runs(store: Any) -> None:
     @entrypoint(store=own)
     def elsewhere(n: int) -> list[Any]:  # a run in a store of its own: clear() clears it
         first = [square(i) for i in range(n)]
-        return [first, square.clear(), [square(i) for i in range(n)]]
+        return [first, square.clear().entries, [square(i) for i in range(n)]]
 
     calls.clear()
     assert elsewhere(2) == [[0, 1], 2, [0, 1]] and calls == [0, 1, 0, 1]

@@ -20,6 +20,7 @@ from durably._runtime.config import configure
 from durably._runtime.explain import Explanation
 from durably._runtime.history import Checkpoint
 from durably._runtime.interrupt import Interrupt, get_writer, idempotency_key, interrupt
+from durably._runtime.prune import Removed, prune
 from durably._runtime.retry import Retry
 from durably._runtime.run import Run, delete_runs, get_run, list_runs
 from durably._runtime.sleep import asleep, sleep
@@ -91,6 +92,7 @@ __all__ = [
     "NotFoundError",
     "PostgresStore",
     "Recovered",
+    "Removed",
     "RenderError",
     "ReplayedError",
     "Retry",
@@ -120,6 +122,7 @@ __all__ = [
     "interrupt",
     "list_runs",
     "open_store",
+    "prune",
     "recover",
     "register_encoder",
     "sleep",

@@ -12,7 +12,8 @@ cache miss, and look after the cache.
     durably fork RUN [--at CHECKPOINT] [--update JSON] [--cache] [--script PATH]
     durably explain MODULE:TASK [ARG ...] [--json]
     durably cache stats [--json]
-    durably cache prune [--older-than 30d] [--max-size 5GB] [--dry-run]
+    durably cache prune [--older-than 30d] [--max-size 5GB] [--max-entries N] [--task NAME]
+                        [--dry-run]
     durably cache clear [--task NAME] [--dry-run]
 
 The store is ``--store URL`` or ``--dir DIR`` (before or after the command's name), else
@@ -945,21 +946,26 @@ def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
 @click.option("--max-size", "max_size", metavar="SIZE",
               help="Then remove the oldest entries until the cache is at most this big: 5GB, "
                    "500MB, 1.5GiB, or bytes.")
+@click.option("--max-entries", "max_entries", type=click.IntRange(min=0), metavar="N",
+              help="Then remove the oldest entries until at most N are left.")
+@click.option("--task", "task", metavar="NAME",
+              help="Only this task's entries (its name, or module:name); the limits count "
+                   "them alone.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @_dir_option
 @click.pass_context
 def cache_prune_command(ctx: click.Context, older_than: str | None, max_size: str | None,
-                        dry_run: bool) -> None:
-    """Remove cache entries by age and size, oldest first."""
-    if older_than is None and max_size is None:
-        _usage("cache prune needs --older-than AGE and/or --max-size SIZE, for example "
-              "--older-than 30d or --max-size 5GB.")
+                        max_entries: int | None, task: str | None, dry_run: bool) -> None:
+    """Remove cache entries by age, count and size, oldest first."""
+    if older_than is None and max_size is None and max_entries is None:
+        _usage("cache prune needs --older-than AGE, --max-size SIZE or --max-entries N, for "
+               "example --older-than 30d or --max-size 5GB.")
     age = _parse_duration("--older-than", older_than) if older_than is not None else None
     size = _parse_size("--max-size", max_size) if max_size is not None else None
     store = _maintained(_store(ctx), "durably cache prune")
     before = store.cache_size()
     try:
-        removed = store.prune(age, size, dry_run=dry_run)
+        removed = store.prune(age, size, max_entries=max_entries, task=task, dry_run=dry_run)
     except ValueError as exc:
         _usage(str(exc).replace("a cache size limit", "--max-size"))
     _report(store, removed, before, dry_run)

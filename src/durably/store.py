@@ -495,9 +495,14 @@ class Store(Journal, Values, KeyRecords):
         raise self._unsupported("cache_stats")
 
     def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              max_entries: int | None = None, task: str | None = None,
               dry_run: bool = False) -> int:
         """Remove cache entries stored more than ``older_than`` seconds ago, then the oldest
-        until the cache fits ``max_size`` bytes; returns how many."""
+        until at most ``max_entries`` are left and the cache fits ``max_size`` bytes; with
+        ``task`` (an identity or a name), only that task's entries, counted and sized
+        alone. Returns how many. Raises :class:`ValueError` when no limit is given or one
+        is negative, :class:`~durably.exceptions.NotFoundError` when ``task`` never wrote to
+        the cache."""
         raise self._unsupported("prune")
 
     def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:

@@ -26,9 +26,9 @@ from durably._decorators.pickling import (
 )
 from durably._decorators.wrapper import _check_bare, _describe, _instance_of
 from durably._runtime.call import begin_step, call_async, call_sync, execute_sync
-from durably._runtime.config import default_store
 from durably._runtime.explain import Explanation, explain
 from durably._runtime.failures import ReplayedFailure
+from durably._runtime.prune import Removed, clear_task
 from durably._runtime.retry import Retry
 from durably._runtime.spec import MAIN_MODULES, Spec
 from durably._runtime.step import _MISS
@@ -52,19 +52,6 @@ else:
     from durably._decorators.wrapper import _Wrapper
 
 
-def _clear_task(spec: Spec) -> int:
-    """Remove the cache entries of the task ``spec`` describes (see :meth:`Task.clear`)."""
-    from durably._runtime.context import live_run
-
-    ctx = live_run()
-    if ctx is not None:  # inside a run: its store (the task's calls use it), its queue too
-        store = ctx.store
-        ctx.flush_cache()  # the entries its cheap steps queued: written now, then removed
-    else:
-        store = spec.store or default_store()
-    return int(store.clear_task(spec.identity))
-
-
 class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
     """A task bound to an instance or class (``obj.method``); same methods as :class:`Task`."""
 
@@ -78,9 +65,9 @@ class BoundTask(_OwnClass, wrapt.BoundFunctionWrapper):  # type: ignore[type-arg
         """See :meth:`Task.explain`."""
         return explain(self._self_parent._self_spec, None, _instance_of(self), args, kwargs)
 
-    def clear(self) -> int:
+    def clear(self) -> Removed:
         """See :meth:`Task.clear`."""
-        return _clear_task(self._self_parent._self_spec)
+        return clear_task(self._self_parent._self_spec)
 
     def refresh(self, *args: Any, **kwargs: Any) -> Any:
         """See :meth:`Task.refresh`."""
@@ -218,15 +205,17 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
         """
         return explain(self._self_spec, None, None, args, kwargs)
 
-    def clear(self) -> int:
+    def clear(self) -> Removed:
         """Remove this task's entries from the cross-run cache, whatever their code version
-        and inputs (joblib's ``f.clear()``); runs' journals are kept, so a run still replays
-        its finished steps. The next call with any arguments executes. The store is the one
-        its calls use: inside a run, the run's; else the task's (``store=``, or the
-        default).
+        and inputs (joblib's ``f.clear()``; ``durably cache clear --task NAME``); runs'
+        journals are kept, so a run still replays its finished steps. The next call with
+        any arguments executes. The store is the one its calls use: inside a run, the
+        run's; else the task's (``store=``, or the default). Works on every store; to
+        remove only some of its entries, see :func:`durably.prune` (``task=...``).
 
         Returns:
-            How many entries were removed.
+            A :class:`~durably.Removed`: ``.entries`` removed, and ``.bytes`` by which the
+            cache shrank (None for a store without the capability ``"maintenance"``).
 
         Raises:
             StoreError: the store cannot be read or written.
@@ -237,11 +226,13 @@ class Task(_OwnClass, _ByReference, _Wrapper[P, R]):
             >>> @durably.task
             ... def square(x):
             ...     return x * x
-            >>> square(2), square(3), square.clear(), square.explain(2).hit, square.clear()
-            (4, 9, 2, False, 0)
+            >>> square(2), square(3), square.clear().entries, square.explain(2).hit
+            (4, 9, 2, False)
+            >>> square.clear().entries
+            0
             >>> durably.configure()
         """
-        return _clear_task(self._self_spec)
+        return clear_task(self._self_spec)
 
     def refresh(self, /, *args: P.args, **kwargs: P.kwargs) -> R:
         """Execute this call again, whatever the cache holds, and replace its cache entry

@@ -224,12 +224,14 @@ class CacheValues(DiskBase):
         return cache_stats(cast("DiskStore", self))
 
     def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              max_entries: int | None = None, task: str | None = None,
               dry_run: bool = False) -> int:
-        """Remove cache entries by age, then by size, oldest first (journals are never
-        touched); see :meth:`durably.store.Store.prune`."""
+        """Remove cache entries by age, then by count and size, oldest first (journals are
+        never touched); see :meth:`durably.store.Store.prune`."""
         from durably._store.disk.maintenance import prune
 
-        return prune(cast("DiskStore", self), older_than, max_size, dry_run=dry_run)
+        return prune(cast("DiskStore", self), older_than, max_size, max_entries=max_entries,
+                     task=task, dry_run=dry_run)
 
     def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:
         """Remove every cache entry, or a task's (its identity or name); see

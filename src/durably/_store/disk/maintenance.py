@@ -244,24 +244,31 @@ def _empty_volume(store: DiskStore) -> int:
 
 
 def prune(store: DiskStore, older_than: float | None = None, max_size: int | None = None, *,
+          max_entries: int | None = None, task: str | None = None,
           dry_run: bool = False) -> int:
-    """Remove cache entries by age and by size, oldest first; journals are never touched.
+    """Remove cache entries by age, by size and by count, oldest first; journals are never
+    touched.
 
     Args:
         store: The store.
         older_than: Remove the entries stored more than this many seconds ago. None: no
             age limit.
         max_size: Then remove the oldest remaining entries until the cache's volume on disk
-            is at most this many bytes. None: no size limit; 0: every entry.
+            is at most this many bytes (with ``task``: until that task's entries take at
+            most this many bytes). None: no size limit; 0: every entry.
+        max_entries: Then remove the oldest remaining entries until at most this many are
+            left (with ``task``: of that task). None: no limit.
+        task: Only this task's entries: its identity (``module:name``) or its name.
         dry_run: Count what would be removed, and remove nothing.
 
     Returns:
         How many entries were removed (with ``dry_run``: would be).
 
     Raises:
-        ValueError: both limits are None, or one is negative, or ``max_size`` is below
-            what the cache's files take with no entry (its index: removing every entry
-            would not reach it; 0 removes them all).
+        ValueError: every limit is None, or one is negative, or ``max_size`` is below what
+            the cache's files take with no entry (its index: removing every entry would not
+            reach it; 0 removes them all).
+        NotFoundError: ``task`` names no task that ever wrote to this cache.
         StoreError: the store cannot be opened, read or written.
 
     Example:
@@ -270,24 +277,37 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
         >>> store.cache_put("k1", b"old"); store.cache_put("k2", b"new")
         >>> prune(store, max_size=0, dry_run=True), prune(store, older_than=3600)
         (2, 0)
+        >>> prune(store, max_entries=1), len(store.cache)
+        (1, 1)
     """
-    if older_than is None and max_size is None:
-        raise ValueError("prune() needs older_than (seconds) or max_size (bytes), or both")
-    if (older_than is not None and older_than < 0) or (max_size is not None and max_size < 0):
+    if older_than is None and max_size is None and max_entries is None:
+        raise ValueError("prune() needs older_than (seconds), max_size (bytes) or max_entries, "
+                         "or several of them")
+    if any(v is not None and v < 0 for v in (older_than, max_size, max_entries)):
         raise ValueError(f"prune() limits must not be negative, got older_than={older_than!r}, "
-                         f"max_size={max_size!r}")
+                         f"max_size={max_size!r}, max_entries={max_entries!r}")
+    matched: set[str] | None = None
+    if task is not None:
+        with store._translate("journal.sqlite3", "read the journal"):
+            matched = _matched(store, task)
+            key_tasks = _key_tasks(store)
     removed = 0
     for _ in range(4):  # the volume counts SQLite pages: check again after a round
         with store._translate("cache", "read the cache"):
             entries = _entries(store)
             volume = int(store.cache.volume())
-        floor = _empty_volume(store)
-        if max_size and max_size < floor and removed == 0:
-            raise ValueError(
-                f"a cache size limit of {max_size:,} bytes is below what the cache takes with no "
-                f"entry ({floor:,} bytes: its index); removing every entry would not reach it. "
-                "Fix: give a larger size, or 0 to remove every entry (durably cache clear "
-                "does the same).")
+        if matched is not None:  # (a task's entries: their own sizes, not the files')
+            entries = [e for e in entries
+                       if isinstance(e.key, str) and key_tasks.get(e.key) in matched]
+            volume = sum(e.size for e in entries)
+        else:
+            floor = _empty_volume(store)
+            if max_size and max_size < floor and removed == 0:
+                raise ValueError(
+                    f"a cache size limit of {max_size:,} bytes is below what the cache takes "
+                    f"with no entry ({floor:,} bytes: its index); removing every entry would "
+                    "not reach it. Fix: give a larger size, or 0 to remove every entry "
+                    "(durably cache clear does the same).")
         doomed: list[Any] = []
         rest = entries
         if older_than is not None:
@@ -296,6 +316,12 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
             rest = [e for e in entries if e.stored >= cutoff]
             volume -= sum(e.size for e in entries if e.stored < cutoff)
             older_than = None  # done in the first round
+        if max_entries is not None and len(rest) > max_entries:
+            over = len(rest) - max_entries
+            doomed += [e.key for e in rest[:over]]
+            volume -= sum(e.size for e in rest[:over])
+            rest = rest[over:]
+            max_entries = None  # done in the first round
         if max_size is not None:
             for e in rest:
                 if volume <= max_size:
@@ -307,9 +333,24 @@ def prune(store: DiskStore, older_than: float | None = None, max_size: int | Non
         if dry_run:
             return removed + len(doomed)
         removed += delete_keys(store, doomed)
-        if max_size is None or store.cache.volume() <= max_size:
+        if max_size is None or matched is not None or store.cache.volume() <= max_size:
             break
     return removed
+
+
+def _matched(store: DiskStore, task: str) -> set[str]:
+    """The task identities ``task`` names, else a :class:`NotFoundError` listing those the
+    cache has."""
+    matched = set(match_tasks(store, task))
+    if not matched:
+        known = task_identities(store)
+        shown = ", ".join(known[:10]) + (f" (+{len(known) - 10} more)"
+                                          if len(known) > 10 else "")
+        raise NotFoundError(
+            f"no task {task!r} ever wrote to the cache at {store.path}. Fix: name a task "
+            "by its identity (module:name) or its name"
+            + (f"; tasks: {shown}" if known else "; the cache has no task entries") + ".")
+    return matched
 
 
 def clear(store: DiskStore, task: str | None = None, *, dry_run: bool = False) -> int:
@@ -346,15 +387,7 @@ def clear(store: DiskStore, task: str | None = None, *, dry_run: bool = False) -
             finally:
                 store.forget_memo()
     with store._translate("journal.sqlite3", "read the journal"):
-        matched = set(match_tasks(store, task))
-        if not matched:
-            known = task_identities(store)
-            shown = ", ".join(known[:10]) + (f" (+{len(known) - 10} more)"
-                                              if len(known) > 10 else "")
-            raise NotFoundError(
-                f"no task {task!r} ever wrote to the cache at {store.path}. Fix: name a task "
-                "by its identity (module:name) or its name"
-                + (f"; tasks: {shown}" if known else "; the cache has no task entries") + ".")
+        matched = _matched(store, task)
         key_tasks = _key_tasks(store)
     with store._translate("cache", "read the cache"):
         keys = [e.key for e in _entries(store)

@@ -58,40 +58,64 @@ def cache_stats(store: PostgresStore) -> dict[str, Any]:
 
 
 def prune(store: PostgresStore, older_than: float | None, max_size: int | None, *,
+          max_entries: int | None = None, task: str | None = None,
           dry_run: bool = False) -> int:
     """Remove cache entries stored more than ``older_than`` seconds ago, then the oldest
-    until the entries take at most ``max_size`` bytes (as a DiskStore does); returns how
-    many. Then the blobs no row refers to any more (not written in the last hour) are
-    collected.
+    until at most ``max_entries`` are left and the entries take at most ``max_size`` bytes
+    (as a DiskStore does); with ``task``, only that task's entries, counted and sized
+    alone. Returns how many. Then the blobs no row refers to any more (not written in the
+    last hour) are collected.
 
     Raises:
-        ValueError: both limits are None, or one is negative.
+        ValueError: every limit is None, or one is negative.
+        NotFoundError: ``task`` names no task that ever wrote to the cache.
     """
-    if older_than is None and max_size is None:
-        raise ValueError("prune() needs older_than (seconds) or max_size (bytes), or both")
-    if (older_than is not None and older_than < 0) or (max_size is not None and max_size < 0):
+    if older_than is None and max_size is None and max_entries is None:
+        raise ValueError("prune() needs older_than (seconds), max_size (bytes) or max_entries, "
+                         "or several of them")
+    if any(v is not None and v < 0 for v in (older_than, max_size, max_entries)):
         raise ValueError(f"prune() limits must not be negative, got older_than={older_than!r}, "
-                         f"max_size={max_size!r}")
-    doomed: list[str] = []
-    if older_than is not None:
-        doomed = [row[0] for row in store._read("read the cache", store._sql(
-            "SELECT key FROM {s}.cache WHERE stored < %s"), (time.time() - older_than,))]
-    if max_size is not None:
-        gone = set(doomed)
+                         f"max_size={max_size!r}, max_entries={max_entries!r}")
+    if task is not None:
+        tasks = _tasks_named(store, task)
         rows = store._read("read the cache", store._sql(
-            "SELECT key, size FROM {s}.cache ORDER BY stored, key"))
-        total = sum(int(size) for key, size in rows if key not in gone)
-        for key, size in rows:
+            "SELECT c.key, c.size, c.stored FROM {s}.cache c JOIN {s}.keys k ON k.cache_key = "
+            "c.key WHERE k.task = ANY(%s) ORDER BY c.stored, c.key"), (tasks,))
+    else:
+        rows = store._read("read the cache", store._sql(
+            "SELECT key, size, stored FROM {s}.cache ORDER BY stored, key"))
+    doomed: list[str] = []
+    rest = [(key, int(size)) for key, size, _stored in rows]
+    if older_than is not None:
+        cutoff = time.time() - older_than
+        doomed = [key for key, _size, stored in rows if stored < cutoff]
+        rest = [(key, int(size)) for key, size, stored in rows if stored >= cutoff]
+    if max_entries is not None and len(rest) > max_entries:
+        over = len(rest) - max_entries
+        doomed += [key for key, _size in rest[:over]]
+        rest = rest[over:]
+    if max_size is not None:
+        total = sum(size for _key, size in rest)
+        for key, size in rest:
             if total <= max_size:
                 break
-            if key not in gone:
-                doomed.append(key)
-                total -= int(size)
+            doomed.append(key)
+            total -= size
     if dry_run:
         return len(doomed)
     removed = store.cache_delete(doomed) if doomed else 0
     collect_values(store)
     return removed
+
+
+def _tasks_named(store: PostgresStore, task: str) -> list[str]:
+    """The task identities ``task`` names, else a :class:`NotFoundError`."""
+    tasks = match_tasks(store.task_identities(), task)
+    if not tasks:
+        raise NotFoundError(
+            f"no task named {task!r} has entries in the cache of {store.where}. Fix: the "
+            "task's name or module:name, as `durably cache stats` lists them.")
+    return tasks
 
 
 def clear(store: PostgresStore, task: str | None, *, dry_run: bool = False) -> int:
@@ -106,11 +130,7 @@ def clear(store: PostgresStore, task: str | None, *, dry_run: bool = False) -> i
             return int(store._one("read the cache", store._sql(
                 "SELECT count(*) FROM {s}.cache"))[0])
         return store._write("clear the cache", store._sql("DELETE FROM {s}.cache"))
-    tasks = match_tasks(store.task_identities(), task)
-    if not tasks:
-        raise NotFoundError(
-            f"no task named {task!r} has entries in the cache of {store.where}. Fix: the "
-            "task's name or module:name, as `durably cache stats` lists them.")
+    tasks = _tasks_named(store, task)
     if dry_run:
         return int(store._one("read the cache", store._sql(
             "SELECT count(*) FROM {s}.cache c JOIN {s}.keys k ON k.cache_key = c.key WHERE "

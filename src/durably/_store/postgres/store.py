@@ -940,10 +940,12 @@ class PostgresStore(Store):
         return maintenance.cache_stats(self)
 
     def prune(self, older_than: float | None = None, max_size: int | None = None, *,
+              max_entries: int | None = None, task: str | None = None,
               dry_run: bool = False) -> int:
         from durably._store.postgres import maintenance
 
-        return maintenance.prune(self, older_than, max_size, dry_run=dry_run)
+        return maintenance.prune(self, older_than, max_size, max_entries=max_entries,
+                                 task=task, dry_run=dry_run)
 
     def clear(self, task: str | None = None, *, dry_run: bool = False) -> int:
         from durably._store.postgres import maintenance
