@@ -392,3 +392,23 @@ def test_refresh_whose_result_cache_if_refuses_removes_the_entry(
     assert f(1) == [1] and f.explain(1).hit
     assert f.refresh(1) == []
     assert not f.explain(1).hit  # not served the result the refresh replaced
+
+
+def test_a_task_sent_by_value_to_a_worker_keeps_its_policy() -> None:
+    """A task a worker cannot import by name (a notebook's, a local one) travels by value,
+    with its expiry and its cache_if."""
+    import cloudpickle
+
+    from durably._decorators.pickling import _task_by_value
+
+    @durably.task(expires_after=90, cache_if=lambda result, duration: result > 1)
+    def local(x: int) -> int:
+        return x
+
+    reduced = _task_by_value(local)
+    assert reduced is not None
+    rebuild, args = reduced
+    rebuilt = rebuild(*cloudpickle.loads(cloudpickle.dumps(args)))
+    policy = rebuilt.spec.policy
+    assert policy is not None and policy.expires_after == 90.0
+    assert policy.cache_if is not None and policy.cache_if(2, 0.0) and not policy.cache_if(1, 0.0)

@@ -84,7 +84,7 @@ def _reduce_nameless(wrapper: Any, runs: Any) -> tuple[Any, ...]:
             f"name, or make the entrypoint of a function.")
     return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
                             tuple(sorted(spec.ignore)), spec.identity, spec.code_version(),
-                            spec.code_parts(), spec.retry, spec.timeout))
+                            spec.code_parts(), spec.retry, spec.timeout, spec.policy))
 
 
 def _under_cloudpickle(depth: int) -> bool:
@@ -232,13 +232,13 @@ def _task_by_value(task: Task[Any, Any]) -> tuple[Any, ...] | None:
     parts = spec.code_parts()
     return (_rebuild_task, (spec.func, spec.name, spec.version, spec.cache,
                             tuple(sorted(spec.ignore)), spec.identity, code, parts,
-                            spec.retry, spec.timeout, spec.storage))
+                            spec.retry, spec.timeout, spec.storage, spec.policy))
 
 
 def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
                   ignore: tuple[str, ...], identity: str, code: str, parts: dict[str, str],
                   retry: Any = None, timeout: float | None = None,
-                  storage: Any = None) -> Task[Any, Any]:
+                  storage: Any = None, policy: Any = None) -> Task[Any, Any]:
     """A task sent by value, with the identity and fingerprint it had in the caller: the code
     is the caller's code, so its calls here use the caller's cache keys."""
     from durably._decorators.tasks import Task  # (here: the task module imports this one)
@@ -248,6 +248,7 @@ def _rebuild_task(func: Any, name: str, version: str | None, cache: bool,
                 retry=retry, timeout=timeout)
     spec.identity = identity
     spec.storage = storage  # (mmap=, compress=: checked in the caller)
+    spec.policy = policy  # (expires_after=, cache_if=: as the caller's)
     if version is None:
         spec._fingerprint = Fingerprint(code, [], [], dict(parts))
     return Task(func, spec)
