@@ -49,8 +49,21 @@ assert_type(pipeline.run(3), durably.Run[list[int]])
 assert_type(pipeline.run(3).result, list[int])
 assert_type(Model().predict(1), str)
 assert_type(add.cache_key(1), str)
+assert_type(add.refresh(1, y=3), int)
+assert_type(fetch.refresh("u"), Coroutine[Any, Any, bytes]).close()
+assert_type(add.clear(), durably.Removed)
+assert_type(durably.prune(max_entries=10, task=add), durably.Removed)
+
+
+@durably.task(expires_after=3600, cache_if=lambda result, duration: duration > 1.0)
+def expiring(x: int) -> int:
+    return x
+
+
+assert_type(expiring(1), int)
 
 add("one")  # type: ignore[arg-type]
 add(1, z=2)  # type: ignore[call-arg]
 pipeline()  # type: ignore[call-arg]
 Model().predict("x")  # type: ignore[arg-type]
+add.refresh("one")  # type: ignore[arg-type]
