@@ -412,3 +412,27 @@ def test_a_task_sent_by_value_to_a_worker_keeps_its_policy() -> None:
     policy = rebuilt.spec.policy
     assert policy is not None and policy.expires_after == 90.0
     assert policy.cache_if is not None and policy.cache_if(2, 0.0) and not policy.cache_if(1, 0.0)
+
+
+def test_a_fan_out_follows_the_policy(store: durably.Store, clock: Clock) -> None:
+    """Items with one key execute once and the others are served its new entry; an expired
+    entry is not served to any of them; a result cache_if refuses is served to none."""
+    calls: list[int] = []
+
+    @durably.task(expires_after=60)
+    def fetch(x: int) -> int:
+        calls.append(x)
+        return x
+
+    assert fetch.map([1, 1, 2]) == [1, 1, 2] and sorted(calls) == [1, 2]
+    clock.advance(61)
+    assert fetch.map([1, 1]) == [1, 1] and sorted(calls) == [1, 1, 2]
+
+    refused: list[int] = []
+
+    @durably.task(cache_if=lambda result, duration: False)
+    def never(x: int) -> int:
+        refused.append(x)
+        return x
+
+    assert never.map([3, 3, 3]) == [3, 3, 3] and refused == [3, 3, 3]
