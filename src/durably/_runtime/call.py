@@ -74,12 +74,15 @@ from durably._store.lease import _pid
 from durably._store.records import now
 from durably._trace.tracer import inputs_repr, short_repr
 from durably.exceptions import SerializationError
-from durably.store import ReadAhead
+from durably.store import ReadAhead, Store
 
 __all__ = ["begin_step", "cached_now", "call_async", "call_path", "call_sync",
-           "execute_sync", "serve_cached"]
+           "execute_sync", "log_lookup", "serve_cached"]
 
 log = logging.getLogger("durably")
+#: whether the lookups are logged (DURABLY_LOG=debug, see log_lookup): one test a call
+_debug = log.isEnabledFor
+_DEBUG = logging.DEBUG
 _wall_clock = time.time  # (now(), without a call: it runs twice in every replayed step)
 _xxh3_64 = xxhash.xxh3_64_intdigest
 _xxh3_128_hex = xxhash.xxh3_128_hexdigest
@@ -204,6 +207,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                     value = restored(spec.name, value, arguments if arguments is not None
                                      else spec.arguments(instance, args, kwargs), spec)
                 if value is not _MISS:
+                    if _debug(_DEBUG):
+                        log_lookup(spec, store, None, key, True, instance, args, kwargs)
                     return value, outside
             if arguments is None:
                 arguments = spec.arguments(instance, args, kwargs)
@@ -215,6 +220,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
                 outside.mutable = (outside_changes, state_before(outside_changes,
                                                                   outside.inputs))
             outside.files = _file_inputs(spec, files, before)
+        if _debug(_DEBUG):
+            log_lookup(spec, store, None, key, False, instance, args, kwargs)
         return _MISS, outside
     if ctx.stop:
         raise StopRun()
@@ -384,6 +391,8 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         if data is not None:
             value = serve_cached(call, data)
             if value is not _MISS:
+                if _debug(_DEBUG):
+                    log_lookup(spec, store, ctx, key, True, instance, args, kwargs)
                 return value, call
             call.files = _file_inputs(spec, files, before)  # (as for a miss)
     else:
@@ -393,7 +402,39 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         # a value too common to mean a flow, as trace_digest gives; the others, its own)
         call.trace_inputs(arguments, {n: "" if too_common(arguments[n]) else d
                                       for n, d in each.items()} if each else None, taken)
+    if _debug(_DEBUG):
+        log_lookup(spec, store, ctx, key, False, instance, args, kwargs)
     return _MISS, call
+
+
+def log_lookup(spec: Spec, store: Store, ctx: RunContext | None, key: str, hit: bool,
+               instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Log one cache lookup at DEBUG on the ``durably`` logger (``DURABLY_LOG=debug``): a
+    hit, or a miss with why it missed, in a line (:attr:`Explanation.summary
+    <durably.Explanation.summary>`). Steps replayed from a run's journal are not lookups of
+    the cache, and are not logged. Never raises: a failure is logged instead."""
+    from durably._runtime.explain import explain
+
+    try:
+        arguments = spec.arguments(instance, args, kwargs)
+        if hit:
+            why = "served from the cache"
+        elif not spec.cache:
+            why = "cache=False: never served from the cache"
+        elif spec.policy is not None and spec.policy.refresh:
+            why = "refresh(): executed again, its entry replaced"
+        elif ctx is not None and not ctx.read_cache:
+            why = "a fork's first attempt reads no cache"
+        else:
+            found = explain(spec, store, instance, args, kwargs)
+            why = found.summary if not found.hit else (
+                "its entry could not be used (see the warnings)")
+        log.debug("durably: %s %s(%s)%s [key %s]: %s", "hit" if hit else "miss", spec.name,
+                  inputs_repr(arguments), f" in run {ctx.run_id}" if ctx is not None else "",
+                  key[:12], why)
+    except Exception as exc:  # noqa: BLE001 - a log line never breaks a call
+        log.debug("durably: %s %s [key %s]: (not explained: %r)", "hit" if hit else "miss",
+                  spec.name, key[:12], exc)
 
 
 def _replay_failure(ctx: RunContext, call: Call,

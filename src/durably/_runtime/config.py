@@ -1,9 +1,12 @@
-"""Process-wide settings: the default store and the signing key."""
+"""Process-wide settings: the default store, the signing key, and ``$DURABLY_LOG``."""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
+import warnings
 from contextvars import ContextVar
 from typing import Any
 
@@ -13,7 +16,7 @@ from durably._store.integrity import _process_key_set
 from durably._store.urls import open_store_at
 from durably.store import Store, _not_a_store
 
-__all__ = ["body_store", "configure", "default_store"]
+__all__ = ["body_store", "configure", "default_store", "log_from_environment"]
 
 _lock = threading.Lock()
 _default: Store | None = None
@@ -110,3 +113,36 @@ def configure(*, store: Store | str | os.PathLike[str] | None = _UNSET,
     if store is not _UNSET:
         with _lock:
             _default = store
+
+
+#: the handler ``$DURABLY_LOG`` gave the ``durably`` logger, if any
+_env_handler: logging.Handler | None = None
+
+
+def log_from_environment() -> None:
+    """Apply ``$DURABLY_LOG`` (read when durably is imported): a level name (``debug``,
+    ``info``, ``warning``, ``error``) sets the ``durably`` logger to it and sends its records
+    to stderr, one line each, and only there (``debug`` logs every lookup of the cache, hit
+    or miss, with the reason a miss missed). Unset or empty: logging is left to the
+    application (the standard :mod:`logging` configuration). A value that is not a level
+    is said in a warning, and ignored."""
+    global _env_handler
+    text = os.environ.get("DURABLY_LOG", "").strip()
+    if not text:
+        return
+    level = logging.getLevelName(text.upper())
+    if not isinstance(level, int):
+        warnings.warn(f"durably: DURABLY_LOG={text!r} is not a logging level, and is ignored. "
+                      "Fix: DURABLY_LOG=debug (every cache lookup), info or warning.",
+                      stacklevel=2)
+        return
+    logger = logging.getLogger("durably")
+    logger.setLevel(level)
+    if _env_handler is None:
+        _env_handler = logging.StreamHandler(sys.stderr)
+        _env_handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(_env_handler)
+        logger.propagate = False  # (once: not again through a handler the root may have)
+
+
+log_from_environment()

@@ -64,6 +64,31 @@ class Explanation:
     def __str__(self) -> str:
         return self.reason
 
+    @property
+    def summary(self) -> str:
+        """The decision in a few words, on one line (what ``DURABLY_LOG=debug`` logs for a
+        miss): ``"hit"``, ``"expired (written ...)"``, ``"code changed: mod.helper"``,
+        ``"argument 'x' differs"``, ``"no earlier entry"``..."""
+        if self.hit:
+            return "hit"
+        if self.expired:
+            return "expired: " + self.reason.partition("expired (")[2].rstrip(".)")
+        if self.nearest is None:
+            return "cache=False" if "has cache=False" in self.reason else "no earlier entry"
+        if not (self.changed_arguments or self.changed_code or self.version_change):
+            return "its entry was removed (evicted, pruned, cleared or found damaged)"
+        why = []
+        if self.version_change is not None:
+            why.append(f"version changed from {self.version_change[0]!r} to "
+                       f"{self.version_change[1]!r}")
+        elif self.changed_code:
+            why.append("code changed: " + ", ".join(self.changed_code))
+        if self.changed_arguments:
+            names = ", ".join(repr(a) for a in self.changed_arguments)
+            why.append(f"argument{'s' if len(self.changed_arguments) > 1 else ''} {names} "
+                       f"differ{'' if len(self.changed_arguments) > 1 else 's'}")
+        return "; ".join(why)
+
 
 def _short(d: str | None) -> str:
     return "absent" if d is None else d[:10] + "…"
