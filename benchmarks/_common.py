@@ -47,6 +47,19 @@ def worker(argv: list[str], *, timeout: float = 1800) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+def process_times(argv: list[str], cwd: str, env: dict[str, str]) -> tuple[float, float]:
+    """Run ``python argv...`` to its end (its output discarded); its wall time and its CPU
+    time (user + system, of it and the processes it waited for), in seconds. One at a
+    time: the CPU time is this process's children's before and after."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run([sys.executable, *argv], cwd=cwd, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def emit(result: dict[str, Any]) -> None:
     """What a worker process hands back: one JSON line on stdout."""
     print(json.dumps(result), flush=True)

@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import description, positive_int, report
+from _common import description, positive_int, process_times, report
 
 DEMO = Path(__file__).resolve().parent.parent / "examples" / "stdlib_index.py"
 
 
 def timed(args: list[str], cwd: str, env: dict[str, str]) -> float:
-    t = time.perf_counter()
-    subprocess.run([sys.executable, str(DEMO), *args], cwd=cwd, env=env, check=True,
-                   stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    return process_times([str(DEMO), *args], cwd, env)[0]
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ to ``results/<name>.log``); this runner reads them back. ``bench_postgres.py`` r
 PostgreSQL server is named (``$DURABLY_BENCH_POSTGRES`` or ``$DURABLY_TEST_POSTGRES``), and is
 skipped with a line saying so otherwise. ``--quick`` fills the large store to
 100,000 entries instead of 1,000,000 (about 30 s to fill at 1,000,000) and takes fewer rounds
-and processes in the call path and run-size benchmarks. ``--demo`` adds the demo's rerun
-benchmark.
+and processes in the call path and run-size benchmarks. ``--demo`` adds the demo's
+benchmarks: its rerun, and its first run against the same work undecorated.
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ SUITE = {  # name -> (script, title, extra arguments for --quick)
     "compress": ("bench_compress.py", "compression: size, write, read",
                  ["--mb", "16", "--repeat", "3"]),
     "demo_rerun": ("bench_demo_rerun.py", "demo rerun", []),
+    "demo_overhead": ("bench_demo_overhead.py", "demo first run vs undecorated, and rerun",
+                      ["--repeat", "3"]),
     "postgres": ("bench_postgres.py", "PostgreSQL store vs LangGraph, DBOS", ["--quick"]),
 }
+#: the demo's benchmarks (whole runs of examples/stdlib_index.py: minutes), run with --demo
+DEMO = ("demo_rerun", "demo_overhead")
 #: benchmarks that need a server, by the environment variables that name one (any of them)
 NEEDS = {"postgres": ("DURABLY_BENCH_POSTGRES", "DURABLY_TEST_POSTGRES")}
 
@@ -87,14 +91,15 @@ def main() -> None:
     parser.add_argument("--store-entries", type=_entries,
                         help="entries of the large store (at least 1)")
     parser.add_argument("--only", help="comma-separated: " + ", ".join(SUITE))
-    parser.add_argument("--demo", action="store_true", help="also run bench_demo_rerun.py")
+    parser.add_argument("--demo", action="store_true",
+                        help="also run bench_demo_rerun.py and bench_demo_overhead.py")
     opts = parser.parse_args()
     if opts.only is not None:
         names = list(dict.fromkeys(n.strip() for n in opts.only.split(",") if n.strip()))
         if not names:
             parser.error(f"--only names no benchmark; choose from {list(SUITE)}")
     else:
-        names = [n for n in SUITE if n != "demo_rerun" or opts.demo]
+        names = [n for n in SUITE if n not in DEMO or opts.demo]
     unknown = [n for n in names if n not in SUITE]
     if unknown:
         parser.error(f"unknown benchmark {unknown}; choose from {list(SUITE)}")
