@@ -161,6 +161,38 @@ def test_immutable_arguments_store_the_plain_result(disk_store: durably.DiskStor
     assert pickle.loads(disk_store.cache_get(key) or b"") == 1
 
 
+def test_a_file_argument_is_immutable_and_not_compared_before_and_after_the_body(
+        store: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A durably.File is its path (its content changing is caught by its stamps): it cannot
+    be changed in place, so its state is not taken before and after every body."""
+    import durably._runtime.call
+
+    compared: list[list[str]] = []
+    real = durably._runtime.call.state_before
+    monkeypatch.setattr(durably._runtime.call, "state_before",
+                        lambda values, known: compared.append([n for n, _ in values])
+                        or real(values, known))
+    path = tmp_path / "a.txt"
+    path.write_text("one")
+    f = durably.file(path)
+    with pytest.raises(AttributeError, match=r"durably\.File is immutable"):
+        f.path = tmp_path / "other.txt"  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="immutable"):
+        del f.path
+
+    @durably.task
+    def size(source: durably.File, xs: list[int]) -> int:
+        return len(source.read_bytes()) + len(xs)
+
+    @durably.entrypoint
+    def job() -> int:
+        return size(f, [1])
+
+    assert job() == 4
+    assert compared == [["xs"]]  # the list may change in place; the file may not
+    assert f.path == path and durably.file(str(path)) == f
+
+
 def test_an_unchanged_mutable_argument_stores_the_plain_result(
         disk_store: durably.DiskStore) -> None:
     @durably.task

@@ -34,7 +34,8 @@ class File(os.PathLike[str]):
     reruns when the file changes, and hits the cache while it does not.
 
     It is a path-like object: ``open(f)``, ``Path(f)`` and ``f.read_bytes()`` work.
-    Made by :func:`file`.
+    Immutable, like a path (setting its ``path`` raises ``AttributeError``). Made by
+    :func:`file`.
 
     Example:
         >>> import durably, pathlib, tempfile
@@ -46,9 +47,19 @@ class File(os.PathLike[str]):
     """
 
     __slots__ = ("path",)
+    path: Path
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = path if isinstance(path, Path) else Path(path)
+        object.__setattr__(self, "path", path if isinstance(path, Path) else Path(path))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # immutable, like the paths it wraps: a task given one cannot change it in place, so
+        # no state of it is taken before and after the body (see _runtime/effects.py)
+        raise AttributeError(f"durably.File is immutable (cannot set {name!r}); make "
+                             "another with durably.file(path)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"durably.File is immutable (cannot delete {name!r})")
 
     def __fspath__(self) -> str:
         return str(self.path)

@@ -4,12 +4,12 @@ A task that appends to a list it was given, fills a dict, or fits an estimator i
 passed on changes the caller's objects. A hit or a replay that only returned the result
 would leave them as they were, so the caller's next steps would see other inputs than when
 the body executed (a rerun of a finished run would diverge). So, for the arguments whose
-type can change (not ``str``, numbers, ``None``, tuples of those, classes, functions), the
-digest taken before the body is compared with one taken after it; the arguments that changed
-are stored with the result (an :class:`Effects`), and a hit or a replay puts their new state
-back into the caller's objects: lists, dicts, sets, bytearrays, deques, numpy arrays (same
-shape and dtype), tuples of those, random generators (``random.Random``, numpy's), and
-objects whose state is their ``__dict__`` /
+type can change (not ``str``, numbers, ``None``, paths and ``durably.File``, tuples of those,
+classes, functions), the digest taken before the body is compared with one taken after it;
+the arguments that changed are stored with the result (an :class:`Effects`), and a hit or a
+replay puts their new state back into the caller's objects: lists, dicts, sets, bytearrays,
+deques, numpy arrays (same shape and dtype), tuples of those, random generators
+(``random.Random``, numpy's), and objects whose state is their ``__dict__`` /
 ``__getstate__`` / ``__setstate__`` (scikit-learn estimators, dataclasses, plain classes).
 Where that cannot be done, a warning (once per task and argument) names them, with the fix.
 
@@ -33,6 +33,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from durably._keys.files import File
 from durably._runtime.context import user_stacklevel
 
 __all__ = ["Effects", "before", "changed", "mutable", "restored"]
@@ -43,6 +44,8 @@ _IMMUTABLE: frozenset[type] = frozenset({
     datetime.date, datetime.datetime, datetime.time, datetime.timedelta, datetime.timezone,
     decimal.Decimal, fractions.Fraction, uuid.UUID, pathlib.PurePosixPath, pathlib.PosixPath,
     pathlib.PureWindowsPath, pathlib.WindowsPath, pathlib.PurePath, pathlib.Path,
+    File,  # (its content is not its state: a file written while the body ran is caught by
+    # its stamps, and keeps the result out of the cache: Call.files_changed)
 })
 _WARNED: set[tuple[object, str]] = set()  # (the task's spec, or its name; the argument)
 
