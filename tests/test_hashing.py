@@ -298,6 +298,11 @@ GOLDEN: list[tuple[Any, str]] = [
     (NAN, "a62f15d7b2695f40376a39dac199b69f"),
     (1 - 2j, "a2bd406c365e65809529e1be6bdeb017"),
     ("héllo", "58b48bbe7df37febf070f6085a3d2773"),
+    # str keys past the kept blocks' 64, ASCII (written at C speed) and not
+    ({f"key{i}": i for i in range(100)}, "168a4e597c1cb326a9a0c23b2f96b79f"),
+    ({("ké" if i % 7 == 0 else "k") + str(i): i for i in range(100)},
+     "8f5703cd11e0bc5952e53fade5d68260"),
+    ({"été": 1, "a": 2, "z\U0001f600": 3}, "8c2ee845d2b7aba41e1b955f482820c3"),
     (b"\x00\xff", "d72b14433b6e9d615bb55bed265d42f0"),
     ([1, "a", None], "d893f0f5f1c0d10974b1cd82676fc6d4"),
     ({"b": 2, "a": [1]}, "46dc1251db04ee94824c7c4e81cb4560"),

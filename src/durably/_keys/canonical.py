@@ -350,11 +350,16 @@ class Encoder:
             if block is not None:
                 self.buf += block
                 return
-        encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
-        lengths = array.array("Q", map(len, encoded))
+        text = "".join(keys)
+        if text.isascii():  # (the common case, at C speed: a key's UTF-8 is one byte a char)
+            lengths = array.array("Q", map(len, keys))
+            joined = text.encode("ascii")
+        else:
+            encoded = [k.encode("utf-8", "surrogatepass") for k in keys]
+            lengths = array.array("Q", map(len, encoded))
+            joined = b"".join(encoded)
         if _BIG_ENDIAN:
             lengths.byteswap()
-        joined = b"".join(encoded)
         head = b"".join((tag, len(keys).to_bytes(8, "little"), lengths.tobytes()))
         if short and len(joined) <= 1024:  # (what raw() writes for it: tag, length, bytes)
             block = b"".join((head, b"k", len(joined).to_bytes(8, "little"), joined))
