@@ -2,7 +2,8 @@
 user runs it on a fresh store (every file indexed, journaled and cached, the report, the
 summary and the run's HTML graph written), against its undecorated twin, in fresh processes,
 alternating; then the demo's rerun on the store its first run left. Targets: first run
-<= 1.03 x the twin (CPU time of the process), rerun >= 20 x faster than the first run.
+<= 1.03 x the twin, rerun >= 20 x faster than the first run (CPU time of the processes;
+wall time printed beside: bench_demo_rerun.py's figure, which a loaded machine moves most).
 
 Run: python benchmarks/bench_demo_overhead.py [--limit N] [--repeat N]
 
@@ -111,9 +112,11 @@ def main() -> None:
          "other_s": med(plain, 0), "ratio": med(first, 0) / med(plain, 0)},
         {"measure": "  import durably, in both (info)", "durably_s": import_cpu,
          "other_s": med(plain, 1), "ratio": import_cpu / med(plain, 1)},
-        {"measure": "demo rerun vs first run (wall)", "durably_s": med(rerun, 0),
-         "other_s": med(first, 0), "ratio": med(first, 0) / med(rerun, 0),
+        {"measure": "demo rerun vs first run (CPU)", "durably_s": med(rerun, 1),
+         "other_s": med(first, 1), "ratio": med(first, 1) / med(rerun, 1),
          "target": ">= 20x", "limit": 20.0, "op": ">="},
+        {"measure": "  the same, wall time (info)", "durably_s": med(rerun, 0),
+         "other_s": med(first, 0), "ratio": med(first, 0) / med(rerun, 0)},
     ]
     report("demo_overhead", rows, limit=opts.limit, repeat=opts.repeat,
            samples={"first": first, "rerun": rerun, "twin": plain, "import": imports})
