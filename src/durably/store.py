@@ -55,7 +55,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, cast
 
-from durably._keys.serde import Spilled, Unreadable, spill_stream
+from durably._keys.serde import Spilled, Unreadable, spill_bytes, spill_stream
 from durably._store.integrity import (
     DAMAGED,
     LARGE_HEADER,
@@ -628,7 +628,14 @@ def _sealed(value: bytes | None, key: SigningKey | None, large: bool, *parts: st
         if isinstance(value, Spilled):
             sealed = _seal_large(value, key, _context(key, *parts))
             return sealed if large else value_bytes(sealed)
+    if large and len(value) > SEAL_IN_FILE:
+        # (a backend that streams files: sealed in one, never a second copy in memory)
+        return _seal_large(spill_bytes(value, "a value"), key, _context(key, *parts))
     return seal(value, key, _context(key, *parts))
+
+
+#: bytes above which a value for a backend that takes large values is sealed in a file
+SEAL_IN_FILE = 1 << 20
 
 
 def _seal_large(value: Spilled, key: SigningKey | None, context: bytes) -> Spilled:

@@ -19,13 +19,15 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from durably._keys.serde import SPILL_BYTES, Spilled, spill_stream
+from durably._keys.serde import Spilled, spill_stream
 from durably.exceptions import DefinitionError, StoreError
 
 __all__ = ["Blobs", "blobs_from"]
 
 #: bytes written to a blob file at a time (a value is never copied whole to write it)
 _CHUNK = 8 << 20
+#: the largest blob read into memory; larger ones are downloaded to a local spill file
+_IN_MEMORY = 1 << 20
 #: bytes of a part of a multipart upload (S3 takes 5 MiB and more; s3fs's default, 50 MiB,
 #: held a part and its copy in memory per upload)
 _PART = 8 << 20
@@ -125,10 +127,9 @@ class Blobs:
         return name
 
     def get(self, name: str) -> bytes | None:
-        """The bytes of blob ``name``, or None when it is missing. A blob larger than 64 MiB
-        (:data:`~durably._keys.serde.SPILL_BYTES`) comes back as a
-        :class:`~durably.store.LargeValue`: copied to a local spill file a chunk at a time,
-        never held in memory.
+        """The bytes of blob ``name``, or None when it is missing. A blob larger than 1 MiB
+        comes back as a :class:`~durably.store.LargeValue`: copied to a local spill file a
+        chunk at a time (checked and unpickled from there: never held in memory whole).
 
         Raises:
             StoreError: it cannot be read (other than missing).
@@ -136,7 +137,7 @@ class Blobs:
         try:
             with self.fs.open(self.path(name), "rb") as f:
                 size = int(getattr(f, "size", None) or self.fs.size(self.path(name)))
-                if size <= SPILL_BYTES:
+                if size <= _IN_MEMORY:
                     data: bytes = f.read()
                     return data
                 return spill_stream(f, size, f"the large value {self.path(name)}")
