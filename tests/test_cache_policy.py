@@ -436,3 +436,55 @@ def test_a_fan_out_follows_the_policy(store: durably.Store, clock: Clock) -> Non
         return x
 
     assert never.map([3, 3, 3]) == [3, 3, 3] and refused == [3, 3, 3]
+
+
+@pytest.mark.slow
+def test_a_side_effect_after_cache_hits_is_never_repeated_when_they_expire(
+        tmp_path: Path) -> None:
+    """Steps served from the cache are journaled before a cache=False step executes: killed
+    after it, the run resumed once their entries expired (or were cleared) replays them as
+    they were, so the side effect sees the same inputs and never executes again."""
+    import signal
+
+    from .conftest import script_env, write_script
+
+    marks = tmp_path / "sent.txt"
+    script = write_script(tmp_path / "ejob.py", f"""
+        import os, sys, time
+        import durably
+
+        @durably.task(expires_after=3600)
+        def fetch(i):
+            return time.time()
+
+        @durably.task(cache=False)
+        def send(v):
+            with open({str(marks)!r}, "a") as f:
+                f.write(f"{{v}}\\n")
+            return v
+
+        @durably.entrypoint
+        def job(n):
+            v = send(fetch(n))
+            if os.environ.get("DIE"):
+                os.kill(os.getpid(), 9)
+            return v
+
+        if __name__ == "__main__":
+            if sys.argv[1:] == ["warm"]:
+                fetch(1)
+            else:
+                print(job(1))
+    """)
+    env = script_env(tmp_path / "store")
+    subprocess.run([sys.executable, str(script), "warm"], env=env, check=True, timeout=120)
+    killed = subprocess.run([sys.executable, str(script)], env={**env, "DIE": "1"},
+                            timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(marks.read_text().splitlines()) == 1
+    subprocess.run([sys.executable, "-m", "durably", "cache", "clear"], env=env, check=True,
+                   timeout=120, capture_output=True)  # (as if its entry expired)
+    done = subprocess.run([sys.executable, str(script)], env=env, timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len(marks.read_text().splitlines()) == 1, marks.read_text()  # sent once

@@ -305,6 +305,11 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         # an attempt that only replayed so far: its start journaled and its lease taken
         # before this step executes (whichever thread gets here first; the others wait)
         ctx.claim()
+    if data is None and not spec.cache and ctx._pending:
+        # a side effect executes: the steps served from the cache before it are journaled
+        # first, so that a resume replays them as they were (the cache may no longer serve
+        # them: expired, pruned, cleared) and the side effect never sees other inputs
+        ctx.flush()
     if data is None and ctx.replaying and not ctx.past_journal:
         ctx.past_journal = True
         if ctx._pending or ctx.replays_buffered:  # (whole records, with a listener: a stream)

@@ -379,8 +379,10 @@ class RunContext:
 
     def note_cached(self, record: StepRecord, data: bytes) -> None:
         """Buffer the journal row of a step served from the cross-run cache: written in
-        batches like replay rows. A row lost in a crash costs nothing: on resume the cache
-        serves the step again."""
+        batches like replay rows. A row lost in a crash costs little: on resume the cache
+        serves the step again, or (its entry gone: expired, pruned) it executes again; the
+        rows are written before a ``cache=False`` step executes, so that a side effect
+        never sees inputs other than the ones it saw before the crash."""
         if type(data) is not bytes or len(data) > LARGE_ROW:
             # a large value is journaled at once: never held in memory for a batch, nor
             # written inside the transaction that ends the attempt
