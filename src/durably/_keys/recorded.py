@@ -48,7 +48,7 @@ _MOVED = (
     ("durably._decorators", "durably._decorators.stream",
      "_AsyncStream _Listener _stream_async _stream_sync"),
     ("durably._decorators", "durably._decorators.tasks",
-     "BoundTask Task _clear_task task task task"),
+     "BoundTask Task task task task"),
     ("durably._decorators", "durably._decorators.wrapper",
      "_check_bare _describe _instance_of"),
     ("durably._effects", "durably._runtime.effects",
