@@ -172,3 +172,20 @@ def test_the_command_prunes_by_count_and_task(disk_store: durably.DiskStore) -> 
     assert "removed 2 cache entries" in out.output
     assert [square.explain(x).hit for x in range(3)] == [False, False, True]
     assert big.explain(1).hit
+
+
+def test_store_arguments_take_a_path_or_url_as_elsewhere(tmp_path: Path) -> None:
+    """store= of durably.prune, recover, list_runs, get_run and delete_runs opens a path or
+    a URL, as @entrypoint(store=...) does (a str raised AttributeError)."""
+    where = tmp_path / "by-path"
+
+    @durably.entrypoint(store=str(where))
+    def job(n: int) -> int:
+        return n
+
+    run = job.run(3)
+    assert [r.id for r in durably.list_runs(store=str(where))] == [run.id]
+    assert durably.get_run(run.id, store=where).result == 3
+    assert durably.recover(store=f"file://{where}") == []
+    assert durably.prune(older_than=0, store=str(where)).entries == 0
+    assert durably.delete_runs([run.id], store=str(where)) == [run.id]

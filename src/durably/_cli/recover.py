@@ -13,8 +13,9 @@ from typing import Any
 import click
 
 import durably
+from durably._cli.scripts import run_entrypoint
 from durably._cli.support import _fail, _table, _when
-from durably.cli import _dir_option, _load, _store, _where, cli
+from durably.cli import _dir_option, _entrypoint_named, _load, _store, _where, cli
 
 __all__ = ["recover_command"]
 
@@ -50,8 +51,9 @@ def recover_command(ctx: click.Context, entrypoint: str | None, keep_finished: b
         return
     outcomes: list[str] = []
     for identity in dict.fromkeys(r.entrypoint for r in crashed):
-        try:
-            ep: Any = _load(identity, "entrypoint")
+        first = next(r for r in crashed if r.entrypoint == identity)
+        try:  # (a run of `python job.py`: its recorded script loaded, as durably resume does)
+            ep: Any = run_entrypoint(ctx, first, None, _load, _entrypoint_named, "recover")
         except click.ClickException as exc:
             for run in (r for r in crashed if r.entrypoint == identity):
                 click.echo(f"run {run.id!r} ({identity}) skipped: {exc.format_message()}")

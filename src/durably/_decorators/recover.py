@@ -17,9 +17,9 @@ import logging
 from typing import Any
 
 from durably._decorators.entrypoints import _ENTRYPOINTS, Entrypoint, _keep_option
-from durably._runtime.config import default_store
+from durably._runtime.config import StoreLike
 from durably._runtime.context import live_run
-from durably._runtime.run import Run, get_run, list_runs
+from durably._runtime.run import Run, _store_of, get_run, list_runs
 from durably.exceptions import NotFoundError, RunStateError
 from durably.store import Store
 
@@ -67,7 +67,7 @@ class Recovered:
         return f"run {self.run_id!r} ({self.entrypoint}) {self.outcome}: {self.error}"
 
 
-def recover(entrypoint: Any = None, *, store: Store | None = None,
+def recover(entrypoint: Any = None, *, store: StoreLike = None,
             keep_finished: bool = False) -> list[Recovered]:
     """Resume every crashed run in the store, one after the other, and say how each ended.
 
@@ -121,7 +121,7 @@ def recover(entrypoint: Any = None, *, store: Store | None = None,
     if store is None:
         spec = getattr(entrypoint, "_self_spec", None)
         store = spec.store if spec is not None and spec.store is not None else None
-    st = store if store is not None else default_store()
+    st = _store_of(store)
     crashed = sorted((r for r in list_runs(entrypoint, store=st) if r.status == "crashed"),
                      key=lambda r: (r.created, r.id))
     done = []
@@ -145,8 +145,9 @@ def _entrypoint_of(identity: str) -> tuple[Entrypoint[Any, Any] | None, str | No
     if module.startswith("__main__"):
         script = module.partition(".")[2] or "script"
         return None, (f"its entrypoint {identity!r} was defined by a script run as `python "
-                      f"{script}.py`, which cannot be imported. Fix: call durably.recover() "
-                      f"in that script, or start such runs with `python -m {script}`.")
+                      f"{script}.py`, which cannot be imported. Fix: the command `durably "
+                      f"recover` loads the script the run recorded; or call durably.recover() "
+                      f"in that script.")
     try:
         importlib.import_module(module)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's module: said, skipped

@@ -29,6 +29,9 @@ _UNSET: Any = object()
 body_store: ContextVar[Store | None] = ContextVar("durably_body_store", default=None)
 
 
+#: what a ``store=`` argument takes: a store, or a path or URL that opens one
+StoreLike = Store | str | os.PathLike[str] | None
+
 def default_store() -> Store:
     """The store used when none was chosen: set by :func:`configure`, else the store
     ``$DURABLY_STORE`` names (a URL or a path), else a :class:`DiskStore` at

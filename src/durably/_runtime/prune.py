@@ -12,7 +12,8 @@ import dataclasses
 import datetime
 from typing import Any
 
-from durably._runtime.config import default_store
+from durably._runtime.config import StoreLike, default_store
+from durably._runtime.run import _store_of
 from durably._runtime.spec import Spec
 from durably.exceptions import StoreError
 from durably.store import Store
@@ -75,7 +76,7 @@ def _maintained(store: Store, what: str) -> Store:
 
 def prune(*, older_than: float | datetime.timedelta | None = None,
           max_size: int | None = None, max_entries: int | None = None,
-          task: Any = None, store: Store | None = None, dry_run: bool = False) -> Removed:
+          task: Any = None, store: StoreLike = None, dry_run: bool = False) -> Removed:
     """Remove cache entries by age, count and size, oldest first (``durably cache prune``,
     from Python). Journals are kept, so runs still replay their finished steps; the next
     call of a removed entry executes.
@@ -136,7 +137,7 @@ def prune(*, older_than: float | datetime.timedelta | None = None,
         else:
             raise ValueError(f"durably.prune(task=...) takes a task, its name or its "
                              f"module:name, not {task!r}")
-    st = _maintained(store if store is not None else default_store(), "durably.prune()")
+    st = _maintained(_store_of(store), "durably.prune()")
     before = None if dry_run else st.cache_size()
     entries = st.prune(age, size, max_entries=count, task=name, dry_run=dry_run)
     return Removed(entries, None if before is None else max(0, before - st.cache_size()))

@@ -5,12 +5,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import operator
+import os
 import time
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from durably._keys import serde as _serde
-from durably._runtime.config import default_store
+from durably._runtime.config import StoreLike, default_store
 from durably._runtime.history import Checkpoint, checkpoints
 from durably._runtime.interrupt import Interrupt, pending_interrupts
 from durably._runtime.keep import kept_steps, rerun_after_code_change
@@ -434,11 +435,17 @@ def executing(store: Store, run_id: str) -> bool:
     return store.run_holder(run_id) is not None
 
 
-def _store_of(store: Store | None) -> Store:
-    return store if store is not None else default_store()
+def _store_of(store: Store | str | os.PathLike[str] | None, where: str = "store=...") -> Store:
+    """The store given (a store, or a path or URL opening one), else the configured one."""
+    if store is None:
+        return default_store()
+    from durably._store.urls import store_from
+
+    found: Store = store_from(store, where)
+    return found
 
 
-def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
+def get_run(run_id: str, *, store: StoreLike = None) -> Run[Any]:
     """Read a run back from the store, from any process.
 
     Args:
@@ -488,7 +495,7 @@ def get_run(run_id: str, *, store: Store | None = None) -> Run[Any]:
     return Run(rec, st)
 
 
-def list_runs(entrypoint: Any = None, *, store: Store | None = None) -> list[Run[Any]]:
+def list_runs(entrypoint: Any = None, *, store: StoreLike = None) -> list[Run[Any]]:
     """The runs in the store, most recently updated first.
 
     Args:
@@ -534,7 +541,7 @@ RUN_STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stop
 
 def delete_runs(run_ids: Iterable[str] | None = None, *, older_than: float | None = None,
                 status: str | Iterable[str] | None = None, entrypoint: Any = None,
-                dry_run: bool = False, store: Store | None = None) -> list[str]:
+                dry_run: bool = False, store: StoreLike = None) -> list[str]:
     """Delete runs and their journals (records, steps, events, answers, and the large values
     in ``blobs/`` only they refer to): the runs named, or every run that matches the
     filters. The cache is kept, so their steps still serve later calls. A run a live
