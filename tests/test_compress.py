@@ -229,3 +229,32 @@ def test_a_signed_store_signs_the_compressed_bytes(tmp_path: Path) -> None:
 
     assert text(1) == TEXT and text(1) == TEXT and calls == [1]
     assert _bytes(store.cache_get(text.cache_key(1))).startswith(ZSTD)
+
+
+def test_a_hit_on_a_compressible_value_holds_it_once(tmp_path: Path) -> None:
+    """A compressed entry is unpickled as it is decompressed: a hit on a very compressible
+    array never holds its decompressed pickle beside the array (it held both: twice the
+    array)."""
+    import tracemalloc
+
+    np = pytest.importorskip("numpy")
+    store = durably.DiskStore(tmp_path / "cz")
+
+    @durably.task(compress=True)
+    def runs_of_ints() -> Any:
+        return np.repeat(np.arange(5_000), 1_000)  # 40 MB, a few hundred kB compressed
+
+    first = runs_of_ints.__wrapped__()
+    durably.configure(store=store)
+    try:
+        runs_of_ints()
+        tracemalloc.start()
+        try:
+            again = runs_of_ints()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        durably.configure()
+    assert (again == first).all()
+    assert peak < 1.5 * first.nbytes, f"a hit on {first.nbytes:,} bytes peaked at {peak:,}"

@@ -178,7 +178,10 @@ def _load_compressed(data: bytes, f: IO[bytes] | None) -> Any:
     if f is not None:
         with dctx.stream_reader(f, closefd=False) as reader:
             return pickle.load(reader)
-    return pickle.loads(dctx.decompress(memoryview(data)[len(ZSTD):]))
+    # (unpickled as it is decompressed: the decompressed pickle is never held whole beside
+    # the value, which a compressible array would make twice its size)
+    with dctx.stream_reader(memoryview(data)[len(ZSTD):]) as reader:
+        return pickle.load(reader)
 
 
 # -- mapped ------------------------------------------------------------------------------------
