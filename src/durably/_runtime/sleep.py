@@ -77,11 +77,15 @@ def _seconds(seconds: Any, what: str) -> float:
             f"{what}(seconds) takes a number of seconds or a datetime.timedelta, not "
             f"{type(seconds).__qualname__} {seconds!r}. Fix: {what}(30) or "
             f"{what}(datetime.timedelta(hours=6)).")
-    if not math.isfinite(value):
+    if not math.isfinite(value) or value > _LONGEST:
         raise DefinitionError(
             f"{what}(seconds) was given {value!r}, which is no time to wake at. Fix: give a "
-            "finite number of seconds.")
+            f"finite number of seconds, at most {_LONGEST:,.0f} (a year).")
     return max(0.0, value)
+
+
+#: the longest sleep (seconds): a year (what a clock and a wait can hold, with room)
+_LONGEST = 365 * 86400.0
 
 
 def _begin(seconds: float) -> tuple[RunContext | None, float]:
@@ -135,7 +139,8 @@ def sleep(seconds: float | datetime.timedelta) -> None:
             A negative duration is due already: no wait.
 
     Raises:
-        DefinitionError: ``seconds`` is not a number or a timedelta, or is not finite.
+        DefinitionError: ``seconds`` is not a number or a timedelta, or is not finite, or is
+            over a year.
         KeyboardInterrupt: Ctrl-C during the wait (inside a run: the run is stopped,
             resumable).
 
@@ -174,7 +179,8 @@ async def asleep(seconds: float | datetime.timedelta) -> None:
             A negative duration is due already: no wait.
 
     Raises:
-        DefinitionError: ``seconds`` is not a number or a timedelta, or is not finite.
+        DefinitionError: ``seconds`` is not a number or a timedelta, or is not finite, or is
+            over a year.
 
     Example:
         >>> import asyncio, durably, tempfile
