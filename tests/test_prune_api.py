@@ -134,7 +134,7 @@ def test_task_clear_works_on_every_store_prune_needs_maintenance() -> None:
 ])
 def test_bad_limits_are_refused(disk_store: durably.DiskStore, kwargs: dict[str, Any],
                                 message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(durably.DefinitionError, match=message):
         durably.prune(**kwargs)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from durably._runtime.config import StoreLike, default_store
 from durably._runtime.run import _store_of
 from durably._runtime.spec import Spec
-from durably.exceptions import StoreError
+from durably.exceptions import DefinitionError, StoreError
 from durably.store import Store
 
 __all__ = ["Removed", "clear_task", "prune"]
@@ -48,7 +48,7 @@ def _seconds(what: str, value: Any) -> float | None:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"durably.prune({what}=...) must be seconds >= 0 or a "
+        raise DefinitionError(f"durably.prune({what}=...) must be seconds >= 0 or a "
                          f"datetime.timedelta (30 days: datetime.timedelta(days=30)), not "
                          f"{value!r}")
     return float(value)
@@ -58,7 +58,7 @@ def _count(what: str, value: Any, unit: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"durably.prune({what}=...) must be a whole number of {unit} >= 0, "
+        raise DefinitionError(f"durably.prune({what}=...) must be a whole number of {unit} >= 0, "
                          f"not {value!r}")
     return value
 
@@ -101,8 +101,9 @@ def prune(*, older_than: float | datetime.timedelta | None = None,
         A :class:`Removed` (``.entries``, ``.bytes``).
 
     Raises:
-        ValueError: no limit was given, or one is negative or of the wrong type; or
-            ``max_size`` is below what a DiskStore's cache takes with no entry.
+        DefinitionError: no limit was given, or one is negative or of the wrong type, or
+            ``task`` is not a task or a name.
+        ValueError: ``max_size`` is below what a DiskStore's cache takes with no entry.
         NotFoundError: ``task`` never wrote to this store's cache.
         StoreError: the store lacks the capability ``"maintenance"`` (a ``MemoryStore``),
             or cannot be read or written.
@@ -125,7 +126,7 @@ def prune(*, older_than: float | datetime.timedelta | None = None,
     size = _count("max_size", max_size, "bytes")
     count = _count("max_entries", max_entries, "entries")
     if age is None and size is None and count is None:
-        raise ValueError("durably.prune() needs older_than (seconds), max_size (bytes) or "
+        raise DefinitionError("durably.prune() needs older_than (seconds), max_size (bytes) or "
                          "max_entries, or several: durably.prune(older_than=30 * 86400)")
     name: str | None = None
     if task is not None:
@@ -135,7 +136,7 @@ def prune(*, older_than: float | datetime.timedelta | None = None,
         elif isinstance(spec, Spec) and spec.kind == "task":
             name = spec.identity
         else:
-            raise ValueError(f"durably.prune(task=...) takes a task, its name or its "
+            raise DefinitionError(f"durably.prune(task=...) takes a task, its name or its "
                              f"module:name, not {task!r}")
     st = _maintained(_store_of(store), "durably.prune()")
     before = None if dry_run else st.cache_size()
