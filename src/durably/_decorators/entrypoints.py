@@ -32,7 +32,7 @@ from durably._decorators.pickling import _ByReference, _reduce_bound
 from durably._decorators.stream import _AsyncStream, _stream_async, _stream_sync
 from durably._decorators.wrapper import _check_bare, _describe, _instance_of
 from durably._keys import serde as _serde
-from durably._runtime.attempt import begin_run, end_run, validate_run_id
+from durably._runtime.attempt import Started, begin_run, end_run, validate_run_id
 from durably._runtime.config import default_store
 from durably._runtime.context import live_run
 from durably._runtime.history import NO_UPDATE, make_fork, unused_update
@@ -123,6 +123,25 @@ class _Pauses:
             return None
         delay, self.delay = min(self.delay, left), min(self.delay * 2, 0.25)
         return delay
+
+    def begin(self, spec: Spec, instance: Any, args: Any, kwargs: Any, run_id: str | None,
+              fresh: bool, listener: Any, read_cache: bool, store: Store | None,
+              on_lease: Any) -> Started | float:
+        """The run begun, or the seconds to wait before trying again (another call executes
+        it, and ``wait=`` has time left).
+
+        Raises:
+            RunBusyError: another call executes it, and no ``wait=`` time is left.
+        """
+        try:
+            return begin_run(spec, instance, args, kwargs, run_id=run_id, fresh=fresh,
+                             listener=listener, read_cache=read_cache, store=store,
+                             on_lease=on_lease)
+        except RunBusyError:
+            delay = self.next()
+            if delay is None:
+                raise
+            return delay
 
 
 class Entrypoint(_ByReference, _Wrapper[P, R]):
@@ -420,17 +439,10 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                    listener: Any = None, read_cache: bool = True, store: Store | None = None,
                    on_lease: Any = None, keep_finished: bool = False) -> Any:
         pause = _Pauses(self._self_wait)
-        while True:
-            try:
-                started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                                    fresh=fresh, listener=listener, read_cache=read_cache,
-                                    store=store, on_lease=on_lease)
-                break
-            except RunBusyError:
-                delay = pause.next()
-                if delay is None:
-                    raise
-                time.sleep(delay)
+        begin = (self._self_spec, instance, args, kwargs, run_id, fresh, listener, read_cache,
+                 store, on_lease)
+        while isinstance(started := pause.begin(*begin), float):
+            time.sleep(started)  # (the run is executed by another call: wait=)
         if keep_finished:
             keep_in(started.ctx)
         try:
@@ -462,19 +474,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                          store: Store | None = None, on_lease: Any = None,
                          keep_finished: bool = False) -> Any:
         pause = _Pauses(self._self_wait)
-        while True:
-            try:
-                started = begin_run(self._self_spec, instance, args, kwargs, run_id=run_id,
-                                    fresh=fresh, listener=listener, read_cache=read_cache,
-                                    store=store, on_lease=on_lease)
-                break
-            except RunBusyError:
-                delay = pause.next()
-                if delay is None:
-                    raise
-                import asyncio  # (on a running loop: imported already)
+        begin = (self._self_spec, instance, args, kwargs, run_id, fresh, listener, read_cache,
+                 store, on_lease)
+        while isinstance(started := pause.begin(*begin), float):
+            import asyncio  # (on a running loop: imported already)
 
-                await asyncio.sleep(delay)
+            await asyncio.sleep(started)  # (the run is executed by another call: wait=)
         if keep_finished:
             keep_in(started.ctx)
         try:
