@@ -87,9 +87,15 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if ctx.meta.get("durably.traceback"):
                 raise
+            from durably._runtime.ctrl_c import _marked
+
+            stopped = _marked(exc)  # (a run it was executing: stopped, and how to continue)
+            if stopped:
+                click.echo(stopped.rstrip("\n"), err=True)
+                raise click.exceptions.Exit(_EXIT_CTRL_C) from None
             raise _CtrlC("interrupted (Ctrl-C)") from None
         except Exception as exc:
             if ctx.meta.get("durably.traceback"):
@@ -713,10 +719,11 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
 @click.pass_context
 def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None,
                    keep_finished: bool, script: Path | None) -> None:
-    """Answer an interrupted run and continue it (exit status 3 if it pauses again); with
-    --keep-finished, continue a crashed, failed or stopped run keeping what it finished
-    under older code. Without MODULE:ENTRYPOINT, the entrypoint the run recorded (a run
-    started as `python job.py`: its script, loaded without its __main__ block)."""
+    """Answer an interrupted run and continue it (exit status 3 if it pauses again);
+    continue a crashed, failed or stopped run with its arguments (with --keep-finished,
+    keeping what it finished under older code). Without MODULE:ENTRYPOINT, the entrypoint
+    the run recorded (a run started as `python job.py`: its script, loaded without its
+    __main__ block)."""
     if len(names) > 2:
         _usage(f"durably resume takes [MODULE:ENTRYPOINT] RUN, not {len(names)} names: "
                f"{' '.join(names)}")
@@ -749,6 +756,14 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
             _fail(f"run {run.id!r} is running: a process is executing it now. Fix: resume it "
                   f"once it ended (see it with durably show {run.id}).")
         _resume_and_report(ctx, home, run, lambda: ep.resume(run.id, keep_finished=True))
+        return
+    if value is None and run.status in ("crashed", "failed", "stopped"):
+        # continued with its stored arguments, as calling the entrypoint again would (a
+        # script's run too: its recorded script was loaded above)
+        _, _, args, kwargs = ep._self_stored_call(run.id, "resume", home)
+        runner = ep._self_arun if ep.spec.is_async else ep._self_srun
+        _resume_and_report(ctx, home, run, lambda: runner(ep.__wrapped__, None, args, kwargs,
+                                                          run.id, False, False))
         return
     if run.status != "interrupted":
         fix = {
