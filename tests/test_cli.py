@@ -342,10 +342,11 @@ def test_resume_into_a_failing_step_reports_it_in_one_line(sample: Sample,
     fails(durably("resume", "flows:approve", run, "--value", '"no"', cwd=s.project,
                   store=s.store), f"run {run!r} failed", "ValueError", "not approved: 'no'")
     assert "failed (attempt 2)" in ok(durably("show", run, cwd=s.project, store=s.store))
-    # the run failed and was not interrupted: nothing to answer; --traceback shows more
-    proc = durably("--traceback", "resume", "flows:approve", run, cwd=s.project,
-                   store=s.store)
-    fails(proc, "is failed, not interrupted")
+    # a failed run is continued (tried again) by resume without an answer: it fails again
+    # the same way (its answer is journaled), said in one line
+    fails(durably("resume", run, cwd=s.project, store=s.store), f"run {run!r} failed",
+          "ValueError", "not approved: 'no'")
+    assert "failed (attempt 3)" in ok(durably("show", run, cwd=s.project, store=s.store))
 
 
 def test_fork_at_a_checkpoint_prefix_with_an_update(sample: Sample, tmp_path: Path) -> None:
