@@ -1542,3 +1542,26 @@ def test_time_saved_is_the_wall_time_the_reused_executions_covered() -> None:
     assert wall_span([]) == 0.0
     assert wall_span([(5.0, 4.0), (1.0, 1.0)]) == 0.0  # (no time)
     assert wall_span([(0.0, 1.0), (1.0, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
+
+
+def test_a_rerun_whose_steps_all_changed_never_says_they_were_replayed() -> None:
+    def make(version: str) -> Any:
+        @durably.task(name="rr_a", version=version)
+        def a() -> str:
+            return version
+
+        @durably.task(name="rr_b")
+        def b(x: str) -> str:
+            return x + "!"
+
+        @durably.entrypoint(name="rr_job")
+        def job() -> str:
+            return b(a())
+
+        return job
+
+    assert make("1").run().result == "1!"
+    again = make("2").run()
+    assert again.result == "2!" and again.counts()["replayed"] == 0
+    text = again.summary()
+    assert "none was replayed" in text and "unchanged steps replayed" not in text, text

@@ -371,7 +371,9 @@ class Run(Generic[R]):
         if self.resumed_from == "forked":
             return text + " (first execution of a fork)"
         if self.resumed_from == "finished":
-            return text + " (reran a finished run: unchanged steps replayed from its journal)"
+            return text + (" (reran a finished run: unchanged steps replayed from its journal)"
+                           if c["replayed"] else " (reran a finished run: no step was "
+                           "unchanged, so none was replayed)")
         how = {"interrupted": "resumed after an interrupt",
                "stopped": "resumed a run that was stopped by Ctrl-C or a closed stream",
                "crashed": "resumed a run whose process had died while executing it",
@@ -416,8 +418,10 @@ class Run(Generic[R]):
                     "finished before their task's code changed; s.kept_from in run.steps)",
                     kept)
         if again:
-            return (f" — {again:,} steps that had finished executed again because their code "
-                    "changed; keep_finished=True would have kept their results", 0)
+            one = again == 1
+            return (f" — {again:,} step{'' if one else 's'} that had finished executed again "
+                    f"because {'its' if one else 'their'} code changed; keep_finished=True "
+                    f"would have kept {'its result' if one else 'their results'}", 0)
         return "", 0
 
     def refresh(self) -> Run[R]:
