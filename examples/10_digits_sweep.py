@@ -17,7 +17,12 @@ import argparse
 import time
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+    import sklearn  # noqa: F401 - (imported where it is used; here: said at once if missing)
+except ImportError:  # (the first README command installs durably alone)
+    raise SystemExit("this example needs numpy and scikit-learn: pip install -e '.[examples]'"
+                     ) from None
 
 import durably
 
