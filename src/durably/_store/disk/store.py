@@ -593,11 +593,16 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         and refuse symbolic links and (for a private store) parts others own or can write."""
         parts = check_parts(root, self._shared())
         if parts:
+            links = "symbolic link" in parts
             raise StoreError(
-                f"refusing the store {root}: {parts}. durably never follows links inside a "
-                "store and, for a private store, accepts only parts that you alone can "
-                f"write. Fix: replace the links by real folders (or move the store aside), "
-                f"and chmod -R go-w {root} (chown it to yourself).")
+                f"refusing the store {root}: {parts}. "
+                + ("durably never follows links inside a store: replace the links by real "
+                   "folders (or move the store aside). " if links else "")
+                + "A private store is accepted only when you alone can write its parts "
+                "(another user could make durably load their pickles). Fix: "
+                f"chmod -R go-w {root} and chown it to yourself; or, for a store you mean "
+                "to share or only read (a colleague's, a CI artifact), set "
+                "DURABLY_ALLOW_SHARED=1 (and a signing key: DURABLY_KEY_FILE).")
         problems = check_private(root)
         if not problems:
             return
