@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import run_script, script_env, write_script
+from .system import missing
 
 pytestmark = pytest.mark.slow
 
@@ -53,13 +54,9 @@ def _unprivileged() -> list[str]:
         return []
     setpriv = shutil.which("setpriv")
     if setpriv is None:
-        why = ("running as root, which writes read-only files, and setpriv (util-linux) is "
-               "not on PATH to drop that right: install util-linux, or run the tests as an "
-               "unprivileged user")
-        if os.environ.get("DURABLY_REQUIRE_SYSTEM", "") not in ("", "0"):  # (as .ci/run)
-            pytest.fail(f"{why} (DURABLY_REQUIRE_SYSTEM is set: a failure, not a skip)",
-                        pytrace=False)
-        pytest.skip(why)
+        missing("running as root, which writes read-only files, and setpriv (util-linux) is "
+                "not on PATH to drop that right",
+                "install util-linux, or run the tests as an unprivileged user")
     return [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--"]
 
 
