@@ -200,7 +200,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         outside = Call(spec, ctx, store, key, code)
         if spec.cache:
             data = store.cache_get(key) if spec.policy is None else fresh_entry(
-                spec, store, key, None)
+                spec, store, key, None)  # (_lookup, inlined: a hit outside a run)
             if data is not None:
                 value = _load_cached(data, spec, store, key)
                 if type(value) is Effects:
@@ -380,12 +380,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
-        if spec.policy is not None:
-            data = fresh_entry(spec, store, key, ctx) if ctx.read_cache else None
-        else:
-            data = ctx.pending_cache(key) if ctx.read_cache else None
-            if data is None and ctx.read_cache:
-                data = store.cache_get(key)
+        data = _lookup(spec, store, key, ctx) if ctx.read_cache else None
         if data is None:
             call.files = _file_inputs(spec, files, before)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
@@ -468,10 +463,17 @@ def cached_now(call: Call) -> bytes | None:
     ctx = call.ctx
     if ctx is not None and not ctx.read_cache:
         return None
-    if call.spec.policy is not None:
-        return fresh_entry(call.spec, call.store, call.key, ctx)
-    data = ctx.pending_cache(call.key) if ctx is not None else None
-    return data if data is not None else call.store.cache_get(call.key)
+    return _lookup(call.spec, call.store, call.key, ctx)
+
+
+def _lookup(spec: Spec, store: Store, key: str, ctx: RunContext | None) -> bytes | None:
+    """The cache entry of a call: the run's queued write of it first, else the store's;
+    with a cache policy (``expires_after=``, ``cache_if=``, a refresh), as it lets it be
+    served."""
+    if spec.policy is not None:
+        return fresh_entry(spec, store, key, ctx)
+    data = ctx.pending_cache(key) if ctx is not None else None
+    return data if data is not None else store.cache_get(key)
 
 
 def serve_cached(call: Call, data: bytes) -> Any:
