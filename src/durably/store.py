@@ -628,14 +628,14 @@ def _sealed(value: bytes | None, key: SigningKey | None, large: bool, *parts: st
         if isinstance(value, Spilled):
             sealed = _seal_large(value, key, _context(key, *parts))
             return sealed if large else value_bytes(sealed)
-    if large and len(value) > SEAL_IN_FILE:
+    if large and len(value) > _SEAL_IN_FILE:
         # (a backend that streams files: sealed in one, never a second copy in memory)
         return _seal_large(spill_bytes(value, "a value"), key, _context(key, *parts))
     return seal(value, key, _context(key, *parts))
 
 
 #: bytes above which a value for a backend that takes large values is sealed in a file
-SEAL_IN_FILE = 1 << 20
+_SEAL_IN_FILE = 1 << 20
 
 
 def _seal_large(value: Spilled, key: SigningKey | None, context: bytes) -> Spilled:
@@ -673,7 +673,7 @@ def _seal_large(value: Spilled, key: SigningKey | None, context: bytes) -> Spill
     return sealed
 
 
-def open_value(data: bytes, key: SigningKey | None, context: bytes) -> tuple[bytes | None, str]:
+def _open_value(data: bytes, key: SigningKey | None, context: bytes) -> tuple[bytes | None, str]:
     """``(payload, "")`` for a sound sealed value, else ``(None, why)``; a sealed
     :class:`LargeValue` is checked reading its file a chunk at a time and its payload is a
     :class:`LargeValue` too (never read into memory)."""
@@ -741,7 +741,7 @@ def _opened_run(store: Store, rec: RunRecord | None) -> RunRecord | None:
         data = getattr(rec, field)
         if data is None:
             continue
-        payload, why = open_value(data, key, _context(key, field, rec.run_id))
+        payload, why = _open_value(data, key, _context(key, field, rec.run_id))
         setattr(rec, field, payload if payload is not None else Unreadable(
             _corrupt(store, rec.run_id, f"its {'arguments' if field == 'args' else 'result'}",
                      why)))
@@ -753,7 +753,7 @@ def _open_cache(name: str, store: Store, method: Callable[..., Any], key: str) -
     if data is None:
         return None
     signer = store.signing_key
-    payload, why = open_value(data, signer, _context(signer, "cache", key))
+    payload, why = _open_value(data, signer, _context(signer, "cache", key))
     if payload is None:
         store.discard_cache(key, why)
     return payload
@@ -765,7 +765,7 @@ def _open_step(name: str, store: Store, method: Callable[..., Any], run_id: str,
     if data is None:
         return None
     key = store.signing_key
-    payload, why = open_value(data, key, _context(key, "step", run_id, step_id))
+    payload, why = _open_value(data, key, _context(key, "step", run_id, step_id))
     if payload is not None:
         return payload
     rec = next((r for r in store.list_steps(run_id) if r.step_id == step_id), None)
@@ -797,7 +797,7 @@ def _open_events(name: str, store: Store, method: Callable[..., Any], run_id: st
     found = []
     for e in method(store, run_id, *args, **kwargs):
         if e.data is not None:
-            payload, why = open_value(e.data, key, _context(key, "event", e.run_id, e.kind,
+            payload, why = _open_value(e.data, key, _context(key, "event", e.run_id, e.kind,
                                                            e.key))
             if payload is None:
                 payload = Unreadable(_corrupt(store, e.run_id, f"a {e.kind!r} event", why))
@@ -829,7 +829,7 @@ class _OpenedAhead(ReadAhead):
         if data is None:
             return None
         key = self.store.signing_key
-        payload, _why = open_value(data, key, _context(key, "step", self.run_id, step_id))
+        payload, _why = _open_value(data, key, _context(key, "step", self.run_id, step_id))
         return payload
 
     def replay(self, step_id: str, position: int, started: float) -> bytes | None:

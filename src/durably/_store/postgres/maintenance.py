@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from durably.exceptions import NotFoundError
-from durably.store import match_tasks, open_value
+from durably.store import _open_value, match_tasks
 
 if TYPE_CHECKING:
     from durably._store.postgres.store import PostgresStore
@@ -236,7 +236,7 @@ def _opened(store: PostgresStore, value: Any, blob: str | None, key: Any, contex
         data = store._get_value(value, blob) or b""
     except MissingBlobError:
         return None, _MISSING
-    return open_value(data, key, context)
+    return _open_value(data, key, context)
 
 
 _MISSING = "its large value is missing from the blob store"
