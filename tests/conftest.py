@@ -101,6 +101,39 @@ def require_chromium() -> str:
     return system.chromium()
 
 
+@pytest.fixture(scope="session")
+def browser(require_chromium: str) -> Iterator[Any]:
+    """A headless Chromium driven by Playwright (``playwright.sync_api.Browser``): the system's
+    Chromium (Playwright's own browser download is never used), shared by the session; the test
+    skips without it (fails in CI)."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=require_chromium, headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    """A fresh Playwright page (``playwright.sync_api.Page``) in its own browser context, with
+    JavaScript errors collected: the test fails if the page raised one (``page.errors`` lists
+    them as they come). Screenshots go to ``tmp_path``."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda exc: errors.append(str(exc)))
+    opened.errors = errors
+    try:
+        yield opened
+    finally:
+        context.close()
+    assert not errors, f"the page raised JavaScript errors: {errors}"
+
+
 def write_script(path: Path, source: str) -> Path:
     path.write_text(textwrap.dedent(source))
     return path
