@@ -1,6 +1,7 @@
 """durably.render: Mermaid and DOT text pinned by snapshots, escaping, SVG through Graphviz
-(and the error without it), save() for every suffix, the notebook display, and the HTML
-report opened in headless Chromium.
+(and the error without it), save() for every suffix, the notebook display (a real kernel's
+outputs shown in a browser), and the HTML report drawn by Viz.js in headless Chromium driven by
+Playwright, with no ``dot`` on PATH.
 
 Snapshots live in tests/snapshots/; after an intended change of the output, rewrite them with
 ``DURABLY_UPDATE_SNAPSHOTS=1 .venv/bin/python -m pytest tests/test_render.py`` and review the
@@ -13,13 +14,16 @@ install them, and fail instead under ``DURABLY_REQUIRE_SYSTEM=1``, as ``.ci/run`
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
+import types
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -157,7 +161,7 @@ def test_methods_of_the_graph_call_the_render_module() -> None:
 
 
 def test_no_snapshot_is_left_over() -> None:
-    names = {f"{n}.{ext}" for n in GRAPHS for ext in ("mmd", "dot")}
+    names = {f"{n}.{ext}" for n in GRAPHS for ext in ("mmd", "dot")} | {"report.html"}
     assert {p.name for p in SNAPSHOTS.iterdir()} == names
 
 
@@ -359,19 +363,197 @@ def test_mimebundle_is_svg_with_graphviz(require_dot: str) -> None:
     assert bundle["text/plain"] == "<RunGraph sweep · run fan-1 · finished: 4 ran · 1 cached>"
 
 
-def test_mimebundle_is_mermaid_markdown_without_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def no_viz_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that has put Viz.js in no notebook output yet (as a fresh kernel)."""
+    monkeypatch.setattr(render, "_viz_shown", False)
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+
+
+def script_texts(page: str) -> list[str]:
+    return re.findall(r"<script[^>]*>(.*?)</script>", page, re.S)
+
+
+def test_mimebundle_without_dot_is_html_drawn_in_the_browser(
+        monkeypatch: pytest.MonkeyPatch, no_viz_shown: None) -> None:
+    """Without dot: HTML whose script draws with Viz.js; the first output of the process
+    carries Viz.js, later ones use it from the page; each holds a readable fallback."""
     monkeypatch.setenv("PATH", "")
     g = fan_out()
-    bundle = render.mimebundle(g)
-    assert sorted(bundle) == ["text/markdown", "text/plain"]
-    assert bundle["text/markdown"] == f"```mermaid\n{render.to_mermaid(g)}```"
+    first, second = render.mimebundle(g), g._repr_mimebundle_()
+    for bundle in (first, second):
+        assert sorted(bundle) == ["text/html", "text/plain"]
+        assert bundle["text/plain"] == \
+            "<RunGraph sweep · run fan-1 · finished: 4 ran · 1 cached>"
+        page = bundle["text/html"]
+        # the fallback: the title, a note saying to run the cell, a row per node
+        assert "<b>sweep · run fan-1 · finished</b>" in page and "Run the cell again" in page
+        assert re.findall(r'<tr id="row-(n\d+)"', page) == [f"n{i}" for i in range(5)]
+        assert "```mermaid" not in page and "flowchart" not in page
+        # the drawing script gets the DOT text as a JSON string, and its element's id
+        draw = script_texts(page)[-1]
+        host = re.search(r'<div class="durably-run-graph" id="(durably-graph-[0-9a-f]{32})">',
+                         page)
+        assert host is not None
+        call = re.search(r'\}\)\("(durably-graph-[0-9a-f]+)", ("(?:[^"\\]|\\.)*"), null\);$',
+                         draw)
+        assert call is not None and call[1] == host[1]
+        assert json.loads(call[2]) == render.to_dot(g)
+    assert first["text/html"].count(render._viz_js()) == 1
+    assert render._viz_js() not in second["text/html"]
+    assert len(second["text/html"]) < 20_000 < 1_000_000 < len(first["text/html"])
+    assert len(script_texts(first["text/html"])) == 2
+    assert len(script_texts(second["text/html"])) == 1
+    assert first["text/html"] != second["text/html"]  # (each output has an id of its own)
+
+
+def test_mimebundle_leaves_out_what_ipython_excludes(monkeypatch: pytest.MonkeyPatch,
+                                                     no_viz_shown: None) -> None:
+    monkeypatch.setenv("PATH", "")
+    g = linear()
+    assert sorted(render.mimebundle(g, include=["text/plain"])) == ["text/plain"]
+    assert sorted(g._repr_mimebundle_(exclude=["text/html"])) == ["text/plain"]
+    assert render._viz_shown is False  # Viz.js was not used up by outputs without HTML
+    assert render._viz_js() in render.mimebundle(g, include=["text/html"])["text/html"]
+
+
+def test_mimebundle_prefers_html_when_svg_is_excluded(require_dot: str,
+                                                      no_viz_shown: None) -> None:
+    bundle = render.mimebundle(linear(), exclude={"image/svg+xml"})
+    assert sorted(bundle) == ["text/html", "text/plain"]
+
+
+def test_every_colab_output_carries_viz(monkeypatch: pytest.MonkeyPatch,
+                                        no_viz_shown: None) -> None:
+    """Colab shows each output in a frame of its own: none can use another's Viz.js."""
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    for _ in range(2):
+        assert render._viz_js() in render.mimebundle(linear())["text/html"]
+
+
+#: a notebook front end in one page: each output's HTML set into its own element, then (a
+#: trusted output) its scripts run as JupyterLab runs them (evalInnerHTMLScriptTags: each
+#: replaced by a copy, which runs), or (untrusted) removed, as its sanitizer does
+FRONT_END = """<!DOCTYPE html><html><head><meta charset="utf-8"></head><body>
+PRELUDE
+<div id="notebook"></div>
+<script type="application/json" id="outputs">OUTPUTS</script>
+<script>
+JSON.parse(document.getElementById("outputs").textContent).forEach(function (output) {
+  var host = document.createElement("div");
+  host.className = "output";
+  document.getElementById("notebook").appendChild(host);
+  host.innerHTML = output.html;
+  Array.from(host.getElementsByTagName("script")).forEach(function (script) {
+    if (!output.trusted) { script.remove(); return; }
+    var copy = document.createElement("script");
+    Array.from(script.attributes).forEach(function (a) { copy.setAttribute(a.name, a.value); });
+    copy.textContent = script.textContent;
+    script.parentNode.replaceChild(copy, script);
+  });
+});
+</script></body></html>"""
+
+
+#: an AMD loader as the classic notebook has (RequireJS), whose define() must not be used
+REQUIREJS = """<script>
+window.define = function () { throw new Error("Viz.js called the page's AMD define()"); };
+window.define.amd = {};
+</script>"""
+
+
+def show_outputs(page: Any, tmp_path: pathlib.Path, name: str,
+                 outputs: list[tuple[str, bool]], prelude: str = "") -> None:
+    """Open FRONT_END showing ``outputs`` (HTML, trusted) in a fresh page load, after the
+    ``prelude`` HTML."""
+    source = json.dumps([{"html": h, "trusted": t} for h, t in outputs])
+    file = tmp_path / f"{name}.html"
+    file.write_text(FRONT_END.replace("OUTPUTS", source.replace("<", "\\u003c"))
+                    .replace("PRELUDE", prelude), encoding="utf-8")
+    page.goto(file.as_uri())
+
+
+def node_labels(page: Any, scope: str) -> list[str]:
+    """The first text line of each node drawn in ``scope``."""
+    return list(page.eval_on_selector_all(
+        f"{scope} svg g.node", "nodes => nodes.map(n => n.querySelector('text').textContent)"))
+
+
+@pytest.mark.slow
+def test_notebook_display_without_dot_draws_in_a_browser(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, page: Any) -> None:
+    """A real kernel without dot displays two run graphs: the first output carries Viz.js,
+    the second does not; in a browser both draw, in whichever order their scripts run, and
+    beside an AMD loader (the classic notebook's); without the first (a reopened notebook
+    whose first output is gone) or untrusted, an output shows its steps and says to run the
+    cell again."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("PATH", "")  # the kernel inherits it: no dot there
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "import shutil, durably\n"
+        "from durably.testing import MemoryStore\n"
+        "assert shutil.which('dot') is None\n"
+        "@durably.task\n"
+        "def load(n: int) -> list[int]:\n"
+        "    return list(range(n))\n"
+        "@durably.task\n"
+        "def total(xs: list[int]) -> int:\n"
+        "    return sum(xs)\n"
+        "@durably.entrypoint(store=MemoryStore())\n"
+        "def pipeline(n: int) -> int:\n"
+        "    return total(load(n))\n"
+        "run = pipeline.run(4)\n"
+        "run.graph()",
+        "pipeline.run(5).graph()",
+    )]
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    results = [[o for o in cell.outputs if o.output_type == "execute_result"]
+               for cell in nb.cells]
+    assert [len(r) for r in results] == [1, 1], [cell.outputs for cell in nb.cells]
+    first, second = (r[0].data for r in results)
+    for data in (first, second):
+        assert sorted(data) == ["text/html", "text/plain"]
+        assert "pipeline · run" in data["text/plain"]
+    assert render._viz_js() in first["text/html"]
+    assert render._viz_js() not in second["text/html"]
+
+    expected = ["load", "total"]
+    for name, order, prelude in (("in-order", (first, second), ""),
+                                 ("reversed", (second, first), ""),
+                                 ("requirejs", (first, second), REQUIREJS)):
+        show_outputs(page, tmp_path, name, [(d["text/html"], True) for d in order], prelude)
+        page.wait_for_function(
+            "document.querySelectorAll('.output svg').length === 2", timeout=60_000)
+        for i in (1, 2):
+            labels = node_labels(page, f".output:nth-child({i})")
+            assert [label.rpartition(".")[2] for label in labels] == expected, (name, labels)
+        assert page.locator(".durably-note").count() == 0 and page.locator("tr").count() == 0
+
+    for name, outputs in (("first-gone", [(second["text/html"], True)]),
+                          ("untrusted", [(first["text/html"], False),
+                                         (second["text/html"], False)])):
+        show_outputs(page, tmp_path, name, outputs)
+        # (a drawing would start at once: the scripts have all run when the page has loaded)
+        page.wait_for_load_state("load")
+        assert page.locator("svg").count() == 0
+        notes = page.locator(".durably-note")
+        assert notes.count() == len(outputs)
+        for i in range(len(outputs)):
+            assert notes.nth(i).is_visible() and "Run the cell again" in notes.nth(i).inner_text()
+        rows = page.locator("tr[id^=row-n]")
+        assert rows.count() == 2 * len(outputs) and rows.first.is_visible()
+        assert rows.first.inner_text().split("\t")[0].rpartition(".")[2] == "load"
 
 
 # -- save ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("suffix", [".svg", ".dot", ".gv", ".mmd", ".html", ".SVG"])
 def test_save_each_suffix(suffix: str, tmp_path: pathlib.Path) -> None:
     if suffix.lower() == ".svg":
-        system.dot()  # (the other suffixes need nothing: .html without dot shows Mermaid)
+        system.dot()  # (the other suffixes need nothing: the browser draws .html)
     g = nested()
     written = g.save(str(tmp_path / f"run{suffix}"))
     assert written == tmp_path / f"run{suffix}" and isinstance(written, pathlib.Path)
@@ -408,11 +590,35 @@ def report_graph() -> RunGraph:
                     g.edges, time_saved=42.5)
 
 
-def test_html_report_content(require_dot: str) -> None:
-    page = render.to_html(report_graph())
+VIZ_ELIDED = "/* Viz.js (durably/_assets/viz-global.js, with its licence) */"
+
+
+def without_viz(page: str) -> str:
+    """The page with the inlined Viz.js (exactly once in it) replaced by a short comment."""
+    assert page.count(render._viz_js()) == 1
+    return page.replace(render._viz_js(), VIZ_ELIDED)
+
+
+def embedded_dot(page: str) -> str:
+    """The DOT text the page's ``graph-dot`` script holds (JSON)."""
+    start = page.index('<script type="application/json" id="graph-dot">')
+    text = page[page.index(">", start) + 1: page.index("</script>", start)]
+    value = json.loads(text)
+    assert isinstance(value, str)
+    return value
+
+
+def test_html_report_content() -> None:
+    g = report_graph()
+    page = render.to_html(g)
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
-    assert "<svg" in page and "<?xml" not in page
-    assert "<script" not in page and "<img" not in page  # user text is escaped
+    # three scripts: the DOT text (JSON, not run), Viz.js, the drawing; user text adds none
+    assert re.findall(r"<script\b[^>]*>", page) == [
+        '<script type="application/json" id="graph-dot">', "<script>", "<script>"]
+    assert len(re.findall("</script", page, re.I)) == 3
+    assert embedded_dot(page) == render.to_dot(g)
+    page = without_viz(page)
+    assert "<img" not in page  # user text is escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "q=&#x27;&lt;img src=x onerror=alert(1)&gt;&#x27;" in page
     assert "&#x27;&amp;amp;&#x27;" in page
@@ -431,59 +637,132 @@ def test_html_report_content(require_dot: str) -> None:
     assert indents == ["", "", ' style="padding-left:1.8em"', ' style="padding-left:1.8em"', ""]
 
 
+def test_html_report_snapshot() -> None:
+    """The page around the inlined Viz.js, pinned: review its diff when it changes."""
+    assert_snapshot("report.html", without_viz(render.to_html(report_graph())))
+
+
+def test_html_is_the_same_without_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The browser draws the graph: the page does not depend on a system program."""
+    g = report_graph()
+    with_path = render.to_html(g)
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # nor on the graphviz package
+    assert render.to_html(g) == with_path
+
+
 def test_html_is_self_contained() -> None:
-    page = render.to_html(report_graph())
-    assert not re.search(r"<(script|link|iframe|img|object|embed)\b", page)
+    page = without_viz(render.to_html(report_graph()))
+    assert not re.search(r"<(link|iframe|img|object|embed)\b", page)
+    assert not re.search(r"<script\b[^>]*\bsrc\b", page)
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
     assert "@import" not in page and "url(" not in page
 
 
-def test_html_without_dot_embeds_mermaid_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", "")
-    g = report_graph()
+def test_the_vendored_viz_js_is_the_pinned_file_and_can_be_inlined() -> None:
+    """Viz.js is inlined in a <script>: it must hold nothing that ends a script or opens an
+    HTML comment there. Its digest is the one _assets/README.md gives."""
+    assets = pathlib.Path(render.__file__).parent / "_assets"
+    source = (assets / "viz-global.js").read_bytes()
+    digest = re.search(r"sha256: ([0-9a-f]{64})", (assets / "README.md").read_text())
+    assert digest is not None and hashlib.sha256(source).hexdigest() == digest[1]
+    for bad in (rb"</script", rb"<!--", rb"<script"):
+        assert not re.search(bad, source, re.I)
+    assert "MIT" in render._viz_js()[:2000] and "Michael Daines" in render._viz_js()[:2000]
+
+
+HOSTILE = st.lists(st.sampled_from(["</script>", "</SCRIPT ", "<script>", "<!--", "-->", "<",
+                                    ">", "&", '"', "\\", "\u2028", "\u2029", "×", "x", " "]),
+                   min_size=1, max_size=8).map("".join)
+
+
+@settings(max_examples=50, deadline=None)
+@given(HOSTILE | st.text(st.characters(codec="utf-8"), min_size=1, max_size=30))
+def test_no_text_of_the_run_can_end_or_add_a_script(task: str) -> None:
+    g = RunGraph("r", task, "failed", 1, (step(1, task, "failed", error=task,
+                                                inputs=task, output=task),), ())
     page = render.to_html(g)
-    assert "<svg" not in page and "<script" not in page
-    assert '<pre class="mermaid-source">' in page
-    assert "apt install graphviz" in page
-    assert "flowchart TD" in page and "n0 --&gt; n1" in page
+    assert len(re.findall("<script", page, re.I)) == 3
+    assert len(re.findall("</script", page, re.I)) == 3
+    assert "<!--" not in page
+    assert embedded_dot(page) == render.to_dot(g)
 
 
-def dump_dom(browser: str, page: pathlib.Path, tmp_path: pathlib.Path) -> str:
-    """The DOM of ``page`` after ``browser`` (a Chromium) loaded it headless."""
-    profile = tmp_path / "chromium-profile"
-    proc = subprocess.run(
-        [browser, "--headless", "--disable-gpu", "--no-sandbox",
-         "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
-         f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
-        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, f"chromium failed ({proc.returncode}): {proc.stderr[-2000:]}"
-    return proc.stdout
-
-
-@pytest.mark.slow
-def test_html_report_renders_in_chromium(tmp_path: pathlib.Path, require_dot: str,
-                                         require_chromium: str) -> None:
-    g = report_graph()
-    page = g.save(tmp_path / "run.html")
-    dom = dump_dom(require_chromium, page, tmp_path)
-    assert "<svg" in dom and 'class="node"' in dom
-    assert dom.count('class="node"') == len(g.nodes)
-    assert len(re.findall(r'<tr id="row-n\d+"', dom)) == len(g.nodes)
-    assert "parse ×1,200" in dom
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in dom  # shown as text, not run
-
-
-@pytest.mark.slow
-def test_html_report_without_dot_renders_in_chromium(tmp_path: pathlib.Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     require_chromium: str) -> None:
+def draw_report(page: Any, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch,
+                graph: RunGraph) -> tuple[pathlib.Path, list[str]]:
+    """Save ``graph`` as HTML with no ``dot`` on PATH and open it in ``page``; returns the
+    file and the list of URLs the page requests (filled as it loads)."""
     with monkeypatch.context() as m:
         m.setenv("PATH", "")
-        page = render.save(nested(), tmp_path / "run.html")
-    dom = dump_dom(require_chromium, page, tmp_path)
-    assert '<pre class="mermaid-source">' in dom and "flowchart TD" in dom
-    assert len(re.findall(r'<tr id="row-n\d+"', dom)) == len(nested().nodes)
+        file = graph.save(tmp_path / "run.html")
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(file.as_uri())
+    page.wait_for_selector("#graph svg", timeout=60_000)
+    return file, requests
+
+
+@pytest.mark.slow
+def test_html_report_draws_in_chromium_without_dot(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, page: Any) -> None:
+    g = report_graph()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    file, requests = draw_report(page, tmp_path, monkeypatch, g)
+    assert requests == [file.as_uri()]  # nothing loaded from anywhere else
+    # every node drawn, with its label (the first line of its text)
+    drawn = page.eval_on_selector_all(
+        "#graph svg g.node",
+        "nodes => nodes.map(n => [n.querySelector('title').textContent,"
+        " Array.from(n.querySelectorAll('text')).map(t => t.textContent)])")
+    assert sorted(name for name, _ in drawn) == [f"n{i}" for i in range(len(g.nodes))]
+    labels = {name: lines for name, lines in drawn}
+    for i, node in enumerate(g.nodes):
+        assert labels[f"n{i}"][0] == node.label
+    assert labels["n2"][:2] == ["parse ×1,200", "49 ran · 1,150 cached · 1 failed"]
+    assert labels["n4"][0] == "<script>alert(1)</script>"  # drawn as text
+    assert page.locator("#graph svg g.edge").count() == len(g.edges)
+    assert page.locator("#graph svg g.cluster").count() == 1
+    assert page.locator("#graph .durably-note").count() == 0  # replaced by the drawing
+    # the table: a row per node, user text shown as text; no script of the run ever ran
+    rows = page.locator("tr[id^=row-n]")
+    assert rows.count() == len(g.nodes)
+    assert page.locator("#row-n4 td").first.inner_text() == "<script>alert(1)</script>"
+    assert "<img src=x onerror=alert(1)>" in page.locator("#row-n4").inner_text()
+    assert page.locator("#steps img, #graph img").count() == 0
+    assert dialogs == []
+    # clicking a node highlights its row, and only that one
+    page.locator("#graph svg g.node", has=page.locator("title", has_text="n2")).click()
+    assert page.eval_on_selector_all("tr.selected", "rows => rows.map(r => r.id)") == ["row-n2"]
+    page.locator("#graph svg g.node", has=page.locator("title", has_text="n4")).click()
+    assert page.eval_on_selector_all("tr.selected", "rows => rows.map(r => r.id)") == ["row-n4"]
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+
+
+@pytest.mark.slow
+def test_html_report_of_many_steps_draws_in_chromium(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, page: Any) -> None:
+    g = _loose(60, linked=2)
+    draw_report(page, tmp_path, monkeypatch, g)
+    assert page.locator("#graph svg g.node").count() == len(g.nodes)
+    box = page.locator("#graph svg").bounding_box()
+    assert box is not None and box["width"] / box["height"] < 4  # rows, not one wide row
+
+
+@pytest.mark.slow
+def test_html_report_without_javascript_lists_the_steps(tmp_path: pathlib.Path,
+                                                        browser: Any) -> None:
+    file = render.save(report_graph(), tmp_path / "run.html")
+    context = browser.new_context(java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(file.as_uri())
+        assert page.locator("svg").count() == 0
+        assert "JavaScript is off" in page.locator("#graph .durably-note").inner_text()
+        assert page.locator("tr[id^=row-n]").count() == len(report_graph().nodes)
+        assert "parse ×1,200" in page.locator("#row-n2").inner_text()
+    finally:
+        context.close()
 
 
 # -- real runs, end to end ----------------------------------------------------------------------
@@ -581,7 +860,8 @@ def test_a_real_rerun_and_a_failure_render(tmp_path: pathlib.Path, require_dot: 
     text = graph.to_mermaid()
     assert "25 replayed" in text and "check<br/>ran · " in text
     page = graph.save(tmp_path / "run.html").read_text(encoding="utf-8")
-    assert "<svg" in page and "25 replayed" in page and "time saved by the cache" in page
+    assert embedded_dot(page) == graph.to_dot()
+    assert "25 replayed" in page and "time saved by the cache" in page
     svg = svg_node_lines(graph.to_svg())
     assert [lines[0].rpartition(".")[2] for _, lines in sorted(svg.items())] == [
         "parse ×25", "check"]

@@ -16,20 +16,26 @@ them. What is drawn:
 - a title: the entrypoint, the run id and the run's status.
 
 Text output is deterministic: nodes are named ``n0, n1, ...`` in the order of
-``graph.nodes`` (never by step id), so the same graph always gives the same text. SVG needs
-the ``graphviz`` Python package and the Graphviz ``dot`` program (``pip install
-'durably[graph]'`` and ``apt install graphviz`` / ``brew install graphviz``); Mermaid, DOT
-and the HTML report work without them.
+``graph.nodes`` (never by step id), so the same graph always gives the same text. Only SVG
+text needs the ``graphviz`` Python package and the Graphviz ``dot`` program (``pip install
+'durably[graph]'`` and ``apt install graphviz`` / ``brew install graphviz``). The HTML report
+and the notebook display draw the DOT text in the browser with Graphviz compiled to
+WebAssembly (Viz.js, shipped with durably in ``durably/_assets``), so they need no system
+program; Mermaid and DOT text need nothing either.
 """
 
 from __future__ import annotations
 
+import functools
 import html
+import importlib.resources
 import json
 import math
 import os
 import pathlib
-from collections.abc import Callable, Iterator
+import sys
+import uuid
+from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING
 
 from durably.exceptions import RenderError
@@ -460,12 +466,14 @@ h1 { font-size: 1.4em; margin: 0 0 .2em; }
 .graph { overflow: auto; border: 1px solid #d0d7de; border-radius: 6px; padding: .5em;
          margin-bottom: 1.5em; max-height: 80vh; }
 .graph svg { max-width: 100%; height: auto; }
-pre.mermaid-source { background: #f6f8fa; padding: 1em; overflow: auto; }
+.graph svg text { font-family: Helvetica, Arial, "Liberation Sans", "Nimbus Sans", sans-serif; }
 .note { color: #57606a; }
 table { border-collapse: collapse; width: 100%; }
 th, td { border-bottom: 1px solid #d0d7de; padding: .3em .6em; text-align: left;
          vertical-align: top; }
 th { background: #f6f8fa; position: sticky; top: 0; }
+tr.selected td { background: #fff8c5; }
+.graph g.node { cursor: pointer; }
 td.num { text-align: right; white-space: nowrap; }
 td.code { font-family: ui-monospace, Menlo, monospace; font-size: 12px; word-break: break-all; }
 .badge { display: inline-block; border-radius: 1em; padding: 0 .6em; margin: 0 .2em .1em 0;
@@ -535,15 +543,109 @@ def _rows(layout: _Layout) -> list[str]:
     return rows
 
 
+# -- drawing in the browser -------------------------------------------------------------------
+@functools.cache
+def _viz_js() -> str:
+    """The vendored Viz.js (Graphviz compiled to WebAssembly, ``_assets/viz-global.js``) as
+    one script, after its licence, that defines the global ``Viz`` even on a page with an AMD
+    loader (the classic notebook's RequireJS, where its UMD header would otherwise register a
+    module instead), then draws the graphs that were waiting for it (see :data:`_DRAW_JS`)."""
+    assets = importlib.resources.files("durably") / "_assets"
+    try:
+        source = (assets / "viz-global.js").read_text(encoding="utf-8")
+        licence = (assets / "LICENSE-viz-js.txt").read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RenderError(
+            f"durably's copy of Viz.js, which draws run graphs in the browser, cannot be read "
+            f"({exc}): the installation is incomplete; reinstall durably (pip install "
+            "--force-reinstall durably)."
+        ) from exc
+    # (its licence goes with every copy: a page or an output that inlines it carries it)
+    return (f"/*\n{licence.replace('*/', '* /')}*/\n"
+            "(function (define, exports, module) {\n" + source + "\n}).call(globalThis);\n"
+            "(globalThis.__durablyViz = globalThis.__durablyViz || {waiting: []})"
+            ".waiting.splice(0).forEach(function (draw) { draw(); });")
+
+
+#: a function (hostId, dot, rows) that draws DOT text into an element with Viz.js once it is
+#: loaded (at once, or when the script of _viz_js runs later: a notebook's outputs may run in
+#: any order); on failure the element keeps its text and its note says why. Clicking a node
+#: highlights the table row ``rows + name`` (the HTML report's ``row-n0``...) unless rows is
+#: null.
+_DRAW_JS = """(function (hostId, dot, rows) {
+  "use strict";
+  var shared = globalThis.__durablyViz = globalThis.__durablyViz || {waiting: []};
+  function link(svg) {
+    svg.querySelectorAll("g.node").forEach(function (node) {
+      var title = node.querySelector("title");
+      var row = title && document.getElementById(rows + title.textContent);
+      if (!row) return;
+      node.addEventListener("click", function (event) {
+        event.preventDefault();
+        document.querySelectorAll("tr.selected").forEach(function (other) {
+          other.classList.remove("selected");
+        });
+        row.classList.add("selected");
+        row.scrollIntoView({block: "nearest"});
+      });
+    });
+  }
+  function draw() {
+    var host = document.getElementById(hostId);
+    if (!host) return;
+    shared.instance = shared.instance || globalThis.Viz.instance();
+    shared.instance.then(function (viz) {
+      var svg = viz.renderSVGElement(dot);
+      svg.setAttribute("role", "img");
+      host.replaceChildren(svg);
+      if (rows !== null) link(svg);
+    }).catch(function (error) {
+      var note = host.querySelector(".durably-note");
+      if (note) note.textContent = "The graph could not be drawn in this browser: " +
+        error + ". Its steps are listed below.";
+    });
+  }
+  if (globalThis.Viz && globalThis.Viz.instance) draw(); else shared.waiting.push(draw);
+})"""
+
+
+def _script_json(value: object) -> str:
+    """``value`` as JSON that is safe inside an HTML ``<script>``: ``<``, ``>`` and ``&``
+    (and the line separators older JavaScript rejects in strings) as ``\\uXXXX`` escapes, so
+    no text (``</script>``, ``<!--``) can end the script or change how it is parsed.
+
+    Example:
+        >>> _script_json("</script><!--")
+        '"\\\\u003c/script\\\\u003e\\\\u003c!--"'
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+def _draw_script(host_id: str, dot_js: str, rows: str | None) -> str:
+    """The script of :data:`_DRAW_JS` for one element; ``dot_js`` is a JavaScript expression
+    of the DOT text."""
+    return f"{_DRAW_JS}({_script_json(host_id)}, {dot_js}, {_script_json(rows)});"
+
+
+_TABLE_HEAD = ("<thead><tr><th>task</th><th>status</th><th>calls</th><th>duration</th>"
+               "<th>inputs</th>\n<th>output</th><th>error</th></tr></thead>")
+
+
 def to_html(graph: RunGraph) -> str:
     """A self-contained HTML report of the run: a title, a summary line (status, steps by
     status, wall time, time saved by the cache and the journal), the graph and a table of the
     steps (task, status, calls, duration, inputs, output, error; one row per collapsed
-    group, with its calls by status).
+    group, with its calls by status). Clicking a node of the graph highlights its row.
 
-    The graph is inline SVG when Graphviz is installed; otherwise the Mermaid text in a
-    ``<pre>`` with a note saying how to install Graphviz. The page loads nothing: no script,
-    no stylesheet, no font from the network. All text is HTML-escaped.
+    The browser draws the graph from :func:`to_dot`'s text with Graphviz compiled to
+    WebAssembly (Viz.js, about 1.4 MB, inlined in the page): no system program is needed to
+    write or to view it, and the page loads nothing from the network, so it works offline
+    and sent by mail. The DOT text is embedded as JSON (``<script type="application/json"
+    id="graph-dot">``) and every text of the run is HTML-escaped: no name, input or error
+    can run as script. Without JavaScript the page still shows the summary and the table.
 
     Args:
         graph: The run graph.
@@ -552,28 +654,25 @@ def to_html(graph: RunGraph) -> str:
         The HTML document.
 
     Raises:
-        RenderError: an edge of the graph names a node that is not in it.
+        RenderError: an edge of the graph names a node that is not in it, or durably's copy
+            of Viz.js is missing (an incomplete installation).
 
     Example:
         >>> from durably._trace.tracer import Node, RunGraph
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
-        ...     Node("a" * 32, "load <x>", "ran", None, 0.0, 0.42, inputs="path='a.csv'"),), ())
+        ...     Node("a" * 32, "</script> <x>", "ran", None, 0.0, 0.42),), ())
         >>> page = to_html(graph)
-        >>> page.startswith("<!DOCTYPE html>"), "load &lt;x&gt;" in page, "<script" in page
-        (True, True, False)
+        >>> page.startswith("<!DOCTYPE html>"), "&lt;/script&gt; &lt;x&gt;" in page
+        (True, True)
+        >>> page.count("</script>") == page.count("<script")  # the name ends no script
+        True
     """
     layout = _Layout(graph)
-    try:
-        svg = _pipe_svg(to_dot(graph))
-        start = svg.find("<svg")
-        picture = svg[start:] if start >= 0 else svg
-    except RenderError as exc:
-        picture = (
-            f'<p class="note">The graph is shown as Mermaid text: {html.escape(str(exc))}</p>'
-            f'<pre class="mermaid-source">{html.escape(to_mermaid(graph))}</pre>'
-        )
     title = html.escape(_title(graph))
     rows = "\n".join(_rows(layout))
+    dot = _script_json(to_dot(graph))
+    draw = _draw_script("graph", 'JSON.parse(document.getElementById("graph-dot").textContent)',
+                        "row-")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -588,15 +687,23 @@ def to_html(graph: RunGraph) -> str:
 <p class="run">run {html.escape(graph.run_id)} · attempt {graph.attempt}</p>
 <p class="summary" id="summary">{_summary(graph)}</p>
 <div class="graph" id="graph">
-{picture}
+<p class="note durably-note">The graph is drawn here by JavaScript (Graphviz compiled to \
+WebAssembly, inside this file). If it does not appear, JavaScript is off in this browser; \
+the steps are listed below.</p>
 </div>
 <table id="steps">
-<thead><tr><th>task</th><th>status</th><th>calls</th><th>duration</th><th>inputs</th>
-<th>output</th><th>error</th></tr></thead>
+{_TABLE_HEAD}
 <tbody>
 {rows}
 </tbody>
 </table>
+<script type="application/json" id="graph-dot">{dot}</script>
+<script>
+{_viz_js()}
+</script>
+<script>
+{draw}
+</script>
 </body>
 </html>
 """
@@ -604,9 +711,10 @@ def to_html(graph: RunGraph) -> str:
 
 # -- files and notebooks -----------------------------------------------------------------------
 def save(graph: RunGraph, path: str | os.PathLike[str]) -> pathlib.Path:
-    """Write the run graph to a file whose suffix says the format: ``.svg`` (Graphviz),
-    ``.dot`` or ``.gv`` (DOT text), ``.mmd`` (Mermaid text) or ``.html`` (the report of
-    :func:`to_html`). Text is written as UTF-8; an existing file is replaced.
+    """Write the run graph to a file whose suffix says the format: ``.svg`` (drawn by the
+    Graphviz ``dot`` program), ``.dot`` or ``.gv`` (DOT text), ``.mmd`` (Mermaid text) or
+    ``.html`` (the report of :func:`to_html`, drawn by the browser: no system program
+    needed). Text is written as UTF-8; an existing file is replaced.
 
     Args:
         graph: The run graph.
@@ -635,7 +743,8 @@ def save(graph: RunGraph, path: str | os.PathLike[str]) -> pathlib.Path:
         raise RenderError(
             f"cannot save a run graph as {str(target)!r}: unknown suffix "
             f"{target.suffix or '(none)'!r}. Use one of {', '.join(sorted(_SUFFIXES))} "
-            "(.svg: Graphviz drawing, .dot/.gv: DOT text, .mmd: Mermaid text, .html: report)."
+            "(.svg: drawn by Graphviz's dot program, .dot/.gv: DOT text, .mmd: Mermaid text, "
+            ".html: report drawn by the browser)."
         )
     render: dict[str, Callable[[RunGraph], str]] = {
         "dot": to_dot, "html": to_html, "mermaid": to_mermaid, "svg": to_svg,
@@ -645,17 +754,58 @@ def save(graph: RunGraph, path: str | os.PathLike[str]) -> pathlib.Path:
     return target
 
 
-def mimebundle(graph: RunGraph) -> dict[str, str]:
-    """What a notebook displays for a run graph (``RunGraph._repr_mimebundle_``): the SVG
-    when Graphviz is installed, else the Mermaid text as a Markdown code block (JupyterLab
-    4.1+ and GitHub draw it), with a plain-text summary in both cases.
+#: whether this process has put Viz.js in a notebook output already (see mimebundle)
+_viz_shown = False
+
+
+def _notebook_html(graph: RunGraph, layout: _Layout) -> str:
+    """The ``text/html`` of a run graph in a notebook without ``dot``: the graph's title, a
+    note and its steps as a table (what an untrusted or reopened output shows), and the
+    scripts that replace them by the drawing (Viz.js itself in the first output of the
+    process; see :func:`mimebundle`)."""
+    global _viz_shown
+    host = f"durably-graph-{uuid.uuid4().hex}"
+    library = ""
+    # Colab shows each output in a frame of its own: there, every output needs the library
+    if not _viz_shown or "google.colab" in sys.modules:
+        library = f"<script>\n{_viz_js()}\n</script>\n"
+        _viz_shown = True
+    rows = "\n".join(_rows(layout))
+    return (
+        f'<div class="durably-run-graph" id="{host}">\n'
+        f'<p class="durably-note"><b>{html.escape(_title(graph))}</b>. This graph is drawn '
+        "by a script (Graphviz compiled to WebAssembly) that did not run here: the output is "
+        "not trusted, or the notebook was reopened without running its cells. Run the cell "
+        "again to draw it. Its steps:</p>\n"
+        f"<table>\n{_TABLE_HEAD}\n<tbody>\n{rows}\n</tbody>\n</table>\n</div>\n"
+        f"{library}<script>\n{_draw_script(host, _script_json(to_dot(graph)), None)}\n"
+        "</script>\n"
+    )
+
+
+def mimebundle(graph: RunGraph, include: Collection[str] | None = None,
+               exclude: Collection[str] | None = None) -> dict[str, str]:
+    """What a notebook displays for a run graph (``RunGraph._repr_mimebundle_``), with a
+    plain-text summary in every case:
+
+    - with Graphviz (the ``graphviz`` package and the ``dot`` program): the SVG
+      (``image/svg+xml``), which every front end shows, trusted or not;
+    - without it: HTML (``text/html``) whose script draws the graph in the browser with
+      Graphviz compiled to WebAssembly (Viz.js). The first such output of the process (the
+      kernel) carries Viz.js (about 1.4 MB); later ones use it from the page. Where the
+      script does not run (an untrusted output; a reopened notebook whose output carrying
+      Viz.js is gone) the output shows the run's title, a note saying to run the cell again
+      and the table of its steps. In Google Colab, whose outputs do not share a page, every
+      output carries Viz.js.
 
     Args:
         graph: The run graph.
+        include: The MIME types to produce, as IPython passes them (``None``: all).
+        exclude: MIME types not to produce (``None``: none).
 
     Returns:
-        ``{"image/svg+xml": svg, "text/plain": summary}`` or ``{"text/markdown":
-        "```mermaid ...```", "text/plain": summary}``.
+        ``{"image/svg+xml": svg, "text/plain": summary}`` or ``{"text/html": page,
+        "text/plain": summary}``, without the types ``include``/``exclude`` leave out.
 
     Raises:
         RenderError: an edge of the graph names a node that is not in it.
@@ -665,12 +815,22 @@ def mimebundle(graph: RunGraph) -> dict[str, str]:
         >>> graph = RunGraph("r1", "etl", "finished", 1, (
         ...     Node("a" * 32, "load", "ran", None, 0.0, 0.42),), ())
         >>> sorted(mimebundle(graph)) in (["image/svg+xml", "text/plain"],
-        ...                               ["text/markdown", "text/plain"])
+        ...                               ["text/html", "text/plain"])
         True
+        >>> mimebundle(graph, include=["text/plain"])
+        {'text/plain': '<RunGraph etl · run r1 · finished: 1 ran>'}
     """
+    def wanted(mime: str) -> bool:
+        return (include is None or mime in include) and (exclude is None or mime not in exclude)
+
+    layout = _Layout(graph)
     counts = sorted(graph.counts().items(), key=lambda sn: _status_order(sn[0]))
-    plain = f"<RunGraph {_title(graph)}: {_counts_text(counts) or 'no steps'}>"
-    try:
-        return {"image/svg+xml": to_svg(graph), "text/plain": plain}
-    except RenderError:
-        return {"text/markdown": f"```mermaid\n{to_mermaid(graph)}```", "text/plain": plain}
+    bundle = {"text/plain": f"<RunGraph {_title(graph)}: {_counts_text(counts) or 'no steps'}>"}
+    if wanted("image/svg+xml"):
+        try:
+            return {"image/svg+xml": to_svg(graph), **bundle}
+        except RenderError:
+            pass
+    if wanted("text/html"):
+        return {"text/html": _notebook_html(graph, layout), **bundle}
+    return bundle

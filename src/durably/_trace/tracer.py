@@ -350,7 +350,7 @@ class RunGraph:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         from durably.render import mimebundle
 
-        return mimebundle(self)
+        return mimebundle(self, include=include, exclude=exclude)
 
 
 def build_graph(run_id: str, name: str, status: str, attempt: int,
