@@ -6,8 +6,8 @@ run's journal as SVG (Graphviz), as a self-contained HTML report, and as Mermaid
 Open ``run_graph.html`` in a browser: the graph, then a table of the steps with their
 status, duration, inputs and outputs. The same graph displays itself inline in Jupyter
 (``run.graph()`` as the last expression of a cell), and ``durably graph RUN -o run.svg``
-draws it from the command line. SVG needs Graphviz (``pip install 'durably[graph]'`` and the
-``dot`` program); without it the HTML report shows the Mermaid text instead.
+draws it from the command line. Only the SVG file needs Graphviz (``pip install
+'durably[graph]'`` and the ``dot`` program): the browser draws the HTML report's graph itself.
 """
 
 from __future__ import annotations

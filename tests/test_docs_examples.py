@@ -212,7 +212,9 @@ def test_run_graph_files(tmp_path: Path) -> None:
     assert (tmp_path / "run_graph.mmd").read_text(encoding="utf-8").count("evaluate") >= 2
     html = (tmp_path / "run_graph.html").read_text(encoding="utf-8")
     assert html.startswith("<!DOCTYPE html>") and 'id="steps"' in html
-    assert "<svg" not in html and '<pre class="mermaid-source">' in html
+    # the browser draws the report's graph (Viz.js inlined): it needs no dot
+    assert '<script type="application/json" id="graph-dot">' in html and "Viz.js" in html
+    assert "mermaid" not in html
     assert "skipped run_graph.svg" in out and "apt install graphviz" in out
     assert not (tmp_path / "run_graph.svg").exists()
 
@@ -222,7 +224,6 @@ def test_run_graph_files_with_graphviz(tmp_path: Path, require_dot: str) -> None
     out = _run(script).stdout
     assert "wrote run_graph.svg" in out and "skipped" not in out
     assert "<svg" in (tmp_path / "run_graph.svg").read_text(encoding="utf-8")
-    assert "<svg" in (tmp_path / "run_graph.html").read_text(encoding="utf-8")
 
 
 def test_stategraph_router_and_cycle(tmp_path: Path) -> None:
@@ -310,7 +311,7 @@ def test_notebook_second_execution_is_served_from_the_store(
     assert edited == {"ran": 1, "cached": 0, "replayed": 3, "failed": 0}
     graph = first[-1].outputs
     assert graph and graph[0].output_type == "execute_result"
-    assert {"image/svg+xml", "text/markdown"} & set(graph[0].data)
+    assert {"image/svg+xml", "text/html"} & set(graph[0].data)
 
     second = _execute_notebook(notebook, tmp_path)  # a new kernel: Restart & Run All
     assert [c for c in _steps(second)] == [

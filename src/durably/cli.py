@@ -654,8 +654,9 @@ def history_command(ctx: click.Context, run_id: str, as_json: bool) -> None:
 @cli.command("graph")
 @click.argument("run_id", metavar="RUN")
 @click.option("--format", "-f", "fmt", metavar="FORMAT",
-              help="mermaid (default), dot, svg (needs Graphviz) or html (a report). Default "
-                   "with -o: from the file's suffix (.mmd, .dot, .svg, .html).")
+              help="mermaid (default), dot, svg (needs Graphviz) or html (a report the "
+                   "browser draws: no Graphviz needed). Default with -o: from the file's "
+                   "suffix (.mmd, .dot, .svg, .html).")
 @click.option("--output", "-o", "output", type=click.Path(path_type=Path), metavar="FILE",
               help="Write to FILE (default: print to stdout).")
 @click.option("--attempt", type=click.IntRange(min=1), help="Draw this attempt (default: the "
