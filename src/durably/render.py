@@ -518,7 +518,9 @@ def _summary(graph: RunGraph) -> str:
     return " · ".join(parts)
 
 
-def _rows(layout: _Layout) -> list[str]:
+def _rows(layout: _Layout, *, ids: bool = True) -> list[str]:
+    """The table rows of the steps, ``<tr id="row-n0" ...>`` (without ids: ``ids=False``, for
+    a notebook, where several graphs share a page)."""
     def cell(value: str | None, cls: str = "code") -> str:
         return f'<td class="{cls}">{html.escape(value) if value is not None else ""}</td>'
 
@@ -532,8 +534,9 @@ def _rows(layout: _Layout) -> list[str]:
         depth = opened.get(node.id, depth)
         name = layout.names[node.id]
         indent = f' style="padding-left:{0.6 + 1.2 * depth:.1f}em"' if depth else ""
+        row_id = f' id="row-{name}"' if ids else ""
         rows.append(
-            f'<tr id="row-{name}" class="step status-{html.escape(node.status)}">'
+            f'<tr{row_id} class="step status-{html.escape(node.status)}">'
             f"<td{indent}>{html.escape(node.label)}</td>"
             f"<td>{_badges(_statuses(node), numbers=node.count > 1)}</td>"
             f'<td class="num">{node.count:,}</td>'
@@ -770,7 +773,7 @@ def _notebook_html(graph: RunGraph, layout: _Layout) -> str:
     if not _viz_shown or "google.colab" in sys.modules:
         library = f"<script>\n{_viz_js()}\n</script>\n"
         _viz_shown = True
-    rows = "\n".join(_rows(layout))
+    rows = "\n".join(_rows(layout, ids=False))
     return (
         f'<div class="durably-run-graph" id="{host}">\n'
         f'<p class="durably-note"><b>{html.escape(_title(graph))}</b>. This graph is drawn '
