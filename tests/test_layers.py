@@ -5,7 +5,8 @@ no module grows past about a thousand lines.
 
 The layers, top to bottom (``docs/concepts/architecture.md`` says what each does)::
 
-    durably, cli, testing          the package, the command, the store conformance suite
+    durably, cli, testing, _ui     the package, the command, the store conformance suite,
+                                   the dashboard (durably ui)
     stategraph, _graph             the StateGraph builder and compiled app
     _decorators                    @task, @entrypoint
     executors, _executors          fan-out over threads, processes, Dask; the worker side
@@ -31,7 +32,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "durably"
 
 LAYERS: list[set[str]] = [
-    {"durably", "__main__", "cli", "_cli", "testing"},
+    {"durably", "__main__", "cli", "_cli", "testing", "_ui"},
     {"stategraph", "_graph"},
     {"_decorators"},
     {"executors", "_executors"},
@@ -49,7 +50,8 @@ STORAGE_LIBRARIES = {"sqlite3": "durably._store.disk", "diskcache": "durably._st
                      "psycopg_pool": "durably._store.postgres",
                      "fsspec": "durably._store.postgres", "s3fs": "durably._store.postgres"}
 #: the layers that use stores only through :mod:`durably.store`'s protocol
-STORE_USERS = {"_runtime", "_decorators", "_executors", "_graph", "stategraph", "_trace"}
+STORE_USERS = {"_runtime", "_decorators", "_executors", "_graph", "stategraph", "_trace",
+               "_ui"}
 MAX_LINES = 1000
 
 

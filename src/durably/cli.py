@@ -15,6 +15,7 @@ cache miss, and look after the cache.
     durably cache prune [--older-than 30d] [--max-size 5GB] [--max-entries N] [--task NAME]
                         [--dry-run]
     durably cache clear [--task NAME] [--dry-run]
+    durably ui [--host 127.0.0.1] [--port 8765] [--open] [--read-only]
 
 The store is ``--store URL`` or ``--dir DIR`` (before or after the command's name), else
 ``$DURABLY_STORE`` (a URL or a path), else ``$DURABLY_DIR``, else ``./.durably``; a store
@@ -720,7 +721,8 @@ def graph_command(ctx: click.Context, run_id: str, fmt: str | None, output: Path
 @click.pass_context
 def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None,
                    keep_finished: bool, script: Path | None) -> None:
-    """Answer an interrupted run and continue it (exit status 3 if it pauses again);
+    """Answer an interrupted run and continue it (exit status 3 if it pauses again; no
+    --value for a run whose questions were answered in durably ui);
     continue a crashed, failed or stopped run with its arguments (with --keep-finished,
     keeping what it finished under older code). Without MODULE:ENTRYPOINT, the entrypoint
     the run recorded (a run started as `python job.py`: its script, loaded without its
@@ -777,7 +779,7 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
               if run.script else "Fix: call the entrypoint again with the same arguments to "
                                  "continue it.")
         _fail(f"run {run.id!r} is {run.status}, not interrupted: it waits for no answer. {fix}")
-    if value is None:  # an approval must never be answered by accident
+    if value is None and run.interrupts:  # an approval must never be answered by accident
         _fail(f"run {run.id!r} waits for an answer: give it with --value JSON (for example "
               f"--value '\"yes\"'; see it with durably show {run.id}).")
     _resume_and_report(ctx, home, run, lambda: ep.resume(run.id, answer))
@@ -929,3 +931,4 @@ def main() -> None:
 
 from durably._cli import cache as _cache  # noqa: E402, F401 - its commands, on cli
 from durably._cli import recover as _recover  # noqa: E402, F401 - its command, on cli
+from durably._cli import ui as _ui  # noqa: E402, F401 - its command, on cli

@@ -42,7 +42,13 @@ from durably._runtime.run import Run
 from durably._runtime.spec import Spec
 from durably._store.records import RunRecord
 from durably._trace.tracer import Event, RunGraph
-from durably.exceptions import DefinitionError, NotFoundError, RunBusyError, RunStateError
+from durably.exceptions import (
+    DefinitionError,
+    DurablyError,
+    NotFoundError,
+    RunBusyError,
+    RunStateError,
+)
 from durably.store import Store
 
 __all__ = ["Entrypoint", "entrypoint", "fork"]
@@ -312,9 +318,11 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         Args:
             run_id: The interrupted run (``RunInterrupted.run_id``).
             value: The answer (required: None is refused, so that an approval is never
-                given by accident). When several interrupts are pending (parallel
-                branches), a mapping ``{interrupt_id: value}``; answering only some keeps
-                the rest pending (the run pauses again at them). A web handler answers by
+                given by accident; unless every question of the run was answered already,
+                from ``durably ui``'s form, which journals answers without resuming). When
+                several interrupts are pending (parallel branches), a mapping
+                ``{interrupt_id: value}``; answering only some keeps the rest pending (the
+                run pauses again at them). A web handler answers by
                 id, ``{interrupt_id: value}``, so that a form sent twice cannot answer the
                 run's next question.
             keep_finished: As for :meth:`run`. With it, a run that is not interrupted
@@ -548,11 +556,23 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return runner(wrapped, instance, args, kwargs, run_id, False, handle, on_lease=answer,
                       keep_finished=keep)
 
+    def _self_answered(self, run_id: str) -> bool:
+        """Whether the run waits at ``interrupt()`` with every question answered already
+        (journaled by ``durably ui``'s form): resumed, it continues with no answer."""
+        try:
+            store, rec, _, _ = self._self_stored_call(run_id, "resume")
+        except DurablyError:
+            return False
+        return rec.status == "interrupted" and not pending_interrupts(store, run_id,
+                                                                      rec.attempt)
+
     def _self_answering(self, run_id: str, value: Any
                         ) -> tuple[Any, Any, Callable[[Store, RunRecord | None], None]]:
         """The stored arguments of an interrupted run, and the function that journals
         ``value`` as its answer once the run's lease is held (``on_lease``)."""
-        if value is None:  # an approval is never answered by accident (as the CLI says)
+        if value is None and not self._self_answered(run_id):
+            # an approval is never answered by accident (as the CLI says); a run whose
+            # questions were all answered already (from the dashboard: durably ui) needs none
             raise DefinitionError(
                 f"resume({run_id!r}) was given no answer (None is not one: an approval must "
                 "never be answered by accident). Fix: resume(run_id, answer), for example "

@@ -1,0 +1,85 @@
+"""``durably ui``: serve the dashboard of a store on this machine.
+
+Apart from :mod:`durably.cli` only for its length (which imports it at its end, so that the
+command is on it). Starlette and uvicorn are imported when the command runs, so ``durably``
+works without the ``ui`` extra.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import webbrowser
+
+import click
+
+from durably._cli.support import _fail
+from durably.cli import _dir_option, _store, _where, cli
+
+__all__ = ["ui_command"]
+
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def _local(host: str) -> bool:
+    """Whether ``host`` is a loopback address or name (only this machine can connect)."""
+    if host in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@cli.command("ui")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The address to listen on. Anything but a loopback address lets other "
+                   "machines reach the dashboard (they still need its token).")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="The port to listen on (0: any free port).")
+@click.option("--open", "open_browser", is_flag=True, help="Open the dashboard in a browser.")
+@click.option("--read-only", "read_only", is_flag=True,
+              help="Show the runs only: no answering, forking, deleting or pruning.")
+@_dir_option
+@click.pass_context
+def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
+               read_only: bool) -> None:
+    """Serve a dashboard of the store's runs in the browser: runs updated live, each run's
+    graph, steps, errors and questions (answered from a form), the cache. It reads the
+    store only; it never imports or runs your code. Needs pip install 'durably[ui]'."""
+    try:
+        import uvicorn
+
+        from durably._ui import create_app, new_token
+    except ImportError as exc:
+        _fail(f"durably ui needs Starlette and uvicorn ({exc.name} is not installed). Fix: "
+              "pip install 'durably[ui]'")
+    store = _store(ctx)
+    token = new_token()
+    app = create_app(store, token, read_only=read_only)
+    if not _local(host):
+        click.echo(f"warning: --host {host} is not a loopback address: other machines can "
+                   "reach this dashboard (with its token) over plain HTTP. Use it only on a "
+                   "network you trust.", err=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+
+    def announce() -> None:
+        while not server.started:
+            if server.should_exit:
+                return
+            threading.Event().wait(0.05)
+        bound = port
+        for s in server.servers:
+            for sock in s.sockets:
+                bound = sock.getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        url = f"http://{shown}:{bound}/?token={token}"
+        click.echo(f"durably ui: the store {_where(store)}"
+                   f"{' (read-only)' if read_only else ''}\n"
+                   f"open {url}\n(Ctrl-C stops it)")
+        if open_browser:
+            webbrowser.open(url)
+
+    threading.Thread(target=announce, daemon=True, name="durably-ui-announce").start()
+    server.run()

@@ -1,0 +1,392 @@
+"""The dashboard's web app (Starlette): pages, a JSON API, a stream of run changes
+(server-sent events), the actions (answer, fork, delete, prune) and the guard in front of
+them all (the token, the cross-site checks, read-only mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+import durably
+from durably import render
+from durably._runtime.history import NO_UPDATE, make_fork
+from durably._store.urls import redact
+from durably._ui import pages, queries
+from durably.exceptions import DurablyError
+from durably.store import Store
+
+__all__ = ["create_app"]
+
+#: steps per page of a run's step table
+PAGE_SIZE = 100
+#: a graph with more nodes than this is not drawn (the browser would take minutes)
+MAX_DRAWN = 2_000
+_STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
+
+
+class _State:
+    def __init__(self, store: Store, token: str, read_only: bool, poll: float) -> None:
+        self.store = store
+        self.token = token
+        self.read_only = read_only
+        self.poll = poll
+        self.csrf = hmac.new(token.encode(), b"durably-ui csrf", hashlib.sha256).hexdigest()
+        self.watch = queries.RunsWatch(store)
+        self.steps = queries.StepsCache(store)
+        self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def create_app(store: Store, token: str, *, read_only: bool = False, poll: float = 0.5
+               ) -> ASGIApp:
+    """The dashboard for ``store`` as an ASGI app: every request needs ``token`` (as
+    ``?token=`` once, which sets a cookie, or the header ``X-Durably-Token``); with
+    ``read_only`` every action is hidden and refused. ``poll``: seconds between two looks at
+    the store for changed runs, for the live pages."""
+    state = _State(store, token, read_only, poll)
+
+    def bound(handler: Callable[[Request, _State], Awaitable[Response]]
+              ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            return await handler(request, state)
+        return endpoint
+
+    routes = [
+        Route("/", bound(_runs_page)),
+        Route("/runs/{run_id}", bound(_run_page)),
+        Route("/cache", bound(_cache_page)),
+        Route("/api/runs", bound(_api_runs)),
+        Route("/api/stream", bound(_api_stream)),
+        Route("/api/runs/{run_id}/graph", bound(_api_graph)),
+        Route("/runs/{run_id}/answer", bound(_answer), methods=["POST"]),
+        Route("/runs/{run_id}/fork", bound(_fork), methods=["POST"]),
+        Route("/runs/{run_id}/delete", bound(_delete), methods=["POST"]),
+        Route("/cache/prune", bound(_prune), methods=["POST"]),
+        Route("/static/{name}", _static),
+    ]
+    return _Guard(Starlette(routes=routes), state)
+
+
+# -- the guard ---------------------------------------------------------------------------------
+class _Guard:
+    """Every request carries the token (query, cookie or header); a POST comes from the
+    dashboard's own pages (its Origin, else Referer, is the Host) and is refused in
+    read-only mode. The CSRF token of the forms is checked by each action."""
+
+    def __init__(self, app: ASGIApp, state: _State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        refused = self._refused(request)
+        if refused is not None:
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _cookie(self, request: Request) -> str:
+        port = request.url.port or (443 if request.url.scheme == "https" else 80)
+        return f"durably_ui_{port}"  # (cookies are shared across ports: one per dashboard)
+
+    def _refused(self, request: Request) -> Response | None:
+        token = self.state.token
+        given = request.query_params.get("token")
+        if given is not None and hmac.compare_digest(given, token):
+            if request.method == "GET":  # once: a cookie from now on, and a URL without it
+                query = urlencode([(k, v) for k, v in request.query_params.multi_items()
+                                   if k != "token"])
+                response = RedirectResponse(request.url.path + (f"?{query}" if query else ""),
+                                            status_code=303)
+                response.set_cookie(self._cookie(request), token, httponly=True,
+                                    samesite="strict", path="/")
+                return response
+        elif not any(hmac.compare_digest(candidate, token) for candidate in (
+                request.cookies.get(self._cookie(request), ""),
+                request.headers.get("x-durably-token", "")) if candidate):
+            return HTMLResponse(pages.refused(), status_code=403)
+        if request.method not in ("GET", "HEAD"):
+            if self.state.read_only:
+                return PlainTextResponse("this dashboard is read-only (durably ui "
+                                         "--read-only): it takes no action", status_code=403)
+            source = request.headers.get("origin") or request.headers.get("referer") or ""
+            if urlsplit(source).netloc != request.headers.get("host", ""):
+                return PlainTextResponse("refused: this action did not come from the "
+                                         "dashboard's own page (its Origin is not this "
+                                         "server)", status_code=403)
+        return None
+
+
+async def _form(request: Request, state: _State) -> dict[str, str]:
+    """The form of an action, whose CSRF token is checked."""
+    # (URL-encoded, as the pages send them: parsed here, without python-multipart)
+    if request.headers.get("content-type", "").split(";")[0].strip() != \
+            "application/x-www-form-urlencoded":
+        raise _Refused("refused: an action takes a form (application/x-www-form-urlencoded)")
+    body = await request.body()
+    if len(body) > 1_000_000:
+        raise _Refused("refused: the form is larger than 1 MB")
+    fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+    if not hmac.compare_digest(fields.get("csrf", ""), state.csrf):
+        raise _Refused("refused: the form's CSRF token is missing or wrong (reload the page)")
+    return fields
+
+
+class _Refused(Exception):
+    pass
+
+
+def _blocking(func: Callable[..., Any], *args: Any) -> Awaitable[Any]:
+    return anyio.to_thread.run_sync(func, *args)
+
+
+# -- pages -------------------------------------------------------------------------------------
+def _context(state: _State) -> pages.Context:
+    return pages.Context(store=redact(state.store.where),
+                         read_only=state.read_only, csrf=state.csrf,
+                         maintained="maintenance" in state.store.capabilities)
+
+
+async def _runs_page(request: Request, state: _State) -> Response:
+    return HTMLResponse(pages.runs_page(_context(state)))
+
+
+async def _run_page(request: Request, state: _State) -> Response:
+    run_id = request.path_params["run_id"]
+    try:
+        page = max(0, int(request.query_params.get("page", "1")) - 1)
+    except ValueError:
+        page = 0
+    task = request.query_params.get("task") or None
+    status = request.query_params.get("status") or None
+
+    def read() -> str | None:
+        try:
+            run = durably.get_run(run_id, store=state.store)
+        except durably.NotFoundError:
+            return None
+        found = state.steps.of(run)
+        rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
+        try:
+            history = run.history()
+        except DurablyError:
+            history = []
+        return pages.run_page(
+            _context(state), run, found["counts"], found["saved"], rows, matching, page,
+            PAGE_SIZE, task, status, queries.pending_of(state.store, run),
+            queries.errors_of(state.store, run), queries.events_of(state.store, run),
+            history, sorted({s.task for s in found["steps"]}),
+            notice=request.query_params.get("notice"))
+
+    text = await _blocking(read)
+    if text is None:
+        return HTMLResponse(pages.not_found(_context(state), run_id), status_code=404)
+    return HTMLResponse(text)
+
+
+async def _cache_page(request: Request, state: _State) -> Response:
+    def read() -> dict[str, Any] | None:
+        if "maintenance" not in state.store.capabilities:
+            return None
+        return state.store.cache_stats()
+
+    stats = await _blocking(read)
+    return HTMLResponse(pages.cache_page(_context(state), stats,
+                                         request.query_params.get("notice")))
+
+
+async def _static(request: Request) -> Response:
+    name = request.path_params["name"]
+    if name == "viz.js":
+        data = resources.files("durably._assets").joinpath("viz-global.js").read_bytes()
+        return Response(data, media_type="application/javascript",
+                        headers={"cache-control": "max-age=3600"})
+    if name not in _STATIC:
+        return PlainTextResponse("not found", status_code=404)
+    data = resources.files("durably._ui").joinpath("static", name).read_bytes()
+    return Response(data, media_type=_STATIC[name])
+
+
+# -- the API -----------------------------------------------------------------------------------
+async def _api_runs(request: Request, state: _State) -> Response:
+    rows = await _blocking(state.watch.rows)
+    return JSONResponse(list(rows.values()))
+
+
+async def _api_stream(request: Request, state: _State) -> Response:
+    """Server-sent events: ``runs`` (a list of changed rows and ``removed``: the ids of
+    deleted runs), the first one with every run, then one each time the store changed."""
+    async def events() -> AsyncIterator[str]:
+        sent: dict[str, str] = {}
+        while True:
+            rows = await _blocking(state.watch.rows)
+            changed = []
+            for run_id, row in rows.items():
+                text = json.dumps(row, sort_keys=True, default=str)
+                if sent.get(run_id) != text:
+                    sent[run_id] = text
+                    changed.append(row)
+            removed = [run_id for run_id in sent if run_id not in rows]
+            for run_id in removed:
+                del sent[run_id]
+            if changed or removed or not sent:
+                data = json.dumps({"runs": changed, "removed": removed}, default=str)
+                yield f"event: runs\ndata: {data}\n\n"
+            else:
+                yield ": still here\n\n"  # (a comment: notices a closed connection)
+            if await request.is_disconnected():
+                return
+            await asyncio.sleep(state.poll)
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"cache-control": "no-cache"})
+
+
+async def _api_graph(request: Request, state: _State) -> Response:
+    """The run's graph as DOT (``dot``) and its collapsed groups (``groups``: DOT node name
+    -> calls), collapsed at ``?collapse=N`` calls (default 20)."""
+    run_id = request.path_params["run_id"]
+    try:
+        collapse = max(0, int(request.query_params.get("collapse", "20")))
+    except ValueError:
+        return JSONResponse({"error": "collapse must be a number of calls"}, status_code=400)
+
+    def read() -> dict[str, Any] | None:
+        try:
+            run = durably.get_run(run_id, store=state.store)
+        except durably.NotFoundError:
+            return None
+        status = run.status
+        key = (run_id, run.attempt, run.updated, status, collapse)
+        if key in state.graphs and status != "running":
+            return state.graphs[key]
+        graph = run.graph(collapse=collapse)
+        if len(graph.nodes) > MAX_DRAWN:
+            found: dict[str, Any] = {
+                "error": f"{len(graph.nodes):,} nodes are too many to draw; the step table "
+                         "lists them all"}
+        else:
+            found = {"dot": render.to_dot(graph), "nodes": len(graph.nodes),
+                     "groups": {f"n{i}": node.count for i, node in enumerate(graph.nodes)
+                                if node.count > 1}}
+        if len(state.graphs) > 16:
+            state.graphs.clear()
+        state.graphs[key] = found
+        return found
+
+    found = await _blocking(read)
+    if found is None:
+        return JSONResponse({"error": f"no run {run_id!r}"}, status_code=404)
+    return JSONResponse(found)
+
+
+# -- actions -----------------------------------------------------------------------------------
+def _back(path: str, notice: str) -> Response:
+    return RedirectResponse(f"{path}?{urlencode({'notice': notice})}", status_code=303)
+
+
+async def _action(request: Request, state: _State,
+                  act: Callable[[dict[str, str]], Response]) -> Response:
+    try:
+        fields = await _form(request, state)
+        response: Response = await _blocking(act, fields)
+        return response
+    except _Refused as exc:
+        return PlainTextResponse(str(exc), status_code=403)
+    except (DurablyError, ValueError) as exc:
+        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=409)
+
+
+async def _answer(request: Request, state: _State) -> Response:
+    run_id = request.path_params["run_id"]
+
+    def act(fields: dict[str, str]) -> Response:
+        answers = {}
+        for key, text in fields.items():
+            if key.startswith("answer:"):
+                try:
+                    answers[key[7:]] = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"the answer to interrupt {key[7:]} is not JSON "
+                                     f"({exc.msg}): {text!r}. Fix: write it as JSON, for "
+                                     "example \"yes\" (with the quotes), true or 42.") from None
+        queries.answer_interrupts(state.store, run_id, answers)
+        return _back(f"/runs/{run_id}", "answered")
+
+    return await _action(request, state, act)
+
+
+async def _fork(request: Request, state: _State) -> Response:
+    run_id = request.path_params["run_id"]
+
+    def act(fields: dict[str, str]) -> Response:
+        run = durably.get_run(run_id, store=state.store)
+        fork_id = make_fork(state.store, run._record, fields.get("at", ""), NO_UPDATE)
+        return _back(f"/runs/{fork_id}", "forked")
+
+    return await _action(request, state, act)
+
+
+async def _delete(request: Request, state: _State) -> Response:
+    run_id = request.path_params["run_id"]
+
+    def act(fields: dict[str, str]) -> Response:
+        if fields.get("confirm") != run_id:
+            raise ValueError(f"deleting run {run_id!r} needs its id typed as the "
+                             "confirmation. Fix: type the run's id in the box.")
+        deleted = durably.delete_runs([run_id], store=state.store)
+        if not deleted:
+            raise ValueError(f"run {run_id!r} was not deleted: a process is executing it.")
+        return _back("/", f"deleted {run_id}")
+
+    return await _action(request, state, act)
+
+
+async def _prune(request: Request, state: _State) -> Response:
+    from durably._cli.support import _parse_duration, _parse_size
+
+    def act(fields: dict[str, str]) -> Response:
+        if fields.get("confirm") != "yes":
+            raise ValueError("pruning the cache needs the confirmation box ticked.")
+        try:
+            age = (_parse_duration("older than", fields["older_than"])
+                   if fields.get("older_than") else None)
+            size = (_parse_size("max size", fields["max_size"])
+                    if fields.get("max_size") else None)
+        except Exception as exc:  # noqa: BLE001 - the command's parse error, said as it is
+            raise ValueError(str(getattr(exc, "message", exc))) from None
+        removed = durably.prune(older_than=age, max_size=size, task=fields.get("task") or None,
+                                store=state.store)
+        return _back("/cache", f"removed {removed.entries:,} cache entries "
+                               f"({removed.bytes:,} bytes)")
+
+    return await _action(request, state, act)
+
+
+def new_token() -> str:
+    """A random token for the dashboard's URL (``secrets.token_urlsafe``, 32 bytes)."""
+    return secrets.token_urlsafe(32)
+

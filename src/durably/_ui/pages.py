@@ -1,0 +1,280 @@
+"""The dashboard's HTML pages, written out with every value escaped (no template engine:
+the pages are few, and the live parts are drawn by ``static/app.js``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Sequence
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+import durably
+from durably.store import StepRecord
+
+__all__ = ["Context", "cache_page", "failed", "not_found", "refused", "run_page", "runs_page"]
+
+STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every page shows or needs: the store, whether actions are shown, the CSRF
+    token of the forms, whether the store looks after a cache."""
+
+    store: str
+    read_only: bool
+    csrf: str
+    maintained: bool
+
+
+def _h(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return ""
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.2f} s"
+    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _rate(rate: float | None) -> str:
+    return "" if rate is None else f"{rate * 100:.0f} %"
+
+
+def _layout(ctx: Context, title: str, body: str, script: bool = True) -> str:
+    mode = '<span class="badge ro">read-only</span>' if ctx.read_only else ""
+    cache = '<a href="/cache">Cache</a>' if ctx.maintained else ""
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_h(title)} · durably</title>
+<link rel="stylesheet" href="/static/style.css"></head>
+<body data-read-only="{'1' if ctx.read_only else ''}">
+<header><a class="brand" href="/">durably</a><nav><a href="/">Runs</a>{cache}</nav>
+<span class="store" title="the store">{_h(ctx.store)}</span>{mode}</header>
+<main>{body}</main>
+{'<script src="/static/viz.js"></script><script src="/static/app.js"></script>' if script else ''}
+</body></html>
+"""
+
+
+def _csrf(ctx: Context) -> str:
+    return f'<input type="hidden" name="csrf" value="{_h(ctx.csrf)}">'
+
+
+def _notice(notice: str | None) -> str:
+    return f'<p class="notice">{_h(notice)}</p>' if notice else ""
+
+
+def refused() -> str:
+    """The page of a request without the dashboard's token."""
+    return """<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>durably: token needed</title></head><body>
+<h1>This dashboard needs its token</h1>
+<p>Open the address <code>durably ui</code> printed when it started
+(<code>http://127.0.0.1:8765/?token=...</code>).</p></body></html>
+"""
+
+
+def not_found(ctx: Context, run_id: str) -> str:
+    """The page of a run id the store does not hold."""
+    return _layout(ctx, "not found", f"<h1>No run {_h(run_id)!s}</h1><p>The store holds no "
+                   f'run with this id (deleted?). <a href="/">All runs</a></p>', script=False)
+
+
+def failed(ctx: Context, message: str) -> str:
+    """The page of an action the store refused, with why."""
+    return _layout(ctx, "not done", f'<h1>Not done</h1><p class="error">{_h(message)}</p>'
+                   '<p><a href="javascript:history.back()">Back</a></p>', script=False)
+
+
+def runs_page(ctx: Context) -> str:
+    """The runs table: drawn and kept up to date by app.js from the stream of runs."""
+    statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
+    body = f"""<h1>Runs</h1>
+<form id="filters" class="filters" onsubmit="return false">
+<label>Entrypoint <select name="entrypoint"><option value="">all</option></select></label>
+<label>Status <select name="status"><option value="">all</option>{statuses}</select></label>
+<label>Started <select name="since"><option value="">any time</option>
+<option value="3600">in the last hour</option><option value="86400">in the last day</option>
+<option value="604800">in the last week</option></select></label>
+<span id="live" class="live">connecting…</span></form>
+<table id="runs" class="runs"><thead><tr><th>Run</th><th>Entrypoint</th><th>Status</th>
+<th>Started</th><th class="n">Duration</th><th class="n">Ran</th><th class="n">Cached</th>
+<th class="n">Replayed</th><th class="n">Failed</th><th class="n">Time saved</th></tr></thead>
+<tbody></tbody></table>
+<p id="empty" class="empty" hidden>No runs match.</p>"""
+    return _layout(ctx, "Runs", body)
+
+
+def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any]],
+                status: str) -> str:
+    resume = f"durably resume {run.id}"
+    if status != "interrupted":
+        return ""
+    if not pending:
+        return (f'<section class="steer"><h2>Answered</h2><p>Every question of this run is '
+                f"answered. The run continues when it is next resumed: run "
+                f"<code>{_h(resume)}</code> where its code is (or call "
+                f"<code>{_h(run.name)}.resume({_h(repr(run.id))})</code> from the app)."
+                "</p></section>")
+    items = []
+    for p in pending:
+        payload = json.dumps(p["payload"], indent=2, default=repr, ensure_ascii=False)
+        field = ("" if ctx.read_only else
+                 f'<label>Answer (JSON) <textarea name="answer:{_h(p["id"])}" rows="2" '
+                 'required placeholder="&quot;yes&quot;"></textarea></label>')
+        items.append(f'<div class="interrupt"><div class="meta">interrupt <code>'
+                     f'{_h(p["id"])}</code> of <b>{_h(p["task"])}</b></div>'
+                     f'<pre class="payload">{_h(payload)}</pre>{field}</div>')
+    form = ("".join(items) if ctx.read_only else
+            f'<form method="post" action="/runs/{_h(run.id)}/answer" class="answer">'
+            f'{_csrf(ctx)}{"".join(items)}<button type="submit">Answer</button></form>')
+    return (f'<section class="steer"><h2>Waiting for {len(pending)} answer(s)</h2>{form}'
+            f'<p class="hint">The answer is journaled as <code>{_h(resume)} --value JSON'
+            f"</code> journals it; the run continues when it is next resumed "
+            f"(<code>{_h(resume)}</code>).</p></section>")
+
+
+def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, page: int,
+           size: int, task: str | None, status: str | None, tasks: list[str]) -> str:
+    pages = max(1, -(-matching // size))
+
+    def link(n: int, text: str) -> str:
+        query = urlencode({k: v for k, v in (("page", n), ("task", task or ""),
+                                             ("status", status or "")) if v})
+        return f'<a href="/runs/{_h(run.id)}?{_h(query)}#steps">{text}</a>'
+
+    nav = (f'<span class="pager">{link(page, "‹ previous") if page else ""} page {page + 1:,} '
+           f'of {pages:,} {link(page + 2, "next ›") if page + 1 < pages else ""}</span>')
+    task_options = "".join(f'<option{" selected" if t == task else ""}>{_h(t)}</option>'
+                           for t in tasks[:500])
+    status_options = "".join(f'<option{" selected" if s == status else ""}>{s}</option>'
+                             for s in ("ran", "cached", "replayed", "failed", "interrupted"))
+    body = "".join(
+        f'<tr><td class="n">{s.position:,}</td><td>{_h(s.task)}</td>'
+        f'<td><span class="badge {_h(s.status)}">{_h(s.status)}</span></td>'
+        f'<td>{_when(s.started)}</td><td class="n">{_seconds(s.duration)}</td>'
+        f'<td class="repr">{_h(s.inputs or "")}</td>'
+        f'<td class="repr">{_h(s.output or s.error or "")}</td></tr>' for s in rows)
+    return f"""<section id="steps"><h2>Steps <small>{matching:,}</small></h2>
+<form class="filters" method="get" action="/runs/{_h(run.id)}#steps">
+<label>Task <select name="task"><option value="">all</option>{task_options}</select></label>
+<label>Status <select name="status"><option value="">all</option>{status_options}</select>
+</label><button type="submit">Filter</button>{nav}</form>
+<table class="steps"><thead><tr><th class="n">#</th><th>Task</th><th>Status</th>
+<th>Started</th><th class="n">Duration</th><th>Inputs</th><th>Output or error</th></tr></thead>
+<tbody>{body}</tbody></table></section>"""
+
+
+def _history(ctx: Context, run: durably.Run[Any], history: Sequence[durably.Checkpoint]
+             ) -> str:
+    if not history:
+        return ""
+    rows = []
+    for cp in history[:200]:
+        fork = ("" if ctx.read_only else
+                f'<form method="post" action="/runs/{_h(run.id)}/fork">{_csrf(ctx)}'
+                f'<input type="hidden" name="at" value="{_h(cp.id)}">'
+                '<button type="submit" class="small">Fork here</button></form>')
+        rows.append(f"<tr><td><code>{_h(cp.id[:12])}</code></td><td>{_h(cp.kind)}</td>"
+                    f"<td>{_h(cp.task)}</td><td>{_when(cp.time)}</td>"
+                    f'<td class="repr">{_h(cp.state or "")}</td><td>{fork}</td></tr>')
+    return (f'<section id="history"><h2>History <small>{len(history):,} checkpoints, newest '
+            'first</small></h2><p class="hint">A fork is a new run holding this run\'s '
+            "journal up to the checkpoint; execute it with <code>durably fork RUN</code> "
+            "(the fork's id) where its code is.</p><table class=\"steps\"><thead><tr>"
+            "<th>Checkpoint</th><th>Kind</th><th>Task</th><th>Time</th><th>State</th><th>"
+            f'</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+
+
+def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved: float,
+             rows: Sequence[StepRecord], matching: int, page: int, size: int,
+             task: str | None, status: str | None, pending: list[dict[str, Any]],
+             errors: list[dict[str, Any]], events: list[dict[str, Any]],
+             history: Sequence[durably.Checkpoint], tasks: list[str],
+             notice: str | None = None) -> str:
+    """The page of one run: its summary, questions, graph, steps, errors, events, history
+    and actions."""
+    state = run.status
+    total = sum(counts.values())
+    facts = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in (
+        ("entrypoint", f"<code>{_h(run.entrypoint)}</code>"),
+        ("attempt", f"{run.attempt:,}"), ("started", _when(run.created)),
+        ("updated", _when(run.updated)),
+        ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
+            f"{counts[k]:,} {k}" for k in ("ran", "cached", "replayed", "failed"))),
+        ("time saved", _seconds(saved) or "0 s")))
+    error = f'<p class="error">{_h(run.error)}</p>' if run.error else ""
+    failures = "".join(
+        f'<details class="failure"><summary><b>{_h(e["task"])}</b> (attempt {e["attempt"]}, '
+        f'{_when(e["time"])}): {_h(e["error"])}</summary><pre>{_h(e["traceback"])}</pre>'
+        "</details>" for e in errors[:100])
+    failures = (f'<section id="errors"><h2>Errors <small>{len(errors):,}</small></h2>'
+                f"{failures}</section>" if errors else "")
+    custom = "".join(f"<tr><td>{_when(e['time'])}</td><td>{e['attempt']}</td>"
+                     f'<td class="repr">{_h(e["value"])}</td></tr>' for e in events[-200:])
+    custom = (f'<section id="events"><h2>Custom events <small>{len(events):,}</small></h2>'
+              '<table class="steps"><thead><tr><th>Time</th><th>Attempt</th><th>Value</th>'
+              f"</tr></thead><tbody>{custom}</tbody></table></section>" if events else "")
+    actions = "" if ctx.read_only else (
+        f'<section id="actions"><h2>Delete</h2><form method="post" '
+        f'action="/runs/{_h(run.id)}/delete" class="danger">{_csrf(ctx)}<label>Type the run '
+        f'id to confirm <input name="confirm" autocomplete="off" placeholder="{_h(run.id)}">'
+        '</label><button type="submit">Delete this run and its journal</button></form>'
+        '<p class="hint">The cache is kept: its steps still serve later calls.</p></section>')
+    forked = ('<p class="notice">This run is a fork, not executed yet: execute it with '
+              f"<code>durably fork {_h(run.id)}</code>.</p>" if state == "forked" else "")
+    body = f"""{_notice(notice)}<div class="title" id="run" data-run="{_h(run.id)}"
+data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
+<span class="badge {_h(state)}" id="status">{_h(state)}</span></div>
+<dl class="facts">{facts}</dl>{error}{forked}
+{_interrupts(ctx, run, pending, state)}
+<section id="graph-section"><h2>Graph</h2><div id="graph" class="graph"
+data-run="{_h(run.id)}">drawing…</div></section>
+{_steps(run, rows, matching, page, size, task, status, tasks)}
+{failures}{custom}{_history(ctx, run, history)}{actions}"""
+    return _layout(ctx, f"{run.name} {run.id}", body)
+
+
+def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -> str:
+    """Cache statistics by task, and the prune form."""
+    if stats is None:
+        return _layout(ctx, "Cache", "<h1>Cache</h1><p>This store does not look after a cache "
+                       "(capability \"maintenance\").</p>", script=False)
+    rate = stats.get("hit_rate")
+    rows = "".join(
+        f"<tr><td>{_h(t['task'])}</td><td class=\"n\">{t['entries']:,}</td>"
+        f"<td class=\"n\">{t['bytes']:,}</td><td class=\"n\">{t['ran']:,}</td>"
+        f"<td class=\"n\">{t['cached']:,}</td><td class=\"n\">{_rate(t['hit_rate'])}</td></tr>"
+        for t in stats.get("tasks", []))
+    prune = "" if ctx.read_only else f"""<section><h2>Prune</h2>
+<form method="post" action="/cache/prune" class="danger">{_csrf(ctx)}
+<label>Older than <input name="older_than" placeholder="30d"></label>
+<label>Max size <input name="max_size" placeholder="5GB"></label>
+<label>Task <input name="task" placeholder="all tasks"></label>
+<label><input type="checkbox" name="confirm" value="yes"> remove these entries</label>
+<button type="submit">Prune the cache</button></form>
+<p class="hint">Journals are kept: runs still replay their finished steps.</p></section>"""
+    body = f"""{_notice(notice)}<h1>Cache</h1><dl class="facts">
+<div><dt>entries</dt><dd>{stats['entries']:,}</dd></div>
+<div><dt>size</dt><dd>{stats['bytes']:,} bytes</dd></div>
+<div><dt>hit rate</dt><dd>{_rate(rate)}
+({stats['cached']:,} cached, {stats['ran']:,} ran, {stats['runs']:,} runs)</dd></div></dl>
+<table class="steps"><thead><tr><th>Task</th><th class="n">Entries</th><th class="n">Bytes</th>
+<th class="n">Ran</th><th class="n">Cached</th><th class="n">Hit rate</th></tr></thead>
+<tbody>{rows}</tbody></table>{prune}"""
+    return _layout(ctx, "Cache", body, script=False)

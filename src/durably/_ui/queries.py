@@ -1,0 +1,290 @@
+"""What the dashboard's pages show, read from a store through :mod:`durably.store`'s protocol
+and the public run API (never by importing or running the user's code).
+
+Values the journal holds pickled (interrupt payloads, custom events, tracebacks) are loaded
+by :func:`safe_load`, which builds plain data and stands a placeholder in for any class that
+is not a builtin: unpickling would otherwise import the user's modules.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copyreg
+import datetime
+import decimal
+import io
+import pickle
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import durably
+from durably._runtime.interrupt import record_answers
+from durably._trace.spans import wall_span
+from durably._trace.tracer import short_repr
+from durably.exceptions import RunStateError
+from durably.store import EventRecord, StepRecord, Store
+
+__all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
+           "pending_of", "run_row", "safe_load", "step_page", "StepsCache"]
+
+#: the journal's events that start and end an attempt
+RUN_ENDS = ("run_started", "run_finished", "run_failed", "run_interrupted", "run_stopped")
+#: builtins a pickle of plain data names (never eval, exec, getattr, open, __import__ ...)
+_SAFE_BUILTINS = frozenset({
+    "bool", "bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list",
+    "object", "range", "set", "slice", "str", "tuple", "Exception", "BaseException",
+    "ArithmeticError", "AssertionError", "AttributeError", "KeyError", "IndexError",
+    "LookupError", "NameError", "OSError", "RuntimeError", "TypeError", "ValueError",
+    "ZeroDivisionError", "FileNotFoundError", "PermissionError", "TimeoutError",
+    "NotImplementedError", "KeyboardInterrupt", "StopIteration", "ConnectionError",
+})
+_SAFE_GLOBALS: dict[tuple[str, str], Any] = {
+    ("copyreg", "_reconstructor"): copyreg._reconstructor,  # type: ignore[attr-defined]
+    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    ("datetime", "datetime"): datetime.datetime, ("datetime", "date"): datetime.date,
+    ("datetime", "time"): datetime.time, ("datetime", "timedelta"): datetime.timedelta,
+    ("datetime", "timezone"): datetime.timezone, ("decimal", "Decimal"): decimal.Decimal,
+}
+
+
+class _Placeholder:
+    """An object of a class the dashboard does not import: shown as ``module.Name(...)``."""
+
+    _where = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        args = ", ".join(short_repr(a, 60) for a in getattr(self, "args", ()))
+        return f"{self._where}({args})"
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return getattr(builtins, name)
+        if (module, name) in _SAFE_GLOBALS:
+            return _SAFE_GLOBALS[(module, name)]
+        return type(name, (_Placeholder,), {"_where": f"{module}.{name}"})
+
+
+def safe_load(data: bytes | None) -> Any:
+    """Unpickle ``data`` without importing anything: a class other than plain data's stands
+    as a placeholder whose ``repr`` names it. None for None; a string saying so for a value
+    that cannot be read this way (a large or binary-layout value)."""
+    if data is None:
+        return None
+    if type(data) is not bytes:
+        return "<a large value, not loaded by the dashboard>"
+    try:
+        return _SafeUnpickler(io.BytesIO(data)).load()
+    except Exception:  # noqa: BLE001 - a value in another layout, or damaged: said, not raised
+        return "<a value the dashboard cannot read>"
+
+
+# -- the runs table ----------------------------------------------------------------------------
+def _duration(events: list[EventRecord], attempt: int, status: str, now: float
+              ) -> float | None:
+    """Seconds the latest attempt took (so far, while it executes)."""
+    mine = [e for e in events if e.attempt == attempt]
+    starts = [e.time for e in mine if e.kind == "run_started"]
+    ends = [e.time for e in mine if e.kind != "run_started"]
+    if not starts:
+        return None
+    if ends:
+        return max(0.0, ends[-1] - starts[-1])
+    return max(0.0, now - starts[-1]) if status == "running" else None
+
+
+def _counts(steps: Iterable[StepRecord]) -> dict[str, int]:
+    """Steps by status, each by its last record (as :meth:`durably.Run.counts`)."""
+    last: dict[str, str] = {}
+    for s in steps:
+        if s.status != "started":
+            last[s.step_id] = s.status
+    counts = {k: 0 for k in ("ran", "cached", "replayed", "failed")}
+    for status in last.values():
+        if status in counts:
+            counts[status] += 1
+    return counts
+
+
+def run_row(store: Store, run: durably.Run[Any], expected: int | None = None
+            ) -> dict[str, Any]:
+    """One row of the runs table: the run's record, its steps by status, duration, time
+    saved and, while it executes, its progress (``expected``: the steps of its previous
+    attempt, when it had one)."""
+    status = run.status
+    now = time.time()
+    if status == "running":
+        counts = _counts(store.list_steps(run.id, attempt=run.attempt))
+        saved = None
+    else:
+        counts = run.counts()
+        saved = run.time_saved()
+    events = store.list_events(run.id, RUN_ENDS)
+    return {
+        "id": run.id, "name": run.name, "entrypoint": run.entrypoint, "status": status,
+        "attempt": run.attempt, "created": run.created, "updated": run.updated,
+        "counts": counts, "steps": sum(counts.values()),
+        "duration": _duration(events, run.attempt, status, now), "saved": saved,
+        "expected": expected if status == "running" else None, "error": run.error,
+    }
+
+
+class RunsWatch:
+    """The rows of every run, recomputed only for runs whose record changed (and for runs
+    executing now, whose steps grow): shared by every open page of the dashboard."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._rows: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._expected: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        """Every run's row by run id (newest first)."""
+        with self._lock:
+            runs = durably.list_runs(store=self.store)
+            fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+            for run in runs:
+                sign = (run.attempt, run.updated, run.error)
+                old = self._rows.get(run.id)
+                if old is not None and old[0] == sign and old[1]["status"] != "running":
+                    fresh[run.id] = old
+                    continue
+                fresh[run.id] = (sign, run_row(self.store, run, self._expected_of(run)))
+            self._rows = fresh
+            return {k: v[1] for k, v in fresh.items()}
+
+    def _expected_of(self, run: durably.Run[Any]) -> int | None:
+        if run.attempt < 2:
+            return None
+        key = (run.id, run.attempt)
+        if key not in self._expected:
+            before = self.store.list_steps(run.id, attempt=run.attempt - 1)
+            self._expected[key] = len({s.step_id for s in before})
+        return self._expected[key]
+
+
+# -- one run -----------------------------------------------------------------------------------
+class StepsCache:
+    """The steps of a run's latest attempt, its counts and its time saved, read by one
+    ``list_steps`` and kept while the run's record is unchanged (a run that executes is
+    read again each time): paging through a 100,000-step run reads its journal once."""
+
+    def __init__(self, store: Store, keep: int = 4) -> None:
+        self.store = store
+        self._kept: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def of(self, run: durably.Run[Any]) -> dict[str, Any]:
+        """``steps`` (the latest attempt's, in call order), ``counts``, ``saved`` (seconds,
+        as :meth:`durably.Run.time_saved`)."""
+        status = run.status
+        sign = (run.attempt, run.updated, status)
+        with self._lock:
+            kept = self._kept.get(run.id)
+            if kept is not None and kept[0] == sign and status != "running":
+                return kept[1]
+        records = self.store.list_steps(run.id)
+        latest = [s for s in records if s.attempt == run.attempt]
+        closed = {s.step_id for s in latest if s.status != "started"}
+        steps = [s for s in latest if s.status != "started" or s.step_id not in closed]
+        ran: dict[str, tuple[float, float]] = {}
+        replayed: set[str] = set()
+        for s in records:
+            if s.status == "ran":
+                ran.setdefault(s.step_id, (s.started, s.ended))
+            elif s.status == "replayed" and s.attempt == run.attempt:
+                replayed.add(s.step_id)
+        found = {"steps": steps, "counts": _counts(steps),
+                 "saved": wall_span(ran[step] for step in replayed if step in ran)}
+        with self._lock:
+            self._kept[run.id] = (sign, found)
+            while len(self._kept) > self._keep:
+                self._kept.pop(next(iter(self._kept)))
+        return found
+
+
+def step_page(steps: list[StepRecord], page: int, size: int, task: str | None = None,
+              status: str | None = None) -> tuple[list[StepRecord], int]:
+    """One page (0-based) of ``steps``, and how many match; filtered by task name and
+    status when given."""
+    if task or status:
+        steps = [s for s in steps
+                 if (not task or s.task == task) and (not status or s.status == status)]
+    return steps[page * size:(page + 1) * size], len(steps)
+
+
+def pending_of(store: Store, run: durably.Run[Any]) -> list[dict[str, Any]]:
+    """The interrupts the run waits for (the latest attempt's, unanswered), with their
+    payloads loaded by :func:`safe_load`: ``id``, ``task``, ``step_id``, ``payload``."""
+    if run.status != "interrupted":
+        return []
+    events = store.list_events(run.id, ("interrupt", "answer"))
+    answered = {e.key for e in events if e.kind == "answer"}
+    tasks = {s.step_id: s.task for s in store.list_steps(run.id, attempt=run.attempt)
+             if s.status == "interrupted"}
+    found: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.kind == "interrupt" and e.attempt == run.attempt and e.key not in answered:
+            found.setdefault(e.key, {
+                "id": e.key, "step_id": e.step_id, "payload": safe_load(e.data),
+                "task": tasks.get(e.step_id or "", "") if e.step_id else run.name})
+    return list(found.values())
+
+
+def answer_interrupts(store: Store, run_id: str, answers: dict[str, Any]) -> None:
+    """Journal ``answers`` (interrupt id -> value) to the run's pending interrupts exactly as
+    ``resume`` journals them (:func:`durably._runtime.interrupt.record_answers`); the run
+    continues when it is next resumed.
+
+    Raises:
+        RunStateError: the run is not waiting for these answers (it is executing, or was
+            answered or resumed meanwhile), or an id is not one of its pending interrupts.
+    """
+    run = durably.get_run(run_id, store=store)
+    if run.status != "interrupted" or store.run_holder(run_id) is not None:
+        raise RunStateError(f"run {run_id!r} is {run.status}, not waiting for an answer: "
+                            "it was resumed or answered meanwhile. Fix: reload the page.")
+    pending = pending_of(store, run)
+    ids = {p["id"] for p in pending}
+    unknown = sorted(set(answers) - ids)
+    if unknown or not answers:
+        raise RunStateError(f"run {run_id!r}: {unknown or 'no answer'} is not among its pending "
+                            f"interrupts {sorted(ids)}. Fix: reload the page.")
+    interrupts = [durably.Interrupt(p["id"], p["payload"], p["step_id"], p["task"])
+                  for p in pending if p["id"] in answers]
+    record_answers(store, run_id, run.attempt, interrupts,
+                   {i.id: answers[i.id] for i in interrupts})
+
+
+def errors_of(store: Store, run: durably.Run[Any]) -> list[dict[str, Any]]:
+    """The failures of the run's steps (every attempt), newest first: ``task``, ``time``,
+    ``error`` (the exception, as a placeholder when its class is not a builtin) and
+    ``traceback`` (its text, as the step recorded it)."""
+    found = []
+    for e in store.list_events(run.id, ("step_raised",)):
+        loaded = safe_load(e.data)
+        if isinstance(loaded, tuple) and len(loaded) >= 3:
+            exc, tb, task = loaded[0], loaded[1], loaded[2]
+        else:
+            exc, tb, task = loaded, "", ""
+        found.append({"task": str(task), "time": e.time, "attempt": e.attempt,
+                      "error": short_repr(exc, 300), "traceback": str(tb or "")})
+    return found[::-1]
+
+
+def events_of(store: Store, run: durably.Run[Any]) -> list[dict[str, Any]]:
+    """The run's custom events (``get_writer()``'s), in order: ``time``, ``attempt``,
+    ``value`` (a short repr)."""
+    return [{"time": e.time, "attempt": e.attempt, "value": short_repr(safe_load(e.data), 300)}
+            for e in store.list_events(run.id, ("custom",))]

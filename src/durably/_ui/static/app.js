@@ -1,0 +1,210 @@
+// durably ui: the live runs table, the run page's live status and its graph (Viz.js).
+// No build step and nothing from a CDN: this file, style.css and viz.js are served by the app.
+"use strict";
+
+function text(value) {
+  return value === null || value === undefined ? "" : String(value);
+}
+
+function seconds(s) {
+  if (s === null || s === undefined) return "";
+  if (s < 1) return Math.round(s * 1000) + " ms";
+  if (s < 120) return s.toFixed(2) + " s";
+  return s < 7200 ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h";
+}
+
+function when(t) {
+  const d = new Date(t * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
+    pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+}
+
+function cell(content, cls) {
+  const td = document.createElement("td");
+  if (cls) td.className = cls;
+  if (content instanceof Node) td.appendChild(content); else td.textContent = text(content);
+  return td;
+}
+
+function badge(status) {
+  const span = document.createElement("span");
+  span.className = "badge " + status;
+  span.textContent = status;
+  return span;
+}
+
+function progress(row) {
+  // a run that executes: its steps so far, against its previous attempt's when it had one
+  const wrap = document.createElement("div");
+  wrap.className = "progress";
+  const bar = document.createElement("div");
+  bar.className = "bar";
+  const fill = document.createElement("span");
+  if (row.expected) {
+    fill.style.width = Math.min(100, 100 * row.steps / row.expected) + "%";
+  } else {
+    bar.classList.add("indeterminate");
+  }
+  bar.appendChild(fill);
+  const label = document.createElement("small");
+  label.textContent = row.steps.toLocaleString() + (row.expected ?
+    " of " + row.expected.toLocaleString() : "") + " steps";
+  wrap.append(badge(row.status), bar, label);
+  return wrap;
+}
+
+// -- the runs page ----------------------------------------------------------------------------
+function runsPage(table) {
+  const rows = new Map();
+  const filters = document.getElementById("filters");
+  const live = document.getElementById("live");
+  const params = new URLSearchParams(location.search);
+  for (const name of ["entrypoint", "status", "since"]) {
+    if (params.get(name)) filters.elements[name].value = params.get(name);
+  }
+
+  function draw() {
+    const want = {
+      entrypoint: filters.elements.entrypoint.value,
+      status: filters.elements.status.value,
+      since: Number(filters.elements.since.value || 0),
+    };
+    const select = filters.elements.entrypoint;
+    const names = [...new Set([...rows.values()].map((r) => r.entrypoint))].sort();
+    const have = [...select.options].map((o) => o.value).slice(1);
+    if (names.join("\n") !== have.join("\n")) {
+      const chosen = select.value;
+      select.length = 1;
+      for (const name of names) select.add(new Option(name, name));
+      select.value = chosen;
+    }
+    const now = Date.now() / 1000;
+    const shown = [...rows.values()]
+      .filter((r) => !want.entrypoint || r.entrypoint === want.entrypoint)
+      .filter((r) => !want.status || r.status === want.status)
+      .filter((r) => !want.since || r.created >= now - want.since)
+      .sort((a, b) => b.created - a.created);
+    const body = table.tBodies[0];
+    const fresh = document.createDocumentFragment();
+    for (const r of shown) {
+      const tr = document.createElement("tr");
+      tr.dataset.run = r.id;
+      tr.dataset.status = r.status;
+      const link = document.createElement("a");
+      link.href = "/runs/" + encodeURIComponent(r.id);
+      link.textContent = r.id;
+      tr.append(
+        cell(link), cell(r.name, "ep"),
+        cell(r.status === "running" ? progress(r) : badge(r.status)),
+        cell(when(r.created)), cell(seconds(r.duration), "n"),
+        cell(r.counts.ran.toLocaleString(), "n"), cell(r.counts.cached.toLocaleString(), "n"),
+        cell(r.counts.replayed.toLocaleString(), "n"),
+        cell(r.counts.failed.toLocaleString(), r.counts.failed ? "n bad" : "n"),
+        cell(r.saved ? seconds(r.saved) : "", "n"));
+      tr.title = r.entrypoint + (r.error ? "\n" + r.error : "");
+      fresh.appendChild(tr);
+    }
+    body.replaceChildren(fresh);
+    document.getElementById("empty").hidden = shown.length > 0;
+  }
+
+  filters.addEventListener("change", () => {
+    const query = new URLSearchParams();
+    for (const name of ["entrypoint", "status", "since"]) {
+      if (filters.elements[name].value) query.set(name, filters.elements[name].value);
+    }
+    history.replaceState(null, "", query.toString() ? "?" + query : location.pathname);
+    draw();
+  });
+
+  const stream = new EventSource("/api/stream");
+  stream.addEventListener("runs", (event) => {
+    const change = JSON.parse(event.data);
+    for (const row of change.runs) rows.set(row.id, row);
+    for (const id of change.removed) rows.delete(id);
+    live.textContent = "live";
+    live.className = "live on";
+    draw();
+  });
+  stream.addEventListener("error", () => {
+    live.textContent = "reconnecting…";
+    live.className = "live";
+  });
+}
+
+// -- a run's page -----------------------------------------------------------------------------
+function runPage(header) {
+  const runId = header.dataset.run;
+  const shown = header.dataset.status;
+  const stream = new EventSource("/api/stream");
+  stream.addEventListener("runs", (event) => {
+    const change = JSON.parse(event.data);
+    if (change.removed.includes(runId)) {
+      document.getElementById("status").textContent = "deleted";
+      stream.close();
+      return;
+    }
+    for (const row of change.runs) {
+      if (row.id !== runId) continue;
+      document.getElementById("status").textContent = row.status;
+      document.getElementById("steps-total").textContent = row.steps.toLocaleString();
+      const typing = document.activeElement && document.activeElement.tagName === "TEXTAREA";
+      if (row.status !== shown && !typing) {
+        stream.close();
+        location.reload();  // a new status: the page's sections change (questions, errors)
+      }
+    }
+  });
+  drawGraph(document.getElementById("graph"), runId, 20);
+}
+
+function drawGraph(box, runId, collapse) {
+  fetch("/api/runs/" + encodeURIComponent(runId) + "/graph?collapse=" + collapse)
+    .then((response) => response.json())
+    .then((found) => {
+      if (found.error) {
+        box.textContent = found.error;
+        return null;
+      }
+      return Viz.instance().then((viz) => {
+        const svg = viz.renderSVGElement(found.dot);
+        svg.removeAttribute("width");
+        svg.removeAttribute("height");
+        box.replaceChildren(svg);
+        const groups = Object.entries(found.groups);
+        if (groups.length) {
+          const note = document.createElement("p");
+          note.className = "hint";
+          note.textContent = "Fan-outs of more than " + collapse + " calls are drawn as one " +
+            "node (box): click one to draw its calls one by one.";
+          box.prepend(note);
+        }
+        for (const g of svg.querySelectorAll("g.node")) {
+          const name = g.querySelector("title").textContent;
+          const calls = found.groups[name];
+          if (!calls) continue;
+          g.classList.add("group");
+          g.addEventListener("click", () => {
+            box.textContent = "drawing " + calls.toLocaleString() + " calls…";
+            drawGraph(box, runId, calls);
+          });
+        }
+      });
+    })
+    .catch((error) => {
+      box.textContent = "the graph could not be drawn: " + error;
+    });
+}
+
+// -- forms that need a confirmation -----------------------------------------------------------
+for (const form of document.querySelectorAll("form.danger")) {
+  form.addEventListener("submit", (event) => {
+    if (!window.confirm("This cannot be undone. Go on?")) event.preventDefault();
+  });
+}
+
+const runsTable = document.getElementById("runs");
+if (runsTable) runsPage(runsTable);
+const runHeader = document.getElementById("run");
+if (runHeader) runPage(runHeader);

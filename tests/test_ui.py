@@ -1,0 +1,323 @@
+"""``durably ui`` over HTTP (Starlette's TestClient), on every store of the ``store``
+fixture: the token, the cross-site checks, read-only mode, the pages and the actions
+(answering an interrupt as ``resume`` would, forking, deleting, pruning)."""
+
+from __future__ import annotations
+
+import pickle
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import durably
+from durably.cli import cli
+
+pytest.importorskip("starlette", reason="pip install -e '.[test]'")
+from starlette.testclient import TestClient
+
+from durably._cli.ui import _local
+from durably._ui import create_app
+from durably._ui.queries import safe_load
+
+TOKEN = "t0ken-for-tests"
+BASE = "http://127.0.0.1:8765"
+
+
+@durably.task
+def parse(i: int) -> int:
+    return i * 2
+
+
+@durably.task
+def ask(total: int) -> str:
+    answer = durably.interrupt({"question": "publish?", "total": total})
+    return f"published {total}: {answer}"
+
+
+@durably.entrypoint
+def publish(n: int) -> str:
+    total = sum(parse(i) for i in range(n))
+    durably.get_writer()({"progress": "parsed"})
+    return ask(total)
+
+
+@durably.task
+def broken(x: int) -> int:
+    raise ValueError(f"bad row {x}")
+
+
+@durably.entrypoint
+def fails() -> int:
+    return broken(7)
+
+
+def client(store: durably.Store, *, read_only: bool = False, login: bool = True
+           ) -> TestClient:
+    c = TestClient(create_app(store, TOKEN, read_only=read_only), base_url=BASE)
+    if login:
+        c.get(f"/?token={TOKEN}")
+    return c
+
+
+def csrf_of(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found, "the page has no form"
+    return found.group(1)
+
+
+def post(c: TestClient, path: str, data: dict[str, str], **headers: str) -> Any:
+    return c.post(path, data=data, headers={"origin": BASE, **headers},
+                  follow_redirects=False)
+
+
+def test_every_request_needs_the_token(store: durably.Store) -> None:
+    publish.run(3)
+    c = client(store, login=False)
+    for path in ("/", "/api/runs", "/static/app.js", "/static/viz.js", "/cache"):
+        refused = c.get(path)
+        assert refused.status_code == 403, path
+        assert "needs its token" in refused.text
+    assert c.get("/?token=wrong").status_code == 403
+    assert c.get("/api/runs", headers={"x-durably-token": "wrong"}).status_code == 403
+    # the header is enough; the token in the URL once sets a cookie and drops it from the URL
+    assert c.get("/api/runs", headers={"x-durably-token": TOKEN}).status_code == 200
+    first = c.get(f"/?token={TOKEN}&status=failed", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == "/?status=failed"
+    cookie = first.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and TOKEN in cookie
+    assert c.get("/api/runs").status_code == 200  # (the cookie, now)
+    assert c.get("/static/viz.js").text.startswith(("/*", "!", "(", "var", "\"use"))
+
+
+def test_runs_and_a_run_page(store: durably.Store) -> None:
+    run = publish.run(25)
+    assert run.status == "interrupted"
+    c = client(store)
+    rows = c.get("/api/runs").json()
+    assert [r["id"] for r in rows] == [run.id]
+    row = rows[0]
+    assert row["status"] == "interrupted" and row["counts"] == {
+        "ran": 25, "cached": 0, "replayed": 0, "failed": 0}
+    assert row["duration"] is not None and row["duration"] >= 0
+    page = c.get(f"/runs/{run.id}").text
+    interrupt_id = run.interrupts[0].id
+    assert interrupt_id in page and "publish?" in page
+    assert "&#x27;progress&#x27;: &#x27;parsed&#x27;" in page  # the custom event
+    assert f"durably resume {run.id}" in page
+    graph = c.get(f"/api/runs/{run.id}/graph").json()
+    assert "parse" in graph["dot"] and "×25" in graph["dot"]  # a fan-out collapsed, with count
+    assert list(graph["groups"].values()) == [25]
+    expanded = c.get(f"/api/runs/{run.id}/graph?collapse=25").json()
+    assert expanded["groups"] == {} and expanded["nodes"] == 26
+    assert c.get("/runs/no-such-run").status_code == 404
+
+
+def test_the_step_table_is_paginated_and_filtered(store: durably.Store) -> None:
+    run = publish.run(250)
+    c = client(store)
+    first = c.get(f"/runs/{run.id}").text
+    assert "page 1 of 3" in first and "next ›" in first
+    third = c.get(f"/runs/{run.id}?page=3").text
+    assert "page 3 of 3" in third
+    assert len(re.findall(r'<td class="n">\d[\d,]*</td><td>parse', third)) == 50
+    asked = c.get(f"/runs/{run.id}?task=ask").text
+    assert "Steps <small>1</small>" in asked
+
+
+def test_errors_show_their_traceback(store: durably.Store) -> None:
+    with pytest.raises(ValueError, match="bad row 7"):
+        fails()
+    run = durably.list_runs(store=store)[0]
+    page = client(store).get(f"/runs/{run.id}").text
+    assert "bad row 7" in page and "Traceback (most recent call last)" in page
+    assert 'raise ValueError(f&quot;bad row {x}&quot;)' in page
+
+
+def test_an_answer_is_journaled_as_resume_would_and_resume_finishes_the_run(
+        store: durably.Store) -> None:
+    run = publish.run(4)
+    interrupt_id = run.interrupts[0].id
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    answered = post(c, f"/runs/{run.id}/answer",
+                    {"csrf": csrf_of(page), f"answer:{interrupt_id}": '"yes"'})
+    assert answered.status_code == 303
+    after = c.get(answered.headers["location"]).text
+    assert "Every question of this run is answered" in after
+    assert f"durably resume {run.id}" in after
+    events = store.list_events(run.id, ("answer",))
+    assert [(e.key, pickle.loads(e.data or b"")) for e in events] == [(interrupt_id, "yes")]
+    assert durably.get_run(run.id, store=store).status == "interrupted"  # not resumed by it
+    # the run continues when it is next resumed, with no answer given there
+    assert publish.resume(run.id) == "published 12: yes"
+    assert durably.get_run(run.id, store=store).status == "finished"
+    # answered twice (a form sent again): refused, nothing journaled
+    again = post(c, f"/runs/{run.id}/answer",
+                 {"csrf": csrf_of(page), f"answer:{interrupt_id}": '"no"'})
+    assert again.status_code == 409 and "not waiting for an answer" in again.text
+    assert len(store.list_events(run.id, ("answer",))) == 1
+
+
+def test_a_bad_answer_is_refused_and_none_is_journaled(store: durably.Store) -> None:
+    run = publish.run(2)
+    c = client(store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    not_json = post(c, f"/runs/{run.id}/answer",
+                    {"csrf": csrf, f"answer:{run.interrupts[0].id}": "yes"})
+    assert not_json.status_code == 409 and "is not JSON" in not_json.text
+    unknown = post(c, f"/runs/{run.id}/answer", {"csrf": csrf, "answer:0123456789ab": "1"})
+    assert unknown.status_code == 409
+    assert store.list_events(run.id, ("answer",)) == []
+    with pytest.raises(durably.DefinitionError, match="no answer"):
+        publish.resume(run.id)  # (still unanswered: None is no answer)
+
+
+def test_actions_are_refused_from_another_site_or_without_the_csrf_token(
+        store: durably.Store) -> None:
+    run = publish.run(2)
+    c = client(store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    form = {"csrf": csrf, f"answer:{run.interrupts[0].id}": '"yes"'}
+    evil = c.post(f"/runs/{run.id}/answer", data=form, follow_redirects=False,
+                  headers={"origin": "http://evil.example"})
+    assert evil.status_code == 403
+    nowhere = c.post(f"/runs/{run.id}/answer", data=form, follow_redirects=False)
+    assert nowhere.status_code == 403  # (no Origin, no Referer)
+    bad = post(c, f"/runs/{run.id}/answer", {**form, "csrf": "forged"})
+    assert bad.status_code == 403 and "CSRF" in bad.text
+    assert store.list_events(run.id, ("answer",)) == []
+
+
+def test_read_only_hides_every_action_and_refuses_them(store: durably.Store) -> None:
+    run = publish.run(2)
+    writer = client(store)
+    csrf = csrf_of(writer.get(f"/runs/{run.id}").text)
+    c = client(store, read_only=True)
+    page = c.get(f"/runs/{run.id}").text
+    assert "<form method=\"post\"" not in page and "<textarea" not in page
+    assert "publish?" in page  # (the question is shown, without a form)
+    for path, data in ((f"/runs/{run.id}/answer", {f"answer:{run.interrupts[0].id}": "1"}),
+                       (f"/runs/{run.id}/delete", {"confirm": run.id}),
+                       (f"/runs/{run.id}/fork", {"at": ""}),
+                       ("/cache/prune", {"older_than": "0s", "confirm": "yes"})):
+        refused = post(c, path, {"csrf": csrf, **data})
+        assert refused.status_code == 403 and "read-only" in refused.text, path
+    assert store.list_events(run.id, ("answer",)) == []
+    assert durably.get_run(run.id, store=store).status == "interrupted"
+
+
+def test_delete_needs_the_run_id_typed(store: durably.Store) -> None:
+    run = publish.run(2)
+    c = client(store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    unconfirmed = post(c, f"/runs/{run.id}/delete", {"csrf": csrf, "confirm": ""})
+    assert unconfirmed.status_code == 409
+    assert durably.get_run(run.id, store=store).id == run.id
+    deleted = post(c, f"/runs/{run.id}/delete", {"csrf": csrf, "confirm": run.id})
+    assert deleted.status_code == 303
+    assert durably.list_runs(store=store) == []
+    assert c.get("/api/runs").json() == []
+
+
+def test_fork_from_a_checkpoint(store: durably.Store) -> None:
+    run = publish.run(3)
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    at = run.history()[-1].id  # the first step
+    assert f'value="{at}"' in page
+    forked = post(c, f"/runs/{run.id}/fork", {"csrf": csrf_of(page), "at": at})
+    assert forked.status_code == 303
+    fork_id = forked.headers["location"].split("/runs/")[1].split("?")[0]
+    fork = durably.get_run(fork_id, store=store)
+    assert fork.status == "forked" and fork_id != run.id
+    assert "a fork, not executed yet" in c.get(forked.headers["location"]).text
+
+
+def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
+    durably.configure(store=disk_store)
+    publish.run(5)
+    c = client(disk_store)
+    page = c.get("/cache").text
+    assert "parse" in page and "Prune the cache" in page
+    assert disk_store.cache_stats()["entries"] >= 5
+    unconfirmed = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "0s"})
+    assert unconfirmed.status_code == 409
+    assert disk_store.cache_stats()["entries"] >= 5
+    pruned = post(c, "/cache/prune",
+                  {"csrf": csrf_of(page), "older_than": "0s", "confirm": "yes"})
+    assert pruned.status_code == 303 and "removed" in pruned.headers["location"]
+    assert disk_store.cache_stats()["entries"] == 0
+    bad = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "soon",
+                                   "confirm": "yes"})
+    assert bad.status_code == 409
+
+
+def test_the_stream_sends_every_run_then_changes(store: durably.Store) -> None:
+    run = publish.run(2)
+    c = client(store)
+    with c.stream("GET", "/api/stream") as events:
+        lines = events.iter_lines()
+        assert next(lines) == "event: runs"
+        data = next(lines)
+    assert data.startswith("data: ") and run.id in data and '"removed": []' in data
+
+
+def test_payloads_are_shown_without_importing_the_users_code(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    (tmp_path / "usermod_for_ui.py").write_text(
+        "import os\nos.environ['IMPORTED_USERMOD'] = '1'\n"
+        "class Order:\n    def __init__(self, n):\n        self.n = n\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import usermod_for_ui  # type: ignore[import-not-found]
+
+    data = pickle.dumps({"order": usermod_for_ui.Order(3), "ok": [1, "a"]})
+    monkeypatch.delitem(sys.modules, "usermod_for_ui")
+    monkeypatch.delenv("IMPORTED_USERMOD")
+    loaded = safe_load(data)
+    assert "usermod_for_ui" not in sys.modules
+    assert loaded["ok"] == [1, "a"] and repr(loaded["order"]).startswith("usermod_for_ui.Order")
+    assert safe_load(pickle.dumps(print)) != print  # (no builtin beyond plain data)
+
+
+def test_the_command_needs_the_ui_extra(monkeypatch: pytest.MonkeyPatch,
+                                        disk_store: durably.DiskStore) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = CliRunner().invoke(cli, ["ui", "--dir", str(disk_store.path)])
+    assert result.exit_code == 1
+    assert "pip install 'durably[ui]'" in result.output
+
+
+def test_only_loopback_hosts_are_local() -> None:
+    assert _local("127.0.0.1") and _local("localhost") and _local("::1")
+    assert not _local("0.0.0.0") and not _local("192.168.1.5") and not _local("example.com")
+
+
+def test_durably_resume_continues_a_run_answered_in_the_dashboard(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "approvals_for_ui.py").write_text(
+        "import durably\n\n"
+        "@durably.entrypoint\n"
+        "def approve(doc):\n"
+        "    return f'{doc}: {durably.interrupt({\"review\": doc})}'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+    import approvals_for_ui  # type: ignore[import-not-found]
+
+    run = approvals_for_ui.approve.run("memo")
+    runner = CliRunner()
+    unanswered = runner.invoke(cli, ["resume", run.id, "--dir", str(store.path)])
+    assert unanswered.exit_code == 1 and "waits for an answer" in unanswered.output
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    post(c, f"/runs/{run.id}/answer",
+         {"csrf": csrf_of(page), f"answer:{run.interrupts[0].id}": '"approved"'})
+    resumed = runner.invoke(cli, ["resume", run.id, "--dir", str(store.path)])
+    assert resumed.exit_code == 0, resumed.output
+    assert "memo: approved" in resumed.output
