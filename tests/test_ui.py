@@ -321,3 +321,16 @@ def test_durably_resume_continues_a_run_answered_in_the_dashboard(
     resumed = runner.invoke(cli, ["resume", run.id, "--dir", str(store.path)])
     assert resumed.exit_code == 0, resumed.output
     assert "memo: approved" in resumed.output
+
+
+def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from durably._ui import app
+
+    monkeypatch.setattr(app, "INLINE_HISTORY", 2)
+    run = publish.run(3)
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    assert f'href="/runs/{run.id}/history"' in page and "Fork here" not in page
+    history = c.get(f"/runs/{run.id}/history").text
+    assert history.count("Fork here") == len(run.history()) == 5

@@ -40,6 +40,9 @@ __all__ = ["create_app"]
 
 #: steps per page of a run's step table
 PAGE_SIZE = 100
+#: a run with more steps than this has its history on a page of its own (reading it takes
+#: about 2.7 s of CPU for 100,000 steps)
+INLINE_HISTORY = 2_000
 #: a graph with more nodes than this is not drawn (the browser would take minutes)
 MAX_DRAWN = 2_000
 _STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
@@ -52,8 +55,8 @@ class _State:
         self.read_only = read_only
         self.poll = poll
         self.csrf = hmac.new(token.encode(), b"durably-ui csrf", hashlib.sha256).hexdigest()
-        self.watch = queries.RunsWatch(store)
-        self.steps = queries.StepsCache(store)
+        self.steps = queries.StepsCache(store, keep=16)
+        self.watch = queries.RunsWatch(store, self.steps)
         self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -74,6 +77,7 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
     routes = [
         Route("/", bound(_runs_page)),
         Route("/runs/{run_id}", bound(_run_page)),
+        Route("/runs/{run_id}/history", bound(_history_page)),
         Route("/cache", bound(_cache_page)),
         Route("/api/runs", bound(_api_runs)),
         Route("/api/stream", bound(_api_stream)),
@@ -190,16 +194,38 @@ async def _run_page(request: Request, state: _State) -> Response:
             return None
         found = state.steps.of(run)
         rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
-        try:
-            history = run.history()
-        except DurablyError:
-            history = []
+        history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
+        if len(found["steps"]) <= INLINE_HISTORY:
+            history = _history_of(run)
         return pages.run_page(
             _context(state), run, found["counts"], found["saved"], rows, matching, page,
             PAGE_SIZE, task, status, queries.pending_of(state.store, run),
             queries.errors_of(state.store, run), queries.events_of(state.store, run),
             history, sorted({s.task for s in found["steps"]}),
             notice=request.query_params.get("notice"))
+
+    text = await _blocking(read)
+    if text is None:
+        return HTMLResponse(pages.not_found(_context(state), run_id), status_code=404)
+    return HTMLResponse(text)
+
+
+def _history_of(run: durably.Run[Any]) -> list[durably.Checkpoint]:
+    try:
+        return run.history()
+    except DurablyError:
+        return []
+
+
+async def _history_page(request: Request, state: _State) -> Response:
+    run_id = request.path_params["run_id"]
+
+    def read() -> str | None:
+        try:
+            run = durably.get_run(run_id, store=state.store)
+        except durably.NotFoundError:
+            return None
+        return pages.history_page(_context(state), run, _history_of(run))
 
     text = await _blocking(read)
     if text is None:

@@ -14,7 +14,8 @@ from urllib.parse import urlencode
 import durably
 from durably.store import StepRecord
 
-__all__ = ["Context", "cache_page", "failed", "not_found", "refused", "run_page", "runs_page"]
+__all__ = ["Context", "cache_page", "failed", "history_page", "not_found", "refused", "run_page",
+           "runs_page"]
 
 STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
 
@@ -180,12 +181,16 @@ def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, pag
 <tbody>{body}</tbody></table></section>"""
 
 
-def _history(ctx: Context, run: durably.Run[Any], history: Sequence[durably.Checkpoint]
-             ) -> str:
+def _history(ctx: Context, run: durably.Run[Any],
+             history: Sequence[durably.Checkpoint] | None, limit: int = 200) -> str:
+    if history is None:
+        return (f'<section id="history"><h2>History</h2><p><a href="/runs/{_h(run.id)}/history">'
+                "Open the history</a> (a big run's: it takes a few seconds to read) to fork "
+                "from a checkpoint.</p></section>")
     if not history:
         return ""
     rows = []
-    for cp in history[:200]:
+    for cp in history[:limit]:
         fork = ("" if ctx.read_only else
                 f'<form method="post" action="/runs/{_h(run.id)}/fork">{_csrf(ctx)}'
                 f'<input type="hidden" name="at" value="{_h(cp.id)}">'
@@ -205,7 +210,7 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              rows: Sequence[StepRecord], matching: int, page: int, size: int,
              task: str | None, status: str | None, pending: list[dict[str, Any]],
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
-             history: Sequence[durably.Checkpoint], tasks: list[str],
+             history: Sequence[durably.Checkpoint] | None, tasks: list[str],
              notice: str | None = None) -> str:
     """The page of one run: its summary, questions, graph, steps, errors, events, history
     and actions."""
@@ -248,6 +253,14 @@ data-run="{_h(run.id)}">drawing…</div></section>
 {_steps(run, rows, matching, page, size, task, status, tasks)}
 {failures}{custom}{_history(ctx, run, history)}{actions}"""
     return _layout(ctx, f"{run.name} {run.id}", body)
+
+
+def history_page(ctx: Context, run: durably.Run[Any],
+                 history: Sequence[durably.Checkpoint]) -> str:
+    """Every checkpoint of a run (newest first), each with a fork button."""
+    body = (f'<h1>{_h(run.name)} <code><a href="/runs/{_h(run.id)}">{_h(run.id)}</a></code>'
+            f"</h1>{_history(ctx, run, history, limit=len(history))}")
+    return _layout(ctx, f"history of {run.id}", body)
 
 
 def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -> str:

@@ -115,25 +115,20 @@ def _counts(steps: Iterable[StepRecord]) -> dict[str, int]:
     return counts
 
 
-def run_row(store: Store, run: durably.Run[Any], expected: int | None = None
-            ) -> dict[str, Any]:
+def run_row(store: Store, run: durably.Run[Any], steps: StepsCache,
+            expected: int | None = None) -> dict[str, Any]:
     """One row of the runs table: the run's record, its steps by status, duration, time
     saved and, while it executes, its progress (``expected``: the steps of its previous
     attempt, when it had one)."""
     status = run.status
-    now = time.time()
-    if status == "running":
-        counts = _counts(store.list_steps(run.id, attempt=run.attempt))
-        saved = None
-    else:
-        counts = run.counts()
-        saved = run.time_saved()
+    found = steps.of(run)
     events = store.list_events(run.id, RUN_ENDS)
     return {
         "id": run.id, "name": run.name, "entrypoint": run.entrypoint, "status": status,
         "attempt": run.attempt, "created": run.created, "updated": run.updated,
-        "counts": counts, "steps": sum(counts.values()),
-        "duration": _duration(events, run.attempt, status, now), "saved": saved,
+        "counts": found["counts"], "steps": sum(found["counts"].values()),
+        "duration": _duration(events, run.attempt, status, time.time()),
+        "saved": None if status == "running" else found["saved"],
         "expected": expected if status == "running" else None, "error": run.error,
     }
 
@@ -142,8 +137,9 @@ class RunsWatch:
     """The rows of every run, recomputed only for runs whose record changed (and for runs
     executing now, whose steps grow): shared by every open page of the dashboard."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, steps: StepsCache) -> None:
         self.store = store
+        self.steps = steps
         self._rows: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._expected: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -159,7 +155,8 @@ class RunsWatch:
                 if old is not None and old[0] == sign and old[1]["status"] != "running":
                     fresh[run.id] = old
                     continue
-                fresh[run.id] = (sign, run_row(self.store, run, self._expected_of(run)))
+                fresh[run.id] = (sign, run_row(self.store, run, self.steps,
+                                                  self._expected_of(run)))
             self._rows = fresh
             return {k: v[1] for k, v in fresh.items()}
 

@@ -169,8 +169,6 @@ function drawGraph(box, runId, collapse) {
       }
       return Viz.instance().then((viz) => {
         const svg = viz.renderSVGElement(found.dot);
-        svg.removeAttribute("width");
-        svg.removeAttribute("height");
         box.replaceChildren(svg);
         const groups = Object.entries(found.groups);
         if (groups.length) {

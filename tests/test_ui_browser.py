@@ -1,0 +1,177 @@
+"""``durably ui`` in a real browser: headless Chromium (the system's, through Playwright)
+against a uvicorn server on a free port, with runs made by other processes, as a user sees
+them. Screenshots of the pages go to the test's ``tmp_path``."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import durably
+
+from .conftest import script_env, write_script
+
+pytest.importorskip("uvicorn", reason="pip install -e '.[test]'")
+import uvicorn
+
+from durably._ui import create_app
+
+pytestmark = pytest.mark.slow
+TOKEN = "browser-test-token"
+#: a run another process makes: 40 steps, slow enough to be watched as it executes
+CRUNCH = """
+import time
+import durably
+
+@durably.task
+def parse(i):
+    time.sleep(0.05)
+    return i * 2
+
+@durably.task
+def total(xs):
+    return sum(xs)
+
+@durably.entrypoint
+def crunch(n):
+    return total([parse(i) for i in range(n)])
+
+if __name__ == "__main__":
+    print(crunch.run(40).status)
+"""
+APPROVE = """
+import durably
+
+@durably.task
+def draft(topic):
+    return f"a post about {topic}"
+
+@durably.entrypoint
+def publish(topic):
+    text = draft(topic)
+    verdict = durably.interrupt({"question": "Publish this?", "text": text})
+    return f"{text}: {verdict}"
+
+if __name__ == "__main__":
+    print(publish.run("durability").id)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A dashboard of the DiskStore at ``tmp_path/"store"``, served by uvicorn in a thread:
+    its base URL and the store's directory."""
+    store = durably.DiskStore(tmp_path / "store")
+    port = _free_port()
+    config = uvicorn.Config(create_app(store, TOKEN, poll=0.3), host="127.0.0.1", port=port,
+                            log_level="warning", timeout_graceful_shutdown=1)
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", store.path
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+
+
+def _start(tmp_path: Path, store_dir: Path, name: str, source: str) -> subprocess.Popen[str]:
+    script = write_script(tmp_path / name, source)
+    return subprocess.Popen([sys.executable, str(script)], env=script_env(store_dir),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, f"the script failed:\n{out}\n{err}"
+    return out
+
+
+def test_a_request_without_the_token_is_refused(server: tuple[str, Path], page: Any) -> None:
+    base, _ = server
+    refused = page.goto(base + "/")
+    assert refused is not None and refused.status == 403
+    assert "needs its token" in page.inner_text("body")
+    assert page.goto(base + "/?token=not-it").status == 403
+    assert page.goto(f"{base}/?token={TOKEN}").status == 200
+    assert page.url == base + "/"  # the token is dropped from the URL, kept in a cookie
+    assert page.goto(base + "/cache").status == 200
+
+
+def test_a_run_of_another_process_appears_and_finishes_live(server: tuple[str, Path],
+                                                            page: Any, tmp_path: Path) -> None:
+    base, store_dir = server
+    page.goto(f"{base}/?token={TOKEN}")
+    page.wait_for_selector("#live.on")
+    assert page.locator("#runs tbody tr").count() == 0
+    page.evaluate("window.notReloaded = true")
+    proc = _start(tmp_path, store_dir, "crunch.py", CRUNCH)
+    try:
+        row = page.locator("#runs tbody tr").first
+        row.wait_for(timeout=60_000)
+        page.wait_for_selector("#runs tbody tr[data-status=running] .progress", timeout=60_000)
+        page.screenshot(path=str(tmp_path / "runs-executing.png"))
+        page.wait_for_selector("#runs tbody tr[data-status=finished]", timeout=60_000)
+    finally:
+        assert _finish(proc).strip() == "finished"
+    assert page.evaluate("window.notReloaded") is True  # updated in place, never reloaded
+    cells = row.locator("td").all_inner_texts()
+    assert cells[1] == "crunch" and cells[2] == "finished"
+    assert cells[5] == "41"  # ran: 40 parse and 1 total
+    page.screenshot(path=str(tmp_path / "runs.png"))
+    # its page draws its graph: an <svg> with the run's nodes
+    row.locator("a").click()
+    svg = page.wait_for_selector("#graph svg", timeout=60_000)
+    labels = (svg.text_content() or "") if svg else ""
+    assert "parse" in labels and "total" in labels and "×40" in labels
+    page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+    # the fan-out collapsed into one node expands when clicked
+    page.locator("#graph g.node.group").first.click()
+    page.wait_for_function(
+        "document.querySelectorAll('#graph svg g.node').length === 41", timeout=60_000)
+    assert page.locator("#graph g.node.group").count() == 0
+
+
+def test_an_interrupt_answered_in_the_form_finishes_after_durably_resume(
+        server: tuple[str, Path], page: Any, tmp_path: Path) -> None:
+    base, store_dir = server
+    run_id = _finish(_start(tmp_path, store_dir, "approve.py", APPROVE)).strip()
+    page.goto(f"{base}/?token={TOKEN}")
+    page.locator(f"#runs tbody tr[data-run='{run_id}'] a").click()
+    page.wait_for_selector(".steer")
+    assert "Publish this?" in page.inner_text(".steer")
+    assert "a post about durability" in page.inner_text(".steer")
+    page.wait_for_selector("#graph svg", timeout=60_000)
+    page.fill(".steer textarea", '"ship it"')
+    page.screenshot(path=str(tmp_path / "interrupt.png"), full_page=True)
+    page.click(".steer button[type=submit]")
+    page.wait_for_selector("text=Every question of this run is answered")
+    assert f"durably resume {run_id}" in page.inner_text(".steer")
+    resumed = subprocess.run(
+        [sys.executable, "-m", "durably", "resume", run_id], env=script_env(store_dir),
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "a post about durability: ship it" in resumed.stdout
+    # the open page sees the run finish (its status changed: it reads the run again)
+    page.wait_for_selector("#run[data-status=finished]", timeout=60_000)
+    assert page.inner_text("#status") == "finished"
+    assert page.locator(".steer").count() == 0
