@@ -82,6 +82,7 @@ def test_every_request_needs_the_token(store: durably.Store) -> None:
         assert refused.status_code == 403, path
         assert "needs its token" in refused.text
     assert c.get("/?token=wrong").status_code == 403
+    assert c.get("/?token=%C3%A9t%C3%A9").status_code == 403  # (not ASCII: wrong, no error)
     assert c.get("/api/runs", headers={"x-durably-token": "wrong"}).status_code == 403
     # the header is enough; the token in the URL once sets a cookie and drops it from the URL
     assert c.get("/api/runs", headers={"x-durably-token": TOKEN}).status_code == 200
@@ -334,3 +335,34 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
     assert f'href="/runs/{run.id}/history"' in page and "Fork here" not in page
     history = c.get(f"/runs/{run.id}/history").text
     assert history.count("Fork here") == len(run.history()) == 4  # 3 parse, 1 interrupt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_the_command_prints_an_address_with_its_token(host: str,
+                                                      disk_store: durably.DiskStore) -> None:
+    import os
+    import subprocess
+
+    import httpx
+
+    durably.configure(store=disk_store)
+    publish.run(1)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durably", "ui", "--dir", str(disk_store.path), "--port", "0",
+         "--host", host], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        found = re.search(r"open (http://\S+:(\d+)/\?token=(\S+))", lines[1])
+        assert found, lines
+        port, token = found.group(2), found.group(3)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/api/runs").status_code == 403
+        rows = httpx.get(f"{base}/api/runs", headers={"x-durably-token": token}).json()
+        assert [r["name"] for r in rows] == ["publish"]
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert ("is not a loopback address" in err) == (host == "0.0.0.0")

@@ -119,7 +119,7 @@ class _Guard:
     def _refused(self, request: Request) -> Response | None:
         token = self.state.token
         given = request.query_params.get("token")
-        if given is not None and hmac.compare_digest(given, token):
+        if given is not None and _same(given, token):
             if request.method == "GET":  # once: a cookie from now on, and a URL without it
                 query = urlencode([(k, v) for k, v in request.query_params.multi_items()
                                    if k != "token"])
@@ -128,7 +128,7 @@ class _Guard:
                 response.set_cookie(self._cookie(request), token, httponly=True,
                                     samesite="strict", path="/")
                 return response
-        elif not any(hmac.compare_digest(candidate, token) for candidate in (
+        elif not any(_same(candidate, token) for candidate in (
                 request.cookies.get(self._cookie(request), ""),
                 request.headers.get("x-durably-token", "")) if candidate):
             return HTMLResponse(pages.refused(), status_code=403)
@@ -144,6 +144,12 @@ class _Guard:
         return None
 
 
+def _same(given: str, secret: str) -> bool:
+    """Whether ``given`` is ``secret``, compared in constant time (as UTF-8: a token with
+    other characters is simply wrong)."""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), secret.encode())
+
+
 async def _form(request: Request, state: _State) -> dict[str, str]:
     """The form of an action, whose CSRF token is checked."""
     # (URL-encoded, as the pages send them: parsed here, without python-multipart)
@@ -154,7 +160,7 @@ async def _form(request: Request, state: _State) -> dict[str, str]:
     if len(body) > 1_000_000:
         raise _Refused("refused: the form is larger than 1 MB")
     fields = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-    if not hmac.compare_digest(fields.get("csrf", ""), state.csrf):
+    if not _same(fields.get("csrf", ""), state.csrf):
         raise _Refused("refused: the form's CSRF token is missing or wrong (reload the page)")
     return fields
 
@@ -268,7 +274,7 @@ async def _api_stream(request: Request, state: _State) -> Response:
     async def events() -> AsyncIterator[str]:
         sent: dict[str, str] = {}
         while True:
-            rows = await _blocking(state.watch.rows)
+            rows = await _blocking(state.watch.rows, state.poll / 2)
             changed = []
             for run_id, row in rows.items():
                 text = json.dumps(row, sort_keys=True, default=str)
@@ -369,8 +375,10 @@ async def _fork(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
 
     def act(fields: dict[str, str]) -> Response:
-        run = durably.get_run(run_id, store=state.store)
-        fork_id = make_fork(state.store, run._record, fields.get("at", ""), NO_UPDATE)
+        record = state.store.find_run(run_id)
+        if record is None:
+            raise durably.NotFoundError(f"no run {run_id!r} in the store (deleted?)")
+        fork_id = make_fork(state.store, record, fields.get("at", ""), NO_UPDATE)
         return _back(f"/runs/{fork_id}", "forked")
 
     return await _action(request, state, act)

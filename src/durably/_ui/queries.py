@@ -142,11 +142,16 @@ class RunsWatch:
         self.steps = steps
         self._rows: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._expected: dict[tuple[str, int], int] = {}
+        self._read: tuple[float, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()
 
-    def rows(self) -> dict[str, dict[str, Any]]:
-        """Every run's row by run id (newest first)."""
+    def rows(self, fresh_for: float = 0.0) -> dict[str, dict[str, Any]]:
+        """Every run's row by run id (newest first); the rows read less than ``fresh_for``
+        seconds ago, if any (every open page polls: one look at the store serves them all).
+        """
         with self._lock:
+            if self._read is not None and time.monotonic() - self._read[0] < fresh_for:
+                return self._read[1]
             runs = durably.list_runs(store=self.store)
             fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
             for run in runs:
@@ -158,7 +163,9 @@ class RunsWatch:
                 fresh[run.id] = (sign, run_row(self.store, run, self.steps,
                                                   self._expected_of(run)))
             self._rows = fresh
-            return {k: v[1] for k, v in fresh.items()}
+            rows = {k: v[1] for k, v in fresh.items()}
+            self._read = (time.monotonic(), rows)
+            return rows
 
     def _expected_of(self, run: durably.Run[Any]) -> int | None:
         if run.attempt < 2:
