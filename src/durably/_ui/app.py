@@ -55,7 +55,7 @@ class _State:
         self.read_only = read_only
         self.poll = poll
         self.csrf = hmac.new(token.encode(), b"durably-ui csrf", hashlib.sha256).hexdigest()
-        self.steps = queries.StepsCache(store, keep=16)
+        self.steps = queries.StepsCache(store)
         self.watch = queries.RunsWatch(store, self.steps)
         self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
 

@@ -134,11 +134,12 @@ def run_row(store: Store, run: durably.Run[Any], steps: StepsCache,
 
 
 class RunsWatch:
-    """The rows of every run, recomputed only for runs whose record changed (and for runs
-    executing now, whose steps grow): shared by every open page of the dashboard."""
+    """The rows of the newest ``limit`` runs, recomputed only for runs whose record changed
+    (and for runs executing now, whose steps grow): shared by every open page."""
 
-    def __init__(self, store: Store, steps: StepsCache) -> None:
+    def __init__(self, store: Store, steps: StepsCache, limit: int = 1_000) -> None:
         self.store = store
+        self.limit = limit  # the newest runs shown
         self.steps = steps
         self._rows: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         self._expected: dict[tuple[str, int], int] = {}
@@ -152,9 +153,9 @@ class RunsWatch:
         with self._lock:
             if self._read is not None and time.monotonic() - self._read[0] < fresh_for:
                 return self._read[1]
-            runs = durably.list_runs(store=self.store)
+            runs = durably.list_runs(store=self.store)[:self.limit]
             fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-            for run in runs:
+            for run in reversed(runs):  # (oldest first: the newest runs' steps stay kept)
                 sign = (run.attempt, run.updated, run.error)
                 old = self._rows.get(run.id)
                 if old is not None and old[0] == sign and old[1]["status"] != "running":
@@ -163,7 +164,7 @@ class RunsWatch:
                 fresh[run.id] = (sign, run_row(self.store, run, self.steps,
                                                   self._expected_of(run)))
             self._rows = fresh
-            rows = {k: v[1] for k, v in fresh.items()}
+            rows = {run.id: fresh[run.id][1] for run in runs}
             self._read = (time.monotonic(), rows)
             return rows
 
@@ -183,10 +184,10 @@ class StepsCache:
     ``list_steps`` and kept while the run's record is unchanged (a run that executes is
     read again each time): paging through a 100,000-step run reads its journal once."""
 
-    def __init__(self, store: Store, keep: int = 4) -> None:
+    def __init__(self, store: Store, keep: int = 200_000) -> None:
         self.store = store
         self._kept: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self._keep = keep
+        self._keep = keep  # step records kept, all runs together (least recently used go)
         self._lock = threading.Lock()
 
     def of(self, run: durably.Run[Any]) -> dict[str, Any]:
@@ -197,6 +198,7 @@ class StepsCache:
         with self._lock:
             kept = self._kept.get(run.id)
             if kept is not None and kept[0] == sign and status != "running":
+                self._kept[run.id] = self._kept.pop(run.id)  # (used last: kept longest)
                 return kept[1]
         records = self.store.list_steps(run.id)
         latest = [s for s in records if s.attempt == run.attempt]
@@ -212,9 +214,12 @@ class StepsCache:
         found = {"steps": steps, "counts": _counts(steps),
                  "saved": wall_span(ran[step] for step in replayed if step in ran)}
         with self._lock:
+            self._kept.pop(run.id, None)
             self._kept[run.id] = (sign, found)
-            while len(self._kept) > self._keep:
-                self._kept.pop(next(iter(self._kept)))
+            held = sum(len(k[1]["steps"]) for k in self._kept.values())
+            while held > self._keep and len(self._kept) > 1:
+                gone = self._kept.pop(next(iter(self._kept)))
+                held -= len(gone[1]["steps"])
         return found
 
 
