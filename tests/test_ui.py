@@ -342,6 +342,7 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
 def test_the_command_prints_an_address_with_its_token(host: str,
                                                       disk_store: durably.DiskStore) -> None:
     import os
+    import signal
     import subprocess
 
     import httpx
@@ -362,7 +363,15 @@ def test_the_command_prints_an_address_with_its_token(host: str,
         assert httpx.get(f"{base}/api/runs").status_code == 403
         rows = httpx.get(f"{base}/api/runs", headers={"x-durably-token": token}).json()
         assert [r["name"] for r in rows] == ["publish"]
+        # Ctrl-C stops it, even with a live page's stream open
+        with httpx.stream("GET", f"{base}/api/stream", headers={"x-durably-token": token},
+                          timeout=60) as events:
+            assert next(events.iter_lines()) == "event: runs"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
     assert ("is not a loopback address" in err) == (host == "0.0.0.0")

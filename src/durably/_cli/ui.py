@@ -7,6 +7,7 @@ works without the ``ui`` extra.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import threading
 import webbrowser
@@ -61,7 +62,9 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
         click.echo(f"warning: --host {host} is not a loopback address: other machines can "
                    "reach this dashboard (with its token) over plain HTTP. Use it only on a "
                    "network you trust.", err=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    # (the live pages' streams never end by themselves: Ctrl-C closes them after 1 s)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
 
     def announce() -> None:
@@ -82,4 +85,6 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
             webbrowser.open(url)
 
     threading.Thread(target=announce, daemon=True, name="durably-ui-announce").start()
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # (uvicorn raises it again once stopped)
+        server.run()
+    click.echo("durably ui: stopped")
