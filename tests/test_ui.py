@@ -1,6 +1,7 @@
 """``durably ui`` over HTTP (Starlette's TestClient), on every store of the ``store``
 fixture: the token, the cross-site checks, read-only mode, the pages and the actions
-(answering an interrupt as ``resume`` would, forking, deleting, pruning)."""
+(answering an interrupt as ``resume`` would, deleting, pruning), the fork commands of a run's
+history."""
 
 from __future__ import annotations
 
@@ -203,7 +204,6 @@ def test_read_only_hides_every_action_and_refuses_them(store: durably.Store) -> 
     assert "publish?" in page  # (the question is shown, without a form)
     for path, data in ((f"/runs/{run.id}/answer", {f"answer:{run.interrupts[0].id}": "1"}),
                        (f"/runs/{run.id}/delete", {"confirm": run.id}),
-                       (f"/runs/{run.id}/fork", {"at": ""}),
                        ("/cache/prune", {"older_than": "0s", "confirm": "yes"})):
         refused = post(c, path, {"csrf": csrf, **data})
         assert refused.status_code == 403 and "read-only" in refused.text, path
@@ -224,18 +224,13 @@ def test_delete_needs_the_run_id_typed(store: durably.Store) -> None:
     assert c.get("/api/runs").json() == []
 
 
-def test_fork_from_a_checkpoint(store: durably.Store) -> None:
+def test_the_history_gives_the_command_that_forks_from_each_checkpoint(
+        store: durably.Store) -> None:
     run = publish.run(3)
-    c = client(store)
-    page = c.get(f"/runs/{run.id}").text
-    at = run.history()[-1].id  # the first step
-    assert f'value="{at}"' in page
-    forked = post(c, f"/runs/{run.id}/fork", {"csrf": csrf_of(page), "at": at})
-    assert forked.status_code == 303
-    fork_id = forked.headers["location"].split("/runs/")[1].split("?")[0]
-    fork = durably.get_run(fork_id, store=store)
-    assert fork.status == "forked" and fork_id != run.id
-    assert "a fork, not executed yet" in c.get(forked.headers["location"]).text
+    page = client(store).get(f"/runs/{run.id}").text
+    for cp in run.history():
+        assert f"durably fork {run.id} --at {cp.id[:12]}" in page
+    assert [r.id for r in durably.list_runs(store=store)] == [run.id]  # (nothing made)
 
 
 def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
@@ -332,9 +327,9 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
     run = publish.run(3)
     c = client(store)
     page = c.get(f"/runs/{run.id}").text
-    assert f'href="/runs/{run.id}/history"' in page and "Fork here" not in page
+    assert f'href="/runs/{run.id}/history"' in page and "durably fork" not in page
     history = c.get(f"/runs/{run.id}/history").text
-    assert history.count("Fork here") == len(run.history()) == 4  # 3 parse, 1 interrupt
+    assert history.count("durably fork") == len(run.history()) == 4  # 3 parse, 1 interrupt
 
 
 @pytest.mark.slow

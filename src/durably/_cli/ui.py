@@ -40,7 +40,7 @@ def _local(host: str) -> bool:
               help="The port to listen on (0: any free port).")
 @click.option("--open", "open_browser", is_flag=True, help="Open the dashboard in a browser.")
 @click.option("--read-only", "read_only", is_flag=True,
-              help="Show the runs only: no answering, forking, deleting or pruning.")
+              help="Show the runs only: no answering, deleting or pruning.")
 @_dir_option
 @click.pass_context
 def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,

@@ -1,5 +1,5 @@
 """The dashboard's web app (Starlette): pages, a JSON API, a stream of run changes
-(server-sent events), the actions (answer, fork, delete, prune) and the guard in front of
+(server-sent events), the actions (answer, delete, prune) and the guard in front of
 them all (the token, the cross-site checks, read-only mode)."""
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import durably
 from durably import render
-from durably._runtime.history import NO_UPDATE, make_fork
 from durably._store.urls import redact
 from durably._ui import pages, queries
 from durably.exceptions import DurablyError
@@ -83,7 +82,6 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
         Route("/api/stream", bound(_api_stream)),
         Route("/api/runs/{run_id}/graph", bound(_api_graph)),
         Route("/runs/{run_id}/answer", bound(_answer), methods=["POST"]),
-        Route("/runs/{run_id}/fork", bound(_fork), methods=["POST"]),
         Route("/runs/{run_id}/delete", bound(_delete), methods=["POST"]),
         Route("/cache/prune", bound(_prune), methods=["POST"]),
         Route("/static/{name}", _static),
@@ -367,19 +365,6 @@ async def _answer(request: Request, state: _State) -> Response:
                                      "example \"yes\" (with the quotes), true or 42.") from None
         queries.answer_interrupts(state.store, run_id, answers)
         return _back(f"/runs/{run_id}", "answered")
-
-    return await _action(request, state, act)
-
-
-async def _fork(request: Request, state: _State) -> Response:
-    run_id = request.path_params["run_id"]
-
-    def act(fields: dict[str, str]) -> Response:
-        record = state.store.find_run(run_id)
-        if record is None:
-            raise durably.NotFoundError(f"no run {run_id!r} in the store (deleted?)")
-        fork_id = make_fork(state.store, record, fields.get("at", ""), NO_UPDATE)
-        return _back(f"/runs/{fork_id}", "forked")
 
     return await _action(request, state, act)
 

@@ -191,19 +191,18 @@ def _history(ctx: Context, run: durably.Run[Any],
         return ""
     rows = []
     for cp in history[:limit]:
-        fork = ("" if ctx.read_only else
-                f'<form method="post" action="/runs/{_h(run.id)}/fork">{_csrf(ctx)}'
-                f'<input type="hidden" name="at" value="{_h(cp.id)}">'
-                '<button type="submit" class="small">Fork here</button></form>')
+        command = f"durably fork {run.id} --at {cp.id[:12]}"
         rows.append(f"<tr><td><code>{_h(cp.id[:12])}</code></td><td>{_h(cp.kind)}</td>"
                     f"<td>{_h(cp.task)}</td><td>{_when(cp.time)}</td>"
-                    f'<td class="repr">{_h(cp.state or "")}</td><td>{fork}</td></tr>')
+                    f'<td class="repr">{_h(cp.state or "")}</td>'
+                    f'<td><code class="command">{_h(command)}</code></td></tr>')
     return (f'<section id="history"><h2>History <small>{len(history):,} checkpoints, newest '
-            'first</small></h2><p class="hint">A fork is a new run holding this run\'s '
-            "journal up to the checkpoint; execute it with <code>durably fork RUN</code> "
-            "(the fork's id) where its code is.</p><table class=\"steps\"><thead><tr>"
-            "<th>Checkpoint</th><th>Kind</th><th>Task</th><th>Time</th><th>State</th><th>"
-            f'</th></tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+            'first</small></h2><p class="hint">To fork the run from a checkpoint (a new run '
+            "that replays this one up to there and executes the rest with today's code), run "
+            "its command where the code is: the dashboard never runs your code.</p>"
+            '<table class="steps"><thead><tr><th>Checkpoint</th><th>Kind</th><th>Task</th>'
+            "<th>Time</th><th>State</th><th>Fork from here</th></tr></thead><tbody>"
+            f'{"".join(rows)}</tbody></table></section>')
 
 
 def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved: float,
@@ -241,8 +240,8 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         f'id to confirm <input name="confirm" autocomplete="off" placeholder="{_h(run.id)}">'
         '</label><button type="submit">Delete this run and its journal</button></form>'
         '<p class="hint">The cache is kept: its steps still serve later calls.</p></section>')
-    forked = ('<p class="notice">This run is a fork, not executed yet: execute it with '
-              f"<code>durably fork {_h(run.id)}</code>.</p>" if state == "forked" else "")
+    forked = ('<p class="notice">This run is a fork that was not executed yet.</p>'
+              if state == "forked" else "")
     body = f"""{_notice(notice)}<div class="title" id="run" data-run="{_h(run.id)}"
 data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
 <span class="badge {_h(state)}" id="status">{_h(state)}</span></div>
@@ -257,7 +256,7 @@ data-run="{_h(run.id)}">drawing…</div></section>
 
 def history_page(ctx: Context, run: durably.Run[Any],
                  history: Sequence[durably.Checkpoint]) -> str:
-    """Every checkpoint of a run (newest first), each with a fork button."""
+    """Every checkpoint of a run (newest first), each with its fork command."""
     body = (f'<h1>{_h(run.name)} <code><a href="/runs/{_h(run.id)}">{_h(run.id)}</a></code>'
             f"</h1>{_history(ctx, run, history, limit=len(history))}")
     return _layout(ctx, f"history of {run.id}", body)
