@@ -262,6 +262,24 @@ def test_the_stream_sends_every_run_then_changes(store: durably.Store) -> None:
     assert data.startswith("data: ") and run.id in data and '"removed": []' in data
 
 
+def test_the_stream_pushes_runs_made_and_deleted_while_it_is_open(
+        store: durably.Store) -> None:
+    import json
+
+    first = publish.run(1)
+    c = client(store)
+    with c.stream("GET", "/api/stream") as events:
+        changes = (json.loads(line[6:]) for line in events.iter_lines()
+                   if line.startswith("data: "))
+        assert [r["id"] for r in next(changes)["runs"]] == [first.id]
+        second = publish.run(2)  # (another process's run reaches the store the same way)
+        change = next(changes)
+        assert [r["id"] for r in change["runs"]] == [second.id]
+        assert change["runs"][0]["status"] == "interrupted" and change["removed"] == []
+        durably.delete_runs([first.id], store=store)
+        assert next(changes) == {"runs": [], "removed": [first.id]}
+
+
 def test_payloads_are_shown_without_importing_the_users_code(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:

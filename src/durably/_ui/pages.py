@@ -244,7 +244,7 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
               if state == "forked" else "")
     body = f"""{_notice(notice)}<div class="title" id="run" data-run="{_h(run.id)}"
 data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
-<span class="badge {_h(state)}" id="status">{_h(state)}</span></div>
+<span id="status"><span class="badge {_h(state)}">{_h(state)}</span></span></div>
 <dl class="facts">{facts}</dl>{error}{forked}
 {_interrupts(ctx, run, pending, state)}
 <section id="graph-section"><h2>Graph</h2><div id="graph" class="graph"

@@ -147,7 +147,8 @@ function runPage(header) {
     }
     for (const row of change.runs) {
       if (row.id !== runId) continue;
-      document.getElementById("status").textContent = row.status;
+      const status = document.getElementById("status");
+      status.replaceChildren(row.status === "running" ? progress(row) : badge(row.status));
       document.getElementById("steps-total").textContent = row.steps.toLocaleString();
       const typing = document.activeElement && document.activeElement.tagName === "TEXTAREA";
       if (row.status !== shown && !typing) {
