@@ -2416,10 +2416,15 @@ def test_an_error_keeps_its_type_and_names_its_node_graph_and_super_step() -> No
 
 
 def test_several_failing_nodes_are_each_named_in_the_group() -> None:
+    # (both running when they fail: a node that fails cancels the siblings not started yet)
+    both = threading.Barrier(2)
+
     def bad_a(state: Count) -> dict[str, Any]:
+        both.wait(30)
         raise ValueError("a is wrong")
 
     def bad_b(state: Count) -> dict[str, Any]:
+        both.wait(30)
         raise TypeError("b is wrong")
 
     b = StateGraph(Count, name="errors-grouped")

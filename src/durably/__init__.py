@@ -16,6 +16,7 @@ from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
 from durably._keys.hashing import digest
 from durably._keys.moved import install_old_names
+from durably._runtime.cancel import cancel_run, cancelled
 from durably._runtime.config import configure
 from durably._runtime.explain import Explanation
 from durably._runtime.history import Checkpoint
@@ -38,8 +39,10 @@ from durably.exceptions import (
     RenderError,
     ReplayedError,
     RunBusyError,
+    RunCancelledError,
     RunInterrupted,
     RunStateError,
+    RunTimeoutError,
     SerializationError,
     StoreError,
     TaskTimeoutError,
@@ -98,9 +101,11 @@ __all__ = [
     "Retry",
     "Run",
     "RunBusyError",
+    "RunCancelledError",
     "RunGraph",
     "RunInterrupted",
     "RunStateError",
+    "RunTimeoutError",
     "Send",
     "SerializationError",
     "StateGraph",
@@ -110,6 +115,8 @@ __all__ = [
     "Task",
     "TaskTimeoutError",
     "asleep",
+    "cancel_run",
+    "cancelled",
     "configure",
     "delete_runs",
     "digest",

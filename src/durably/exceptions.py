@@ -11,6 +11,8 @@
     ├── RunStateError          the run is not in a state that allows the operation
     │   └── NoActiveRunError   interrupt() / idempotency_key() called outside a run's step
     ├── RunInterrupted         the run paused at interrupt(): answer with resume()
+    ├── RunCancelledError      the run was stopped by durably.cancel_run() (status stopped)
+    │   └── RunTimeoutError    (also TimeoutError) it ran past @entrypoint(timeout=...)
     ├── TaskTimeoutError       (also TimeoutError) a task ran past its timeout=
     ├── ReplayedError          a step's failure replayed from the journal whose exception
     │                          could not be pickled: a stand-in of its type and message
@@ -43,8 +45,10 @@ __all__ = [
     "RenderError",
     "ReplayedError",
     "RunBusyError",
+    "RunCancelledError",
     "RunInterrupted",
     "RunStateError",
+    "RunTimeoutError",
     "SerializationError",
     "StoreError",
     "TaskTimeoutError",
@@ -141,6 +145,49 @@ class RunInterrupted(DurablyError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (RunInterrupted, (self.run_id, self.interrupts, self._name))
+
+
+class RunCancelledError(DurablyError):
+    """The run was stopped before it ended: :func:`durably.cancel_run` was called for it
+    (from another thread, a web handler's cancel button). It stopped at its next step
+    boundary: the step running then finished and is journaled, later steps did not start.
+    Its status is ``stopped``, as after Ctrl-C, and it is resumable: calling the entrypoint
+    again with the same arguments replays its finished steps and executes the rest.
+
+    Attributes:
+        run_id: The stopped run.
+        steps: How many steps it had finished (ran, cached or replayed: kept in its journal).
+    """
+
+    def __init__(self, message: str, run_id: str = "", steps: int = 0) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.steps = steps
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.run_id, self.steps))
+
+
+class RunTimeoutError(RunCancelledError, TimeoutError):
+    """The run ran past its ``timeout=`` (seconds: ``@entrypoint(timeout=...)``,
+    ``StateGraph.compile(timeout=...)``) and was stopped as :func:`durably.cancel_run` stops
+    it: status ``stopped``, resumable. The timeout limits one call (an attempt): a call that
+    continues the run has the whole timeout again, and replays exactly the steps the
+    stopped call finished. Also a :class:`TimeoutError`.
+
+    Attributes:
+        run_id: The stopped run.
+        steps: How many steps it had finished.
+        timeout: The timeout, in seconds.
+    """
+
+    def __init__(self, message: str, run_id: str = "", steps: int = 0,
+                 timeout: float = 0.0) -> None:
+        super().__init__(message, run_id, steps)
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.run_id, self.steps, self.timeout))
 
 
 class RenderError(DurablyError):

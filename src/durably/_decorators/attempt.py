@@ -17,7 +17,12 @@ from durably._runtime.attempt import is_cancelled
 from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.run import _UNSET, Run, executing
 from durably._store.records import RunRecord, now
-from durably.exceptions import RunInterrupted, RunStateError
+from durably.exceptions import (
+    RunCancelledError,
+    RunInterrupted,
+    RunStateError,
+    RunTimeoutError,
+)
 from durably.store import Store
 
 
@@ -101,17 +106,58 @@ def _settle_submitted(ctx: Any, finished: bool = False) -> None:
             stacklevel=4)
 
 
-async def _settle(ctx: Any) -> None:
+async def _settle(ctx: Any, exc: BaseException | None = None) -> None:
     """Before an async attempt ends: stop its other branches from starting new steps and
-    wait for the steps still running (an ``asyncio.gather`` does not cancel siblings), so
-    the run is not released while its steps still execute."""
+    wait for the steps still running, so the run is not released while its steps still
+    execute. When the attempt failed (``exc``, an ``Exception``) or was cancelled
+    (``durably.cancel_run``, its timeout), those steps are cancelled first, as LangGraph
+    cancels a failed step's siblings (an ``asyncio.gather`` does not): what finished is
+    journaled, the cancelled ones execute again when the run resumes. (An interrupt, a
+    closed stream, Ctrl-C: they finish.)"""
     import asyncio  # (on a running loop: imported already; not at `import durably`)
 
     ctx.stop = True
     me = asyncio.current_task()
     running = {t for t in ctx.inflight if t is not me and not t.done()}
     if running:
+        if isinstance(exc, Exception) or ctx.cancelled_by is not None:
+            for t in running:
+                t.cancel()
         await asyncio.wait(running)
+
+
+def _raise_if_cancelled(started: Any, exc: BaseException, timeout: Any) -> None:
+    """After an attempt stopped by ``durably.cancel_run`` or its ``timeout`` (a
+    :class:`~durably._runtime.cancel.Timeout`): raise the error that says so, and how to
+    continue the run, instead of the internal stop (``StopRun``, ``CancelledError``).
+
+    Raises:
+        RunTimeoutError: its timeout stopped it.
+        RunCancelledError: ``durably.cancel_run`` stopped it.
+    """
+    ctx, record = started.ctx, started.record
+    why = ctx.cancelled_by
+    if why is None or record.status != "stopped":
+        return
+    try:
+        counts = Run(record, ctx.store).counts()
+        done = counts["ran"] + counts["cached"] + counts["replayed"]
+    except Exception:  # noqa: BLE001 - (the store cannot be read): said without the count
+        done = -1
+    finished = ("" if done < 0 else
+                f" after {done:,} finished step{'' if done == 1 else 's'}, kept in its journal")
+    again = (f"Fix: call it again with the same arguments to continue it (a graph: "
+             f"app.invoke(None, run_id={record.run_id!r}); from a shell: durably resume "
+             f"{record.run_id}): its finished steps are replayed and only the rest execute")
+    if timeout is not None and why == timeout.why:
+        raise RunTimeoutError(
+            f"run {record.run_id!r} of {record.name!r} ran past its timeout of "
+            f"{timeout.seconds:g} s and was stopped{finished} (status 'stopped'). {again}, "
+            "with the whole timeout again; or raise timeout= if a run needs longer.",
+            record.run_id, max(done, 0), timeout.seconds) from None
+    raise RunCancelledError(
+        f"run {record.run_id!r} of {record.name!r} was {why} and stopped{finished} "
+        f"(status 'stopped'). {again}.", record.run_id, max(done, 0)) from None
 
 
 def _paused(started: Any, signal: InterruptSignal, handle: bool) -> Any:

@@ -24,6 +24,7 @@ from durably._decorators.attempt import (
     _as_interrupt,
     _handle,
     _paused,
+    _raise_if_cancelled,
     _require_interrupted,
     _settle,
     _settle_submitted,
@@ -33,6 +34,7 @@ from durably._decorators.stream import _AsyncStream, _stream_async, _stream_sync
 from durably._decorators.wrapper import _check_bare, _describe, _instance_of
 from durably._keys import serde as _serde
 from durably._runtime.attempt import Started, begin_run, end_run, validate_run_id
+from durably._runtime.cancel import Timeout, on_cancel
 from durably._runtime.config import default_store
 from durably._runtime.context import live_run
 from durably._runtime.history import NO_UPDATE, make_fork, unused_update
@@ -164,6 +166,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         super().__init__(func, self._self_call)
         self._self_spec = spec
         self._self_wait: float | None = None  # (@entrypoint(wait=...))
+        self._self_timeout: float | None = None  # (@entrypoint(timeout=...)): seconds
         _ENTRYPOINTS[spec.identity] = self
 
     def __repr__(self) -> str:
@@ -453,16 +456,21 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             time.sleep(started)  # (the run is executed by another call: wait=)
         if keep_finished:
             keep_in(started.ctx)
+        timeout = None if self._self_timeout is None else Timeout(started.ctx,
+                                                                  self._self_timeout)
         try:
             try:
                 result = wrapped(*args, **kwargs)
             except BaseException as exc:
+                if isinstance(exc, Exception):
+                    started.ctx.stop = True  # (its submitted calls still running stop)
                 _settle_submitted(started.ctx)
                 signal = _as_interrupt(started.ctx, exc)
                 if signal is not None:
                     end_run(started, exc=signal)
                     return _paused(started, signal, handle)
                 end_run(started, exc=exc)
+                _raise_if_cancelled(started, exc, timeout)
                 raise
             _settle_submitted(started.ctx, True)  # (finished: warns of failures unseen)
             signal = _as_interrupt(started.ctx, None)
@@ -475,6 +483,9 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             if not started.ended:  # interrupted before it ended (Ctrl-C while settling)
                 end_run(started, exc=exc)
             raise
+        finally:
+            if timeout is not None:
+                timeout.cancel()
 
     async def _self_arun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                          run_id: str | None, fresh: bool, handle: bool,
@@ -490,16 +501,28 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             await asyncio.sleep(started)  # (the run is executed by another call: wait=)
         if keep_finished:
             keep_in(started.ctx)
+        import asyncio  # (on a running loop: imported already)
+
+        loop, me = asyncio.get_running_loop(), asyncio.current_task()
+        # durably.cancel_run() and the timeout cancel this task (from any thread)
+        unwatch = on_cancel(lambda: loop.call_soon_threadsafe(me.cancel)) if (
+            me is not None) else None
+        timeout = None if self._self_timeout is None else Timeout(
+            started.ctx, self._self_timeout, loop)
         try:
             try:
                 result = await wrapped(*args, **kwargs)
             except BaseException as exc:
-                await _settle(started.ctx)
+                await _settle(started.ctx, exc)
                 signal = _as_interrupt(started.ctx, exc)
                 if signal is not None:
                     end_run(started, exc=signal)
                     return _paused(started, signal, handle)
                 end_run(started, exc=exc)
+                if started.ctx.cancelled_by is not None and me is not None and (
+                        asyncio.CancelledError is type(exc) and me.uncancel() > 0):
+                    raise  # (cancelled by its caller too: the cancellation goes on)
+                _raise_if_cancelled(started, exc, timeout)
                 raise
             signal = _as_interrupt(started.ctx, None)
             if signal is not None:
@@ -511,6 +534,11 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             if not started.ended:  # interrupted before it ended (Ctrl-C while settling)
                 end_run(started, exc=exc)
             raise
+        finally:
+            if unwatch is not None:
+                unwatch()
+            if timeout is not None:
+                timeout.cancel()
 
     def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                      run_id: str | None, fresh: bool, on_lease: Any = None) -> Any:
@@ -626,6 +654,20 @@ def _keep_option(keep_finished: Any) -> bool:
     return keep_finished
 
 
+def _timeout_option(timeout: Any, where: str) -> float | None:
+    """``timeout=`` checked: None, or a finite number of seconds > 0.
+
+    Raises:
+        DefinitionError: anything else, naming ``where``."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+            0 < timeout < float("inf")):
+        raise DefinitionError(f"{where} is a number of seconds > 0 (or None: no limit), not "
+                              f"{timeout!r}. Fix: timeout=600 for ten minutes")
+    return float(timeout)
+
+
 def _warn_unused_update(store: Store, fork_id: str) -> None:
     """Warn when a fork's first attempt did not use the update given for its checkpoint
     (:func:`~durably._runtime.history.unused_update`); a store that cannot be read says nothing."""
@@ -712,13 +754,13 @@ def entrypoint(func: Callable[P, R], /) -> Entrypoint[P, R]: ...
 @overload
 def entrypoint(
     *, name: str | None = None, store: Store | str | os.PathLike[str] | None = None,
-    wait: float | None = None,
+    wait: float | None = None, timeout: float | None = None,
 ) -> Callable[[Callable[P, R]], Entrypoint[P, R]]: ...
 
 
 def entrypoint(func: Any = None, /, *, name: str | None = None,
                store: Store | str | os.PathLike[str] | None = None,
-               wait: float | None = None) -> Any:
+               wait: float | None = None, timeout: float | None = None) -> Any:
     """Make a function an entrypoint: each call is a durable run with a journal.
 
     Calling the entrypoint returns its plain result, so decorating a script's ``main``
@@ -745,6 +787,14 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
             needs: it then returns that call's result (replayed from the journal; if that
             call failed, this one resumes the run). Default None: such a call raises
             :class:`~durably.RunBusyError` at once, as it does once ``wait`` has passed.
+        timeout: Seconds one call of the run may take (> 0). When they pass, the run is
+            stopped as :func:`durably.cancel_run` stops it (at its next step boundary;
+            ``durably.cancelled()`` turns True; async code is cancelled), its status is
+            ``stopped``, and the call raises :class:`~durably.RunTimeoutError`. It is
+            resumable: calling again with the same arguments replays the finished steps
+            and executes the rest, with the whole timeout again (the clock starts anew
+            with each call, as DBOS's ``resume_workflow`` clears a workflow's deadline).
+            Default None: no limit.
 
     Raises:
         DefinitionError: ``func`` is a class, a generator function or not callable, an
@@ -777,6 +827,8 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
         raise DefinitionError(f"@entrypoint(wait=...) is a number of seconds >= 0 (or None), "
                               f"not {wait!r}. Fix: wait=30")
 
+    limit = _timeout_option(timeout, "@entrypoint(timeout=...)")
+
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:
         spec = Spec(f, kind="entrypoint", name=name, store=store)
         taken = [n for n in ("run_id", "fresh") if n in spec.signature.parameters]
@@ -788,6 +840,7 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
                 f"(for example {taken[0]}_ or my_{taken[0]}).")
         made = Entrypoint(f, spec)
         made._self_wait = None if wait is None else float(wait)
+        made._self_timeout = limit
         return made
 
     return decorate(func) if func is not None else decorate

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from durably._executors.worker import _describe_store, _Outcome, _pack
 from durably._runtime.call import _acall_with_policy, _call_with_policy
-from durably._runtime.context import current_step
+from durably._runtime.context import StopRun, current_step
 from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.spec import Spec
 from durably._runtime.step import Call
@@ -94,9 +94,12 @@ Done = Callable[[_Item, Any], None]
 def _run_here(call: Call, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
     """The body of one item in a thread, inside a copy of the caller's context: tasks it
-    calls are child steps of the item's step."""
+    calls are child steps of the item's step. A body that had not started when its run
+    was told to stop (its entrypoint failed, durably.cancel_run) does not start."""
     ctx = call.ctx
     if ctx is not None:
+        if ctx.stop:
+            raise StopRun()
         current_step.set(call.step_id)
         ctx.items.enter(ctx, call.step_id, call)  # (for interrupt(): the step asking)
     call.started = now()

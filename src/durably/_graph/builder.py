@@ -281,7 +281,8 @@ class StateGraph(Generic[S]):
 
     def compile(self, *, max_steps: int = 25, store: Store | None = None,
                 name: str | None = None, interrupt_before: Sequence[str] | str = (),
-                interrupt_after: Sequence[str] | str = ()) -> CompiledGraph[S]:
+                interrupt_after: Sequence[str] | str = (),
+                timeout: float | None = None) -> CompiledGraph[S]:
         """Validate the graph and make it runnable.
 
         Args:
@@ -295,6 +296,10 @@ class StateGraph(Generic[S]):
                 continues it with that super-step (LangGraph's breakpoints).
             interrupt_after: Nodes (or ``"*"``) after whose super-step a run pauses, the
                 same way (``{"after": [...], "step": n}``).
+            timeout: Seconds one call of a run (``invoke``, ``resume``, ...) may take, as
+                ``@entrypoint(timeout=...)``: then the run stops (``stopped``, resumable:
+                ``app.invoke(None, run_id=...)`` continues it, with the whole timeout
+                again) and the call raises :class:`~durably.RunTimeoutError`. Default None.
 
         Returns:
             A :class:`CompiledGraph`.
@@ -327,10 +332,13 @@ class StateGraph(Generic[S]):
             name = f"{name}-{self._structure_digest()}"
         # (here: the compiled graph is made of this module's errors and routers, so its module
         # imports this one)
+        from durably._decorators.entrypoints import _timeout_option
         from durably._graph.compiled import CompiledGraph
 
-        return CompiledGraph(self._snapshot(), name, max_steps, store,
-                             breakpoints["interrupt_before"], breakpoints["interrupt_after"])
+        app = CompiledGraph(self._snapshot(), name, max_steps, store,
+                            breakpoints["interrupt_before"], breakpoints["interrupt_after"])
+        app._entry._self_timeout = _timeout_option(timeout, "compile(timeout=...)")
+        return app
 
     def _structure_digest(self) -> str:
         """8 hex digits of the graph's nodes, edges and routers (not their code: editing a

@@ -34,6 +34,7 @@ from durably._graph.superstep import (
     _namespace,
     _writes,
 )
+from durably._runtime.cancel import on_cancel
 from durably._runtime.context import current_run
 from durably._runtime.spec import Spec
 from durably._trace.tracer import Event
@@ -50,6 +51,19 @@ def _run_beside_loop(afn: Callable[[Any], Any], state: Any) -> Any:
     loop cannot run it: ``asyncio.run`` refuses to nest)."""
     with concurrent.futures.ThreadPoolExecutor(1, "durably-async-node") as thread:
         return thread.submit(contextvars.copy_context().run, asyncio.run, afn(state)).result()
+
+
+async def _cancellable(work: Any) -> Any:
+    """An async node's coroutine, cancelled (``CancelledError`` at its ``await``) when a
+    sibling node of its super-step fails or its run is cancelled (see
+    :mod:`durably._runtime.cancel`)."""
+    loop, me = asyncio.get_running_loop(), asyncio.current_task()
+    assert me is not None  # (asyncio.run's task)
+    unwatch = on_cancel(lambda: loop.call_soon_threadsafe(me.cancel))
+    try:
+        return await work
+    finally:
+        unwatch()
 
 
 #: the stream being served answers an interrupt: it shows only the super-steps that execute
@@ -117,8 +131,8 @@ class Execution(Supersteps, Migration):
                 try:
                     asyncio.get_running_loop()
                 except RuntimeError:
-                    return asyncio.run(afn(state))
-                return _run_beside_loop(afn, state)
+                    return asyncio.run(_cancellable(afn(state)))
+                return _run_beside_loop(lambda s: _cancellable(afn(s)), state)
 
             run_async.__wrapped__ = afn  # type: ignore[attr-defined]
             run_async.__qualname__ = run_async.__name__ = getattr(fn, "__qualname__", name)

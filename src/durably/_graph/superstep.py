@@ -22,6 +22,9 @@ from durably._graph.checkpoints import Sent, StepResult, Writes, _pickled_state,
 from durably._graph.routing import Routing, Target, _is_command
 from durably._graph.state import _NOTHING, InvalidUpdateError
 from durably._graph.structure import Send
+from durably._runtime.attempt import is_cancelled
+from durably._runtime.cancel import Siblings, siblings
+from durably._runtime.context import StopRun
 from durably._runtime.interrupt import InterruptSignal
 
 if TYPE_CHECKING:
@@ -171,14 +174,26 @@ class Supersteps(Routing):
             except BaseException as exc:  # noqa: BLE001 - sorted out below
                 errors[0] = exc
         else:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=len(calls)) as pool:
-                futures = [pool.submit(contextvars.copy_context().run, self._call_node, n, v)
-                           for n, v in calls]
+            # once a node fails, the others are cancelled (durably.cancelled(); a step they
+            # start raises; async ones get CancelledError): what finished is journaled
+            with Siblings() as scope, concurrent.futures.ThreadPoolExecutor(
+                    max_workers=len(calls)) as pool:
+                futures = []
+                for n, v in calls:
+                    context = contextvars.copy_context()
+                    context.run(siblings.set, scope)
+                    future = pool.submit(context.run, self._call_node, n, v)
+                    future.add_done_callback(scope.failed)
+                    futures.append(future)
                 for i, future in enumerate(futures):
                     try:
                         results[i] = future.result()
                     except BaseException as exc:  # noqa: BLE001 - sorted out below
                         errors[i] = exc
+            if scope.cancelled and any(isinstance(e, Exception) for e in errors.values()):
+                # the siblings stopped because one failed: the failure is what happened
+                errors = {i: e for i, e in errors.items()
+                          if not (isinstance(e, StopRun) or is_cancelled(e))}
         if errors:
             signals = [e for e in errors.values() if isinstance(e, InterruptSignal)]
             others = {n: e for n, e in errors.items() if not isinstance(e, InterruptSignal)}

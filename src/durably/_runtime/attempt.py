@@ -687,7 +687,8 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     unwritten = False  # its final record was not journaled (another attempt's stands)
     sealed_ahead = False  # its result was prepared by seal_ahead() (undone if unwritten)
     try:
-        info = _final_record(record, result, exc, wall)  # pickled outside any transaction
+        # (pickled outside any transaction)
+        info = _final_record(record, result, exc, wall, ctx.cancelled_by)
         ctx.flush_cache()  # the cache is another database: outside the transaction below
         cache_written = True
         if sum(len(data) for _, data in taken[0] if data is not None) > _BATCHED_RESULT:
@@ -771,7 +772,7 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         finally:
             try:
                 if info is None:
-                    info = _final_record(record, result, exc, wall)
+                    info = _final_record(record, result, exc, wall, ctx.cancelled_by)
                 if not lost and not ctx.lost and refused is None:
                     if _write_final(store, record, info, checked=True, retry=retry):
                         recovered = True
@@ -840,9 +841,10 @@ def _lost(ctx: RunContext, record: RunRecord, exc: BaseException | None) -> RunS
 
 
 def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
-                  started: float) -> bytes:
+                  started: float, why: str | None = None) -> bytes:
     """Set the run's final status, result (pickled) and error on its record; return the
-    pickled data of its final event."""
+    pickled data of its final event. ``why``: what stopped it (durably.cancel_run, its
+    timeout), if that did."""
     record.updated = now()
     record.status = run_status(exc)
     if exc is None:
@@ -854,8 +856,9 @@ def _final_record(record: RunRecord, result: Any, exc: BaseException | None,
             log.warning("durably: run %r finished, but its result is not stored (other "
                         "processes cannot read it): %s", record.run_id, ser)
     elif record.status == "stopped":
-        record.error = "StopRun('the consumer of stream() stopped the run')" if isinstance(
-            exc, StopRun) else repr(exc)[:2000]
+        record.error = f"StopRun({why!r})" if why is not None else (
+            "StopRun('the consumer of stream() stopped the run')" if isinstance(
+                exc, StopRun) else repr(exc)[:2000])
     elif record.status == "failed":
         record.error = repr(exc)[:2000]
     info: dict[str, Any] = {"status": record.status, "duration": record.updated - started,

@@ -68,6 +68,7 @@ class RunContext:
         "asked",
         "asked_code",
         "attempt",
+        "cancelled_by",
         "codes",
         "consumed",
         "counts",
@@ -106,6 +107,7 @@ class RunContext:
         "unjournaled",
         "unwaited",
         "warned",
+        "watchers",
     )
 
     def __init__(self, run_id: str, store: Store, attempt: int, owner: Owner, *,
@@ -117,6 +119,12 @@ class RunContext:
         self.listener = listener
         #: set to stop the run at its next step boundary
         self.stop = False
+        #: why the run was told to stop by :func:`durably.cancel_run` or its ``timeout=``
+        #: (said by the error the call raises and by the run's record); None otherwise
+        self.cancelled_by: str | None = None
+        #: called (no arguments) when the run is cancelled: what stops the code a flag
+        #: cannot reach (an async node's task, an async entrypoint's task): see _cancel
+        self.watchers: set[Callable[[], object]] = set()
         #: the attempt's lease was found taken over by another process (or removed): it
         #: stops at its next step boundary, and its end is not journaled
         self.lost = False
