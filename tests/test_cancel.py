@@ -118,7 +118,7 @@ def test_timeout_stops_a_run_and_a_call_again_resumes_it(disk_store: Any) -> Non
         executed.append(i)
         return i
 
-    @durably.entrypoint(timeout=0.2)
+    @durably.entrypoint(timeout=0.5)
     def job(n: int) -> int:
         return sum(part(i) for i in range(n))
 
@@ -126,17 +126,21 @@ def test_timeout_stops_a_run_and_a_call_again_resumes_it(disk_store: Any) -> Non
         job(4)
     error = caught.value
     assert isinstance(error, TimeoutError) and isinstance(error, durably.RunCancelledError)
-    assert error.timeout == 0.2 and error.steps == 2
-    assert "timeout of 0.2 s" in str(error) and ".job'" in str(error)
+    assert error.timeout == 0.5
+    assert "timeout of 0.5 s" in str(error) and ".job'" in str(error)
     assert error.run_id in str(error) and "durably resume" in str(error)
-    assert executed == [0, 1]
+    # (step 1 waits for the timeout, so 2 steps finish; on a machine so loaded that the
+    # timeout passed before step 1 began, fewer: what finished is what is kept, either way)
+    done = error.steps
+    assert done <= 2 and executed == list(range(done))
     (run,) = durably.list_runs()
     assert run.status == "stopped" and "timed out" in (run.error or "")
 
     first.clear()
     assert job(4) == 6  # the whole timeout again: the rest executes
-    assert executed == [0, 1, 2, 3]
-    assert [s.status for s in durably.list_runs()[0].steps] == ["replayed"] * 2 + ["ran"] * 2
+    assert executed == [0, 1, 2, 3]  # each step executed once
+    assert [s.status for s in durably.list_runs()[0].steps] == (
+        ["replayed"] * done + ["ran"] * (4 - done))
 
 
 def test_timeout_of_an_async_entrypoint_cancels_its_await(disk_store: Any) -> None:
@@ -151,17 +155,17 @@ def test_timeout_of_an_async_entrypoint_cancels_its_await(disk_store: Any) -> No
         executed.append(name)
         return name
 
-    @durably.entrypoint(timeout=0.2)
+    @durably.entrypoint(timeout=0.5)
     async def job() -> list[str]:
         return [await fetch("quick"), await fetch("slow")]
 
-    with pytest.raises(durably.RunTimeoutError):
+    with pytest.raises(durably.RunTimeoutError) as caught:
         asyncio.run(job())
-    assert executed == ["quick"]
+    assert executed == ["quick"][:caught.value.steps]  # (["quick"] unless the timeout came first)
     assert durably.list_runs()[0].status == "stopped"
     first.clear()
     assert asyncio.run(job()) == ["quick", "slow"]
-    assert executed == ["quick", "slow"]
+    assert executed == ["quick", "slow"]  # each executed once
 
 
 def test_cancel_run_cancels_an_async_entrypoint_from_another_thread(disk_store: Any) -> None:
@@ -365,13 +369,15 @@ def test_graph_timeout_stops_the_run_resumably(disk_store: Any) -> None:
     g = StateGraph(Log, name="graph_timeout")
     g.add_node("a", step("a")).add_node("b", step("b")).add_node("c", step("c"))
     g.add_edge(START, "a").add_edge("a", "b").add_edge("b", "c").add_edge("c", END)
-    app = g.compile(timeout=0.2)
-    with pytest.raises(durably.RunTimeoutError, match=r"timeout of 0\.2 s"):
+    app = g.compile(timeout=0.5)
+    with pytest.raises(durably.RunTimeoutError, match=r"timeout of 0\.5 s"):
         app.invoke({"log": []}, run_id="gt")
-    assert executed == ["a", "b"]  # b finished (its journaled result is kept); c never began
+    # b finished (its journaled result is kept), c never began (unless the machine was so
+    # loaded that the timeout came before b began: then a alone)
+    assert executed in (["a", "b"], ["a"])
     first.clear()
     assert app.invoke(None, run_id="gt")["log"] == ["a", "b", "c"]
-    assert executed == ["a", "b", "c"]
+    assert executed == ["a", "b", "c"]  # each node executed once
 
 
 def test_a_failed_entrypoint_stops_its_submitted_sync_tasks(disk_store: Any) -> None:
@@ -503,9 +509,67 @@ def test_a_script_timed_out_resumes_in_a_new_process(tmp_path: Path) -> None:
         return subprocess.run([sys.executable, str(script)], env={**env, **extra},
                               capture_output=True, text=True, timeout=120)
 
-    first = run(HANG="1", LIMIT="0.3")
+    first = run(HANG="1", LIMIT="1")
     assert first.returncode == 2, first.stderr
-    assert first.stdout.splitlines() == ["executed 0", "executed 1", "timed out 2"]
+    *ran, last = first.stdout.splitlines()
+    done = int(last.removeprefix("timed out "))  # 2: part 1 hangs until the timeout
+    assert ran == [f"executed {i}" for i in range(done)] and done <= 2
     second = run(LIMIT="60")
     assert second.returncode == 0, second.stderr
-    assert second.stdout.splitlines() == ["executed 2", "result 3"]
+    assert second.stdout.splitlines() == [f"executed {i}" for i in range(done, 3)] + [
+        "result 3"]  # only the missing steps, in a new process
+
+
+def test_cancel_run_while_streaming_ends_the_stream_with_the_error(disk_store: Any) -> None:
+    executed: list[int] = []
+
+    @durably.task
+    def part(i: int) -> int:
+        executed.append(i)
+        return i
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return [part(i) for i in range(n)]
+
+    kinds: list[str] = []
+    with pytest.raises(durably.RunCancelledError) as caught:
+        for event in job.stream(4, run_id="streamed"):
+            kinds.append(event.kind)
+            if event.kind == "step_finished" and len(executed) == 2:
+                assert durably.cancel_run("streamed") is True  # (the run waits meanwhile)
+    assert caught.value.steps == 2 and kinds[-1] == "run_stopped"
+    assert executed == [0, 1]
+    assert job.run(4, run_id="streamed").result == [0, 1, 2, 3]
+    assert executed == [0, 1, 2, 3]
+
+
+def test_cancel_run_during_a_map_starts_no_more_items(disk_store: Any) -> None:
+    """The item running finishes and is journaled; the items not started never start."""
+    executed: list[int] = []
+    first = threading.Event()
+    first.set()
+    running = threading.Event()
+
+    @durably.task
+    def item(i: int) -> int:
+        if i == 0 and first.is_set():
+            running.set()
+            assert _until(durably.cancelled)
+        executed.append(i)
+        return i
+
+    @durably.entrypoint
+    def job(n: int) -> list[int]:
+        return item.map(range(n), max_workers=1)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        call = pool.submit(job.run, 4, run_id="mapped")
+        assert running.wait(BOUND)
+        assert durably.cancel_run("mapped") is True
+        with pytest.raises(durably.RunCancelledError):
+            call.result(BOUND)
+    assert executed == [0]
+    first.clear()
+    assert job.run(4, run_id="mapped").result == [0, 1, 2, 3]
+    assert executed == [0, 1, 2, 3]

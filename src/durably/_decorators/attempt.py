@@ -119,11 +119,18 @@ async def _settle(ctx: Any, exc: BaseException | None = None) -> None:
     ctx.stop = True
     me = asyncio.current_task()
     running = {t for t in ctx.inflight if t is not me and not t.done()}
-    if running:
-        if isinstance(exc, Exception) or ctx.cancelled_by is not None:
-            for t in running:
-                t.cancel()
-        await asyncio.wait(running)
+    if running and (isinstance(exc, Exception) or ctx.cancelled_by is not None):
+        for t in running:
+            t.cancel()
+    while running:
+        try:
+            await asyncio.wait(running)
+        except asyncio.CancelledError:
+            # durably.cancel_run's (or the timeout's) cancellation of this task, delivered
+            # after the run stopped at a step boundary: taken back; any other goes on
+            if ctx.cancelled_by is None or me is None or me.uncancel() > 0:
+                raise
+        running = {t for t in running if not t.done()}
 
 
 def _raise_if_cancelled(started: Any, exc: BaseException, timeout: Any) -> None:
