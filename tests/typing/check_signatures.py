@@ -67,3 +67,14 @@ add(1, z=2)  # type: ignore[call-arg]
 pipeline()  # type: ignore[call-arg]
 Model().predict("x")  # type: ignore[arg-type]
 add.refresh("one")  # type: ignore[arg-type]
+
+
+@durably.entrypoint(timeout=600)
+def bounded(n: int) -> int:
+    return n
+
+
+assert_type(bounded(1), int)
+assert_type(durably.cancelled(), bool)
+assert_type(durably.cancel_run("run-1"), bool)
+durably.entrypoint(timeout="10")  # type: ignore[call-overload]
