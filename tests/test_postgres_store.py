@@ -392,21 +392,23 @@ def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it
 
 # -- round trips ----------------------------------------------------------------------------
 class _Counting:
-    """Counts the statements sent to the server (each is one round trip: autocommit)."""
+    """Counts the statements sent to the server (each is one round trip: autocommit): at
+    the cursor, which every statement goes through (``Connection.execute`` makes one; the
+    store keeps one for a step's statements)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import psycopg
 
         self.count = 0
         self.statements: list[str] = []
-        real = psycopg.Connection.execute
+        real = psycopg.Cursor.execute
 
-        def execute(conn: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        def execute(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             self.count += 1
             self.statements.append(str(query)[:60])
-            return real(conn, query, *args, **kwargs)
+            return real(cur, query, *args, **kwargs)
 
-        monkeypatch.setattr(psycopg.Connection, "execute", execute)
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
 
 
 def test_an_executed_step_is_one_round_trip_and_a_hit_is_one(
@@ -482,6 +484,40 @@ def test_threads_share_the_pool_without_errors(pg: PostgresStore) -> None:
         t.join()
     assert errors == []
     assert pg.cache_stats()["entries"] == 16 * 50
+
+
+def test_connections_kept_between_statements_go_to_threads_waiting_for_one(
+        schemas: list[str]) -> None:
+    """A store keeps a connection that ends a statement for its next one, yet never more
+    than its pool's ``pool_size``, and a thread waiting for the pool gets a kept one (a
+    connection left idle while a thread waits would time out that thread's request)."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY, pool_size=2)
+    errors: list[BaseException] = []
+    try:
+        def hammer(n: int) -> None:
+            try:
+                for i in range(40):
+                    store.cache_put(f"{n}-{i}", b"x" * i)
+                    assert store.cache_get(f"{n}-{i}") == b"x" * i
+                    with store.batch():  # (a transaction takes and gives back one too)
+                        assert store.cache_get(f"{n}-{i}") == b"x" * i
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = store._get_pool().get_stats()
+        assert errors == []
+        assert stats.get("requests_errors", 0) == 0, stats  # (no request timed out)
+        assert stats["pool_max"] == 2 and stats["pool_size"] <= 2, stats
+        assert store.cache_stats()["entries"] == 6 * 40
+    finally:
+        store.close()
 
 
 def test_a_store_pickles_as_its_url_and_reopens_in_a_subprocess(pg: PostgresStore,

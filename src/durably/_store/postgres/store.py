@@ -7,7 +7,11 @@ set of journals.
   fencing of a step (its run still at the step's attempt) is part of that statement: the
   run's row is locked ``FOR SHARE`` while the step is inserted, so a takeover that bumps the
   attempt either waits for the insert (and the new attempt reads the step) or has happened
-  (and the insert writes nothing).
+  (and the insert writes nothing). A step's statements (its cache lookup, its journal
+  write) are made once, prepared on the server after ``prepare_threshold`` uses, and run on
+  a cursor kept with its connection; a connection that ends a statement idle is kept for
+  the next one of the process rather than given back to the pool (whose lock and checks
+  cost as much CPU as the statement), and given back when a thread waits for one.
 - **Leases on the database's clock.** A lease's heartbeat is the server's ``now()``; its age
   is measured there too, so clients whose clocks differ agree on when it expires.
 - **Values** are sealed above this backend (checksums, signatures: the base class, as this
@@ -24,6 +28,7 @@ set of journals.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -72,6 +77,14 @@ _STEP_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "float8",
 _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input_digest, "
              "args, args_blob, result, result_blob, error")
 _NOW = "(now() + %(shift)s * interval '1 second')"
+#: this process's id, kept current across os.fork() (os.getpid() is a system call, and the
+#: pool is looked for before every statement)
+_PID = [os.getpid()]
+if hasattr(os, "register_at_fork"):  # (no fork on Windows)
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+_IDLE = 0  # libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE)
+#: the largest value a kept cursor may hold on to between statements (see _hot)
+_KEPT_BYTES = 1 << 16
 
 
 class MissingBlobError(StoreError):
@@ -177,6 +190,8 @@ class PostgresStore(Store):
         self._pool: Any = None
         self._pid = 0
         self._open_lock = threading.Lock()
+        self._waiting = 0  # threads waiting in the pool's getconn (changed under _wait_lock)
+        self._wait_lock = threading.Lock()
         self._local = threading.local()
         self._shift = 0.0  # seconds added to the server's clock (tests of lease expiry)
         self._connected = False  # (once it has: a server that does not answer is an outage)
@@ -185,6 +200,17 @@ class PostgresStore(Store):
         #: at once, not after a minute for each of the writes its end makes)
         self._given_up = False
         self._warned_inline = False  # (said once: large values kept in rows)
+        # the statements of every step, made once (psycopg prepares them on the server
+        # after prepare_threshold uses: the same text each time)
+        self._cache_one = self._sql("SELECT value, blob FROM {s}.cache WHERE key = %s")
+        # (the run's id and attempt are sent once: the step's are the locked row's)
+        self._journal_one = self._sql(
+            "WITH cur AS (SELECT run_id, attempt FROM {s}.runs WHERE run_id = %s AND "
+            f"attempt = %s FOR SHARE), ins AS (INSERT INTO {{s}}.steps ({', '.join(_STEP_COLS)}"
+            ") SELECT cur.run_id, " + ", ".join(
+                "cur.attempt" if col == "attempt" else f"{_param(t)}::{t}"
+                for col, t in zip(_STEP_COLS[1:], _STEP_TYPES[1:], strict=True))
+            + " FROM cur ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM cur")
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -239,7 +265,7 @@ class PostgresStore(Store):
         """The process's pool, opened if need be (waiting for the server until ``until``, a
         ``time.monotonic()``, else :data:`OPEN_SECONDS`)."""
         pool = self._pool
-        if pool is not None and self._pid == os.getpid():
+        if pool is not None and self._pid == _PID[0]:
             return pool
         with self._open_lock:
             if self._pool is not None and self._pid != os.getpid():
@@ -282,9 +308,13 @@ class PostgresStore(Store):
         if self.blobs is not None:
             self.blobs.scope = store_id  # (its blobs apart from other stores' in one place)
         self._connected = True
-        return ConnectionPool(self._base, kwargs=self._kwargs(), min_size=1,
-                              max_size=self.pool_size,
-                              timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
+        pool: Any = ConnectionPool(self._base, kwargs=self._kwargs(), min_size=1,
+                                   max_size=self.pool_size,
+                                   timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
+        #: its connections taken and not in use (see _take): the pool's own, so that a
+        #: connection is only ever given back to the pool it came from
+        pool.durably_idle = collections.deque()
+        return pool
 
     def _alone(self, work: Callable[[Any], T], until: float | None = None) -> T:
         """``work(connection)`` on a connection of its own (not the pool's), retried while
@@ -348,15 +378,74 @@ class PostgresStore(Store):
         while True:
             try:
                 pool = self._get_pool(deadline)
-                wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
-                with pool.connection(timeout=wait) as conn:
+                conn = self._take(pool, deadline)
+                try:
                     done = work(conn)
+                except BaseException:
+                    pool.putconn(conn)  # (the pool checks it, and drops it if it broke)
+                    raise
+                self._give(pool, conn)
                 self._given_up = False
                 return done
             except Exception as exc:  # noqa: BLE001 - _wait_for_server raises what is not
                 # the connection broke (a restart, a network cut): once the server is back,
                 # the statement is run again on a new one (every write is idempotent)
                 deadline = self._wait_for_server(what, exc, deadline)
+
+    def _take(self, pool: Any, deadline: float | None) -> Any:
+        """A connection for one statement or transaction: an idle one this store kept
+        (:meth:`_give`), without the pool's lock and bookkeeping (they cost as much CPU as
+        a small statement's round trip), else the pool's (waiting up to ``deadline``)."""
+        idle: collections.deque[Any] = pool.durably_idle
+        try:
+            return idle.pop()
+        except IndexError:
+            pass
+        with self._wait_lock:
+            self._waiting += 1
+        try:
+            # looked at again now that _give sees this thread waiting: a connection kept
+            # between the first look and the count is taken here, never left idle while
+            # this thread waits for the pool
+            try:
+                return idle.pop()
+            except IndexError:
+                wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
+                return pool.getconn(timeout=wait)
+        finally:
+            with self._wait_lock:
+                self._waiting -= 1
+
+    def _give(self, pool: Any, conn: Any) -> None:
+        """Keep a connection that ended a statement or a transaction idle for the next one
+        of this process (:meth:`_take`); to the pool instead while a thread waits for one
+        there, or if it is not idle and open. The pool bounds how many there are: every
+        connection kept here was taken from it."""
+        # (libpq's status, read without psycopg's ConnectionInfo; a closed connection's is
+        # UNKNOWN)
+        if conn.pgconn.transaction_status != _IDLE or self._pool is not pool:
+            pool.putconn(conn)  # (a pool closed meanwhile closes it)
+            return
+        idle: collections.deque[Any] = pool.durably_idle
+        idle.append(conn)
+        if self._pool is not pool:  # (dropped meanwhile: see _drop_idle)
+            self._drop_idle(pool)
+        elif self._waiting:  # (read after the append: see _take)
+            with contextlib.suppress(IndexError):
+                pool.putconn(idle.pop())
+
+    def _drop_idle(self, pool: Any) -> None:
+        """Close the pool's connections kept idle: it is no longer this store's (closed or
+        dropped; the one that drops it does this after, and :meth:`_give` after keeping
+        one, so that none stays open)."""
+        idle: collections.deque[Any] = pool.durably_idle
+        while True:
+            try:
+                conn = idle.pop()
+            except IndexError:
+                return
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def _wait_for_server(self, what: str, exc: Exception, deadline: float | None) -> float:
         """After ``exc``: the deadline to retry until, if the server may come back by
@@ -380,6 +469,7 @@ class PostgresStore(Store):
         with self._open_lock:
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
+            self._drop_idle(pool)
             with contextlib.suppress(Exception):
                 pool.close(timeout=0)
         time.sleep(0.2)
@@ -411,6 +501,25 @@ class PostgresStore(Store):
             return rowcount
         return self._do(what, run)
 
+    def _hot(self, what: str, sql: str, params: Sequence[Any], size: int | None) -> Any:
+        """The first row of a statement made for every step (a cache lookup, a step's
+        journal write), on a cursor kept with its connection: a new cursor costs as much
+        CPU as adapting the statement's parameters. A cursor holds its last parameters and
+        result until its next statement: one that carried a value over :data:`_KEPT_BYTES`
+        (``size``, or the first column of the row read when None) is closed instead."""
+        def run(conn: Any) -> Any:
+            cur = conn.__dict__.get("durably_cursor")
+            if cur is None:
+                cur = conn.durably_cursor = conn.cursor()
+            row = cur.execute(sql, params).fetchone()
+            held = size if size is not None else (
+                0 if row is None or row[0] is None else len(row[0]))
+            if held > _KEPT_BYTES:
+                del conn.durably_cursor
+                cur.close()
+            return row
+        return self._do(what, run)
+
     def _sql(self, text: str) -> str:
         return text.replace("{s}", self.schema)
 
@@ -439,8 +548,7 @@ class PostgresStore(Store):
         while True:  # (a connection that broke before BEGIN: another one, as in _do)
             try:
                 pool = self._get_pool(deadline)
-                wait = None if deadline is None else max(deadline - time.monotonic(), 0.1)
-                conn = pool.getconn(timeout=wait)
+                conn = self._take(pool, deadline)
             except Exception as exc:  # noqa: BLE001 - _wait_for_server raises what is not
                 deadline = self._wait_for_server("start a transaction", exc, deadline)
                 continue
@@ -466,9 +574,12 @@ class PostgresStore(Store):
                 conn.execute("COMMIT")
             except psycopg.Error as exc:
                 raise self._error("commit a transaction", exc) from exc
-        finally:
+        except BaseException:
             local.conn = None
             pool.putconn(conn)
+            raise
+        local.conn = None
+        self._give(pool, conn)
 
     def abandon(self) -> None:
         conn = self._current()
@@ -685,13 +796,13 @@ class PostgresStore(Store):
             return True
         cols = ", ".join(_STEP_COLS)
         if len(steps) == 1:  # (the common case, an executed step: plain parameters)
-            rec = steps[0][0]
-            row = self._one("journal a step", self._sql(
-                "WITH cur AS (SELECT attempt FROM {s}.runs WHERE run_id = %s AND attempt = %s "
-                f"FOR SHARE), ins AS (INSERT INTO {{s}}.steps ({cols}) SELECT "
-                + ", ".join(f"{_param(t)}::{t}" for t in _STEP_TYPES)
-                + " FROM cur ON CONFLICT DO NOTHING RETURNING 1) SELECT count(*) FROM cur"),
-                [rec.run_id, rec.attempt, *(col[0] for col in self._step_arrays(steps))])
+            rec, data = steps[0]
+            value, blob = self._put_value(data)
+            row = self._hot("journal a step", self._journal_one, (
+                rec.run_id, rec.attempt, rec.step_id, rec.parent_id, rec.task, rec.status,
+                rec.position, rec.started, rec.ended, rec.error, rec.cache_key, rec.inputs,
+                rec.output, rec.result_digest, _digests(rec.input_digests),
+                _digests(rec.output_digests), value, blob), 0 if value is None else len(value))
             return int(row[0]) == 1
         # the run rows are locked FOR SHARE while the steps go in: a takeover (which updates
         # the run's attempt) waits for this statement, or has committed and is seen here
@@ -818,8 +929,7 @@ class PostgresStore(Store):
         super().discard_cache(key, why, data)
 
     def cache_get(self, key: str) -> bytes | None:
-        row = self._one("read the cache", self._sql(
-            "SELECT value, blob FROM {s}.cache WHERE key = %s"), (key,))
+        row = self._hot("read the cache", self._cache_one, (key,), None)
         return None if row is None else self._get_value(row[0], row[1])
 
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
@@ -922,6 +1032,7 @@ class PostgresStore(Store):
         with self._open_lock:
             pool, self._pool = self._pool, None
         if pool is not None and self._pid == os.getpid():
+            self._drop_idle(pool)
             pool.close()
 
     # -- maintenance (see durably._store.postgres.maintenance) ----------------------------------
