@@ -520,6 +520,41 @@ def test_connections_kept_between_statements_go_to_threads_waiting_for_one(
         store.close()
 
 
+@pytest.mark.parametrize("threshold", [5, None])
+def test_a_step_s_statements_are_prepared_unless_told_not_to(
+        schemas: list[str], threshold: int | None) -> None:
+    """After ``prepare_threshold`` uses a step's statements (its cache lookup, its journal
+    write) are prepared on the server; with ``prepare_threshold=None`` (PgBouncer in
+    transaction mode) nothing ever is, and steps run the same."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY,
+                          prepare_threshold=threshold)
+    durably.configure(store=store)
+    try:
+        @task
+        def double(i: int) -> int:
+            return 2 * i
+
+        @entrypoint
+        def job(n: int) -> int:
+            return sum(double(i) for i in range(n))
+
+        assert job.run(20, run_id="prep").result == sum(2 * i for i in range(20))
+        assert job.run(20, run_id="prep").counts()["replayed"] == 20
+        prepared = store._do("list prepared statements", lambda conn: [
+            row[0] for row in conn.execute("SELECT statement FROM pg_prepared_statements")])
+        steps = [q for q in prepared if f"INSERT INTO {schema}.steps" in q
+                 or f"FROM {schema}.cache WHERE key" in q]
+        if threshold is None:
+            assert prepared == []
+        else:
+            assert len(steps) == 2, prepared
+    finally:
+        durably.configure()
+        store.close()
+
+
 def test_a_store_pickles_as_its_url_and_reopens_in_a_subprocess(pg: PostgresStore,
                                                                  tmp_path: Path) -> None:
     @task
