@@ -10,8 +10,8 @@ set of journals.
   (and the insert writes nothing). A step's statements (its cache lookup, its journal
   write) are made once, prepared on the server after ``prepare_threshold`` uses, and run on
   a cursor kept with its connection; a connection that ends a statement idle is kept for
-  the next one of the process rather than given back to the pool (whose lock and checks
-  cost as much CPU as the statement), and given back when a thread waits for one.
+  the next one of the process (two at most) rather than given back to the pool (whose lock
+  and checks cost as much CPU as the statement), and given back when a thread waits for one.
 - **Leases on the database's clock.** A lease's heartbeat is the server's ``now()``; its age
   is measured there too, so clients whose clocks differ agree on when it expires.
 - **Values** are sealed above this backend (checksums, signatures: the base class, as this
@@ -83,6 +83,9 @@ _PID = [os.getpid()]
 if hasattr(os, "register_at_fork"):  # (no fork on Windows)
     os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 _IDLE = 0  # libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE)
+#: connections kept idle outside the pool at most (see PostgresStore._give): a run's thread
+#: and its lease's heartbeat
+_KEPT_IDLE = 2
 #: the largest value a kept cursor may hold on to between statements (see _hot)
 _KEPT_BYTES = 1 << 16
 
@@ -419,14 +422,17 @@ class PostgresStore(Store):
     def _give(self, pool: Any, conn: Any) -> None:
         """Keep a connection that ended a statement or a transaction idle for the next one
         of this process (:meth:`_take`); to the pool instead while a thread waits for one
-        there, or if it is not idle and open. The pool bounds how many there are: every
-        connection kept here was taken from it."""
+        there, if it is not idle and open, or if :data:`_KEPT_IDLE` are kept already (the
+        pool closes those it has had idle for a while: a process that once used many
+        threads does not keep their connections open). The pool bounds how many there
+        are: every connection kept here was taken from it."""
         # (libpq's status, read without psycopg's ConnectionInfo; a closed connection's is
         # UNKNOWN)
-        if conn.pgconn.transaction_status != _IDLE or self._pool is not pool:
+        idle: collections.deque[Any] = pool.durably_idle
+        if conn.pgconn.transaction_status != _IDLE or self._pool is not pool \
+                or len(idle) >= _KEPT_IDLE:
             pool.putconn(conn)  # (a pool closed meanwhile closes it)
             return
-        idle: collections.deque[Any] = pool.durably_idle
         idle.append(conn)
         if self._pool is not pool:  # (dropped meanwhile: see _drop_idle)
             self._drop_idle(pool)
