@@ -388,3 +388,53 @@ def test_the_command_prints_an_address_with_its_token(host: str,
             proc.communicate()
     assert proc.returncode == 0, err
     assert ("is not a loopback address" in err) == (host == "0.0.0.0")
+
+
+@durably.entrypoint
+def crunch(n: int) -> int:
+    return sum(parse(i) for i in range(n))
+
+
+def test_a_big_run_opens_reading_one_page_of_its_steps(
+        store: durably.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's page counts its steps with one aggregate query and reads only the page it
+    shows (``page_steps``), never the whole journal (``list_steps``); the next page starts
+    after the last call shown."""
+    from durably._ui import app
+
+    run = crunch.run(450)
+    monkeypatch.setattr(app, "INLINE_HISTORY", 0)  # (the history reads every step)
+    read: list[tuple[str, int]] = []
+    page_steps, list_steps = store.page_steps, store.list_steps
+
+    def paged(run_id: str, attempt: int, *, after: int = -1,
+              limit: int = 100) -> list[durably.store.StepRecord]:
+        found = page_steps(run_id, attempt, after=after, limit=limit)
+        read.append(("page_steps", len(found)))
+        return found
+
+    def whole(run_id: str, attempt: int | None = None) -> list[durably.store.StepRecord]:
+        found = list_steps(run_id, attempt)
+        read.append(("list_steps", len(found)))
+        return found
+
+    monkeypatch.setattr(store, "page_steps", paged)
+    monkeypatch.setattr(store, "list_steps", whole)
+    c = client(store)
+    first = c.get(f"/runs/{run.id}").text
+    # (a store that keeps the protocol's defaults, built on list_steps, reads it whole)
+    own = type(store).page_steps is not durably.store.Journal.page_steps
+    if own:  # (a page of 100 calls, and 16 more to see where the page ends)
+        assert read == [("page_steps", 116)]
+    assert ">450</span> — 450 ran, 0 cached" in first and "page 1 of 5" in first
+    assert len(re.findall(r'<td class="n">\d[\d,]*</td><td>parse', first)) == 100
+    link = re.search(r'href="(/runs/[^"]*after=[^"]*)#steps">next', first)
+    assert link is not None
+    read.clear()
+    second = c.get(link.group(1).replace("&amp;", "&")).text
+    assert "page 2 of 5" in second
+    if own:
+        assert [name for name, _ in read] == ["page_steps"]
+    shown = [int(n.replace(",", "")) for n in
+             re.findall(r'<td class="n">(\d[\d,]*)</td><td>parse', second)]
+    assert shown == [p for p in range(100, 200)]

@@ -271,6 +271,51 @@ class Journal(abc.ABC):
         """A run's step records in call order (attempt, then position); ``attempt`` selects
         one."""
 
+    def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
+                   limit: int = 100) -> list[StepRecord]:
+        """One page of an attempt's step records in call order: those at positions greater
+        than ``after`` (``-1``: from the first), at most ``limit`` records (a call with
+        several records, such as a try that failed and was retried, may be cut between two
+        pages: the next page starts ``after`` the last whole call). For the dashboard, which
+        opens a 100,000-step run without reading it whole. Default: from :meth:`list_steps`
+        (the whole attempt read); a backend overrides it with a query that stops at
+        ``limit``.
+
+        Raises:
+            ValueError: ``limit`` is less than 1.
+
+        Example:
+            >>> from durably.testing import MemoryStore
+            >>> MemoryStore().page_steps("no-such-run", 1, after=9, limit=10)
+            []
+        """
+        if limit < 1:
+            raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
+        found = [s for s in self.list_steps(run_id, attempt) if s.position > after]
+        return found[:limit]
+
+    def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
+        """An attempt's steps counted by task name and status: ``{task: {status: steps}}``,
+        each step once, by its last record other than ``"started"`` (a try that failed and
+        was retried into a result counts as ``"ran"``, as :meth:`durably.Run.counts` does);
+        a step with only a ``"started"`` record is not counted. Default: from
+        :meth:`list_steps`; a backend overrides it with an aggregate query.
+
+        Example:
+            >>> from durably.testing import MemoryStore
+            >>> MemoryStore().count_steps("no-such-run", 1)
+            {}
+        """
+        last: dict[str, StepRecord] = {}
+        for s in self.list_steps(run_id, attempt):
+            if s.status != "started":
+                last[s.step_id] = s
+        counts: dict[str, dict[str, int]] = {}
+        for s in last.values():
+            by_status = counts.setdefault(s.task, {})
+            by_status[s.status] = by_status.get(s.status, 0) + 1
+        return counts
+
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         """The parent of each of these steps of the run that has a record. Default: from
         :meth:`list_steps`."""

@@ -223,6 +223,31 @@ class MemoryStore(Store):
             recs = [r for r in recs if r.attempt == attempt]
         return sorted(recs, key=lambda r: (r.attempt, r.position))
 
+    def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
+                   limit: int = 100) -> list[StepRecord]:
+        """One page of an attempt's step records in call order (see
+        :meth:`durably.store.Journal.page_steps`)."""
+        if limit < 1:
+            raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
+        with self._lock:
+            recs = [r for r, _ in self._steps.get(run_id, ())
+                    if r.attempt == attempt and r.position > after]
+        recs.sort(key=lambda r: r.position)
+        return recs[:limit]
+
+    def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
+        """An attempt's steps by task and status, each by its last record other than
+        ``"started"`` (see :meth:`durably.store.Journal.count_steps`)."""
+        with self._lock:
+            recs = [r for r, _ in self._steps.get(run_id, ())
+                    if r.attempt == attempt and r.status != "started"]
+        last = {r.step_id: r for r in sorted(recs, key=lambda r: r.position)}
+        counts: dict[str, dict[str, int]] = {}
+        for r in last.values():
+            by_status = counts.setdefault(r.task, {})
+            by_status[r.status] = by_status.get(r.status, 0) + 1
+        return counts
+
     def append_events(self, events: Sequence[EventRecord]) -> None:
         with self._lock:
             for event in events:

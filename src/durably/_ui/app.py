@@ -188,6 +188,10 @@ async def _run_page(request: Request, state: _State) -> Response:
         page = max(0, int(request.query_params.get("page", "1")) - 1)
     except ValueError:
         page = 0
+    try:
+        after: int | None = int(request.query_params["after"])
+    except (KeyError, ValueError):
+        after = None
     task = request.query_params.get("task") or None
     status = request.query_params.get("status") or None
 
@@ -196,17 +200,29 @@ async def _run_page(request: Request, state: _State) -> Response:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        found = state.steps.of(run)
-        rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
+        # (counted by one aggregate query, and the first page or the one after a position
+        # read alone: a 100,000-step run opens without reading its journal whole; a filter,
+        # or a page asked for by its number, reads it once, kept while the run is unchanged)
+        counts, tasks, total = queries.step_counts(state.store, run)
+        next_after: int | None = None
+        if task or status or (page and after is None):
+            found = state.steps.of(run)
+            rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
+        else:
+            rows, next_after = queries.steps_after(
+                state.store, run, -1 if after is None else after, PAGE_SIZE)
+            matching = total
+        # (time saved: the original executions of the steps it replayed, read only if any)
+        saved = state.steps.of(run)["saved"] if counts["replayed"] else 0.0
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
-        if len(found["steps"]) <= INLINE_HISTORY:
+        if total <= INLINE_HISTORY:
             history = _history_of(run)
         return pages.run_page(
-            _context(state), run, found["counts"], found["saved"], rows, matching, page,
+            _context(state), run, counts, saved, rows, matching, page,
             PAGE_SIZE, task, status, queries.pending_of(state.store, run),
             queries.errors_of(state.store, run), queries.events_of(state.store, run),
-            history, sorted({s.task for s in found["steps"]}),
-            notice=request.query_params.get("notice"))
+            history, tasks, notice=request.query_params.get("notice"),
+            next_after=next_after)
 
     text = await _blocking(read)
     if text is None:

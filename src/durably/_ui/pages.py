@@ -151,16 +151,21 @@ def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any
 
 
 def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, page: int,
-           size: int, task: str | None, status: str | None, tasks: list[str]) -> str:
+           size: int, task: str | None, status: str | None, tasks: list[str],
+           next_after: int | None = None) -> str:
     pages = max(1, -(-matching // size))
 
-    def link(n: int, text: str) -> str:
+    def link(n: int, text: str, after: int | None = None) -> str:
         query = urlencode({k: v for k, v in (("page", n), ("task", task or ""),
-                                             ("status", status or "")) if v})
+                                             ("status", status or ""),
+                                             ("after", "" if after is None else str(after))) if v})
         return f'<a href="/runs/{_h(run.id)}?{_h(query)}#steps">{text}</a>'
 
+    # (the next page of an unfiltered table starts after the last call shown: read alone)
+    more = page + 1 < pages if next_after is None else True
     nav = (f'<span class="pager">{link(page, "‹ previous") if page else ""} page {page + 1:,} '
-           f'of {pages:,} {link(page + 2, "next ›") if page + 1 < pages else ""}</span>')
+           f'of {max(pages, page + 1 + more):,} '
+           f'{link(page + 2, "next ›", next_after) if more else ""}</span>')
     task_options = "".join(f'<option{" selected" if t == task else ""}>{_h(t)}</option>'
                            for t in tasks[:500])
     status_options = "".join(f'<option{" selected" if s == status else ""}>{s}</option>'
@@ -210,7 +215,7 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              task: str | None, status: str | None, pending: list[dict[str, Any]],
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
              history: Sequence[durably.Checkpoint] | None, tasks: list[str],
-             notice: str | None = None) -> str:
+             notice: str | None = None, next_after: int | None = None) -> str:
     """The page of one run: its summary, questions, graph, steps, errors, events, history
     and actions."""
     state = run.status
@@ -249,7 +254,7 @@ data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
 {_interrupts(ctx, run, pending, state)}
 <section id="graph-section"><h2>Graph</h2><div id="graph" class="graph"
 data-run="{_h(run.id)}">drawing…</div></section>
-{_steps(run, rows, matching, page, size, task, status, tasks)}
+{_steps(run, rows, matching, page, size, task, status, tasks, next_after)}
 {failures}{custom}{_history(ctx, run, history)}{actions}"""
     return _layout(ctx, f"{run.name} {run.id}", body)
 

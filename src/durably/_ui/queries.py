@@ -27,7 +27,8 @@ from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
-           "pending_of", "run_row", "safe_load", "step_page", "StepsCache"]
+           "pending_of", "run_row", "safe_load", "step_counts", "step_page", "steps_after",
+           "StepsCache"]
 
 #: the journal's events that start and end an attempt
 RUN_ENDS = ("run_started", "run_finished", "run_failed", "run_interrupted", "run_stopped")
@@ -221,6 +222,43 @@ class StepsCache:
                 gone = self._kept.pop(next(iter(self._kept)))
                 held -= len(gone[1]["steps"])
         return found
+
+
+def step_counts(store: Store, run: durably.Run[Any]) -> tuple[dict[str, int], list[str], int]:
+    """The latest attempt's steps by status (``ran``, ``cached``, ``replayed``, ``failed``),
+    its tasks' names (sorted) and how many steps it has (other statuses included), from one
+    aggregate query (:meth:`~durably.store.Journal.count_steps`)."""
+    counted = store.count_steps(run.id, run.attempt)
+    counts = {k: sum(c.get(k, 0) for c in counted.values())
+              for k in ("ran", "cached", "replayed", "failed")}
+    return counts, sorted(counted), sum(sum(c.values()) for c in counted.values())
+
+
+def steps_after(store: Store, run: durably.Run[Any], after: int, size: int
+                ) -> tuple[list[StepRecord], int | None]:
+    """The rows of the latest attempt's next ``size`` calls after position ``after`` (a
+    ``"started"`` record left out when its call has a later one), read a page at a time
+    (:meth:`~durably.store.Journal.page_steps`), and the position the next page starts after
+    (None: this is the last page)."""
+    want = size + 16
+    while True:
+        records = store.page_steps(run.id, run.attempt, after=after, limit=want)
+        order = list(dict.fromkeys(r.position for r in records))
+        if len(records) < want:  # (the attempt's last records)
+            kept, more = order[:size], len(order) > size
+            break
+        if len(order) > size:
+            kept, more = order[:size], True
+            break
+        if len(order) > 1:  # (the last call may go on in the next records: on the next page)
+            kept, more = order[:-1], True
+            break
+        want *= 4  # (one call with more records than a page: read it whole)
+    last = kept[-1] if kept else after
+    mine = [r for r in records if r.position <= last]
+    closed = {r.step_id for r in mine if r.status != "started"}
+    return ([r for r in mine if r.status != "started" or r.step_id not in closed],
+            last if more else None)
 
 
 def step_page(steps: list[StepRecord], page: int, size: int, task: str | None = None,

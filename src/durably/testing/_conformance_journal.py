@@ -205,6 +205,44 @@ class JournalConformance:
         assert store.parents_of(run_id, [full.step_id, root.step_id, _id()]) == {
             full.step_id: root.step_id, root.step_id: None}
 
+    def test_steps_are_read_a_page_at_a_time_and_counted(self, store: Store) -> None:
+        """``page_steps`` returns an attempt's records in call order after a position, at
+        most ``limit`` of them (replayed steps included), and ``count_steps`` counts the
+        attempt's steps by task and by each step's last record other than ``"started"``
+        (a try that failed then ran counts as ``"ran"``)."""
+        run_id = _id()
+        store.put_run(_run(run_id, attempt=2))
+        store.append_steps([(_step(run_id, 0), b"attempt 1")])
+        started = _step(run_id, 0, attempt=2, status="started")
+        ran = _step(run_id, 0, attempt=2, step_id=started.step_id)
+        failed = _step(run_id, 1, attempt=2, status="failed")
+        retried = _step(run_id, 1, attempt=2, step_id=failed.step_id, started=1000.25)
+        cached = _step(run_id, 2, attempt=2, status="cached", task="conformance:other",
+                       cache_key=_id())
+        store.append_steps([(started, None)])
+        store.append_steps([(ran, b"0"), (failed, None)])
+        store.append_steps([(retried, b"1"), (cached, b"2")])
+        replayed = [(p, 1000.0 + p, 1000.5 + p, _id(), None, _id(), "conformance:step")
+                    for p in (3, 4, 5)]
+        assert store.append_replays(run_id, 2, replayed)
+        for p in range(6, 9):
+            store.append_steps([(_step(run_id, p, attempt=2), b"%d" % p)])
+        whole = store.list_steps(run_id, attempt=2)
+        assert [s.position for s in whole] == [0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8]
+        assert store.page_steps(run_id, 2, limit=100) == whole
+        assert store.page_steps(run_id, 2, limit=3) == whole[:3]
+        assert store.page_steps(run_id, 2, after=1, limit=4) == whole[4:8]
+        assert store.page_steps(run_id, 2, after=4, limit=2) == whole[7:9]
+        assert store.page_steps(run_id, 2, after=8) == []
+        assert store.page_steps(run_id, 1) == store.list_steps(run_id, attempt=1)
+        assert store.page_steps(_id(), 1) == []
+        with pytest.raises(ValueError, match="limit"):
+            store.page_steps(run_id, 2, limit=0)
+        assert store.count_steps(run_id, 2) == {
+            "conformance:step": {"ran": 5, "replayed": 3}, "conformance:other": {"cached": 1}}
+        assert store.count_steps(run_id, 1) == {"conformance:step": {"ran": 1}}
+        assert store.count_steps(run_id, 3) == {} and store.count_steps(_id(), 1) == {}
+
     def test_replayed_steps_are_appended_as_any_step(self, store: Store) -> None:
         """``append_steps`` (not fenced) journals records of replayed steps (status
         ``"replayed"``, no value) as any other, whatever attempt the run's record has: a

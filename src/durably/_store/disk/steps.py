@@ -586,6 +586,59 @@ class StepJournal(DiskBase):
                         "durably.DiskStore(%r).repair_run(%r) sets the row aside", run_id,
                         self.path, attempt, why, str(self.path), run_id)
 
+    def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
+                   limit: int = 100) -> list[StepRecord]:
+        """One page of an attempt's step records in call order (see
+        :meth:`durably.store.Journal.page_steps`): a query that stops at ``limit`` rows of
+        the index on (run, attempt, position); the attempt's replays, when it has any, read
+        as :meth:`list_steps` reads them.
+
+        Raises:
+            ValueError: ``limit`` is less than 1.
+            CorruptJournalError: a row of the page is garbage.
+        """
+        if limit < 1:
+            raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
+        with self._read_journal:
+            db = self._db()
+            rows = db.execute(
+                f"SELECT {STEP_COLS} FROM steps WHERE run_id=? AND attempt=? AND position>? "
+                "ORDER BY position LIMIT ?", (run_id, attempt, after, limit)).fetchall()
+            replays = db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
+                                 (run_id, attempt)).fetchone()
+        for row in rows:
+            bad = garbage(row, STEP_TYPES)
+            if bad:
+                raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
+        records = [step_from_row(row) for row in rows]
+        if replays is not None:
+            records.extend(r for r in self._replayed(run_id, attempt) if r.position > after)
+            records.sort(key=_in_call_order)
+            del records[limit:]
+        return records
+
+    def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
+        """An attempt's steps by task and status (see
+        :meth:`durably.store.Journal.count_steps`), counted by one aggregate query (each
+        step by its last row: SQLite takes the bare columns of a ``max()`` from its row);
+        the attempt's replays, when it has any, read as :meth:`list_steps` reads them."""
+        with self._read_journal:
+            db = self._db()
+            rows = db.execute(
+                "SELECT task, status, count(*) FROM (SELECT task, status, max(rowid) FROM steps "
+                "WHERE run_id=? AND attempt=? AND status!='started' GROUP BY step_id) "
+                "GROUP BY task, status", (run_id, attempt)).fetchall()
+            replays = db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
+                                 (run_id, attempt)).fetchone()
+        counts: dict[str, dict[str, int]] = {}
+        for task, status, n in rows:
+            counts.setdefault(str(task), {})[str(status)] = int(n)
+        if replays is not None:
+            for r in self._replayed(run_id, attempt):
+                by_status = counts.setdefault(r.task, {})
+                by_status["replayed"] = by_status.get("replayed", 0) + 1
+        return counts
+
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
         """A run's step records in call order.
 

@@ -847,6 +847,35 @@ class PostgresStore(Store):
         return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
                            _undigests(row[15])) for row in rows]
 
+    def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
+                   limit: int = 100) -> list[StepRecord]:
+        """One page of an attempt's step records in call order (see
+        :meth:`durably.store.Journal.page_steps`), read through the index on (run, attempt,
+        position) and stopped at ``limit`` rows."""
+        if limit < 1:
+            raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
+        cols = ", ".join(_STEP_COLS[:-2])
+        rows = self._read("list steps", self._sql(
+            f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s AND attempt = %s "
+            "AND position > %s ORDER BY position, seq LIMIT %s"),
+            (run_id, attempt, after, limit))
+        return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
+                           _undigests(row[15])) for row in rows]
+
+    def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
+        """An attempt's steps by task and status (see
+        :meth:`durably.store.Journal.count_steps`): one aggregate query, each step by its
+        last record."""
+        rows = self._read("count steps", self._sql(
+            "SELECT task, status, count(*) FROM (SELECT DISTINCT ON (step_id) task, status "
+            "FROM {s}.steps WHERE run_id = %s AND attempt = %s AND status <> 'started' "
+            "ORDER BY step_id, position DESC, seq DESC) AS last GROUP BY task, status"),
+            (run_id, attempt))
+        counts: dict[str, dict[str, int]] = {}
+        for task, status, n in rows:
+            counts.setdefault(task, {})[status] = int(n)
+        return counts
+
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         rows = self._read("read steps", self._sql(
             "SELECT DISTINCT ON (step_id) step_id, parent_id FROM {s}.steps WHERE run_id = %s "
