@@ -224,13 +224,66 @@ def test_delete_needs_the_run_id_typed(store: durably.Store) -> None:
     assert c.get("/api/runs").json() == []
 
 
-def test_the_history_gives_the_command_that_forks_from_each_checkpoint(
-        store: durably.Store) -> None:
+def test_the_history_has_a_fork_button_for_each_checkpoint(store: durably.Store) -> None:
+    """Each checkpoint has a Fork form (in read-only mode: the command that forks), and
+    showing them makes nothing."""
     run = publish.run(3)
     page = client(store).get(f"/runs/{run.id}").text
+    read_only = client(store, read_only=True).get(f"/runs/{run.id}").text
     for cp in run.history():
-        assert f"durably fork {run.id} --at {cp.id[:12]}" in page
+        assert f'name="at" value="{cp.id}"' in page
+        assert f"durably fork {run.id} --at {cp.id[:12]}" in read_only
+        assert f'name="at" value="{cp.id}"' not in read_only
     assert [r.id for r in durably.list_runs(store=store)] == [run.id]  # (nothing made)
+
+
+def test_a_fork_made_in_the_dashboard_is_executed_by_durably_resume(tmp_path: Path) -> None:
+    """The Fork button makes the fork (not executed) and its page gives ``durably resume
+    FORK``; that command, in another process, loads the script the source run recorded and
+    finishes the fork: the steps before the checkpoint replayed, the rest executed."""
+    import os
+    import subprocess
+
+    (tmp_path / "job_for_ui_fork.py").write_text(
+        "import durably\n\n"
+        "@durably.task\n"
+        "def step(i):\n"
+        "    print(f'executed step {i}', flush=True)\n"
+        "    return i * 10\n\n"
+        "@durably.entrypoint\n"
+        "def job(n):\n"
+        "    return sum(step(i) for i in range(n))\n\n"
+        "if __name__ == '__main__':\n"
+        "    print('result', job(3))\n")
+    env = {**os.environ, "DURABLY_DIR": str(tmp_path / "store"),
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    first = subprocess.run([sys.executable, "job_for_ui_fork.py"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "executed step 2" in first.stdout and "result 30" in first.stdout
+    store = durably.DiskStore(tmp_path / "store")
+    (run,) = durably.list_runs(store=store)
+    at = next(cp for cp in run.history() if cp.task == "step" and "1" in (cp.state or ""))
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    refused = post(c, f"/runs/{run.id}/fork", {"csrf": "wrong", "at": at.id})
+    assert refused.status_code == 403
+    made = post(c, f"/runs/{run.id}/fork", {"csrf": csrf_of(page), "at": at.id})
+    assert made.status_code == 303
+    fork_id = made.headers["location"].partition("?")[0].rpartition("/")[2]
+    fork = durably.get_run(fork_id, store=store)
+    assert fork.status == "forked" and fork.script == run.script is not None
+    assert f"durably resume {fork_id}" in c.get(f"/runs/{fork_id}").text
+    resumed = subprocess.run(
+        [sys.executable, "-m", "durably", "resume", fork_id, "--dir", str(tmp_path / "store")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "executed step 2" in resumed.stdout
+    assert "executed step 0" not in resumed.stdout and "executed step 1" not in resumed.stdout
+    fork = durably.get_run(fork_id, store=store)
+    assert fork.status == "finished" and fork.result == 30
+    assert fork.counts() == {"ran": 1, "cached": 0, "replayed": 2, "failed": 0}
+    assert durably.get_run(run.id, store=store).attempt == 1  # (the source is untouched)
 
 
 def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
@@ -345,9 +398,9 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
     run = publish.run(3)
     c = client(store)
     page = c.get(f"/runs/{run.id}").text
-    assert f'href="/runs/{run.id}/history"' in page and "durably fork" not in page
+    assert f'href="/runs/{run.id}/history"' in page and 'name="at"' not in page
     history = c.get(f"/runs/{run.id}/history").text
-    assert history.count("durably fork") == len(run.history()) == 4  # 3 parse, 1 interrupt
+    assert history.count('name="at"') == len(run.history()) == 4  # 3 parse, 1 interrupt
 
 
 @pytest.mark.slow

@@ -724,7 +724,7 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
     """Answer an interrupted run and continue it (exit status 3 if it pauses again; no
     --value for a run whose questions were answered in durably ui);
     continue a crashed, failed or stopped run with its arguments (with --keep-finished,
-    keeping what it finished under older code). Without MODULE:ENTRYPOINT, the entrypoint
+    keeping what it finished under older code); execute a fork made by durably ui. Without MODULE:ENTRYPOINT, the entrypoint
     the run recorded (a run started as `python job.py`: its script, loaded without its
     __main__ block)."""
     if len(names) > 2:
@@ -760,6 +760,15 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
                   f"once it ended (see it with durably show {run.id}).")
         _resume_and_report(ctx, home, run, lambda: ep.resume(run.id, keep_finished=True))
         return
+    if value is None and run.status == "forked":
+        # a fork made without executing it (durably ui's Fork button): executed as fork()
+        # does, its finished steps before the checkpoint replayed, the rest executed
+        _, _, args, kwargs = ep._self_stored_call(run.id, "resume", home)
+        runner = ep._self_arun if ep.spec.is_async else ep._self_srun
+        _resume_and_report(ctx, home, run, lambda: runner(ep.__wrapped__, None, args, kwargs,
+                                                          run.id, False, False, None, False,
+                                                          home))
+        return
     if value is None and run.status in ("crashed", "failed", "stopped"):
         # continued with its stored arguments, as calling the entrypoint again would (a
         # script's run too: its recorded script was loaded above)
@@ -771,7 +780,7 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
     if run.status != "interrupted":
         fix = {
             "finished": f"Its result: durably show {run.id}.",
-            "forked": f"Execute it with: durably fork {run.id}, or call the entrypoint.",
+            "forked": f"Execute it with: durably resume {run.id} (without --value).",
             "running": f"A process is executing it now: answer once it pauses (see it with "
                        f"durably show {run.id}).",
         }.get(run.status, f"Fix: run `python {run.script}` again with its arguments to "

@@ -125,6 +125,29 @@ def find_checkpoint(points: list[Checkpoint], at: str | None, run_id: str) -> in
     return matches[0]
 
 
+def recorded_script(store: Store, run_id: str) -> str | None:
+    """The absolute path of the script (``python job.py``) that defines run ``run_id``'s
+    entrypoint, as its latest attempt that knew it recorded it (a ``run_started`` event), or
+    as the fork it is recorded it (a ``forked`` event: its source's); None if none did."""
+    for event in reversed(store.list_events(run_id, ("run_started", "forked"))):
+        try:
+            info = _serde.loads(event.data) if event.data is not None else None
+        except Exception:  # noqa: BLE001 - an unreadable event names no script
+            continue
+        if isinstance(info, dict) and isinstance(info.get("script"), str):
+            return info["script"]  # type: ignore[no-any-return]
+    return None
+
+
+def _forked_data(store: Store, source: RunRecord) -> bytes | None:
+    """The data of a fork's ``forked`` event: the script of its source's entrypoint, when it
+    was run as one (``python job.py``), so that ``durably resume FORK`` loads it."""
+    if not source.entrypoint.startswith("__main__."):
+        return None
+    script = recorded_script(store, source.run_id)
+    return None if script is None else _serde.dumps({"script": script}, what="a run event")
+
+
 def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
               graph_state: bool = False) -> str:
     """Write a new run whose journal holds ``source``'s history up to checkpoint ``at``;
@@ -149,7 +172,7 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
         store.put_run(RunRecord(fork_id, source.entrypoint, source.name, "forked", t, t, 0,
                                 source.input_digest, source.args))
         store.append_events([EventRecord(fork_id, "forked", t, 0, None,
-                                         f"{source.run_id}@")])
+                                         f"{source.run_id}@", _forked_data(store, source))])
         return fork_id
     points = checkpoints(store, source)
     index = find_checkpoint(points, at, source.run_id)
@@ -217,8 +240,9 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
     store.append_steps(copied)
     raised = [EventRecord(fork_id, RAISED, e.time, 0, e.step_id, "", e.data)
               for e in failed.values()]
-    store.append_events([*answers, *raised, EventRecord(fork_id, "forked", t, 0, None,
-                                                        f"{source.run_id}@{target.id}")])
+    store.append_events([*answers, *raised, EventRecord(
+        fork_id, "forked", t, 0, None, f"{source.run_id}@{target.id}",
+        _forked_data(store, source))])
     return fork_id
 
 

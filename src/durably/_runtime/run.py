@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from durably._keys import serde as _serde
 from durably._runtime.config import StoreLike, default_store
-from durably._runtime.history import Checkpoint, checkpoints
+from durably._runtime.history import Checkpoint, checkpoints, recorded_script
 from durably._runtime.interrupt import Interrupt, pending_interrupts
 from durably._runtime.keep import kept_steps, rerun_after_code_change
 from durably._store.records import RunRecord, StepRecord
@@ -122,19 +122,12 @@ class Run(Generic[R]):
     def script(self) -> str | None:
         """The absolute path of the script that defines the run's entrypoint, when it ran as
         a script (``python job.py``; identity ``__main__.job:...``), as the run's latest
-        attempt that knew it recorded it; None for an entrypoint of an importable module
-        (and for runs started before durably recorded it). ``durably resume`` and
-        ``durably fork`` load the script from there."""
+        attempt that knew it recorded it (a fork: as its source's, recorded by ``fork``);
+        None for an entrypoint of an importable module (and for runs started before durably
+        recorded it). ``durably resume`` and ``durably fork`` load the script from there."""
         if not self._record.entrypoint.startswith("__main__."):
             return None
-        for event in reversed(self._store.list_events(self.id, kinds=("run_started",))):
-            try:
-                info = _serde.loads(event.data) if event.data is not None else None
-            except Exception:  # noqa: BLE001 - an unreadable event names no script
-                continue
-            if isinstance(info, dict) and isinstance(info.get("script"), str):
-                return info["script"]  # type: ignore[no-any-return]
-        return None
+        return recorded_script(self._store, self.id)
 
     @property
     def result(self) -> R:

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import durably
 from durably import render
+from durably._runtime.history import NO_UPDATE, make_fork
 from durably._store.urls import redact
 from durably._ui import pages, queries
 from durably.exceptions import DurablyError
@@ -83,6 +84,7 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
         Route("/api/runs/{run_id}/graph", bound(_api_graph)),
         Route("/runs/{run_id}/answer", bound(_answer), methods=["POST"]),
         Route("/runs/{run_id}/delete", bound(_delete), methods=["POST"]),
+        Route("/runs/{run_id}/fork", bound(_fork), methods=["POST"]),
         Route("/cache/prune", bound(_prune), methods=["POST"]),
         Route("/static/{name}", _static),
     ]
@@ -381,6 +383,27 @@ async def _answer(request: Request, state: _State) -> Response:
                                      "example \"yes\" (with the quotes), true or 42.") from None
         queries.answer_interrupts(state.store, run_id, answers)
         return _back(f"/runs/{run_id}", "answered")
+
+    return await _action(request, state, act)
+
+
+async def _fork(request: Request, state: _State) -> Response:
+    """A fork of the run from checkpoint ``at`` (its id), made as ``durably fork`` makes it
+    but not executed (the dashboard never runs the user's code): ``durably resume FORK``
+    executes it where the code is."""
+    run_id = request.path_params["run_id"]
+
+    def act(fields: dict[str, str]) -> Response:
+        source = state.store.find_run(run_id)
+        if source is None:
+            raise ValueError(f"no run {run_id!r} to fork: it was deleted meanwhile.")
+        at = fields.get("at", "")
+        if not at:
+            raise ValueError(f"forking run {run_id!r} needs a checkpoint (at). Fix: press "
+                             "Fork on a checkpoint of the run's history.")
+        fork_id = make_fork(state.store, source, at, NO_UPDATE)
+        return _back(f"/runs/{fork_id}", f"forked {run_id}: run durably resume {fork_id} "
+                                         "to execute it")
 
     return await _action(request, state, act)
 

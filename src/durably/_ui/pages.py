@@ -196,15 +196,24 @@ def _history(ctx: Context, run: durably.Run[Any],
         return ""
     rows = []
     for cp in history[:limit]:
-        command = f"durably fork {run.id} --at {cp.id[:12]}"
+        if ctx.read_only:
+            fork = (f'<code class="command">'
+                    f"{_h(f'durably fork {run.id} --at {cp.id[:12]}')}</code>")
+        else:
+            fork = (f'<form method="post" action="/runs/{_h(run.id)}/fork">{_csrf(ctx)}'
+                    f'<input type="hidden" name="at" value="{_h(cp.id)}">'
+                    '<button type="submit">Fork</button></form>')
         rows.append(f"<tr><td><code>{_h(cp.id[:12])}</code></td><td>{_h(cp.kind)}</td>"
                     f"<td>{_h(cp.task)}</td><td>{_when(cp.time)}</td>"
-                    f'<td class="repr">{_h(cp.state or "")}</td>'
-                    f'<td><code class="command">{_h(command)}</code></td></tr>')
+                    f'<td class="repr">{_h(cp.state or "")}</td><td>{fork}</td></tr>')
+    hint = ("run its command where the code is: the dashboard never runs your code."
+            if ctx.read_only else "Fork makes the new run; it executes when you run "
+            "<code>durably resume FORK</code> where the code is (the dashboard never runs "
+            "your code).")
     return (f'<section id="history"><h2>History <small>{len(history):,} checkpoints, newest '
             'first</small></h2><p class="hint">To fork the run from a checkpoint (a new run '
-            "that replays this one up to there and executes the rest with today's code), run "
-            "its command where the code is: the dashboard never runs your code.</p>"
+            "that replays this one up to there and executes the rest with today's code), "
+            f"{hint}</p>"
             '<table class="steps"><thead><tr><th>Checkpoint</th><th>Kind</th><th>Task</th>'
             "<th>Time</th><th>State</th><th>Fork from here</th></tr></thead><tbody>"
             f'{"".join(rows)}</tbody></table></section>')
@@ -245,8 +254,10 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         f'id to confirm <input name="confirm" autocomplete="off" placeholder="{_h(run.id)}">'
         '</label><button type="submit">Delete this run and its journal</button></form>'
         '<p class="hint">The cache is kept: its steps still serve later calls.</p></section>')
-    forked = ('<p class="notice">This run is a fork that was not executed yet.</p>'
-              if state == "forked" else "")
+    forked = ('<p class="notice">This run is a fork that was not executed yet: it executes '
+              f"when you run <code>{_h(f'durably resume {run.id}')}</code> where its code is "
+              "(its finished steps before the checkpoint are replayed, the rest executed)."
+              "</p>" if state == "forked" else "")
     body = f"""{_notice(notice)}<div class="title" id="run" data-run="{_h(run.id)}"
 data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
 <span id="status"><span class="badge {_h(state)}">{_h(state)}</span></span></div>
@@ -261,7 +272,8 @@ data-run="{_h(run.id)}">drawing…</div></section>
 
 def history_page(ctx: Context, run: durably.Run[Any],
                  history: Sequence[durably.Checkpoint]) -> str:
-    """Every checkpoint of a run (newest first), each with its fork command."""
+    """Every checkpoint of a run (newest first), each with its Fork button (in read-only
+    mode: its fork command)."""
     body = (f'<h1>{_h(run.name)} <code><a href="/runs/{_h(run.id)}">{_h(run.id)}</a></code>'
             f"</h1>{_history(ctx, run, history, limit=len(history))}")
     return _layout(ctx, f"history of {run.id}", body)
