@@ -164,6 +164,51 @@ def test_an_answer_is_journaled_as_resume_would_and_resume_finishes_the_run(
     assert len(store.list_events(run.id, ("answer",))) == 1
 
 
+def test_an_answer_holds_the_runs_lease_against_a_resume(
+        store: durably.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard answers holding the run's lease: with the lease held by another holder
+    the form says the run is executing and journals nothing; and a resume that starts while
+    the dashboard checks and journals finds the run held, and does not proceed."""
+    from durably._store import lease
+    from durably._ui import queries
+
+    run = publish.run(2)
+    interrupt_id = run.interrupts[0].id
+    c = client(store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    other = lease.me()
+    lease.hold(other)
+    try:
+        assert store.acquire_run(run.id, other) is None
+        held = post(c, f"/runs/{run.id}/answer", {"csrf": csrf, f"answer:{interrupt_id}": "1"})
+        assert held.status_code == 409 and "is executing" in held.text
+        assert store.list_events(run.id, ("answer",)) == []
+        holder = store.run_holder(run.id)  # (its lease is left as it was)
+        assert holder is not None and holder.token == other.token
+    finally:
+        store.release_run(run.id, other)
+        lease.let_go(other)
+    raced: list[BaseException] = []
+    record_answers = queries.record_answers
+
+    def resume_meanwhile(*args: Any) -> None:  # (a resume starting between check and write)
+        try:
+            publish.resume(run.id, "from resume")
+        except durably.DurablyError as exc:
+            raced.append(exc)
+        record_answers(*args)
+
+    monkeypatch.setattr(queries, "record_answers", resume_meanwhile)
+    answered = post(c, f"/runs/{run.id}/answer",
+                    {"csrf": csrf, f"answer:{interrupt_id}": '"dashboard"'})
+    assert answered.status_code == 303
+    assert len(raced) == 1 and isinstance(raced[0], durably.RunBusyError)
+    assert store.run_holder(run.id) is None  # (released)
+    assert [pickle.loads(e.data or b"") for e in store.list_events(run.id, ("answer",))] == [
+        "dashboard"]
+    assert publish.resume(run.id) == "published 2: dashboard"
+
+
 def test_a_bad_answer_is_refused_and_none_is_journaled(store: durably.Store) -> None:
     run = publish.run(2)
     c = client(store)

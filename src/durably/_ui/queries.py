@@ -21,6 +21,7 @@ from typing import Any
 
 import durably
 from durably._runtime.interrupt import record_answers
+from durably._store import lease
 from durably._trace.spans import wall_span
 from durably._trace.tracer import short_repr
 from durably.exceptions import RunStateError
@@ -294,12 +295,34 @@ def answer_interrupts(store: Store, run_id: str, answers: dict[str, Any]) -> Non
     ``resume`` journals them (:func:`durably._runtime.interrupt.record_answers`); the run
     continues when it is next resumed.
 
+    The run's lease is held while its state is read and the answers journaled, as an
+    attempt holds it (:meth:`~durably.store.Journal.acquire_run`): a ``resume`` starting
+    meanwhile finds the run held and stops, and a run some process executes is refused.
+
     Raises:
         RunStateError: the run is not waiting for these answers (it is executing, or was
             answered or resumed meanwhile), or an id is not one of its pending interrupts.
     """
+    owner = lease.me()
+    lease.hold(owner)  # (a lease of this process's is alive while held)
+    try:
+        holder = store.acquire_run(run_id, owner)
+        if holder is not None:
+            raise RunStateError(
+                f"run {run_id!r} is executing ({holder.describe()} holds it): it waits for "
+                "no answer now. Fix: reload the page once it pauses again.")
+        try:
+            _answer_held(store, run_id, answers)
+        finally:
+            store.release_run(run_id, owner)
+    finally:
+        lease.let_go(owner)
+
+
+def _answer_held(store: Store, run_id: str, answers: dict[str, Any]) -> None:
+    """:func:`answer_interrupts`, the run's lease held."""
     run = durably.get_run(run_id, store=store)
-    if run.status != "interrupted" or store.run_holder(run_id) is not None:
+    if run.status != "interrupted":
         raise RunStateError(f"run {run_id!r} is {run.status}, not waiting for an answer: "
                             "it was resumed or answered meanwhile. Fix: reload the page.")
     pending = pending_of(store, run)
