@@ -724,9 +724,9 @@ def resume_command(ctx: click.Context, names: tuple[str, ...], value: str | None
     """Answer an interrupted run and continue it (exit status 3 if it pauses again; no
     --value for a run whose questions were answered in durably ui);
     continue a crashed, failed or stopped run with its arguments (with --keep-finished,
-    keeping what it finished under older code); execute a fork made by durably ui. Without MODULE:ENTRYPOINT, the entrypoint
-    the run recorded (a run started as `python job.py`: its script, loaded without its
-    __main__ block)."""
+    keeping what it finished under older code); execute a fork made by durably ui.
+    Without MODULE:ENTRYPOINT, the entrypoint the run recorded (a run started as
+    `python job.py`: its script, loaded without its __main__ block)."""
     if len(names) > 2:
         _usage(f"durably resume takes [MODULE:ENTRYPOINT] RUN, not {len(names)} names: "
                f"{' '.join(names)}")
