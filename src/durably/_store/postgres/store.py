@@ -49,6 +49,7 @@ from durably._store.integrity import (
     process_key,
 )
 from durably._store.lease import Owner
+from durably._store.postgres import paged
 from durably._store.postgres.ahead import Ahead
 from durably._store.postgres.blobs import Blobs, blobs_from
 from durably._store.postgres.options import flag, message, reachable_later, split_url, whole
@@ -849,32 +850,12 @@ class PostgresStore(Store):
 
     def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
                    limit: int = 100) -> list[StepRecord]:
-        """One page of an attempt's step records in call order (see
-        :meth:`durably.store.Journal.page_steps`), read through the index on (run, attempt,
-        position) and stopped at ``limit`` rows."""
-        if limit < 1:
-            raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
-        cols = ", ".join(_STEP_COLS[:-2])
-        rows = self._read("list steps", self._sql(
-            f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s AND attempt = %s "
-            "AND position > %s ORDER BY position, seq LIMIT %s"),
-            (run_id, attempt, after, limit))
-        return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
-                           _undigests(row[15])) for row in rows]
+        """See :meth:`durably.store.Journal.page_steps` (:mod:`.paged`: a LIMIT query)."""
+        return paged.page_steps(self, run_id, attempt, after, limit)
 
     def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
-        """An attempt's steps by task and status (see
-        :meth:`durably.store.Journal.count_steps`): one aggregate query, each step by its
-        last record."""
-        rows = self._read("count steps", self._sql(
-            "SELECT task, status, count(*) FROM (SELECT DISTINCT ON (step_id) task, status "
-            "FROM {s}.steps WHERE run_id = %s AND attempt = %s AND status <> 'started' "
-            "ORDER BY step_id, position DESC, seq DESC) AS last GROUP BY task, status"),
-            (run_id, attempt))
-        counts: dict[str, dict[str, int]] = {}
-        for task, status, n in rows:
-            counts.setdefault(task, {})[status] = int(n)
-        return counts
+        """See :meth:`durably.store.Journal.count_steps` (:mod:`.paged`: an aggregate)."""
+        return paged.count_steps(self, run_id, attempt)
 
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         rows = self._read("read steps", self._sql(
