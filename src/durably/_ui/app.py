@@ -202,20 +202,23 @@ async def _run_page(request: Request, state: _State) -> Response:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        # (counted by one aggregate query, and the first page or the one after a position
-        # read alone: a 100,000-step run opens without reading its journal whole; a filter,
-        # or a page asked for by its number, reads it once, kept while the run is unchanged)
-        counts, tasks, total = queries.step_counts(state.store, run)
+        # a run's first attempt (a fork's excepted) replayed nothing: counted by one
+        # aggregate query, and the first page, or the one after a position, read alone, so
+        # a 100,000-step run opens without reading its journal whole. A resumed run (its
+        # time saved is the original executions of what it replayed), a filter, or a page
+        # asked for by its number: the journal read once, kept while the run is unchanged
         next_after: int | None = None
-        if task or status or (page and after is None):
-            found = state.steps.of(run)
-            rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
-        else:
+        if not (task or status or (page and after is None)) and \
+                queries.replayed_nothing(state.store, run):
+            counts, tasks, total = queries.step_counts(state.store, run)
             rows, next_after = queries.steps_after(
                 state.store, run, -1 if after is None else after, PAGE_SIZE)
-            matching = total
-        # (time saved: the original executions of the steps it replayed, read only if any)
-        saved = state.steps.of(run)["saved"] if counts["replayed"] else 0.0
+            matching, saved = total, 0.0
+        else:
+            found = state.steps.of(run)
+            rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
+            counts, saved, total = found["counts"], found["saved"], len(found["steps"])
+            tasks = sorted({s.task for s in found["steps"]})
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
         if total <= INLINE_HISTORY:
             history = _history_of(run)

@@ -28,7 +28,7 @@ from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
-           "pending_of", "run_row", "safe_load", "step_counts", "step_page", "steps_after",
+           "pending_of", "replayed_nothing", "run_row", "safe_load", "step_counts", "step_page", "steps_after",
            "StepsCache"]
 
 #: the journal's events that start and end an attempt
@@ -223,6 +223,12 @@ class StepsCache:
                 gone = self._kept.pop(next(iter(self._kept)))
                 held -= len(gone[1]["steps"])
         return found
+
+
+def replayed_nothing(store: Store, run: durably.Run[Any]) -> bool:
+    """Whether the run's latest attempt cannot have replayed a step: it is the first, and
+    the run is not a fork (whose first attempt replays the steps it was given)."""
+    return run.attempt <= 1 and not store.list_events(run.id, ("forked",))
 
 
 def step_counts(store: Store, run: durably.Run[Any]) -> tuple[dict[str, int], list[str], int]:
