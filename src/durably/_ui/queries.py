@@ -28,8 +28,8 @@ from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
-           "pending_of", "replayed_nothing", "run_row", "safe_load", "step_counts", "step_page", "steps_after",
-           "StepsCache"]
+           "pending_of", "replayed_nothing", "run_row", "safe_load", "step_counts",
+           "step_page", "steps_after", "StepsCache"]
 
 #: the journal's events that start and end an attempt
 RUN_ENDS = ("run_started", "run_finished", "run_failed", "run_interrupted", "run_stopped")
