@@ -710,7 +710,7 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it(
     # this process: the wait for a server starting up (10 s) shortened
     from click.testing import CliRunner
 
-    from durably._store.postgres import store as _pg
+    from durably._store.postgres import connections as _pg
     from durably.cli import cli as command
 
     monkeypatch.setattr(_pg, "OPEN_SECONDS", 0.5)

@@ -144,7 +144,7 @@ def test_bad_options_are_named(schemas: list[str]) -> None:
 
 def test_a_server_that_cannot_be_reached_is_a_store_error_without_the_password(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from durably._store.postgres import store as _pg
+    from durably._store.postgres import connections as _pg
 
     monkeypatch.setattr(_pg, "OPEN_SECONDS", 1.0)  # (10 s: a server starting up)
     store = PostgresStore("postgresql://ada:s3cret@127.0.0.1:1/nothing?connect_timeout=2",
@@ -359,7 +359,7 @@ def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it
     """The server stops in the middle of a run and stays down longer than durably waits:
     the run fails with a StoreError that says what happened; once the server is back, a
     rerun replays the steps journaled before the outage and executes only the others."""
-    from durably._store.postgres import store as _pg
+    from durably._store.postgres import connections as _pg
 
     command = _server_ctl()
     monkeypatch.setattr(_pg, "RETRY_SECONDS", 2.0)
