@@ -46,6 +46,16 @@ class _ShortRepr(reprlib.Repr):
     ``{'id': 1, 'name': 'a'}`` must not read as ``{'name': ..., 'id': ...}``) and bytes sliced
     before repr (a 500 MB result must not be copied to be described)."""
 
+    def repr1(self, x: Any, level: int) -> str:
+        # reprlib's dispatch (the type's name, "repr_" + it looked up twice on the instance)
+        # by the exact type instead, for the types a result is mostly made of: the same
+        # method, so the same text; every step's result is described (a dict of a few
+        # hundred entries: 44 us, a third of it that dispatch)
+        method = _EXACT.get(type(x))
+        if method is not None:
+            return str(method(self, x, level))
+        return str(super().repr1(x, level))
+
     def repr_dict(self, x: dict[Any, Any], level: int) -> str:
         if not x:
             return "{}"
@@ -94,6 +104,11 @@ def _record_repr_args(x: Any) -> tuple[str, Iterator[tuple[str, Any]]] | None:
     return None
 
 
+#: the method reprlib's own dispatch picks for these exact types (a subclass, whose type's
+#: name differs, goes through that dispatch)
+_EXACT: dict[type, Any] = {
+    t: getattr(_ShortRepr, "repr_" + t.__name__)
+    for t in (str, int, dict, list, tuple, set, frozenset, bytes, bytearray)}
 _REPR = _ShortRepr()
 _REPR.maxstring = 60
 _REPR.maxother = 60
