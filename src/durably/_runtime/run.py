@@ -170,9 +170,7 @@ class Run(Generic[R]):
         """The steps of the run's latest attempt, in call order (including failed ones, and
         ``started`` ones: steps with nested steps that were executing when the attempt
         ended — a crash — and have no later record)."""
-        records = self._store.list_steps(self.id, attempt=self.attempt)
-        closed = {r.step_id for r in records if r.status != "started"}
-        return [r for r in records if r.status != "started" or r.step_id not in closed]
+        return _latest_steps(self._store.list_steps(self.id, attempt=self.attempt))
 
     def records(self) -> list[StepRecord]:
         """Every step record of every attempt, in order (attempt, then position)."""
@@ -322,9 +320,13 @@ class Run(Generic[R]):
             >>> hello.run("ada").time_saved()
             0.0
         """
+        return self._time_saved(self._store.list_steps(self.id))
+
+    def _time_saved(self, records: list[StepRecord]) -> float:
+        """:meth:`time_saved`, from the run's records of every attempt."""
         ran: dict[str, tuple[float, float]] = {}
         replayed: set[str] = set()
-        for s in self._store.list_steps(self.id):
+        for s in records:
             if s.status == "ran":
                 ran.setdefault(s.step_id, (s.started, s.ended))
             elif s.status == "replayed" and s.attempt == self.attempt:
@@ -335,9 +337,7 @@ class Run(Generic[R]):
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
         ``failed``; a step counts once, by its last record (a try that failed and was
         retried into a result counts as ``ran``)."""
-        last = {s.step_id: s.status for s in self.steps}
-        c = collections.Counter(last.values())
-        return {k: c.get(k, 0) for k in ("ran", "cached", "replayed", "failed")}
+        return _counts(self.steps)
 
     def summary(self) -> str:
         """One line: status, steps by status, wall time (when known), what happened before.
@@ -345,7 +345,10 @@ class Run(Generic[R]):
         Example: ``run 'index-3f2a…' finished: 1,001 steps — 0 ran, 1,001 replayed,
         0 cached, 0 failed — in 0.41 s (continued a finished run)``.
         """
-        c = self.counts()
+        # the journal read once (every attempt's records: the latest attempt's are among
+        # them, in the same order), not once for the counts and once for the time saved
+        records = self._store.list_steps(self.id)
+        c = _counts(_latest_steps([r for r in records if r.attempt == self.attempt]))
         total = sum(c.values())
         text = (
             f"run {self.id!r} {self.status}: {total:,} steps — {c['ran']:,} ran, "
@@ -353,7 +356,7 @@ class Run(Generic[R]):
         )
         if self.wall_time is not None:
             text += f" — in {self.wall_time:.2f} s"
-        saved = self.time_saved()
+        saved = self._time_saved(records)
         if saved >= 0.01:
             text += f", {saved:,.2f} s saved by the journal"
         changes, kept = self._code_changes(c)
@@ -379,11 +382,9 @@ class Run(Generic[R]):
         if kept:
             return text + (f" ({how}: no step was replayed: its finished steps were kept from "
                            "older code)")
-        try:  # did the attempts before have finished steps to replay?
-            had = any(s.status in ("ran", "cached", "replayed") for s in
-                      self._store.list_steps(self.id, attempt=self.attempt - 1))
-        except Exception:  # noqa: BLE001 - a summary never fails
-            had = False
+        # did the attempt before have finished steps to replay?
+        had = any(s.status in ("ran", "cached", "replayed") for s in records
+                  if s.attempt == self.attempt - 1)
         if not had:
             return text + f" ({how}: none of its steps had finished)"
         if not c["ran"]:
@@ -425,6 +426,20 @@ class Run(Generic[R]):
             self._result = _UNSET
             self._pending = None
         return self
+
+
+def _latest_steps(records: list[StepRecord]) -> list[StepRecord]:
+    """:attr:`Run.steps` of one attempt's records: a ``started`` record only for a step
+    that has no later one (it was executing when the attempt ended)."""
+    closed = {r.step_id for r in records if r.status != "started"}
+    return [r for r in records if r.status != "started" or r.step_id not in closed]
+
+
+def _counts(steps: list[StepRecord]) -> dict[str, int]:
+    """:meth:`Run.counts` of :attr:`Run.steps`: each step by its last record's status."""
+    last = {s.step_id: s.status for s in steps}
+    c = collections.Counter(last.values())
+    return {k: c.get(k, 0) for k in ("ran", "cached", "replayed", "failed")}
 
 
 def executing(store: Store, run_id: str) -> bool:
