@@ -727,7 +727,7 @@ def test_a_run_record_copy_is_equal_and_apart() -> None:
     values: dict[str, Any] = {"run_id": "r", "entrypoint": "m:e", "name": "e",
                               "status": "failed", "created": 1.0, "updated": 2.0,
                               "attempt": 3, "input_digest": "d", "args": b"a",
-                              "result": b"r", "error": "E"}
+                              "result": b"r", "error": "E", "thread": "t"}
     assert {f.name for f in dc.fields(RunRecord)} == set(values)
     rec = RunRecord(**values)
     copy = rec.copy()

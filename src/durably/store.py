@@ -197,7 +197,14 @@ class Journal(abc.ABC):
     @abc.abstractmethod
     def list_runs(self, entrypoint: str | None = None) -> list[RunRecord]:
         """Runs, most recently updated first (ties in one order of the store's choice);
-        ``entrypoint`` filters by identity or name."""
+        ``entrypoint`` filters by identity or name. A record keeps every field it was put
+        with, :attr:`~durably.store.RunRecord.thread` included."""
+
+    def list_thread_runs(self, thread: str) -> list[RunRecord]:
+        """The runs on a conversation thread (their records' ``thread``), most recently
+        updated first. Default: :meth:`list_runs` filtered; a store that indexes runs by
+        thread answers without reading every run."""
+        return [rec for rec in self.list_runs() if rec.thread == thread]
 
     @abc.abstractmethod
     def put_run(self, record: RunRecord) -> None:

@@ -82,7 +82,11 @@ class StepRecord:
 
 @dataclasses.dataclass(slots=True)
 class RunRecord:
-    """The row of one run: what the store knows about it besides its steps."""
+    """The row of one run: what the store knows about it besides its steps.
+
+    ``thread`` is the conversation thread the run is a call on
+    (``entrypoint.run(..., thread="t1")``), or None for a run on no thread.
+    """
 
     run_id: str
     entrypoint: str
@@ -95,12 +99,13 @@ class RunRecord:
     args: bytes | None = None
     result: bytes | None = None
     error: str | None = None
+    thread: str | None = None
 
     def copy(self) -> RunRecord:
         """A copy (``dataclasses.replace(self)``, without its cost: made at every resume)."""
         return RunRecord(self.run_id, self.entrypoint, self.name, self.status, self.created,
                          self.updated, self.attempt, self.input_digest, self.args,
-                         self.result, self.error)
+                         self.result, self.error, self.thread)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

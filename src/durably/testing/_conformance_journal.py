@@ -47,9 +47,9 @@ def _id() -> str:
 def _run(run_id: str, *, attempt: int = 1, status: str = "running", updated: float = 1000.0,
          entrypoint: str = "conformance:main", name: str = "main", digest: str = "inputs",
          args: bytes | None = None, result: bytes | None = None,
-         error: str | None = None) -> RunRecord:
+         error: str | None = None, thread: str | None = None) -> RunRecord:
     return RunRecord(run_id, entrypoint, name, status, 500.0, updated, attempt, digest, args,
-                     result, error)
+                     result, error, thread)
 
 
 def _step(run_id: str, position: int, *, attempt: int = 1, status: str = "ran",
@@ -180,6 +180,25 @@ class JournalConformance:
             assert [r.run_id for r in store.list_runs(wanted)] == [main[1], main[0]]
         assert store.list_runs("nothing") == []
         assert len(store.list_runs()) == 3
+
+    def test_a_run_keeps_its_thread(self, store: Store) -> None:
+        """A run record's ``thread`` is kept by ``put_run``, ``put_run_if_current`` and read
+        back by ``find_run``, ``list_runs`` and ``list_thread_runs`` (the runs on that
+        thread only, most recently updated first)."""
+        thread = f"t-{_id()}"
+        first, second, other, none = _id(), _id(), _id(), _id()
+        store.put_run(_run(first, updated=1000.0, thread=thread))
+        store.put_run(_run(other, updated=1500.0, thread=f"{thread}-other"))
+        store.put_run(_run(second, updated=2000.0, thread=thread))
+        store.put_run(_run(none, updated=2500.0))
+        found = store.find_run(first)
+        assert found is not None and found.thread == thread
+        assert store.put_run_if_current(_run(first, status="finished", updated=3000.0,
+                                             thread=thread))
+        assert [r.run_id for r in store.list_thread_runs(thread)] == [first, second]
+        assert [r.thread for r in store.list_thread_runs(thread)] == [thread, thread]
+        assert {r.run_id: r.thread for r in store.list_runs()}[none] is None
+        assert store.list_thread_runs(f"{thread}-none") == []
 
     def test_steps_are_listed_in_call_order(self, store: Store) -> None:
         """``list_steps`` returns a run's step records as written, ordered by attempt then

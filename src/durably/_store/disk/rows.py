@@ -22,10 +22,10 @@ from durably._store.records import KeyRecord, Replay, ReplayRange, RunRecord, St
 
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "PackedRange", "RUN_COLS", "RUN_TYPES", "SCHEMA",
            "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "SCHEMA_5", "SCHEMA_5_KEYS", "SCHEMA_6",
-           "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES", "STEP_COLS", "STEP_TYPES", "compact_replay",
-           "discard_leftover", "garbage", "immediate", "key_row", "pack_ranges", "pack_replays",
-           "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row", "step_from_row",
-           "step_row", "step_sid", "unpack_ranges", "unpack_replays"]
+           "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES", "SCHEMA_8", "STEP_COLS", "STEP_TYPES",
+           "compact_replay", "discard_leftover", "garbage", "immediate", "key_row", "pack_ranges",
+           "pack_replays", "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row",
+           "step_from_row", "step_row", "step_sid", "unpack_ranges", "unpack_replays"]
 
 
 def step_row(r: StepRecord) -> tuple[Any, ...]:
@@ -56,7 +56,7 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
 def run_row(r: RunRecord) -> tuple[Any, ...]:
     """A run record as a row."""
     return (r.run_id, r.entrypoint, r.name, r.status, r.created, r.updated, r.attempt,
-            r.input_digest, r.args, r.result, r.error)
+            r.input_digest, r.args, r.result, r.error, r.thread)
 
 
 _json_sorted = json.JSONEncoder(sort_keys=True).encode
@@ -263,6 +263,12 @@ ALTER TABLE leases_6 RENAME TO leases
 SCHEMA_6 = "DROP INDEX IF EXISTS runs_by_time"
 
 
+# format 8: a run's conversation thread (entrypoint.run(..., thread=)), and the runs of a
+# thread found by it (the column is added first when missing)
+SCHEMA_8 = ("CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread, updated) "
+            "WHERE thread IS NOT NULL")
+
+
 _REPLAY = struct.Struct("<qdd16s16s16sBH")  # position, started, ended, ids, flags, task
 
 
@@ -456,7 +462,7 @@ def _spans(span: Sequence[Any], steps: int, first: int, last: int) -> bool:
 
 RUN_COLS = (
     "run_id, entrypoint, name, status, created, updated, attempt, input_digest, args, result, "
-    "error"
+    "error, thread"
 )
 
 

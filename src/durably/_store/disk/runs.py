@@ -43,7 +43,7 @@ log = logging.getLogger("durably")
 #: pk index at every start and end of an attempt)
 _RUN_UPSERT = "ON CONFLICT(run_id) DO UPDATE SET " + ", ".join(
     f"{c.strip()}=excluded.{c.strip()}" for c in RUN_COLS.split(",")[1:])
-_PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 11)}) {_RUN_UPSERT}"
+_PUT_RUN = f"INSERT INTO runs ({RUN_COLS}) VALUES ({', '.join('?' * 12)}) {_RUN_UPSERT}"
 #: the same, only while the run is still the attempt's: its record has that attempt (a
 #: run's record exists from its first attempt's start on: an UPDATE, a third faster than
 #: an upsert whose SELECT looks the attempt up)
@@ -83,6 +83,7 @@ class RunJournal(DiskBase):
             return None
         rec = RunRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
         rec.error = row[10] if isinstance(row[10], str) else None
+        rec.thread = row[11] if isinstance(row[11], str) else None
         run_id = rec.run_id
         if row[8] is not None:
             args, why = self._open_journal_value(
@@ -109,7 +110,7 @@ class RunJournal(DiskBase):
         self._journal_here()
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
-        values = (*run_row(record)[:8], args, result, record.error)
+        values = (*run_row(record)[:8], args, result, record.error, record.thread)
         with self._write_journal:
             self._db().execute(_PUT_RUN, values)
 
@@ -128,7 +129,8 @@ class RunJournal(DiskBase):
         self._journal_here()
         args = self._seal_blob(record.args, "args", record.run_id)
         result = self._seal_blob(record.result, "result", record.run_id)
-        values = (*run_row(record)[1:8], args, result, record.error, record.run_id,
+        values = (*run_row(record)[1:8], args, result, record.error, record.thread,
+                  record.run_id,
                   record.attempt if previous is None else previous)
         with self._write_journal:
             return self._db().execute(_PUT_RUN_IF_CURRENT, values).rowcount == 1
@@ -250,6 +252,16 @@ class RunJournal(DiskBase):
                     "ORDER BY updated DESC, rowid DESC",
                     (entrypoint, entrypoint),
                 ).fetchall()
+        found = (self._run_from_row(row, strict=False) for row in rows)
+        return [rec for rec in found if rec is not None]
+
+    def list_thread_runs(self, thread: str) -> list[RunRecord]:
+        """The runs on a conversation thread, most recently updated first (by the
+        ``runs_by_thread`` index)."""
+        with self._read_journal:
+            rows = self._db().execute(
+                f"SELECT {RUN_COLS} FROM runs WHERE thread=? ORDER BY updated DESC, rowid DESC",
+                (thread,)).fetchall()
         found = (self._run_from_row(row, strict=False) for row in rows)
         return [rec for rec in found if rec is not None]
 

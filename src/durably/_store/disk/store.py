@@ -67,6 +67,7 @@ from durably._store.disk.rows import (
     SCHEMA_6,
     SCHEMA_6_EVENTS,
     SCHEMA_6_LEASES,
+    SCHEMA_8,
     discard_leftover,
     immediate,
     row_hash_sql,
@@ -125,9 +126,9 @@ STORE_FORMAT = 2
 #: to a row (the replays table), 5 looks steps and key records up by short integer hashes
 #: (``sid``, ``kid``), 6 writes fewer pages at the start and end of an attempt (see
 #: SCHEMA_6), 7 records steps replayed from consecutive records as ranges (ReplayRange; the
-#: tables are those of 6). Older journals are upgraded in place when first opened; a newer
-#: one is refused.
-JOURNAL_FORMAT = 7
+#: tables are those of 6), 8 records a run's conversation thread (SCHEMA_8). Older journals
+#: are upgraded in place when first opened; a newer one is refused.
+JOURNAL_FORMAT = 8
 
 
 _FULL_HINT = ("the disk is full: free space, then rerun; finished steps are kept and nothing "
@@ -897,6 +898,9 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 for statement in schema.split(";") if due else ():
                     if statement.strip():
                         con.execute(statement)
+            if "thread" not in {row[1] for row in con.execute("PRAGMA table_info(runs)")}:
+                con.execute("ALTER TABLE runs ADD COLUMN thread TEXT")
+            con.execute(SCHEMA_8)
             con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
 
     def _checkpoint_soon(self, *parts: str) -> None:

@@ -18,7 +18,7 @@ from durably.exceptions import DefinitionError, StoreError
 __all__ = ["VERSION", "check_schema_name", "migrate"]
 
 #: the schema version this durably writes
-VERSION = 1
+VERSION = 2
 
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -112,6 +112,12 @@ MIGRATIONS: dict[int, list[str]] = {
             value bytea,
             blob text,
             time float8 NOT NULL)""",
+    ],
+    # a run's conversation thread (entrypoint.run(..., thread=)), and its runs found by it
+    2: [
+        "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS thread text",
+        "CREATE INDEX IF NOT EXISTS runs_thread ON {s}.runs (thread, updated DESC) "
+        "WHERE thread IS NOT NULL",
     ],
 }
 

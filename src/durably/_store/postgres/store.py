@@ -72,7 +72,7 @@ _STEP_COLS = ("run_id", "step_id", "parent_id", "task", "status", "attempt", "po
 _STEP_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "float8", "float8",
                "text", "text", "text", "text", "text", "text", "text", "bytea", "text")
 _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input_digest, "
-             "args, args_blob, result, result_blob, error")
+             "args, args_blob, result, result_blob, error, thread")
 _NOW = "(now() + %(shift)s * interval '1 second')"
 #: the largest value a kept cursor may hold on to between statements (see _hot)
 _KEPT_BYTES = 1 << 16
@@ -400,12 +400,13 @@ class PostgresStore(Connections, Store):
         args, args_blob = self._put_value(rec.args)
         result, result_blob = self._put_value(rec.result)
         return [rec.run_id, rec.entrypoint, rec.name, rec.status, rec.created, rec.updated,
-                rec.attempt, rec.input_digest, args, args_blob, result, result_blob, rec.error]
+                rec.attempt, rec.input_digest, args, args_blob, result, result_blob, rec.error,
+                rec.thread]
 
     def _run_from(self, row: Any) -> RunRecord:
         return RunRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7],
                          self._get_value(row[8], row[9]), self._get_value(row[10], row[11]),
-                         row[12])
+                         row[12], row[13])
 
     def find_run(self, run_id: str) -> RunRecord | None:
         row = self._one("read a run", self._sql(
@@ -428,15 +429,22 @@ class PostgresStore(Connections, Store):
                 "ORDER BY updated DESC, written DESC"), (entrypoint, entrypoint))
         return [self._run_from(row) for row in rows]
 
+    def list_thread_runs(self, thread: str) -> list[RunRecord]:
+        rows = self._read("list runs", self._sql(
+            f"SELECT {_RUN_COLS} FROM {{s}}.runs WHERE thread = %s "
+            "ORDER BY updated DESC, written DESC"), (thread,))
+        return [self._run_from(row) for row in rows]
+
     def put_run(self, record: RunRecord) -> None:
         self._write("write a run", self._sql(
             f"INSERT INTO {{s}}.runs ({_RUN_COLS}, written) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-            "%s, %b, %s, %b, %s, %s, nextval('{s}.written')) ON CONFLICT (run_id) DO UPDATE "
+            "%s, %b, %s, %b, %s, %s, %s, nextval('{s}.written')) ON CONFLICT (run_id) DO UPDATE "
             "SET entrypoint = excluded.entrypoint, name = excluded.name, status = "
             "excluded.status, created = excluded.created, updated = excluded.updated, attempt "
             "= excluded.attempt, input_digest = excluded.input_digest, args = excluded.args, "
             "args_blob = excluded.args_blob, result = excluded.result, result_blob = "
-            "excluded.result_blob, error = excluded.error, written = excluded.written"),
+            "excluded.result_blob, error = excluded.error, thread = excluded.thread, "
+            "written = excluded.written"),
             self._run_params(record))
 
     def put_run_if_current(self, record: RunRecord, previous: int | None = None) -> bool:
@@ -444,7 +452,8 @@ class PostgresStore(Connections, Store):
         return self._write("write a run", self._sql(
             "UPDATE {s}.runs SET entrypoint = %s, name = %s, status = %s, created = %s, "
             "updated = %s, attempt = %s, input_digest = %s, args = %b, args_blob = %s, "
-            "result = %b, result_blob = %s, error = %s, written = nextval('{s}.written') "
+            "result = %b, result_blob = %s, error = %s, thread = %s, "
+            "written = nextval('{s}.written') "
             "WHERE run_id = %s AND attempt = %s"),
             [*self._run_params(record)[1:], record.run_id, wanted]) == 1
 
