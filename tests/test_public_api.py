@@ -9,6 +9,7 @@ import durably
 EXPECTED = [
     "ENCODING_VERSION", "END", "START", "Checkpoint", "Command", "CorruptJournalError",
     "DefinitionError", "DiskStore", "DurablyError", "Entrypoint", "Event", "Explanation", "File",
+    "Final",
     "Interrupt", "NoActiveRunError", "NondeterminismError", "NotFoundError", "PostgresStore",
     "Recovered", "Removed", "RenderError",
     "ReplayedError", "Retry", "Run", "RunBusyError", "RunCancelledError", "RunGraph",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from durably._decorators.entrypoints import Entrypoint, entrypoint, fork
 from durably._decorators.recover import Recovered, recover
 from durably._decorators.tasks import Task, task
+from durably._decorators.threads import Final
 from durably._keys.canonical import ENCODING_VERSION, register_encoder
 from durably._keys.files import File, file
 from durably._keys.hashing import digest
@@ -89,6 +90,7 @@ __all__ = [
     "Event",
     "Explanation",
     "File",
+    "Final",
     "Interrupt",
     "NoActiveRunError",
     "NondeterminismError",

@@ -3,7 +3,7 @@ cache miss, and look after the cache.
 
 ::
 
-    durably runs [--entrypoint NAME] [--status S] [--limit N] [--json]
+    durably runs [--entrypoint NAME] [--thread T] [--status S] [--limit N] [--json]
     durably show RUN [--all] [--json]
     durably history RUN [--json]
     durably graph RUN [-f mermaid|dot|svg|html] [-o FILE] [--attempt N] [--collapse N]
@@ -330,7 +330,8 @@ def _echo_json(value: Any) -> None:
 def _run_fields(run: durably.Run[Any], status: str | None = None) -> dict[str, Any]:
     return {"id": run.id, "entrypoint": run.entrypoint, "name": run.name,
             "status": run.status if status is None else status, "attempt": run.attempt,
-            "created": run.created, "updated": run.updated, "error": run.error}
+            "created": run.created, "updated": run.updated, "error": run.error,
+            "thread": run.thread}
 
 
 def _step_fields(s: durably.StepRecord) -> dict[str, Any]:
@@ -416,6 +417,9 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 @cli.command("runs")
 @click.option("--entrypoint", "-e", "entrypoint", metavar="NAME",
               help="Only runs of this entrypoint (its name, or module:name).")
+@click.option("--thread", "-t", "thread", metavar="THREAD",
+              help="Only the calls on this conversation thread (entrypoint.run(..., "
+                   "thread=THREAD)).")
 @click.option("--status", "-s", "status", metavar="STATUS",
               help=f"Only runs with this status: {', '.join(STATUSES)}.")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=0,
@@ -423,13 +427,13 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: a list of runs.")
 @_dir_option
 @click.pass_context
-def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None, limit: int,
-                 as_json: bool) -> None:
+def runs_command(ctx: click.Context, entrypoint: str | None, thread: str | None,
+                 status: str | None, limit: int, as_json: bool) -> None:
     """List the runs in the store, most recently updated first."""
     if status is not None and status not in STATUSES:
         _usage(f"--status {status!r} is not a run status. Use one of: {', '.join(STATUSES)}.")
     store = _store(ctx)
-    runs = durably.list_runs(entrypoint, store=store)
+    runs = durably.list_runs(entrypoint, thread=thread, store=store)
     total = len(runs)
     if status is None and limit:
         runs = runs[:limit]  # (a running run's status reads its lease: only those shown)
@@ -444,7 +448,8 @@ def runs_command(ctx: click.Context, entrypoint: str | None, status: str | None,
         return
     if not found:
         what = " ".join(filter(None, [status, "runs" if not entrypoint else
-                                      f"runs of {entrypoint!r}"]))
+                                      f"runs of {entrypoint!r}",
+                                      f"on thread {thread!r}" if thread else ""]))
         click.echo(f"no {what} in the store at {_where(store)}"
                    + (_other_entrypoints(store) if entrypoint and not runs else ""))
         return

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, overload
 
 import wrapt
 
+from durably._decorators import threads as _threads
 from durably._decorators.attempt import (
     _as_interrupt,
     _handle,
@@ -75,18 +76,21 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return _describe("Entrypoint", self._self_parent._self_spec)
 
     def run(self, *args: Any, run_id: str | None = None, fresh: bool = False,
-            keep_finished: bool = False, **kwargs: Any) -> Any:
+            keep_finished: bool = False, thread: str | None = None, **kwargs: Any) -> Any:
         """See :meth:`Entrypoint.run`."""
         parent = self._self_parent
         runner = parent._self_arun if parent._self_spec.is_async else parent._self_srun
+        thread = _threads.thread_option(thread, run_id, fresh)
         return runner(self.__wrapped__, _instance_of(self), args, kwargs, run_id, fresh, True,
-                      keep_finished=_keep_option(keep_finished))
+                      keep_finished=_keep_option(keep_finished), thread=thread)
 
     def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
-               **kwargs: Any) -> Any:
+               thread: str | None = None, **kwargs: Any) -> Any:
         """See :meth:`Entrypoint.stream`."""
         return self._self_parent._self_stream(self.__wrapped__, _instance_of(self), args,
-                                              kwargs, run_id, fresh)
+                                              kwargs, run_id, fresh,
+                                              thread=_threads.thread_option(thread, run_id,
+                                                                            fresh))
 
     def resume(self, run_id: str, value: Any = None, *, keep_finished: bool = False) -> Any:
         """See :meth:`Entrypoint.resume`."""
@@ -117,11 +121,15 @@ class _Pauses:
     short first (a duplicate request often arrives just behind the first), then up to a
     quarter second; None once the time is up."""
 
-    __slots__ = ("deadline", "delay")
+    __slots__ = ("deadline", "delay", "kwargs", "target", "thread")
 
-    def __init__(self, wait: float | None) -> None:
+    def __init__(self, wait: float | None, thread: str | None = None,
+                 kwargs: Any = None) -> None:
         self.deadline = None if wait is None else time.monotonic() + wait
         self.delay = 0.005
+        self.thread = thread
+        self.kwargs = kwargs  # the keyword arguments of the call (a thread's previous added)
+        self.target: str | None = None  # the existing run a thread call continues
 
     def next(self) -> float | None:
         if self.deadline is None:
@@ -141,15 +149,46 @@ class _Pauses:
         Raises:
             RunBusyError: another call executes it, and no ``wait=`` time is left.
         """
+        thread = self.thread
         try:
-            return begin_run(spec, instance, args, kwargs, run_id=run_id, fresh=fresh,
-                             listener=listener, read_cache=read_cache, store=store,
-                             on_lease=on_lease)
+            if thread is not None:
+                run_id, fresh = self._thread_run(spec, instance, args, kwargs, store)
+                kwargs = self.kwargs
+            try:
+                return begin_run(spec, instance, args, kwargs, run_id=run_id, fresh=fresh,
+                                 listener=listener, read_cache=read_cache, store=store,
+                                 on_lease=on_lease, thread=thread)
+            except RunBusyError:
+                raise
+            except RunStateError:
+                st = store or spec.store or default_store()
+                if thread is None or self.target is not None or run_id is None or (
+                        st.find_run(run_id) is None):
+                    raise
+                # another call on the thread took this number first (with other arguments):
+                # this call is the thread's next one after all, found again at once (refused
+                # as busy only if that call executes still, as any call on the thread is)
+                return 0.0
         except RunBusyError:
             delay = self.next()
             if delay is None:
                 raise
             return delay
+
+    def _thread_run(self, spec: Spec, instance: Any, args: Any, kwargs: Any,
+                    store: Store | None) -> tuple[str, bool]:
+        """The run a call on :attr:`thread` begins (see :func:`.threads.resolve`); a call
+        that waits for the thread's latest call, being the same call, keeps waiting for that
+        one."""
+        assert self.thread is not None
+        if self.target is None:
+            st = store or spec.store or default_store()
+            run_id, self.kwargs, existing = _threads.resolve(spec, st, self.thread, instance,
+                                                             args, kwargs)
+            if existing:
+                self.target = run_id
+            return run_id, False
+        return self.target, False
 
 
 class Entrypoint(_ByReference, _Wrapper[P, R]):
@@ -198,7 +237,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         return self._self_srun(wrapped, instance, args, kwargs, None, False, False)
 
     def run(self, *args: Any, run_id: str | None = None, fresh: bool = False,
-            keep_finished: bool = False, **kwargs: Any) -> Run[R]:
+            keep_finished: bool = False, thread: str | None = None, **kwargs: Any) -> Run[R]:
         """Call the entrypoint as a run and return its handle.
 
         With the default ``run_id``, the run's id is derived from the entrypoint and a digest
@@ -251,15 +290,17 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         """
         wrapped = self.__wrapped__
         keep = _keep_option(keep_finished)
+        thread = _threads.thread_option(thread, run_id, fresh)
         if self._self_spec.is_async:
             return self._self_arun(  # type: ignore[return-value]
-                wrapped, None, args, kwargs, run_id, fresh, True, keep_finished=keep)
+                wrapped, None, args, kwargs, run_id, fresh, True, keep_finished=keep,
+                thread=thread)
         run: Run[R] = self._self_srun(wrapped, None, args, kwargs, run_id, fresh, True,
-                                      keep_finished=keep)
+                                      keep_finished=keep, thread=thread)
         return run
 
     def stream(self, *args: Any, run_id: str | None = None, fresh: bool = False,
-               **kwargs: Any) -> Iterator[Event]:
+               thread: str | None = None, **kwargs: Any) -> Iterator[Event]:
         """Call the entrypoint as a run and yield its events as they happen.
 
         Events (:class:`~durably.Event`) come in order: ``run_started``; for each step
@@ -307,7 +348,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             run_finished pipeline finished
         """
         return self._self_stream(self.__wrapped__, None, args, kwargs, run_id,  # type: ignore[no-any-return]
-                                 fresh)
+                                 fresh, thread=_threads.thread_option(thread, run_id, fresh))
 
     def resume(self, run_id: str, value: Any = None, *, keep_finished: bool = False) -> R:
         """Answer the pending ``interrupt()`` of a run and continue it; return its result.
@@ -448,19 +489,21 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def _self_srun(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
                    run_id: str | None, fresh: bool, handle: bool,
                    listener: Any = None, read_cache: bool = True, store: Store | None = None,
-                   on_lease: Any = None, keep_finished: bool = False) -> Any:
-        pause = _Pauses(self._self_wait)
+                   on_lease: Any = None, keep_finished: bool = False,
+                   thread: str | None = None) -> Any:
+        pause = _Pauses(self._self_wait, thread, kwargs)
         begin = (self._self_spec, instance, args, kwargs, run_id, fresh, listener, read_cache,
                  store, on_lease)
         while isinstance(started := pause.begin(*begin), float):
             time.sleep(started)  # (the run is executed by another call: wait=)
+        kwargs = pause.kwargs
         if keep_finished:
             keep_in(started.ctx)
         timeout = None if self._self_timeout is None else Timeout(started.ctx,
                                                                   self._self_timeout)
         try:
             try:
-                result = wrapped(*args, **kwargs)
+                result = _threads.save_final(started.ctx, wrapped(*args, **kwargs))
             except BaseException as exc:
                 if isinstance(exc, Exception):
                     started.ctx.stop = True  # (its submitted calls still running stop)
@@ -491,14 +534,15 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                          run_id: str | None, fresh: bool, handle: bool,
                          listener: Any = None, read_cache: bool = True,
                          store: Store | None = None, on_lease: Any = None,
-                         keep_finished: bool = False) -> Any:
-        pause = _Pauses(self._self_wait)
+                         keep_finished: bool = False, thread: str | None = None) -> Any:
+        pause = _Pauses(self._self_wait, thread, kwargs)
         begin = (self._self_spec, instance, args, kwargs, run_id, fresh, listener, read_cache,
                  store, on_lease)
         while isinstance(started := pause.begin(*begin), float):
             import asyncio  # (on a running loop: imported already)
 
             await asyncio.sleep(started)  # (the run is executed by another call: wait=)
+        kwargs = pause.kwargs
         if keep_finished:
             keep_in(started.ctx)
         import asyncio  # (on a running loop: imported already)
@@ -511,7 +555,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             started.ctx, self._self_timeout, loop)
         try:
             try:
-                result = await wrapped(*args, **kwargs)
+                result = _threads.save_final(started.ctx, await wrapped(*args, **kwargs))
             except BaseException as exc:
                 await _settle(started.ctx, exc)
                 signal = _as_interrupt(started.ctx, exc)
@@ -541,11 +585,13 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 timeout.cancel()
 
     def _self_stream(self, wrapped: Any, instance: Any, args: Any, kwargs: Any,
-                     run_id: str | None, fresh: bool, on_lease: Any = None) -> Any:
+                     run_id: str | None, fresh: bool, on_lease: Any = None,
+                     thread: str | None = None) -> Any:
         if self._self_spec.is_async:
             return _AsyncStream(self._self_spec.name.rpartition(".")[2], _stream_async(
-                self, wrapped, instance, args, kwargs, run_id, fresh, on_lease))
-        return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease)
+                self, wrapped, instance, args, kwargs, run_id, fresh, on_lease, thread))
+        return _stream_sync(self, wrapped, instance, args, kwargs, run_id, fresh, on_lease,
+                            thread)
 
     def _self_stored_call(self, run_id: str, what: str, store: Store | None = None
                           ) -> tuple[Store, RunRecord, Any, Any]:
@@ -831,16 +877,21 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
 
     def decorate(f: Callable[P, R]) -> Entrypoint[P, R]:
         spec = Spec(f, kind="entrypoint", name=name, store=store)
-        taken = [n for n in ("run_id", "fresh") if n in spec.signature.parameters]
+        taken = [n for n in ("run_id", "fresh", "thread") if n in spec.signature.parameters]
         if taken:
             raise DefinitionError(
                 f"@entrypoint {spec.name!r} has a parameter named {taken[0]!r}, which "
                 f"{spec.name}.run(..., {taken[0]}=...) and .stream() take for themselves, so "
                 f"your argument would be taken as the run option. Fix: rename the parameter "
                 f"(for example {taken[0]}_ or my_{taken[0]}).")
+        _threads.check_previous(spec)
         made = Entrypoint(f, spec)
         made._self_wait = None if wait is None else float(wait)
         made._self_timeout = limit
         return made
 
     return decorate(func) if func is not None else decorate
+
+
+#: LangGraph's spelling, ``entrypoint.final(value=..., save=...)``: :class:`durably.Final`
+entrypoint.final = _threads.Final  # type: ignore[attr-defined]

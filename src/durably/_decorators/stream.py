@@ -64,8 +64,8 @@ _DONE: Any = object()
 
 
 def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
-                 kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None
-                 ) -> Iterator[Event]:
+                 kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None,
+                 thread: str | None = None) -> Iterator[Event]:
     events: queue.SimpleQueue[Any] = queue.SimpleQueue()
     listener = _Listener(events.put, lockstep=True)
     failure: list[BaseException] = []
@@ -73,7 +73,7 @@ def _stream_sync(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: An
     def work() -> None:
         try:
             ep._self_srun(wrapped, instance, args, kwargs, run_id, fresh, True, listener,
-                          on_lease=on_lease)
+                          on_lease=on_lease, thread=thread)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             failure.append(exc)
         finally:
@@ -131,8 +131,8 @@ class _AsyncStream:
 
 
 async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, args: Any,
-                        kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None
-                        ) -> AsyncIterator[Event]:
+                        kwargs: Any, run_id: str | None, fresh: bool, on_lease: Any = None,
+                        thread: str | None = None) -> AsyncIterator[Event]:
     import asyncio  # (on a running loop: imported already; not at `import durably`)
 
     loop = asyncio.get_running_loop()
@@ -142,7 +142,7 @@ async def _stream_async(ep: Entrypoint[Any, Any], wrapped: Any, instance: Any, a
     async def work() -> None:
         try:
             await ep._self_arun(wrapped, instance, args, kwargs, run_id, fresh, True, listener,
-                                on_lease=on_lease)
+                                on_lease=on_lease, thread=thread)
         finally:
             loop.call_soon_threadsafe(events.put_nowait, _DONE)
 

@@ -98,13 +98,15 @@ class Started:
 def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
               run_id: str | None, fresh: bool, listener: Callable[[Event], Any] | None = None,
               read_cache: bool = True, store: Store | None = None,
-              on_lease: Callable[[Store, RunRecord | None], None] | None = None) -> Started:
+              on_lease: Callable[[Store, RunRecord | None], None] | None = None,
+              thread: str | None = None) -> Started:
     """Find or create the run record and make the run active in this context.
 
     ``listener`` receives the run's live events; ``read_cache=False`` (a fork's first
     attempt) executes steps that are not in the run's journal instead of taking them from
     the cross-run cache. ``on_lease`` runs once the lease is held, with the run's record
-    read again (resume journals its answers there, so two resumers cannot both answer)."""
+    read again (resume journals its answers there, so two resumers cannot both answer).
+    ``thread``: the conversation thread a new run is a call on (a run keeps its own)."""
     if not isinstance(fresh, bool):
         raise DefinitionError(f"fresh must be True or False, not {fresh!r}")
     store = store or spec.store or default_store()
@@ -136,7 +138,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
             run_id, existing, events, ahead = ended
             deferred = True
             record, resumed_from, started_event = _attempt_record(
-                spec, run_id, existing, input_digest, stored_args)
+                spec, run_id, existing, input_digest, stored_args, thread)
         else:
             with _one_transaction(store):
                 # read inside the transaction: no other process can start or end an attempt
@@ -158,7 +160,7 @@ def begin_run(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[str
                     if on_lease is not None:
                         on_lease(store, existing)
                     record, resumed_from, started_event = _attempt_record(
-                        spec, run_id, existing, input_digest, stored_args)
+                        spec, run_id, existing, input_digest, stored_args, thread)
                     if not deferred:
                         store.put_run(record)
                     events = [] if existing is None else store.list_events(run_id, _ASKED)
@@ -287,7 +289,8 @@ def _ended_run(store: Store, spec: Spec, run_id: str | None, input_digest: str, 
 
 
 def _attempt_record(spec: Spec, run_id: str, existing: RunRecord | None, input_digest: str,
-                    args: bytes | None) -> tuple[RunRecord, str | None, EventRecord]:
+                    args: bytes | None, thread: str | None = None
+                    ) -> tuple[RunRecord, str | None, EventRecord]:
     """The record of the attempt that starts now (running), the status of the run it
     resumes (None: a new run; "crashed": one still running whose process died), and the
     attempt's start event."""
@@ -302,6 +305,7 @@ def _attempt_record(spec: Spec, run_id: str, existing: RunRecord | None, input_d
         attempt=(existing.attempt + 1) if existing else 1,
         input_digest=input_digest,
         args=args,
+        thread=existing.thread if existing else thread,
     )
     resumed_from = None if existing is None else (
         "crashed" if existing.status == "running" else existing.status)

@@ -56,6 +56,8 @@ class Run(Generic[R]):
         wall_time: For a handle returned by ``Entrypoint.run``: seconds this attempt took.
         script: For a run of an entrypoint defined in a script run as ``python job.py``:
             the script's absolute path (as its latest attempt recorded it), else None.
+        thread: The conversation thread the run is a call on (``entrypoint.run(...,
+            thread="t1")``), else None.
 
     Example:
         >>> import durably, tempfile
@@ -117,6 +119,7 @@ class Run(Generic[R]):
     created = property(lambda self: self._record.created)
     updated = property(lambda self: self._record.updated)
     error = property(lambda self: self._record.error)
+    thread = property(lambda self: self._record.thread)
 
     @property
     def script(self) -> str | None:
@@ -507,16 +510,23 @@ def get_run(run_id: str, *, store: StoreLike = None) -> Run[Any]:
     return Run(rec, st)
 
 
-def list_runs(entrypoint: Any = None, *, store: StoreLike = None) -> list[Run[Any]]:
+def list_runs(entrypoint: Any = None, *, thread: str | None = None,
+              store: StoreLike = None) -> list[Run[Any]]:
     """The runs in the store, most recently updated first.
 
     Args:
         entrypoint: Only runs of this entrypoint: the decorated function itself, its name, or
             its identity (``module:name``). Default: all runs.
+        thread: Only the calls on this conversation thread
+            (``entrypoint.run(..., thread=...)``). Default: runs on any thread or none.
         store: The store to read. Default: the configured store.
 
     Returns:
         A list of :class:`Run`, newest first.
+
+    Raises:
+        TypeError: ``entrypoint`` is a task, or not an entrypoint or a name.
+        DefinitionError: ``thread`` is not a str.
 
     Example:
         >>> import durably, tempfile
@@ -544,7 +554,13 @@ def list_runs(entrypoint: Any = None, *, store: StoreLike = None) -> list[Run[An
         raise TypeError(
             f"list_runs(entrypoint=...) takes an entrypoint or its name, not {entrypoint!r}"
         )
-    return [Run(rec, st) for rec in st.list_runs(key)]
+    if thread is None:
+        return [Run(rec, st) for rec in st.list_runs(key)]
+    if not isinstance(thread, str):
+        raise DefinitionError(f"list_runs(thread=...) takes a thread id (a str), not "
+                              f"{thread!r}. Fix: list_runs(thread=\"t1\")")
+    return [Run(rec, st) for rec in st.list_thread_runs(thread)
+            if key is None or key in (rec.entrypoint, rec.name)]
 
 
 #: the statuses a run can have (:attr:`Run.status`)
