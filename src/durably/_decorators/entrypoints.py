@@ -259,6 +259,15 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 task, inputs and occurrence, its result is replayed and only the rest
                 executes with today's code. Kept steps are ``cached`` records whose
                 ``kept_from`` names the record they kept; they are not written to the cache.
+            thread: A conversation thread (1 to 100 letters, digits and ``. _ : + = -``):
+                the call is the thread's next run (id ``<name>@<thread>.<n>``), and the
+                entrypoint's keyword-only ``previous`` parameter receives what the thread's
+                last finished call saved (its result, or the ``save`` of the
+                :class:`~durably.Final` it returned; on the first call, the parameter's
+                default), as LangGraph's functional API. The same arguments as the thread's
+                unfinished latest call (crashed, failed, stopped) continue that run. Not
+                with ``run_id`` or ``fresh``. See the how-to "Hold a conversation on a
+                thread".
             **kwargs: The entrypoint's keyword arguments.
 
         Returns:
@@ -266,8 +275,12 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
 
         Raises:
             RunStateError: ``run_id`` names a run of another entrypoint or other arguments,
-                or exists while ``fresh=True``.
-            DefinitionError: ``run_id`` is not a valid run id.
+                or exists while ``fresh=True``; ``thread``'s latest call waits for an
+                answer to its ``interrupt()`` and this call has other arguments.
+            RunBusyError: another call executes this run, or (with ``thread``) a call on the
+                thread, right now, and ``@entrypoint(wait=...)`` gave no time to wait.
+            DefinitionError: ``run_id`` or ``thread`` is not a valid id, ``thread`` is given
+                with ``run_id`` or ``fresh``, or ``previous`` is given with ``thread``.
             SerializationError: an argument cannot be digested.
 
         Exceptions raised by the entrypoint or its tasks propagate unchanged (with a note
@@ -324,6 +337,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
             *args: The entrypoint's positional arguments.
             run_id: As for :meth:`run`.
             fresh: As for :meth:`run`.
+            thread: As for :meth:`run`.
             **kwargs: The entrypoint's keyword arguments.
 
         Returns:
@@ -844,8 +858,11 @@ def entrypoint(func: Any = None, /, *, name: str | None = None,
 
     Raises:
         DefinitionError: ``func`` is a class, a generator function or not callable, an
-            option has the wrong type, or ``func`` is a partial or a callable object and
-            ``name`` is not given.
+            option has the wrong type, ``func`` is a partial or a callable object and
+            ``name`` is not given, it has a parameter named ``run_id``, ``fresh`` or
+            ``thread`` (run options of :meth:`Entrypoint.run`), or a ``previous`` parameter
+            that is not keyword-only (a thread's previous saved value, see
+            :meth:`Entrypoint.run`).
 
     Example:
         >>> import durably, tempfile
