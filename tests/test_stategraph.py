@@ -2323,6 +2323,52 @@ def test_a_graph_changed_error_says_to_name_graphs_apart() -> None:
         two.compile().invoke(state)
 
 
+def test_a_graph_named_like_another_never_changes_the_other_s_runs() -> None:
+    """Two graphs given the same name= but other nodes: a call of the second on the first's
+    input is refused before its attempt begins (the error says two graphs share the name and
+    to pass a distinct name=), whatever the first's run's status; the first's runs keep
+    their status and attempt, and the first graph goes on with them."""
+    state = {"topic": "t", "notes": [], "draft": ""}
+    fail = [False]
+
+    def a(s: Notes) -> dict[str, Any]:
+        if fail[0]:
+            raise RuntimeError("a failed")
+        return {"notes": ["one"]}
+
+    one = StateGraph(Notes, name="same-name")
+    one.add_node("a", a).add_edge(START, "a").add_edge("a", END)
+    app_one = one.compile()
+    finished = app_one.run(state)
+    fail[0] = True
+    other_input = {**state, "topic": "u"}
+    with pytest.raises(RuntimeError):
+        app_one.invoke(other_input)
+    failed = durably.list_runs()[0]
+    assert failed.status == "failed"
+    two = StateGraph(Notes, name="same-name")
+    two.add_node("b", _append("two")).add_edge(START, "b").add_edge("b", END)
+    app_two = two.compile()
+    calls = [lambda s: app_two.invoke(s), lambda s: app_two.run(s),
+             lambda s: list(app_two.stream(s))]
+    for call in calls:
+        for state_in in (state, other_input):
+            with pytest.raises(GraphChangedError) as err:
+                call(state_in)
+            message = str(err.value)
+            assert "two graphs share the name" in message, message
+            assert "distinct name=" in message, message
+    assert durably.get_run(finished.id).status == "finished"
+    assert durably.get_run(finished.id).attempt == 1
+    assert durably.get_run(failed.id).status == "failed"
+    assert durably.get_run(failed.id).attempt == 1
+    fail[0] = False
+    assert app_one.run(other_input).id == failed.id  # the first graph continues its run
+    assert app_one.run(state).counts()["replayed"] == 1
+    # given fresh=True, the second graph starts runs of its own
+    assert app_two.run(state, fresh=True).result["notes"] == ["two"]
+
+
 # -- routers, as LangGraph users write them ----------------------------------------------------
 class Count(TypedDict):
     n: int

@@ -34,6 +34,7 @@ from durably._graph.builder import (  # noqa: F401
 )
 from durably._graph.checkpoints import StateSnapshot, StepResult
 from durably._graph.execution import Execution, _Cancel, _executed_only
+from durably._graph.migration import note_compiled
 from durably._graph.routing import Target, _is_command, _target_name, _without
 from durably._graph.state import InvalidUpdateError, fingerprint_of
 from durably._graph.structure import DYNAMIC, END, START, GraphStructure
@@ -81,6 +82,7 @@ class CompiledGraph(Execution, Generic[S]):
         self._migration = self._migration_task()
         self._defaults = self._defaults_task()
         self._entry = self._entrypoint(store)
+        note_compiled(self)
 
     def __durably_digest__(self) -> str:
         """A compiled graph held by a node (a subgraph) is known by its structure and code."""
@@ -127,6 +129,7 @@ class CompiledGraph(Execution, Generic[S]):
         args = self._input(state, run_id)
         token = self._migrate.set(migrate)
         try:
+            self._check_continued(args, run_id, fresh)
             run = self._entry.run(args, run_id=run_id, fresh=fresh)
         finally:
             self._migrate.reset(token)
@@ -150,9 +153,32 @@ class CompiledGraph(Execution, Generic[S]):
                 resumed: Run[Any] = entry._self_resume(entry.__wrapped__, None, run_id, answer,
                                                        handle=True)
                 return resumed
-            return self._entry.run(self._input(state, run_id), run_id=run_id, fresh=fresh)
+            args = self._input(state, run_id)
+            self._check_continued(args, run_id, fresh)
+            return self._entry.run(args, run_id=run_id, fresh=fresh)
         finally:
             self._migrate.reset(token)
+
+    def _check_continued(self, args: dict[str, Any], run_id: str | None,
+                         fresh: bool) -> None:
+        """Before a call's attempt begins: refuse to continue a run checkpointed under
+        another graph (GraphChangedError, unless ``migrate=`` is set), so that a graph
+        sharing this one's name never changes the status of the other's run (the check
+        made inside the attempt would end it ``failed``)."""
+        from durably._runtime.attempt import _resolve_run
+        from durably._runtime.context import live_run
+
+        if fresh or live_run() is not None:
+            return
+        spec = self._entry.spec
+        store = self._store()
+        digest = spec.digest_inputs(spec.arguments(None, (args,), {}))
+        try:
+            found, existing = _resolve_run(store, spec, run_id, False, digest)
+        except RunStateError:  # (said by the call itself, as always)
+            return
+        if existing is not None:
+            self._changes(store, found)
 
     def _answer_in(self, state: Any, run_id: str | None, fresh: bool) -> tuple[bool, Any]:
         """(True, the answer) when the input is LangGraph's way of answering an interrupt,
@@ -323,8 +349,9 @@ class CompiledGraph(Execution, Generic[S]):
                 events = entry._self_stream(entry.__wrapped__, None, stored, kwargs, run_id,
                                             False, on_lease)
             else:
-                events = self._entry.stream(self._input(state, run_id), run_id=run_id,
-                                            fresh=fresh)
+                args = self._input(state, run_id)
+                self._check_continued(args, run_id, fresh)
+                events = self._entry.stream(args, run_id=run_id, fresh=fresh)
             first = next(events, None)
         finally:
             _executed_only.reset(only)

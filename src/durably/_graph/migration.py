@@ -10,6 +10,7 @@ mixin)."""
 from __future__ import annotations
 
 import contextvars
+import weakref
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,32 @@ if TYPE_CHECKING:
     from durably._graph.builder import StateGraph
     from durably._graph.state import Schema
     from durably.store import Store
+
+
+#: the graphs compiled in this process, by name: a run recorded under one of them is another
+#: graph's (a name collision), not an older version of this one
+_COMPILED: dict[str, weakref.WeakSet[Migration]] = {}
+
+
+def note_compiled(app: Migration) -> None:
+    """Remember a compiled graph under its name (see :func:`_named_alike`)."""
+    _COMPILED.setdefault(app.name, weakref.WeakSet()).add(app)
+
+
+def _named_alike(app: Migration, recorded: Mapping[str, Any]) -> bool:
+    """Whether another graph compiled in this process under ``app``'s name, with other nodes
+    or edges, has the recorded fingerprint: the run is that graph's (a graph rebuilt with
+    edited node code, as in a notebook, is the same graph: its run continues or is
+    migrated as always)."""
+    return any(other is not app and other.fingerprint == recorded
+               and _structure(other.fingerprint) != _structure(app.fingerprint)
+               for other in list(_COMPILED.get(app.name, ())))
+
+
+def _structure(fingerprint: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A fingerprint's nodes (their names) and edges, without code."""
+    return (sorted(fingerprint.get("nodes", {})), fingerprint.get("edges"),
+            [r[:2] for r in fingerprint.get("routers", [])])
 
 
 class Migration:
@@ -88,6 +115,17 @@ class Migration:
         recorded = self._recorded(store, run_id)
         if recorded is None or recorded["fingerprint"] == self.fingerprint:
             return None
+        if self._migrate.get() is None and _named_alike(self, recorded["fingerprint"]):
+            # another graph's run, even one nothing of which this graph's change touches
+            changes = describe_changes(recorded["fingerprint"], self.fingerprint,
+                                       recorded.get("parts"), parts_of(self.graph))
+            what = "; ".join(changes) or "its structure differs"
+            raise GraphChangedError(
+                f"run {run_id!r} belongs to another graph named {self.name!r}, built in this "
+                f"process with other nodes or edges ({what}): two graphs share the name, and "
+                "so the runs of one input. Fix: pass a distinct name= to each graph "
+                "(StateGraph(..., name=...)), or leave name= out: an unnamed graph's name has "
+                "a digest of its structure. The run is left as it is.", changes)
         finished = {s.task for s in store.list_steps(run_id) if s.status in ("ran", "cached")}
         if self._untouched(recorded["fingerprint"], finished):
             return None  # nothing the change affects was checkpointed
