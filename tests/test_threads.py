@@ -6,6 +6,7 @@ LangGraph's functional API; failed, interrupted, concurrent and crashed calls.""
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import subprocess
 import sys
@@ -67,6 +68,22 @@ def test_without_final_the_next_call_sees_the_result(disk_store: durably.DiskSto
 
     assert [total.run(x, thread="sum").result for x in (1, 2, 3)] == [1, 3, 6]
     assert durably.entrypoint.final is durably.Final  # type: ignore[attr-defined]
+
+
+def test_two_entrypoints_on_one_thread_keep_their_own_previous(
+        disk_store: durably.DiskStore) -> None:
+    @durably.entrypoint
+    def left(x: int, *, previous: int = 0) -> int:
+        return previous + x
+
+    @durably.entrypoint
+    def right(x: int, *, previous: int = 100) -> int:
+        return previous - x
+
+    assert [left.run(1, thread="t").result, right.run(1, thread="t").result,
+            left.run(2, thread="t").result, right.run(2, thread="t").result] == [1, 99, 3, 97]
+    assert len(durably.list_runs(thread="t")) == 4
+    assert [r.result for r in durably.list_runs(left, thread="t")] == [3, 1]
 
 
 def test_an_entrypoint_without_previous_still_makes_one_run_per_call(
@@ -312,7 +329,7 @@ def test_a_format_7_journal_gains_the_thread_column(tmp_path: Path) -> None:
     assert found is not None and found.thread is None
     assert reopened.list_thread_runs("t") == []
     new = job.run(2, thread="t")  # (the entrypoint's own store, reopened)
-    assert new.thread == "t" and new.id.endswith("job@t.1")
+    assert new.thread == "t" and new.id.endswith("@t.1")
     assert [r.run_id for r in durably.DiskStore(tmp_path / "s").list_thread_runs("t")] == [
         new.id]
 
@@ -360,20 +377,23 @@ def test_a_call_killed_mid_call_resumes_and_the_next_sees_it(tmp_path: Path) -> 
         assert proc.returncode == (9 if extra else 0), proc.stderr
         return proc.stdout.strip().split(maxsplit=2)
 
-    assert call("one") == ["chat@conv.1", "1", "one: 0 before"]
+    first = call("one")
+    assert re.fullmatch(r"chat-[0-9a-f]{8}@conv\.1", first[0]), first
+    assert first[1:] == ["1", "one: 0 before"]
+    conv = first[0][:-2]  # chat-<digest>@conv
     assert call("two", CRASH_ON="two") == []  # killed after its message was sent
     assert side.read_text().splitlines() == ["sent one 0", "sent two 1"]
     # the same call again resumes the crashed run: the message is not sent twice, and it
     # sees the previous it was first given
-    assert call("two") == ["chat@conv.2", "2", "two: 1 before"]
+    assert call("two") == [f"{conv}.2", "2", "two: 1 before"]
     assert side.read_text().splitlines() == ["sent one 0", "sent two 1"]
-    assert call("three") == ["chat@conv.3", "1", "three: 2 before"]
+    assert call("three") == [f"{conv}.3", "1", "three: 2 before"]
     listed = subprocess.run([sys.executable, "-m", "durably", "runs", "--thread", "conv"],
                             env=env, capture_output=True, text=True, timeout=120,
                             cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[0] for line in listed.stdout.splitlines()[1:]] == [
-        "chat@conv.3", "chat@conv.2", "chat@conv.1"]
+        f"{conv}.3", f"{conv}.2", f"{conv}.1"]
     none = subprocess.run([sys.executable, "-m", "durably", "runs", "--thread", "other"],
                           env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert "no runs on thread 'other'" in none.stdout
@@ -390,15 +410,17 @@ def test_a_crashed_call_is_resumed_by_durably_resume(tmp_path: Path) -> None:
     crashed = subprocess.run([sys.executable, str(script), "two"],
                              env={**env, "CRASH_ON": "two"}, timeout=120, cwd=tmp_path)
     assert crashed.returncode == 9
-    resumed = subprocess.run([sys.executable, "-m", "durably", "resume", "chat@conv.2"],
+    store = durably.DiskStore(tmp_path / "store")
+    two = durably.list_runs(thread="conv", store=store)[0].id
+    assert two.endswith("@conv.2") and durably.get_run(two, store=store).status == "crashed"
+    resumed = subprocess.run([sys.executable, "-m", "durably", "resume", two],
                              env=env, capture_output=True, text=True, timeout=120,
                              cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert side.read_text().splitlines() == ["sent one 0", "sent two 1"]
-    store = durably.DiskStore(tmp_path / "store")
-    rec = store.find_run("chat@conv.2")
+    rec = store.find_run(two)
     assert rec is not None and rec.status == "finished" and rec.thread == "conv"
-    assert durably.get_run("chat@conv.2", store=store).result == "two: 1 before"
+    assert durably.get_run(two, store=store).result == "two: 1 before"
     third = subprocess.run([sys.executable, str(script), "three"], env=env,
                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert third.stdout.strip().split(maxsplit=2) == ["chat@conv.3", "1", "three: 2 before"]
+    assert third.stdout.strip().split(maxsplit=2) == [two[:-1] + "3", "1", "three: 2 before"]

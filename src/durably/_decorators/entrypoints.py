@@ -162,8 +162,8 @@ class _Pauses:
                 raise
             except RunStateError:
                 st = store or spec.store or default_store()
-                if thread is None or self.target is not None or run_id is None or (
-                        st.find_run(run_id) is None):
+                if thread is None or self.target is not None or run_id is None or not (
+                        _threads.taken(spec, thread, st.find_run(run_id))):
                     raise
                 # another call on the thread took this number first (with other arguments):
                 # this call is the thread's next one after all, found again at once (refused
@@ -260,7 +260,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
                 executes with today's code. Kept steps are ``cached`` records whose
                 ``kept_from`` names the record they kept; they are not written to the cache.
             thread: A conversation thread (1 to 100 letters, digits and ``. _ : + = -``):
-                the call is the thread's next run (id ``<name>@<thread>.<n>``), and the
+                the call is the thread's next run (id ``<name>-<digest>@<thread>.<n>``), and the
                 entrypoint's keyword-only ``previous`` parameter receives what the thread's
                 last finished call saved (its result, or the ``save`` of the
                 :class:`~durably.Final` it returned; on the first call, the parameter's

@@ -3,9 +3,10 @@
 last finished call saved (its ``previous`` parameter), as LangGraph's functional API does.
 
 Which run a thread call is (:func:`resolve`): the thread's calls of an entrypoint are numbered,
-their run ids ``<entrypoint>@<thread>.<n>``. A call with the arguments of the thread's latest
-call that did not finish (crashed, failed, stopped, or executing right now) continues it;
-any other call is the next one, given the value saved by the thread's latest finished call.
+their run ids ``<entrypoint>-<digest>@<thread>.<n>``. A call with the arguments of the
+thread's latest call that did not finish (crashed, failed, stopped, or executing right now)
+continues it; any other call is the next one, given the value saved by the thread's latest
+finished call.
 The value passed as ``previous`` is part of the run's stored arguments, so a resumed call sees
 the same ``previous`` as its first attempt did. :class:`Final` separates what a call returns
 from what it saves.
@@ -16,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from typing import Any, Generic, TypeVar
+
+import xxhash
 
 from durably._keys import serde as _serde
 from durably._runtime.context import RunContext
@@ -112,7 +115,10 @@ def _number(spec: Spec, thread: str, rec: RunRecord) -> int:
 
 
 def _prefix(spec: Spec) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", spec.name).strip("-._")[:80] or "run"
+    """The run ids' prefix of an entrypoint's calls on threads: its name, and a digest of
+    its identity (two entrypoints named alike in two modules never share a run id)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", spec.name).strip("-._")[:70] or "run"
+    return f"{name}-{xxhash.xxh3_64_hexdigest(spec.identity.encode())[:8]}"
 
 
 def saved_value(store: Store, rec: RunRecord) -> Any:
@@ -172,6 +178,12 @@ def resolve(spec: Spec, store: Store, thread: str, instance: Any, args: tuple[An
     # crashed, failed or stopped with other arguments: this call is the next one (that run
     # stays as it is, resumable by its id)
     return _run_id(spec, thread, n + 1), mine, False
+
+
+def taken(spec: Spec, thread: str, rec: RunRecord | None) -> bool:
+    """Whether ``rec``, found under the id a call on ``thread`` chose, is another call on that
+    thread (it took the number first)."""
+    return rec is not None and rec.entrypoint == spec.identity and rec.thread == thread
 
 
 def busy(spec: Spec, thread: str, run_id: str) -> RunBusyError:
