@@ -366,11 +366,6 @@ class StateGraph(Generic[S]):
         problems: list[str] = []
         known = set(self.nodes) | RESERVED
         out: dict[str, set[str]] = {n: set() for n in [START, *self.nodes]}
-        for n, fn in self.nodes.items():
-            if hasattr(fn, 'fingerprint_digest') and fn.name == self.name:
-                problems.append(f"subgraph node {n!r} has the graph name {fn.name!r} of its "
-                                "parent; their steps would be mixed up. Fix: StateGraph(..., "
-                                "name='<another name>') for one of them")
         for sources, target in self.edges:
             if len(sources) > 1 and START in sources:
                 problems.append(f"edge {list(sources)} -> {target!r}: START cannot be part of "

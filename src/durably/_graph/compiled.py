@@ -21,7 +21,7 @@ import json
 import operator
 import threading
 from collections.abc import AsyncIterator, Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import xxhash
 
@@ -63,8 +63,11 @@ class CompiledGraph(Execution, Generic[S]):
 
     def __init__(self, graph: StateGraph[S], name: str, max_steps: int,
                  store: Store | None, interrupt_before: frozenset[str] = frozenset(),
-                 interrupt_after: frozenset[str] = frozenset()) -> None:
+                 interrupt_after: frozenset[str] = frozenset(), *,
+                 scope_all: bool = False) -> None:
         self.graph = graph
+        self._scope_all = scope_all
+        self._subgraphs = {}
         self.name = name
         self.max_steps = max_steps
         self.interrupt_before = interrupt_before
@@ -820,4 +823,5 @@ class CompiledGraph(Execution, Generic[S]):
                 step.task[len(prefix):] for step in run.steps
                 if step.status in ("interrupted", "failed") and step.task.startswith(prefix)
                 and step.task[len(prefix):] in self.graph.nodes))
-        return GraphStructure(self.name, nodes, tuple(edges), visits, stopped)
+        subgraphs = {n: cast(Any, sub).get_graph() for n, sub in self._subgraphs.items()}
+        return GraphStructure(self.name, nodes, tuple(edges), visits, stopped, subgraphs)

@@ -15,7 +15,7 @@ import contextvars
 import inspect
 import types
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import xxhash
 
@@ -105,11 +105,36 @@ class Execution(Supersteps, Migration):
     _migration: Any
     _defaults: Any
 
+    #: the subgraphs this graph runs, by node (a subgraph scoped under its path, see
+    #: :meth:`_scoped`)
+    _subgraphs: dict[str, Execution]
+    #: whether every subgraph of this graph is scoped under its path (a scoped graph's are)
+    _scope_all: bool
+
+    def _names(self) -> set[str]:
+        """The names of this graph and of every graph nested in it."""
+        return {self.name}.union(*(sub._names() for sub in self._subgraphs.values()))
+
+    def _scoped(self, node: str, sub: Execution) -> Execution:
+        """The subgraph a node runs: ``sub`` itself, or, when its name or a name nested in
+        it is this graph's (a subgraph over its parent's state needs no name of its own),
+        a copy named by the path of nodes that leads to it (``outer/mid``, and in it
+        ``outer/mid/inner``): its steps, super-steps and checkpoints are its own. Only such
+        a subgraph is scoped, so the steps of any other keep their names."""
+        if not self._scope_all and self.name not in sub._names():
+            return sub
+        scoped = type(sub)(sub.graph, f"{self.name}/{node}", sub.max_steps,  # type: ignore[call-arg]
+                           cast(Any, sub)._entry.spec.store, sub.interrupt_before,
+                           sub.interrupt_after,
+                           scope_all=True)
+        return scoped
+
     # -- construction of the durable pieces ------------------------------------------------
     def _node_task(self, name: str, fn: Any) -> Task[Any, Any]:
         schema = self.schema
         if isinstance(fn, Execution):  # a compiled graph (the only class made of Execution)
-            sub = fn
+            sub = self._scoped(name, fn)
+            self._subgraphs[name] = sub
 
             def run_subgraph(state: Any) -> Any:
                 values = schema.to_dict(state, f"the input of subgraph {name!r}")

@@ -111,6 +111,8 @@ class GraphStructure:
         visits: With a run overlay: how many times each node ran in that run.
         stopped_at: With a run overlay: the node(s) where the run stopped (interrupted or
             failed), else empty.
+        subgraphs: The structure of each node that is a subgraph, by node: drawn inside
+            it (a Mermaid ``subgraph``, a DOT cluster), nested as deep as they go.
     """
 
     name: str
@@ -118,43 +120,71 @@ class GraphStructure:
     edges: tuple[tuple[str, str, str, bool], ...]
     visits: Mapping[str, int] = dataclasses.field(default_factory=dict)
     stopped_at: tuple[str, ...] = ()
+    subgraphs: Mapping[str, GraphStructure] = dataclasses.field(default_factory=dict)
 
     def to_mermaid(self) -> str:
         """Mermaid flowchart text; conditional edges dashed and labelled with the router's
-        declared outputs; with a run overlay, visited nodes bold with their counts and the
+        declared outputs; a subgraph node drawn as a ``subgraph`` block holding its own
+        nodes and edges; with a run overlay, visited nodes bold with their counts and the
         node where the run stopped highlighted."""
-        ids = {n: f"n{i}" for i, n in enumerate(self.nodes)}
         lines = ["flowchart TD"]
+        classes: list[str] = []
+        self._mermaid("n", "    ", lines, classes)
+        lines.append("    classDef visited stroke-width:3px,fill:#d8f0dc")
+        lines.append("    classDef stopped stroke-width:3px,fill:#ffe0b2,stroke:#ef6c00")
+        return "\n".join(lines + classes) + "\n"
+
+    def _mermaid(self, prefix: str, indent: str, lines: list[str],
+                 classes: list[str]) -> None:
+        ids = {n: f"{prefix}{i}" for i, n in enumerate(self.nodes)}
         for n in self.nodes:
-            shape = ("([", "])") if n in _SHOWN else ("[", "]")
             label = _SHOWN.get(n, n)
             if self.visits.get(n):
                 label += f" ×{self.visits[n]}"
-            lines.append(f'    {ids[n]}{shape[0]}"{_mm(label)}"{shape[1]}')
+            sub = self.subgraphs.get(n)
+            if sub is not None:
+                lines.append(f'{indent}subgraph {ids[n]}["{_mm(label)}"]')
+                sub._mermaid(f"{ids[n]}_n", indent + "    ", lines, classes)
+                lines.append(f"{indent}end")
+                continue
+            shape = ("([", "])") if n in _SHOWN else ("[", "]")
+            lines.append(f'{indent}{ids[n]}{shape[0]}"{_mm(label)}"{shape[1]}')
         for a, b, label, conditional in self.edges:
             arrow = "-.->" if conditional else "-->"
             text = f'|"{_mm(label)}"|' if label else ""
-            lines.append(f"    {ids[a]} {arrow}{text} {ids[b]}")
-        lines.append("    classDef visited stroke-width:3px,fill:#d8f0dc")
-        lines.append("    classDef stopped stroke-width:3px,fill:#ffe0b2,stroke:#ef6c00")
+            lines.append(f"{indent}{ids[a]} {arrow}{text} {ids[b]}")
         for n, count in self.visits.items():
-            if count and n in ids and n not in self.stopped_at:
-                lines.append(f"    class {ids[n]} visited")
+            if count and n in ids and n not in self.stopped_at and n not in self.subgraphs:
+                classes.append(f"    class {ids[n]} visited")
         for n in self.stopped_at:
-            if n in ids:
-                lines.append(f"    class {ids[n]} stopped")
-        return "\n".join(lines) + "\n"
+            if n in ids and n not in self.subgraphs:
+                classes.append(f"    class {ids[n]} stopped")
 
     def to_dot(self) -> str:
-        """Graphviz DOT text (conditional edges dashed and labelled)."""
-        ids = {n: f"n{i}" for i, n in enumerate(self.nodes)}
+        """Graphviz DOT text (conditional edges dashed and labelled; a subgraph node drawn as
+        a cluster holding its own nodes and edges)."""
         lines = [f'digraph "{_dot(self.name)}" {{', "  rankdir=TB;",
                  '  node [shape=box, style="rounded,filled", fillcolor="#ffffff", '
                  'fontname="Helvetica"];']
+        if self.subgraphs:
+            lines.insert(2, "  compound=true;")
+        self._dot("n", "  ", lines)
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def _dot(self, prefix: str, indent: str, lines: list[str]) -> None:
+        ids = {n: f"{prefix}{i}" for i, n in enumerate(self.nodes)}
         for n in self.nodes:
             label = _SHOWN.get(n, n)
             if self.visits.get(n):
                 label += f" ×{self.visits[n]}"
+            sub = self.subgraphs.get(n)
+            if sub is not None:
+                lines.append(f"{indent}subgraph cluster_{ids[n]} {{")
+                lines.append(f'{indent}  label="{_dot(label)}"; style=rounded;')
+                sub._dot(f"{ids[n]}_n", indent + "  ", lines)
+                lines.append(f"{indent}}}")
+                continue
             attrs = [f'label="{_dot(label)}"']
             if n in _SHOWN:
                 attrs.append("shape=oval" if n != DYNAMIC else 'shape=oval, style="dashed"')
@@ -162,17 +192,23 @@ class GraphStructure:
                 attrs.append('fillcolor="#ffe0b2", penwidth=3')
             elif self.visits.get(n):
                 attrs.append('fillcolor="#d8f0dc", penwidth=2')
-            lines.append(f"  {ids[n]} [{', '.join(attrs)}];")
+            lines.append(f"{indent}{ids[n]} [{', '.join(attrs)}];")
         for a, b, label, conditional in self.edges:
             attrs = []
             if conditional:
                 attrs.append("style=dashed")
             if label:
                 attrs.append(f'label="{_dot(label)}"')
+            # an edge to or from a subgraph: from its END, to its START, clipped at its box
+            tail, head = ids[a], ids[b]
+            if a in self.subgraphs:
+                attrs.append(f"ltail=cluster_{tail}")
+                tail = f"{tail}_n{self.subgraphs[a].nodes.index(END)}"
+            if b in self.subgraphs:
+                attrs.append(f"lhead=cluster_{head}")
+                head = f"{head}_n{self.subgraphs[b].nodes.index(START)}"
             suffix = f" [{', '.join(attrs)}]" if attrs else ""
-            lines.append(f"  {ids[a]} -> {ids[b]}{suffix};")
-        lines.append("}")
-        return "\n".join(lines) + "\n"
+            lines.append(f"{indent}{tail} -> {head}{suffix};")
 
     def to_svg(self) -> str:
         """SVG drawn by Graphviz.
