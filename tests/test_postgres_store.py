@@ -185,6 +185,28 @@ def test_a_schema_made_by_a_newer_durably_is_refused(pg: PostgresStore) -> None:
     assert "99" in str(caught.value) and "upgrade durably" in str(caught.value)
 
 
+def test_a_schema_of_version_1_gains_the_thread_column(pg: PostgresStore) -> None:
+    """A store made before runs had threads (schema version 1): its runs are kept and read
+    without a thread, and a call on a thread records one once the schema is upgraded."""
+    @durably.entrypoint
+    def job(x: int, *, previous: int = 0) -> int:
+        return previous + x
+
+    old = job.run(1)
+    pg._write("make it version 1", pg._sql(
+        "DROP INDEX {s}.runs_thread; ALTER TABLE {s}.runs DROP COLUMN thread; "
+        "UPDATE {s}.meta SET value = '1' WHERE name = 'version'"))
+    again = PostgresStore(pg.url, key=KEY)
+    durably.configure(store=again)
+    try:
+        found = again.find_run(old.id)
+        assert found is not None and found.thread is None
+        assert [job.run(x, thread="t").result for x in (2, 3)] == [2, 5]
+        assert [r.thread for r in again.list_thread_runs("t")] == ["t", "t"]
+    finally:
+        again.close()
+
+
 def _open_and_write(url: str, n: int) -> int:
     store = PostgresStore(url, key=KEY)
     store.cache_put(f"key-{n}", b"value")

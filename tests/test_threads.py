@@ -61,7 +61,7 @@ def test_each_call_on_a_thread_sees_what_the_last_one_saved(store: Any) -> None:
     assert chat("hello") == "hello (after 0)"
 
 
-def test_without_final_the_next_call_sees_the_result(disk_store: durably.DiskStore) -> None:
+def test_without_final_the_next_call_sees_the_result(store: Any) -> None:
     @durably.entrypoint
     def total(x: int, *, previous: int | None = None) -> int:
         return (previous or 0) + x

@@ -917,6 +917,7 @@ _SEALING: dict[str, Callable[..., Any]] = {
     "find_run": _open_run,
     "find_latest_run": _open_run,
     "list_runs": _open_runs,
+    "list_thread_runs": _open_runs,
     "list_events": _open_events,
 }
 

@@ -187,15 +187,19 @@ class JournalConformance:
         thread only, most recently updated first)."""
         thread = f"t-{_id()}"
         first, second, other, none = _id(), _id(), _id(), _id()
-        store.put_run(_run(first, updated=1000.0, thread=thread))
+        store.put_run(_run(first, updated=1000.0, thread=thread, args=b"args",
+                           result=b"result"))
         store.put_run(_run(other, updated=1500.0, thread=f"{thread}-other"))
         store.put_run(_run(second, updated=2000.0, thread=thread))
         store.put_run(_run(none, updated=2500.0))
         found = store.find_run(first)
         assert found is not None and found.thread == thread
         assert store.put_run_if_current(_run(first, status="finished", updated=3000.0,
-                                             thread=thread))
+                                             thread=thread, args=b"args", result=b"result"))
         assert [r.run_id for r in store.list_thread_runs(thread)] == [first, second]
+        # (read back as find_run reads them: arguments and result as they were put)
+        listed = store.list_thread_runs(thread)[0]
+        assert (listed.args, listed.result) == (b"args", b"result")
         assert [r.thread for r in store.list_thread_runs(thread)] == [thread, thread]
         assert {r.run_id: r.thread for r in store.list_runs()}[none] is None
         assert store.list_thread_runs(f"{thread}-none") == []
