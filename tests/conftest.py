@@ -101,11 +101,13 @@ def require_chromium() -> str:
     return system.chromium()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(require_chromium: str) -> Iterator[Any]:
     """A headless Chromium driven by Playwright (``playwright.sync_api.Browser``): the system's
-    Chromium (Playwright's own browser download is never used), shared by the session; the test
-    skips without it (fails in CI)."""
+    Chromium (Playwright's own browser download is never used), shared by a module's tests; the
+    test skips without it (fails in CI). Not shared by the session: Playwright's sync API keeps
+    an asyncio loop running on the main thread while it is open, and ``asyncio.run`` (every
+    async test of other modules) refuses to start inside a running loop."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(
