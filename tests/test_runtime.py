@@ -879,11 +879,12 @@ def test_a_step_that_ends_after_its_attempt_did_is_still_journaled(store: Any) -
     replays it instead of repeating its side effect."""
     import contextvars
 
-    release, executed = threading.Event(), []
+    release, started, executed = threading.Event(), threading.Event(), []
     threads: list[threading.Thread] = []
 
     @task(cache=False)
     def charge(x: int) -> int:
+        started.set()
         release.wait(10)
         executed.append(x)
         return x
@@ -893,6 +894,13 @@ def test_a_step_that_ends_after_its_attempt_did_is_still_journaled(store: Any) -
         thread = threading.Thread(target=contextvars.copy_context().run, args=(charge, 1))
         thread.start()
         threads.append(thread)
+        # (charge has begun: a step that starts after its entrypoint failed is refused, as
+        # the run stops its running calls at their next step boundary; the second time it
+        # is replayed, without executing, before the entrypoint fails)
+        if len(threads) == 1:
+            started.wait(10)
+        else:
+            thread.join(10)
         raise ValueError("fails while charge runs")
 
     with pytest.raises(ValueError):
