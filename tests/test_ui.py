@@ -215,7 +215,7 @@ def test_a_bad_answer_is_refused_and_none_is_journaled(store: durably.Store) -> 
     csrf = csrf_of(c.get(f"/runs/{run.id}").text)
     not_json = post(c, f"/runs/{run.id}/answer",
                     {"csrf": csrf, f"answer:{run.interrupts[0].id}": "yes"})
-    assert not_json.status_code == 409 and "is not JSON" in not_json.text
+    assert not_json.status_code == 400 and "is not JSON" in not_json.text
     unknown = post(c, f"/runs/{run.id}/answer", {"csrf": csrf, "answer:0123456789ab": "1"})
     assert unknown.status_code == 409
     assert store.list_events(run.id, ("answer",)) == []
@@ -261,12 +261,27 @@ def test_delete_needs_the_run_id_typed(store: durably.Store) -> None:
     c = client(store)
     csrf = csrf_of(c.get(f"/runs/{run.id}").text)
     unconfirmed = post(c, f"/runs/{run.id}/delete", {"csrf": csrf, "confirm": ""})
-    assert unconfirmed.status_code == 409
+    assert unconfirmed.status_code == 400
     assert durably.get_run(run.id, store=store).id == run.id
     deleted = post(c, f"/runs/{run.id}/delete", {"csrf": csrf, "confirm": run.id})
     assert deleted.status_code == 303
     assert durably.list_runs(store=store) == []
     assert c.get("/api/runs").json() == []
+
+
+def test_deleting_a_run_by_its_prefix_or_one_that_does_not_exist(store: durably.Store) -> None:
+    """As answering: a run id's prefix names the run; an id that names none is not found
+    (it was said to be executing)."""
+    run = publish.run(2)
+    c = client(store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    missing = post(c, "/runs/zzz-no-such-run/delete", {"csrf": csrf, "confirm": "zzz-no-such-run"})
+    assert missing.status_code == 404 and "executing" not in missing.text
+    assert "no run" in missing.text.lower()
+    prefix = run.id[:-4]
+    deleted = post(c, f"/runs/{prefix}/delete", {"csrf": csrf, "confirm": prefix})
+    assert deleted.status_code == 303
+    assert durably.list_runs(store=store) == []
 
 
 def test_the_history_has_a_fork_button_for_each_checkpoint(store: durably.Store) -> None:
@@ -339,7 +354,7 @@ def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
     assert "parse" in page and "Prune the cache" in page
     assert disk_store.cache_stats()["entries"] >= 5
     unconfirmed = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "0s"})
-    assert unconfirmed.status_code == 409
+    assert unconfirmed.status_code == 400
     assert disk_store.cache_stats()["entries"] >= 5
     pruned = post(c, "/cache/prune",
                   {"csrf": csrf_of(page), "older_than": "0s", "confirm": "yes"})
@@ -347,7 +362,7 @@ def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
     assert disk_store.cache_stats()["entries"] == 0
     bad = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "soon",
                                    "confirm": "yes"})
-    assert bad.status_code == 409
+    assert bad.status_code == 400
 
 
 def test_the_stream_sends_every_run_then_changes(store: durably.Store) -> None:
@@ -536,3 +551,91 @@ def test_a_big_run_opens_reading_one_page_of_its_steps(
     shown = [int(n.replace(",", "")) for n in
              re.findall(r'<td class="n">(\d[\d,]*)</td><td>parse', second)]
     assert shown == [p for p in range(100, 200)]
+
+
+class _Boom:
+    """A payload whose unpickling makes a folder (``os.mkdir``): a side effect the dashboard
+    must never cause."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.mkdir, (self.mark,))
+
+
+@durably.task
+def ask_about(payload: Any) -> str:
+    answer = durably.interrupt({"payload": payload})
+    return f"answered {answer!r}"
+
+
+@durably.entrypoint
+def hostile(payload: Any) -> str:
+    return ask_about(payload)
+
+
+def test_no_page_unpickles_a_value_or_imports_the_users_code(
+        store: durably.Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt's payload (and the run's arguments) whose unpickling has a side effect,
+    or whose class is in a module with an import side effect: no page, API, stream or
+    action of the dashboard unpickles it (its History shows a placeholder)."""
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    (tmp_path / "evil_for_ui.py").write_text(
+        "import os, pathlib\n"
+        "pathlib.Path(os.environ['EVIL_FOR_UI']).write_text('imported')\n"
+        "class Payload:\n    def __init__(self, n):\n        self.n = n\n")
+    monkeypatch.setenv("EVIL_FOR_UI", str(marks / "imported"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("evil_for_ui", None)  # (imported by the test of another store)
+    import evil_for_ui  # type: ignore[import-not-found]
+
+    unpickled = marks / "unpickled"
+    runs = [hostile.run(_Boom(str(unpickled))), hostile.run(evil_for_ui.Payload(3))]
+    assert [r.status for r in runs] == ["interrupted", "interrupted"]
+    assert not unpickled.exists()  # (pickling it had no side effect)
+    (marks / "imported").unlink()
+    monkeypatch.delitem(sys.modules, "evil_for_ui")
+    c = client(store)
+    for run in runs:
+        page = c.get(f"/runs/{run.id}")
+        assert page.status_code == 200 and "History" in page.text
+        history = c.get(f"/runs/{run.id}/history").text
+        assert ("posix.mkdir(" in history or "os.mkdir(" in history
+                or "evil_for_ui.Payload(" in history)
+        assert c.get(f"/api/runs/{run.id}/graph").status_code == 200
+        checkpoint = re.search(r'name="at" value="([^"]+)"', history)
+        assert checkpoint is not None
+        forked = post(c, f"/runs/{run.id}/fork",
+                      {"csrf": csrf_of(history), "at": checkpoint.group(1)})
+        assert forked.status_code == 303
+        assert c.get(forked.headers["location"]).status_code == 200
+    for path in ("/", "/api/runs", "/cache"):
+        assert c.get(path).status_code == 200
+    with c.stream("GET", "/api/stream") as events:
+        assert next(events.iter_lines()) == "event: runs"
+    answered = post(c, f"/runs/{runs[0].id}/answer", {
+        "csrf": csrf_of(history), f"answer:{runs[0].interrupts[0].id}": '"yes"'})
+    assert answered.status_code == 303
+    assert c.get(f"/runs/{runs[0].id}/history").status_code == 200  # (with the answer)
+    assert not unpickled.exists(), "the dashboard unpickled a payload (os.mkdir ran)"
+    assert not (marks / "imported").exists() and "evil_for_ui" not in sys.modules, \
+        "the dashboard imported the user's module"
+
+
+def test_a_null_answer_is_refused_as_the_cli_refuses_it(store: durably.Store) -> None:
+    run = publish.run(2)
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    for null in ("null", " null\n"):
+        refused = post(c, f"/runs/{run.id}/answer",
+                       {"csrf": csrf_of(page), f"answer:{run.interrupts[0].id}": null})
+        assert refused.status_code == 400
+        assert "None is not one" in refused.text
+    assert durably.get_run(run.id, store=store).interrupts  # (nothing was journaled)
+    with pytest.raises(durably.DefinitionError, match="None is not one"):
+        publish.resume(run.id, None)  # (what durably resume --value null calls)

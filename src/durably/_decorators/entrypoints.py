@@ -39,7 +39,7 @@ from durably._runtime.cancel import Timeout, on_cancel
 from durably._runtime.config import default_store
 from durably._runtime.context import live_run
 from durably._runtime.history import NO_UPDATE, make_fork, unused_update
-from durably._runtime.interrupt import pending_interrupts, record_answers
+from durably._runtime.interrupt import pending_interrupts, record_answers, refuse_no_answer
 from durably._runtime.keep import keep_finished as keep_in
 from durably._runtime.run import Run
 from durably._runtime.spec import Spec
@@ -661,10 +661,7 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
         if value is None and not self._self_answered(run_id):
             # an approval is never answered by accident (as the CLI says); a run whose
             # questions were all answered already (from the dashboard: durably ui) needs none
-            raise DefinitionError(
-                f"resume({run_id!r}) was given no answer (None is not one: an approval must "
-                "never be answered by accident). Fix: resume(run_id, answer), for example "
-                "resume(run_id, \"yes\") or resume(run_id, True).")
+            refuse_no_answer(run_id, value)
         store, rec, args, kwargs = self._self_stored_call(run_id, "resume")
         _require_interrupted(rec, store)
 

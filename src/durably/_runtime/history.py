@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from durably._keys import serde as _serde
@@ -55,8 +56,10 @@ class Checkpoint:
     step_id: str | None = None
 
 
-def checkpoints(store: Store, run: RunRecord) -> list[Checkpoint]:
-    """The run's checkpoints, oldest first."""
+def checkpoints(store: Store, run: RunRecord, load: Callable[[bytes], Any] = _serde.loads
+                ) -> list[Checkpoint]:
+    """The run's checkpoints, oldest first; an interrupt's payload and answer are unpickled
+    by ``load`` (the dashboard's loader imports nothing)."""
     points: list[tuple[float, int, Checkpoint]] = []
     seen: set[str] = set()
     for order, s in enumerate(store.list_steps(run.run_id)):
@@ -75,7 +78,8 @@ def checkpoints(store: Store, run: RunRecord) -> list[Checkpoint]:
         answer = answers.get(e.key)
         points.append((e.time, -1_000_000 + order, Checkpoint(
             e.key, "interrupt", tasks.get(e.step_id, "") if e.step_id else run.name, e.time,
-            _short_loaded(e.data), None if answer is None else _short_loaded(answer),
+            _short_loaded(e.data, load),
+            None if answer is None else _short_loaded(answer, load),
             step_id=e.step_id)))
     points.sort(key=lambda p: (p[0], p[1]))
     result = []
@@ -87,11 +91,11 @@ def checkpoints(store: Store, run: RunRecord) -> list[Checkpoint]:
     return result
 
 
-def _short_loaded(data: bytes | None) -> str | None:
+def _short_loaded(data: bytes | None, load: Callable[[bytes], Any]) -> str | None:
     if data is None:
         return None
     try:
-        return short_repr(_serde.loads(data))
+        return short_repr(load(data))
     except Exception:  # noqa: BLE001 - a payload whose class is gone still has a checkpoint
         return "<not loadable here>"
 
@@ -125,13 +129,14 @@ def find_checkpoint(points: list[Checkpoint], at: str | None, run_id: str) -> in
     return matches[0]
 
 
-def recorded_script(store: Store, run_id: str) -> str | None:
+def recorded_script(store: Store, run_id: str, load: Callable[[bytes], Any] = _serde.loads
+                    ) -> str | None:
     """The absolute path of the script (``python job.py``) that defines run ``run_id``'s
     entrypoint, as its latest attempt that knew it recorded it (a ``run_started`` event), or
     as the fork it is recorded it (a ``forked`` event: its source's); None if none did."""
     for event in reversed(store.list_events(run_id, ("run_started", "forked"))):
         try:
-            info = _serde.loads(event.data) if event.data is not None else None
+            info = load(event.data) if event.data is not None else None
         except Exception:  # noqa: BLE001 - an unreadable event names no script
             continue
         if isinstance(info, dict) and isinstance(info.get("script"), str):
@@ -139,22 +144,25 @@ def recorded_script(store: Store, run_id: str) -> str | None:
     return None
 
 
-def _forked_data(store: Store, source: RunRecord) -> bytes | None:
+def _forked_data(store: Store, source: RunRecord, load: Callable[[bytes], Any]
+                 ) -> bytes | None:
     """The data of a fork's ``forked`` event: the script of its source's entrypoint, when it
     was run as one (``python job.py``), so that ``durably resume FORK`` loads it."""
     if not source.entrypoint.startswith("__main__."):
         return None
-    script = recorded_script(store, source.run_id)
+    script = recorded_script(store, source.run_id, load)
     return None if script is None else _serde.dumps({"script": script}, what="a run event")
 
 
 def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
-              graph_state: bool = False) -> str:
+              graph_state: bool = False, load: Callable[[bytes], Any] = _serde.loads) -> str:
     """Write a new run whose journal holds ``source``'s history up to checkpoint ``at``;
     return its id. With ``update``, the checkpoint's step result is replaced by it (a step
     checkpoint) or the interrupt is answered with it (an interrupt checkpoint);
     ``graph_state``: the update is a StateGraph checkpoint (update_state's). ``at=""``:
     the run's input, before its first step (a fork that executes everything anew).
+    ``load``: how the journal's values it reads are unpickled (the dashboard's loader
+    imports nothing).
 
     Raises:
         DefinitionError: an update for the input (``at=""``), or for a StateGraph's
@@ -172,9 +180,9 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
         store.put_run(RunRecord(fork_id, source.entrypoint, source.name, "forked", t, t, 0,
                                 source.input_digest, source.args))
         store.append_events([EventRecord(fork_id, "forked", t, 0, None,
-                                         f"{source.run_id}@", _forked_data(store, source))])
+                                         f"{source.run_id}@", _forked_data(store, source, load))])
         return fork_id
-    points = checkpoints(store, source)
+    points = checkpoints(store, source, load)
     index = find_checkpoint(points, at, source.run_id)
     target = points[index]
     if (update is not NO_UPDATE and target.kind == "step" and not graph_state
@@ -242,7 +250,7 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
               for e in failed.values()]
     store.append_events([*answers, *raised, EventRecord(
         fork_id, "forked", t, 0, None, f"{source.run_id}@{target.id}",
-        _forked_data(store, source))])
+        _forked_data(store, source, load))])
     return fork_id
 
 

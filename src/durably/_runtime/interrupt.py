@@ -37,6 +37,7 @@ __all__ = [
     "interrupt",
     "pending_interrupts",
     "record_answers",
+    "refuse_no_answer",
 ]
 
 
@@ -459,6 +460,24 @@ def _near_id(key: Any, ids: list[str]) -> str | None:
              or ([i for i in ids if difflib.SequenceMatcher(None, k, i).ratio() >= 0.8]
                  if len(k) >= 10 else []))
     return close[0] if len(close) == 1 else None
+
+
+def refuse_no_answer(run_id: str, value: Any, fix: str = (
+        "resume(run_id, answer), for example resume(run_id, \"yes\") or "
+        "resume(run_id, True).")) -> None:
+    """Refuse None as an answer to run ``run_id``'s interrupts: an approval is never answered
+    by accident (``resume`` and ``durably resume --value null`` refuse it, and so does the
+    dashboard's form). ``fix``: how to give an answer, said after ``Fix:``.
+
+    Raises:
+        DefinitionError: ``value`` is None.
+    """
+    if value is None:
+        from durably.exceptions import DefinitionError
+
+        raise DefinitionError(
+            f"resume({run_id!r}) was given no answer (None is not one: an approval must "
+            f"never be answered by accident). Fix: {fix}")
 
 
 def record_answers(store: Store, run_id: str, attempt: int, pending: list[Interrupt],

@@ -30,10 +30,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import durably
 from durably import render
-from durably._runtime.history import NO_UPDATE, make_fork
+from durably._runtime.history import NO_UPDATE, checkpoints, make_fork
+from durably._runtime.interrupt import refuse_no_answer
 from durably._store.urls import redact
 from durably._ui import pages, queries
-from durably.exceptions import DurablyError
+from durably.exceptions import DefinitionError, DurablyError, RunStateError
 from durably.store import Store
 
 __all__ = ["create_app"]
@@ -221,7 +222,7 @@ async def _run_page(request: Request, state: _State) -> Response:
             tasks = sorted({s.task for s in found["steps"]})
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
         if total <= INLINE_HISTORY:
-            history = _history_of(run)
+            history = _history_of(state.store, run)
         return pages.run_page(
             _context(state), run, counts, saved, rows, matching, page,
             PAGE_SIZE, task, status, queries.pending_of(state.store, run),
@@ -235,9 +236,15 @@ async def _run_page(request: Request, state: _State) -> Response:
     return HTMLResponse(text)
 
 
-def _history_of(run: durably.Run[Any]) -> list[durably.Checkpoint]:
+def _history_of(store: Store, run: durably.Run[Any]) -> list[durably.Checkpoint]:
+    """The run's checkpoints, newest first (as :meth:`durably.Run.history`), their states
+    loaded by :func:`queries.safe_load`: never by unpickling, which runs what a pickle
+    says and imports the user's modules."""
+    record = store.find_run(run.id)
+    if record is None:
+        return []
     try:
-        return run.history()
+        return checkpoints(store, record, queries.safe_load)[::-1]
     except DurablyError:
         return []
 
@@ -250,7 +257,7 @@ async def _history_page(request: Request, state: _State) -> Response:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        return pages.history_page(_context(state), run, _history_of(run))
+        return pages.history_page(_context(state), run, _history_of(state.store, run))
 
     text = await _blocking(read)
     if text is None:
@@ -367,7 +374,11 @@ async def _action(request: Request, state: _State,
         return response
     except _Refused as exc:
         return PlainTextResponse(str(exc), status_code=403)
-    except (DurablyError, ValueError) as exc:
+    except (DefinitionError, ValueError) as exc:  # (the form's fault)
+        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=400)
+    except durably.NotFoundError as exc:
+        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=404)
+    except DurablyError as exc:  # (the run's state: executing, answered meanwhile ...)
         return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=409)
 
 
@@ -384,6 +395,10 @@ async def _answer(request: Request, state: _State) -> Response:
                     raise ValueError(f"the answer to interrupt {key[7:]} is not JSON "
                                      f"({exc.msg}): {text!r}. Fix: write it as JSON, for "
                                      "example \"yes\" (with the quotes), true or 42.") from None
+                # (null: refused as resume and durably resume --value null refuse it)
+                refuse_no_answer(run_id, answers[key[7:]], fix=(
+                    "type an answer as JSON, for example \"yes\" (with the quotes), true or "
+                    "42."))
         queries.answer_interrupts(state.store, run_id, answers)
         return _back(f"/runs/{run_id}", "answered")
 
@@ -404,7 +419,7 @@ async def _fork(request: Request, state: _State) -> Response:
         if not at:
             raise ValueError(f"forking run {run_id!r} needs a checkpoint (at). Fix: press "
                              "Fork on a checkpoint of the run's history.")
-        fork_id = make_fork(state.store, source, at, NO_UPDATE)
+        fork_id = make_fork(state.store, source, at, NO_UPDATE, load=queries.safe_load)
         return _back(f"/runs/{fork_id}", f"forked {run_id}: run durably resume {fork_id} "
                                          "to execute it")
 
@@ -415,13 +430,18 @@ async def _delete(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
 
     def act(fields: dict[str, str]) -> Response:
-        if fields.get("confirm") != run_id:
-            raise ValueError(f"deleting run {run_id!r} needs its id typed as the "
+        # (a prefix of its id names the run, as for answering; none: not found)
+        run = durably.get_run(run_id, store=state.store)
+        if fields.get("confirm") not in (run_id, run.id):
+            raise ValueError(f"deleting run {run.id!r} needs its id typed as the "
                              "confirmation. Fix: type the run's id in the box.")
-        deleted = durably.delete_runs([run_id], store=state.store)
+        deleted = durably.delete_runs([run.id], store=state.store)
         if not deleted:
-            raise ValueError(f"run {run_id!r} was not deleted: a process is executing it.")
-        return _back("/", f"deleted {run_id}")
+            if state.store.find_run(run.id) is None:
+                raise durably.NotFoundError(f"no run {run.id!r}: it was deleted meanwhile.")
+            raise RunStateError(f"run {run.id!r} was not deleted: a process is executing "
+                                "it. Fix: delete it once it has ended (or stop it).")
+        return _back("/", f"deleted {run.id}")
 
     return await _action(request, state, act)
 
