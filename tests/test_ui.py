@@ -82,7 +82,10 @@ def test_every_request_needs_the_token(store: durably.Store) -> None:
         refused = c.get(path)
         assert refused.status_code == 403, path
         assert "needs its token" in refused.text
+        assert f"{BASE}/?token=..." in refused.text  # (the address it was reached at)
     assert c.get("/?token=wrong").status_code == 403
+    elsewhere = TestClient(create_app(store, TOKEN), base_url="http://[::1]:43210")
+    assert "http://[::1]:43210/?token=..." in elsewhere.get("/").text
     assert c.get("/?token=%C3%A9t%C3%A9").status_code == 403  # (not ASCII: wrong, no error)
     assert c.get("/api/runs", headers={"x-durably-token": "wrong"}).status_code == 403
     # the header is enough; the token in the URL once sets a cookie and drops it from the URL
@@ -639,3 +642,31 @@ def test_a_null_answer_is_refused_as_the_cli_refuses_it(store: durably.Store) ->
     assert durably.get_run(run.id, store=store).interrupts  # (nothing was journaled)
     with pytest.raises(durably.DefinitionError, match="None is not one"):
         publish.resume(run.id, None)  # (what durably resume --value null calls)
+
+
+def test_a_corrupt_journal_is_said_with_its_fix_on_the_pages_and_in_the_stream(
+        tmp_path: Path) -> None:
+    import json
+
+    root = tmp_path / "s"
+    store = durably.DiskStore(root)
+    durably.configure(store=store)
+    publish.run(2)
+    store.close()
+    for name in ("journal.sqlite3-wal", "journal.sqlite3-shm"):
+        (root / name).unlink(missing_ok=True)
+    (root / "journal.sqlite3").write_bytes(b"\x00garbage" * 4096)
+    store = durably.DiskStore(root)
+    c = client(store)
+    api = c.get("/api/runs")
+    assert api.status_code == 500 and "Fix:" in api.json()["error"]
+    page = c.get("/runs/publish-0123")
+    assert page.status_code == 500 and "The store could not be read" in page.text
+    assert "journal.sqlite3" in page.text and "Fix:" in page.text
+    assert "store-error" in c.get("/").text  # (where the runs page says it)
+    with c.stream("GET", "/api/stream") as events:
+        lines = events.iter_lines()
+        assert next(lines) == "event: failed"
+        said = json.loads(next(lines)[len("data: "):])
+    assert "journal.sqlite3" in said["error"] and "Fix:" in said["error"]
+    store.close()

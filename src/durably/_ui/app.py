@@ -89,7 +89,16 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
         Route("/cache/prune", bound(_prune), methods=["POST"]),
         Route("/static/{name}", _static),
     ]
-    return _Guard(Starlette(routes=routes), state)
+    async def store_failed(request: Request, exc: Exception) -> Response:
+        # a store that cannot be read (a corrupt journal, a lost connection): its message
+        # and fix, on the page, rather than a bare error 500
+        message = str(exc)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=500)
+        return HTMLResponse(pages.store_failed(_context(state), message), status_code=500)
+
+    return _Guard(Starlette(routes=routes, exception_handlers={DurablyError: store_failed}),
+                  state)
 
 
 # -- the guard ---------------------------------------------------------------------------------
@@ -132,7 +141,8 @@ class _Guard:
         elif not any(_same(candidate, token) for candidate in (
                 request.cookies.get(self._cookie(request), ""),
                 request.headers.get("x-durably-token", "")) if candidate):
-            return HTMLResponse(pages.refused(), status_code=403)
+            base = f"{request.url.scheme}://{request.url.netloc}"
+            return HTMLResponse(pages.refused(base), status_code=403)
         if request.method not in ("GET", "HEAD"):
             if self.state.read_only:
                 return PlainTextResponse("this dashboard is read-only (durably ui "
@@ -296,11 +306,28 @@ async def _api_runs(request: Request, state: _State) -> Response:
 
 async def _api_stream(request: Request, state: _State) -> Response:
     """Server-sent events: ``runs`` (a list of changed rows and ``removed``: the ids of
-    deleted runs), the first one with every run, then one each time the store changed."""
+    deleted runs), the first one with every run, then one each time the store changed;
+    ``failed`` (``error``: the store's message, with its fix) while the store cannot be
+    read, and ``recovered`` once it can again."""
     async def events() -> AsyncIterator[str]:
         sent: dict[str, str] = {}
+        failing = ""
         while True:
-            rows = await _blocking(state.watch.rows, state.poll / 2)
+            try:
+                rows = await _blocking(state.watch.rows, state.poll / 2)
+            except DurablyError as exc:  # (said on the page; looked at again, as it may be
+                if str(exc) != failing:  # repaired meanwhile)
+                    failing = str(exc)
+                    yield f"event: failed\ndata: {json.dumps({'error': failing})}\n\n"
+                else:
+                    yield ": still failing\n\n"
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(state.poll * 4)
+                continue
+            if failing:
+                failing = ""
+                yield "event: recovered\ndata: {}\n\n"
             changed = []
             for run_id, row in rows.items():
                 text = json.dumps(row, sort_keys=True, default=str)

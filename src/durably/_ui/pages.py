@@ -15,7 +15,7 @@ import durably
 from durably.store import StepRecord
 
 __all__ = ["Context", "cache_page", "failed", "history_page", "not_found", "refused", "run_page",
-           "runs_page"]
+           "runs_page", "store_failed"]
 
 STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
 
@@ -80,13 +80,14 @@ def _notice(notice: str | None) -> str:
     return f'<p class="notice">{_h(notice)}</p>' if notice else ""
 
 
-def refused() -> str:
-    """The page of a request without the dashboard's token."""
-    return """<!doctype html><html lang="en"><head><meta charset="utf-8">
+def refused(base: str) -> str:
+    """The page of a request without the dashboard's token; ``base``: the dashboard's
+    address as the request reached it (``http://host:port``)."""
+    return f"""<!doctype html><html lang="en"><head><meta charset="utf-8">
 <title>durably: token needed</title></head><body>
 <h1>This dashboard needs its token</h1>
 <p>Open the address <code>durably ui</code> printed when it started
-(<code>http://127.0.0.1:8765/?token=...</code>).</p></body></html>
+(<code>{_h(base)}/?token=...</code>).</p></body></html>
 """
 
 
@@ -94,6 +95,14 @@ def not_found(ctx: Context, run_id: str) -> str:
     """The page of a run id the store does not hold."""
     return _layout(ctx, "not found", f"<h1>No run {_h(run_id)!s}</h1><p>The store holds no "
                    f'run with this id (deleted?). <a href="/">All runs</a></p>', script=False)
+
+
+def store_failed(ctx: Context, message: str) -> str:
+    """The page of a store that could not be read (a corrupt journal, say): its message,
+    which says how to fix it."""
+    return _layout(ctx, "store error", '<h1>The store could not be read</h1>'
+                   f'<p class="error">{_h(message)}</p><p><a href="/">All runs</a></p>',
+                   script=False)
 
 
 def failed(ctx: Context, message: str) -> str:
@@ -113,6 +122,7 @@ def runs_page(ctx: Context) -> str:
 <option value="3600">in the last hour</option><option value="86400">in the last day</option>
 <option value="604800">in the last week</option></select></label>
 <span id="live" class="live">connecting…</span></form>
+<p id="store-error" class="error" hidden></p>
 <table id="runs" class="runs"><thead><tr><th>Run</th><th>Entrypoint</th><th>Status</th>
 <th>Started</th><th class="n">Duration</th><th class="n">Ran</th><th class="n">Cached</th>
 <th class="n">Replayed</th><th class="n">Failed</th><th class="n">Time saved</th></tr></thead>

@@ -127,6 +127,17 @@ function runsPage(table) {
     live.className = "live on";
     draw();
   });
+  const failure = document.getElementById("store-error");
+  stream.addEventListener("failed", (event) => {
+    // the store cannot be read: its message (with its fix), until it can again
+    failure.textContent = "The store could not be read: " + JSON.parse(event.data).error;
+    failure.hidden = false;
+    live.textContent = "store error";
+    live.className = "live bad";
+  });
+  stream.addEventListener("recovered", () => {
+    failure.hidden = true;
+  });
   stream.addEventListener("error", () => {
     live.textContent = "reconnecting…";
     live.className = "live";
