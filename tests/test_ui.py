@@ -470,9 +470,11 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 def test_the_command_prints_an_address_with_its_token(host: str,
                                                       disk_store: durably.DiskStore) -> None:
+    import contextlib
     import os
     import signal
     import subprocess
+    import threading
 
     import httpx
 
@@ -492,18 +494,55 @@ def test_the_command_prints_an_address_with_its_token(host: str,
         assert httpx.get(f"{base}/api/runs").status_code == 403
         rows = httpx.get(f"{base}/api/runs", headers={"x-durably-token": token}).json()
         assert [r["name"] for r in rows] == ["publish"]
-        # Ctrl-C stops it, even with a live page's stream open
-        with httpx.stream("GET", f"{base}/api/stream", headers={"x-durably-token": token},
-                          timeout=60) as events:
-            assert next(events.iter_lines()) == "event: runs"
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=60)
+        # Ctrl-C stops it, quietly, even with live pages' streams open (read, as a
+        # browser reads them)
+        opened = threading.Semaphore(0)
+
+        def read_stream() -> None:
+            with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                    "GET", f"{base}/api/stream", headers={"x-durably-token": token},
+                    timeout=60) as events:
+                for line in events.iter_lines():
+                    if line == "event: runs":
+                        opened.release()
+        readers = [threading.Thread(target=read_stream, daemon=True) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+        for _ in readers:
+            assert opened.acquire(timeout=60)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        for reader in readers:
+            reader.join(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err
     assert ("is not a loopback address" in err) == (host == "0.0.0.0")
+    # (quietly: no stream cancelled with a traceback)
+    assert "Traceback" not in err and "Exception in ASGI" not in err, err
+
+
+def test_a_busy_port_is_one_error_line_with_its_fix(disk_store: durably.DiskStore) -> None:
+    import os
+    import socket
+    import subprocess
+
+    durably.configure(store=disk_store)
+    publish.run(1)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "durably", "ui", "--dir", str(disk_store.path), "--port",
+             str(port)], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    assert done.returncode == 1, done.stderr  # (an error: README's exit statuses)
+    assert done.stderr.startswith("durably: error:") and done.stderr.count("\n") == 1
+    assert f"port {port}" in done.stderr and "--port 0" in done.stderr
 
 
 @durably.entrypoint

@@ -8,7 +8,9 @@ works without the ``ui`` extra.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
+import socket
 import threading
 import webbrowser
 
@@ -30,6 +32,34 @@ def _local(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (as uvicorn binds it), for the server to listen on.
+
+    Raises:
+        click.ClickException: the port is taken, or the address is not this machine's (the
+            command's ``durably: error:`` line, exit status 1).
+    """
+    try:
+        family = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        _fail(f"durably ui cannot listen on --host {host}: {exc.strerror}. Fix: give an "
+              "address or name of this machine (default 127.0.0.1).")
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            _fail(f"durably ui cannot listen on port {port} of {host}: it is in use (another "
+                  "durably ui?). Fix: pick another port with --port N, or --port 0 for any "
+                  "free port.")
+        _fail(f"durably ui cannot listen on {host}:{port}: {exc.strerror}. Fix: pick another "
+              "--host or --port (--port 0: any free port).")
+    sock.set_inheritable(True)
+    return sock
 
 
 @cli.command("ui")
@@ -57,25 +87,27 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
               "pip install 'durably[ui]'")
     store = _store(ctx)
     token = new_token()
-    app = create_app(store, token, read_only=read_only)
+    server: uvicorn.Server | None = None
+    app = create_app(store, token, read_only=read_only,
+                     stopping=lambda: server is not None and server.should_exit)
+    sock = _listen(host, port)
     if not _local(host):
         click.echo(f"warning: --host {host} is not a loopback address: other machines can "
                    "reach this dashboard (with its token) over plain HTTP. Use it only on a "
                    "network you trust.", err=True)
-    # (the live pages' streams never end by themselves: Ctrl-C closes them after 1 s)
+    # (the live pages' streams end once the server stops; any other request left after
+    # 5 s is cancelled)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=1)
+                            timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    running = server
 
     def announce() -> None:
-        while not server.started:
-            if server.should_exit:
+        while not running.started:
+            if running.should_exit:
                 return
             threading.Event().wait(0.05)
-        bound = port
-        for s in server.servers:
-            for sock in s.sockets:
-                bound = sock.getsockname()[1]
+        bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         url = f"http://{shown}:{bound}/?token={token}"
         click.echo(f"durably ui: the store {_where(store)}"
@@ -86,5 +118,5 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
 
     threading.Thread(target=announce, daemon=True, name="durably-ui-announce").start()
     with contextlib.suppress(KeyboardInterrupt):  # (uvicorn raises it again once stopped)
-        server.run()
+        server.run(sockets=[sock])
     click.echo("durably ui: stopped")

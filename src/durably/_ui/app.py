@@ -50,8 +50,10 @@ _STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
 
 
 class _State:
-    def __init__(self, store: Store, token: str, read_only: bool, poll: float) -> None:
+    def __init__(self, store: Store, token: str, read_only: bool, poll: float,
+                 stopping: Callable[[], bool] = lambda: False) -> None:
         self.store = store
+        self.stopping = stopping
         self.token = token
         self.read_only = read_only
         self.poll = poll
@@ -61,13 +63,15 @@ class _State:
         self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
-def create_app(store: Store, token: str, *, read_only: bool = False, poll: float = 0.5
-               ) -> ASGIApp:
+def create_app(store: Store, token: str, *, read_only: bool = False, poll: float = 0.5,
+               stopping: Callable[[], bool] = lambda: False) -> ASGIApp:
     """The dashboard for ``store`` as an ASGI app: every request needs ``token`` (as
     ``?token=`` once, which sets a cookie, or the header ``X-Durably-Token``); with
     ``read_only`` every action is hidden and refused. ``poll``: seconds between two looks at
-    the store for changed runs, for the live pages."""
-    state = _State(store, token, read_only, poll)
+    the store for changed runs, for the live pages. ``stopping``: whether the server is
+    stopping (the live pages' streams then end, so that it stops without cancelling them).
+    """
+    state = _State(store, token, read_only, poll, stopping)
 
     def bound(handler: Callable[[Request, _State], Awaitable[Response]]
               ) -> Callable[[Request], Awaitable[Response]]:
@@ -321,9 +325,8 @@ async def _api_stream(request: Request, state: _State) -> Response:
                     yield f"event: failed\ndata: {json.dumps({'error': failing})}\n\n"
                 else:
                     yield ": still failing\n\n"
-                if await request.is_disconnected():
+                if await request.is_disconnected() or await _stopping(state, 4):
                     return
-                await asyncio.sleep(state.poll * 4)
                 continue
             if failing:
                 failing = ""
@@ -342,12 +345,20 @@ async def _api_stream(request: Request, state: _State) -> Response:
                 yield f"event: runs\ndata: {data}\n\n"
             else:
                 yield ": still here\n\n"  # (a comment: notices a closed connection)
-            if await request.is_disconnected():
+            if await request.is_disconnected() or await _stopping(state):
                 return
-            await asyncio.sleep(state.poll)
 
     return StreamingResponse(events(), media_type="text/event-stream",
                              headers={"cache-control": "no-cache"})
+
+
+async def _stopping(state: _State, polls: int = 1) -> bool:
+    """Wait ``polls`` poll intervals, or less if the server stops: whether it stops."""
+    for _ in range(polls * 5):
+        if state.stopping():
+            return True
+        await asyncio.sleep(state.poll / 5)
+    return state.stopping()
 
 
 async def _api_graph(request: Request, state: _State) -> Response:
