@@ -149,6 +149,10 @@ def test_a_run_of_another_process_appears_and_finishes_live(server: tuple[str, P
     page.wait_for_function(
         "document.querySelectorAll('#graph svg g.node').length === 41", timeout=60_000)
     assert page.locator("#graph g.node.group").count() == 0
+    page.locator("#graph-section").screenshot(path=str(tmp_path / "expanded.png"))
+    page.click("#graph button.collapse")  # (and back)
+    page.wait_for_selector("#graph g.node.group", timeout=60_000)
+    assert page.locator("#graph svg g.node").count() == 2  # parse ×40, total
 
 
 def test_an_interrupt_answered_in_the_form_finishes_after_durably_resume(
@@ -175,3 +179,50 @@ def test_an_interrupt_answered_in_the_form_finishes_after_durably_resume(
     page.wait_for_selector("#run[data-status=finished]", timeout=60_000)
     assert page.inner_text("#status") == "finished"
     assert page.locator(".steer").count() == 0
+
+
+@durably.task
+def link(i: int) -> int:
+    return i + 1  # (equal to the next call's input: the calls are linked into a chain)
+
+
+@durably.task
+def merge(xs: list[int]) -> int:
+    return sum(xs)
+
+
+@durably.entrypoint
+def bigfan(n: int) -> int:
+    return merge([link(i) for i in range(n)])
+
+
+def test_a_graph_too_hard_to_lay_out_never_freezes_the_page(
+        server: tuple[str, Path], page: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expanding a fan-out whose graph Graphviz lays out for minutes (calls linked into a
+    chain): the layout runs in a worker, ended after ``LAYOUT_SECONDS``; the page stays
+    responsive, says why, and has a way back to the collapsed graph."""
+    from durably._ui import app
+
+    base, store_dir = server
+    monkeypatch.setattr(app, "LAYOUT_SECONDS", 3)
+    durably.configure(store=durably.DiskStore(store_dir))
+    run = bigfan.run(400)
+    page.goto(f"{base}/runs/{run.id}?token={TOKEN}")
+    page.wait_for_selector("#graph g.node.group", timeout=60_000)
+    page.locator("#graph g.node.group").first.click()
+    page.wait_for_selector("text=to lay out, so it was not drawn", timeout=60_000)
+    assert page.evaluate("1 + 1") == 2  # (the page answers: its thread is not laying out)
+    page.locator("#graph-section").screenshot(path=str(tmp_path / "graph-too-hard.png"))
+    page.click("#graph button.collapse")
+    page.wait_for_selector("#graph g.node.group", timeout=60_000)
+    assert "×400" in (page.text_content("#graph svg") or "")
+    # more calls than are ever drawn: said, with the way back too
+    monkeypatch.setattr(app, "MAX_DRAWN", 100)
+    wide = bigfan.run(300)
+    page.goto(f"{base}/runs/{wide.id}")
+    page.wait_for_selector("#graph g.node.group", timeout=60_000)
+    page.locator("#graph g.node.group").first.click()
+    page.wait_for_selector("text=too many to draw", timeout=60_000)
+    page.click("#graph button.collapse")
+    page.wait_for_selector("#graph g.node.group", timeout=60_000)

@@ -46,7 +46,11 @@ PAGE_SIZE = 100
 INLINE_HISTORY = 2_000
 #: a graph with more nodes than this is not drawn (the browser would take minutes)
 MAX_DRAWN = 2_000
-_STATIC = {"app.js": "application/javascript", "style.css": "text/css"}
+#: seconds the browser lays a graph out before it gives up (its worker ended, the tab
+#: never frozen), saying so with a way back to the collapsed graph
+LAYOUT_SECONDS = 20
+_STATIC = {"app.js": "application/javascript", "graph-worker.js": "application/javascript",
+           "style.css": "text/css"}
 
 
 class _State:
@@ -242,7 +246,7 @@ async def _run_page(request: Request, state: _State) -> Response:
             PAGE_SIZE, task, status, queries.pending_of(state.store, run),
             queries.errors_of(state.store, run), queries.events_of(state.store, run),
             history, tasks, notice=request.query_params.get("notice"),
-            next_after=next_after)
+            next_after=next_after, layout_seconds=LAYOUT_SECONDS)
 
     text = await _blocking(read)
     if text is None:

@@ -67,7 +67,7 @@ def _layout(ctx: Context, title: str, body: str, script: bool = True) -> str:
 <header><a class="brand" href="/">durably</a><nav><a href="/">Runs</a>{cache}</nav>
 <span class="store" title="the store">{_h(ctx.store)}</span>{mode}</header>
 <main>{body}</main>
-{'<script src="/static/viz.js"></script><script src="/static/app.js"></script>' if script else ''}
+{'<script src="/static/app.js"></script>' if script else ''}
 </body></html>
 """
 
@@ -234,7 +234,8 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              task: str | None, status: str | None, pending: list[dict[str, Any]],
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
              history: Sequence[durably.Checkpoint] | None, tasks: list[str],
-             notice: str | None = None, next_after: int | None = None) -> str:
+             notice: str | None = None, next_after: int | None = None,
+             layout_seconds: float = 20) -> str:
     """The page of one run: its summary, questions, graph, steps, errors, events, history
     and actions."""
     state = run.status
@@ -274,7 +275,7 @@ data-status="{_h(state)}"><h1>{_h(run.name)} <code>{_h(run.id)}</code></h1>
 <dl class="facts">{facts}</dl>{error}{forked}
 {_interrupts(ctx, run, pending, state)}
 <section id="graph-section"><h2>Graph</h2><div id="graph" class="graph"
-data-run="{_h(run.id)}">drawing…</div></section>
+data-run="{_h(run.id)}" data-layout-seconds="{layout_seconds:g}">drawing…</div></section>
 {_steps(run, rows, matching, page, size, task, status, tasks, next_after)}
 {failures}{custom}{_history(ctx, run, history)}{actions}"""
     return _layout(ctx, f"{run.name} {run.id}", body)

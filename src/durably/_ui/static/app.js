@@ -168,29 +168,74 @@ function runPage(header) {
       }
     }
   });
-  drawGraph(document.getElementById("graph"), runId, 20);
+  drawGraph(document.getElementById("graph"), runId, COLLAPSED);
+}
+
+// the collapse of a run's graph as first drawn: fan-outs of more calls are one node
+const COLLAPSED = 20;
+
+function backToCollapsed(box, runId, why) {
+  // a message, and the way back to the graph as first drawn
+  const note = document.createElement("p");
+  note.className = "hint";
+  note.textContent = why;
+  const back = document.createElement("button");
+  back.type = "button";
+  back.className = "collapse";
+  back.textContent = "show collapsed";
+  back.addEventListener("click", () => drawGraph(box, runId, COLLAPSED));
+  note.append(" ", back);
+  return note;
+}
+
+function layOut(dot, seconds) {
+  // the SVG of ``dot`` (text), laid out in a worker that is ended after ``seconds``
+  return new Promise((resolve, reject) => {
+    const worker = new Worker("/static/graph-worker.js");
+    const timer = setTimeout(() => {
+      worker.terminate();
+      reject(new Error("slow"));
+    }, seconds * 1000);
+    worker.onmessage = (event) => {
+      clearTimeout(timer);
+      worker.terminate();
+      if (event.data.error) reject(new Error(event.data.error)); else resolve(event.data.svg);
+    };
+    worker.onerror = (event) => {
+      clearTimeout(timer);
+      worker.terminate();
+      reject(new Error(event.message || "the layout failed"));
+    };
+    worker.postMessage({ dot: dot });
+  });
 }
 
 function drawGraph(box, runId, collapse) {
+  const expanded = collapse !== COLLAPSED;
+  const seconds = Number(box.dataset.layoutSeconds || 20);
   fetch("/api/runs/" + encodeURIComponent(runId) + "/graph?collapse=" + collapse)
     .then((response) => response.json())
     .then((found) => {
       if (found.error) {
-        box.textContent = found.error;
+        box.replaceChildren(expanded ? backToCollapsed(box, runId, found.error) :
+          document.createTextNode(found.error));
         return null;
       }
-      return Viz.instance().then((viz) => {
-        const svg = viz.renderSVGElement(found.dot);
-        box.replaceChildren(svg);
+      return layOut(found.dot, seconds).then((text) => {
+        const svg = new DOMParser().parseFromString(text, "image/svg+xml").documentElement;
+        box.replaceChildren(document.importNode(svg, true));
+        const drawn = box.querySelector("svg");
         const groups = Object.entries(found.groups);
-        if (groups.length) {
+        if (expanded) {
+          box.prepend(backToCollapsed(box, runId, "Every call of the fan-out is drawn."));
+        } else if (groups.length) {
           const note = document.createElement("p");
           note.className = "hint";
           note.textContent = "Fan-outs of more than " + collapse + " calls are drawn as one " +
             "node (box): click one to draw its calls one by one.";
           box.prepend(note);
         }
-        for (const g of svg.querySelectorAll("g.node")) {
+        for (const g of drawn.querySelectorAll("g.node")) {
           const name = g.querySelector("title").textContent;
           const calls = found.groups[name];
           if (!calls) continue;
@@ -200,10 +245,15 @@ function drawGraph(box, runId, collapse) {
             drawGraph(box, runId, calls);
           });
         }
+      }, (error) => {
+        box.replaceChildren(backToCollapsed(box, runId, error.message === "slow" ?
+          "This graph (" + found.nodes.toLocaleString() + " nodes) took more than " +
+          seconds + " s to lay out, so it was not drawn; the step table lists every call." :
+          "the graph could not be drawn: " + error.message));
       });
     })
     .catch((error) => {
-      box.textContent = "the graph could not be drawn: " + error;
+      box.replaceChildren(backToCollapsed(box, runId, "the graph could not be drawn: " + error));
     });
 }
 
