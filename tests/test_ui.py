@@ -56,9 +56,10 @@ def fails() -> int:
     return broken(7)
 
 
-def client(store: durably.Store, *, read_only: bool = False, login: bool = True
-           ) -> TestClient:
-    c = TestClient(create_app(store, TOKEN, read_only=read_only), base_url=BASE)
+def client(store: durably.Store, *, read_only: bool = False, login: bool = True,
+           base: str = BASE, local_only: bool = True) -> TestClient:
+    c = TestClient(create_app(store, TOKEN, read_only=read_only, local_only=local_only),
+                   base_url=base)
     if login:
         c.get(f"/?token={TOKEN}")
     return c
@@ -420,6 +421,19 @@ def test_the_command_needs_the_ui_extra(monkeypatch: pytest.MonkeyPatch,
     result = CliRunner().invoke(cli, ["ui", "--dir", str(disk_store.path)])
     assert result.exit_code == 1
     assert "pip install 'durably[ui]'" in result.output
+
+
+def test_a_request_for_another_host_name_is_refused(store: durably.Store) -> None:
+    """DNS rebinding: a page of evil.example whose name now points at 127.0.0.1 reaches the
+    dashboard with Host: evil.example; refused unless it serves a non-local address."""
+    for base in (BASE, "http://localhost:8765", "http://[::1]:8765"):
+        assert client(store, base=base).get("/api/runs").status_code == 200, base
+    evil = client(store, base="http://evil.example:8765")
+    refused = evil.get("/api/runs", headers={"x-durably-token": TOKEN})
+    assert refused.status_code == 403 and "evil.example" in refused.text
+    assert "--host" in refused.text
+    served = client(store, base="http://dash.example:8765", local_only=False)
+    assert served.get("/api/runs").status_code == 200
 
 
 def test_only_loopback_hosts_are_local() -> None:

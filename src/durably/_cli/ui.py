@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import socket
 import threading
 import webbrowser
@@ -21,17 +20,11 @@ from durably.cli import _dir_option, _store, _where, cli
 
 __all__ = ["ui_command"]
 
-_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
 def _local(host: str) -> bool:
     """Whether ``host`` is a loopback address or name (only this machine can connect)."""
-    if host in _LOCAL_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    from durably._ui.app import is_local
+
+    return is_local(host)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -89,7 +82,8 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
     token = new_token()
     server: uvicorn.Server | None = None
     app = create_app(store, token, read_only=read_only,
-                     stopping=lambda: server is not None and server.should_exit)
+                     stopping=lambda: server is not None and server.should_exit,
+                     local_only=_local(host))
     sock = _listen(host, port)
     if not _local(host):
         click.echo(f"warning: --host {host} is not a loopback address: other machines can "

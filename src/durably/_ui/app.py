@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -37,7 +38,7 @@ from durably._ui import pages, queries
 from durably.exceptions import DefinitionError, DurablyError, RunStateError
 from durably.store import Store
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "is_local", "new_token"]
 
 #: steps per page of a run's step table
 PAGE_SIZE = 100
@@ -53,10 +54,26 @@ _STATIC = {"app.js": "application/javascript", "graph-worker.js": "application/j
            "style.css": "text/css"}
 
 
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` (a name or address, an IPv6 one with or without brackets) is a
+    loopback address or name: only this machine can connect to it."""
+    if host.lower() in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 class _State:
     def __init__(self, store: Store, token: str, read_only: bool, poll: float,
-                 stopping: Callable[[], bool] = lambda: False) -> None:
+                 stopping: Callable[[], bool] = lambda: False, local_only: bool = True
+                 ) -> None:
         self.store = store
+        self.local_only = local_only
         self.stopping = stopping
         self.token = token
         self.read_only = read_only
@@ -68,14 +85,18 @@ class _State:
 
 
 def create_app(store: Store, token: str, *, read_only: bool = False, poll: float = 0.5,
-               stopping: Callable[[], bool] = lambda: False) -> ASGIApp:
+               stopping: Callable[[], bool] = lambda: False, local_only: bool = True
+               ) -> ASGIApp:
     """The dashboard for ``store`` as an ASGI app: every request needs ``token`` (as
     ``?token=`` once, which sets a cookie, or the header ``X-Durably-Token``); with
     ``read_only`` every action is hidden and refused. ``poll``: seconds between two looks at
     the store for changed runs, for the live pages. ``stopping``: whether the server is
     stopping (the live pages' streams then end, so that it stops without cancelling them).
+    ``local_only``: a request whose Host is not a loopback name or address is refused (a
+    page of another site whose name was pointed at this machine, DNS rebinding, cannot
+    read it); False for a dashboard served on a non-local address.
     """
-    state = _State(store, token, read_only, poll, stopping)
+    state = _State(store, token, read_only, poll, stopping, local_only)
 
     def bound(handler: Callable[[Request, _State], Awaitable[Response]]
               ) -> Callable[[Request], Awaitable[Response]]:
@@ -135,6 +156,14 @@ class _Guard:
         return f"durably_ui_{port}"  # (cookies are shared across ports: one per dashboard)
 
     def _refused(self, request: Request) -> Response | None:
+        if self.state.local_only:
+            host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+            if not is_local(host):
+                return PlainTextResponse(
+                    f"refused: this dashboard answers to this machine's names only "
+                    f"(localhost, 127.0.0.1, [::1]), not to Host {host!r}. Fix: open the "
+                    "address durably ui printed; to serve other machines, start it with "
+                    "--host and a non-local address.", status_code=403)
         token = self.state.token
         given = request.query_params.get("token")
         if given is not None and _same(given, token):
