@@ -134,6 +134,14 @@ def test_the_step_table_is_paginated_and_filtered(store: durably.Store) -> None:
     assert "Steps <small>1</small>" in asked
 
 
+def test_a_step_page_past_the_last_is_the_last(store: durably.Store) -> None:
+    run = crunch.run(150)
+    c = client(store)
+    last = c.get(f"/runs/{run.id}?page=99999").text
+    assert "page 2 of 2" in last and "99,999" not in last
+    assert len(re.findall(r'<td class="n">\d[\d,]*</td><td>parse', last)) == 50
+
+
 def test_errors_show_their_traceback(store: durably.Store) -> None:
     with pytest.raises(ValueError, match="bad row 7"):
         fails()
@@ -478,6 +486,23 @@ def test_a_big_runs_history_is_on_a_page_of_its_own(store: durably.Store,
     assert f'href="/runs/{run.id}/history"' in page and 'name="at"' not in page
     history = c.get(f"/runs/{run.id}/history").text
     assert history.count('name="at"') == len(run.history()) == 4  # 3 parse, 1 interrupt
+
+
+def test_the_history_page_is_paginated(store: durably.Store,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from durably._ui import app
+
+    monkeypatch.setattr(app, "HISTORY_PAGE", 3)
+    run = publish.run(4)  # (5 checkpoints: 4 parse, 1 interrupt)
+    c = client(store)
+    ids = [cp.id for cp in run.history()]
+    first = c.get(f"/runs/{run.id}/history").text
+    assert re.findall(r'name="at" value="([^"]+)"', first) == ids[:3]
+    assert "page 1 of 2" in first and f'href="/runs/{run.id}/history?page=2"' in first
+    second = c.get(f"/runs/{run.id}/history?page=2").text
+    assert re.findall(r'name="at" value="([^"]+)"', second) == ids[3:]
+    assert "page 2 of 2" in second and "next" not in second
+    assert c.get(f"/runs/{run.id}/history?page=99999").text == second  # (the last page)
 
 
 @pytest.mark.slow

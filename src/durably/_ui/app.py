@@ -45,6 +45,8 @@ PAGE_SIZE = 100
 #: a run with more steps than this has its history on a page of its own (reading it takes
 #: about 2.7 s of CPU for 100,000 steps)
 INLINE_HISTORY = 2_000
+#: checkpoints per page of a run's history
+HISTORY_PAGE = 500
 #: a graph with more nodes than this is not drawn (the browser would take minutes)
 MAX_DRAWN = 2_000
 #: seconds the browser lays a graph out before it gives up (its worker ended, the tab
@@ -246,6 +248,7 @@ async def _run_page(request: Request, state: _State) -> Response:
     status = request.query_params.get("status") or None
 
     def read() -> str | None:
+        nonlocal page
         try:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
@@ -265,6 +268,10 @@ async def _run_page(request: Request, state: _State) -> Response:
         else:
             found = state.steps.of(run)
             rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
+            if not rows and page:  # (a page past the last: the last)
+                page = max(0, -(-matching // PAGE_SIZE) - 1)
+                rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task,
+                                                   status)
             counts, saved, total = found["counts"], found["saved"], len(found["steps"])
             tasks = sorted({s.task for s in found["steps"]})
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
@@ -298,13 +305,18 @@ def _history_of(store: Store, run: durably.Run[Any]) -> list[durably.Checkpoint]
 
 async def _history_page(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
+    try:
+        page = max(0, int(request.query_params.get("page", "1")) - 1)
+    except ValueError:
+        page = 0
 
     def read() -> str | None:
         try:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        return pages.history_page(_context(state), run, _history_of(state.store, run))
+        return pages.history_page(_context(state), run, _history_of(state.store, run), page,
+                                  HISTORY_PAGE)
 
     text = await _blocking(read)
     if text is None:

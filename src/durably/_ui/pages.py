@@ -197,7 +197,10 @@ def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, pag
 
 
 def _history(ctx: Context, run: durably.Run[Any],
-             history: Sequence[durably.Checkpoint] | None, limit: int = 200) -> str:
+             history: Sequence[durably.Checkpoint] | None, limit: int = 200,
+             page: int | None = None) -> str:
+    """The history section: the first ``limit`` checkpoints, or (``page``: 0-based, on the
+    history's own page) that page of ``limit`` checkpoints, with links to the others."""
     if history is None:
         return (f'<section id="history"><h2>History</h2><p><a href="/runs/{_h(run.id)}/history">'
                 "Open the history</a> (a big run's: it takes a few seconds to read) to fork "
@@ -205,7 +208,20 @@ def _history(ctx: Context, run: durably.Run[Any],
     if not history:
         return ""
     rows = []
-    for cp in history[:limit]:
+    nav = ""
+    start = 0
+    if page is not None:
+        pages = max(1, -(-len(history) // limit))
+        page = min(max(page, 0), pages - 1)
+        start = page * limit
+
+        def link(n: int, text: str) -> str:
+            return f'<a href="/runs/{_h(run.id)}/history?page={n}">{text}</a>'
+
+        nav = (f'<p class="pager">{link(page, "‹ previous") if page else ""} page '
+               f"{page + 1:,} of {pages:,} "
+               f'{link(page + 2, "next ›") if page + 1 < pages else ""}</p>')
+    for cp in history[start:start + limit]:
         if ctx.read_only:
             fork = (f'<code class="command">'
                     f"{_h(f'durably fork {run.id} --at {cp.id[:12]}')}</code>")
@@ -223,7 +239,7 @@ def _history(ctx: Context, run: durably.Run[Any],
     return (f'<section id="history"><h2>History <small>{len(history):,} checkpoints, newest '
             'first</small></h2><p class="hint">To fork the run from a checkpoint (a new run '
             "that replays this one up to there and executes the rest with today's code), "
-            f"{hint}</p>"
+            f"{hint}</p>{nav}"
             '<table class="steps"><thead><tr><th>Checkpoint</th><th>Kind</th><th>Task</th>'
             "<th>Time</th><th>State</th><th>Fork from here</th></tr></thead><tbody>"
             f'{"".join(rows)}</tbody></table></section>')
@@ -282,11 +298,13 @@ data-run="{_h(run.id)}" data-layout-seconds="{layout_seconds:g}">drawing…</div
 
 
 def history_page(ctx: Context, run: durably.Run[Any],
-                 history: Sequence[durably.Checkpoint]) -> str:
-    """Every checkpoint of a run (newest first), each with its Fork button (in read-only
-    mode: its fork command)."""
+                 history: Sequence[durably.Checkpoint], page: int = 0, size: int = 500
+                 ) -> str:
+    """The checkpoints of a run (newest first), a page (0-based; past the last: the last)
+    of ``size`` at a time, each with its Fork button (in read-only mode: its fork
+    command)."""
     body = (f'<h1>{_h(run.name)} <code><a href="/runs/{_h(run.id)}">{_h(run.id)}</a></code>'
-            f"</h1>{_history(ctx, run, history, limit=len(history))}")
+            f"</h1>{_history(ctx, run, history, limit=size, page=page)}")
     return _layout(ctx, f"history of {run.id}", body)
 
 
