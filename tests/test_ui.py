@@ -748,3 +748,48 @@ def test_a_corrupt_journal_is_said_with_its_fix_on_the_pages_and_in_the_stream(
         said = json.loads(next(lines)[len("data: "):])
     assert "journal.sqlite3" in said["error"] and "Fix:" in said["error"]
     store.close()
+
+
+_GATE = __import__("threading").Event()
+
+
+@durably.task
+def gated_step(i: int) -> int:
+    assert _GATE.wait(60)
+    return i
+
+
+@durably.entrypoint
+def gated(n: int) -> int:
+    total = sum(parse(i) for i in range(n))
+    durably.interrupt("go on?")
+    return total + gated_step(0)
+
+
+def test_progress_is_against_a_previous_attempt_only_when_it_finished(
+        store: durably.Store) -> None:
+    """An attempt after one that stopped part of the way (an interrupt here; Ctrl-C, a
+    crash) has no total: its previous attempt's steps are a lower bound (``before``), never
+    ``expected`` (the bar read 944 of 823)."""
+    import threading
+
+    from durably._ui.queries import RunsWatch, StepsCache
+
+    run = gated.run(5)
+    assert run.status == "interrupted"
+    _GATE.clear()
+    resumed = threading.Thread(target=gated.resume, args=(run.id, "yes"))
+    resumed.start()
+    try:
+        watch = RunsWatch(store, StepsCache(store))
+        for _ in range(600):
+            row = watch.rows()[run.id]
+            if row["status"] == "running" and row["steps"] >= 5:
+                break
+            __import__("time").sleep(0.05)
+        assert row["status"] == "running"
+        assert row["expected"] is None and row["before"] == 5  # (5 parse; the ask paused)
+    finally:
+        _GATE.set()
+        resumed.join(60)
+    assert durably.get_run(run.id, store=store).status == "finished"

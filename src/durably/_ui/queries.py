@@ -118,11 +118,13 @@ def _counts(steps: Iterable[StepRecord]) -> dict[str, int]:
 
 
 def run_row(store: Store, run: durably.Run[Any], steps: StepsCache,
-            expected: int | None = None) -> dict[str, Any]:
+            expected: tuple[int, bool] | None = None) -> dict[str, Any]:
     """One row of the runs table: the run's record, its steps by status, duration, time
-    saved and, while it executes, its progress (``expected``: the steps of its previous
-    attempt, when it had one)."""
+    saved and, while it executes, its progress: ``expected``, the steps of its previous
+    attempt when that attempt finished (a total), else ``before``, the steps its previous
+    attempt got to before it stopped (the total is at least this many)."""
     status = run.status
+    running = status == "running"
     found = steps.of(run)
     events = store.list_events(run.id, RUN_ENDS)
     return {
@@ -131,7 +133,9 @@ def run_row(store: Store, run: durably.Run[Any], steps: StepsCache,
         "counts": found["counts"], "steps": sum(found["counts"].values()),
         "duration": _duration(events, run.attempt, status, time.time()),
         "saved": None if status == "running" else found["saved"],
-        "expected": expected if status == "running" else None, "error": run.error,
+        "expected": expected[0] if running and expected and expected[1] else None,
+        "before": expected[0] if running and expected and not expected[1] else None,
+        "error": run.error,
     }
 
 
@@ -144,7 +148,7 @@ class RunsWatch:
         self.limit = limit  # the newest runs shown
         self.steps = steps
         self._rows: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-        self._expected: dict[tuple[str, int], int] = {}
+        self._expected: dict[tuple[str, int], tuple[int, bool]] = {}
         self._read: tuple[float, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()
 
@@ -170,13 +174,18 @@ class RunsWatch:
             self._read = (time.monotonic(), rows)
             return rows
 
-    def _expected_of(self, run: durably.Run[Any]) -> int | None:
+    def _expected_of(self, run: durably.Run[Any]) -> tuple[int, bool] | None:
+        """The steps of the run's previous attempt, and whether it finished (an attempt
+        stopped by Ctrl-C, a crash, an interrupt or a failure got part of the way only)."""
         if run.attempt < 2:
             return None
         key = (run.id, run.attempt)
         if key not in self._expected:
             before = self.store.list_steps(run.id, attempt=run.attempt - 1)
-            self._expected[key] = len({s.step_id for s in before})
+            ends = [e.kind for e in self.store.list_events(run.id, RUN_ENDS)
+                    if e.attempt == run.attempt - 1]
+            self._expected[key] = (len({s.step_id for s in before}),
+                                   bool(ends) and ends[-1] == "run_finished")
         return self._expected[key]
 
 

@@ -41,15 +41,18 @@ function progress(row) {
   const bar = document.createElement("div");
   bar.className = "bar";
   const fill = document.createElement("span");
-  if (row.expected) {
-    fill.style.width = Math.min(100, 100 * row.steps / row.expected) + "%";
+  // (a previous attempt that did not finish got part of the way: a bound, not a total)
+  const total = row.expected || (row.before > row.steps ? row.before : null);
+  if (total) {
+    fill.style.width = Math.min(100, 100 * row.steps / total) + "%";
   } else {
     bar.classList.add("indeterminate");
   }
   bar.appendChild(fill);
   const label = document.createElement("small");
   label.textContent = row.steps.toLocaleString() + (row.expected ?
-    " of " + row.expected.toLocaleString() : "") + " steps";
+    " of " + row.expected.toLocaleString() : total ?
+    " of at least " + total.toLocaleString() : "") + " steps";
   wrap.append(badge(row.status), bar, label);
   return wrap;
 }
