@@ -134,6 +134,30 @@ def test_the_step_table_is_paginated_and_filtered(store: durably.Store) -> None:
     assert "Steps <small>1</small>" in asked
 
 
+def test_the_forms_say_what_is_wrong_in_the_dashboards_words(
+        disk_store: durably.DiskStore) -> None:
+    run = publish.run(2)
+    c = client(disk_store)
+    csrf = csrf_of(c.get(f"/runs/{run.id}").text)
+    empty = post(c, f"/runs/{run.id}/answer", {"csrf": csrf})
+    assert empty.status_code == 400 and "no answer was given" in empty.text
+    gone = post(c, "/runs/nope-0000/answer", {"csrf": csrf, "answer:0123456789abcdef": "1"})
+    assert gone.status_code == 404 and "runs page" in gone.text
+    assert "list_runs" not in gone.text and "store=" not in gone.text
+    nothing = post(c, "/cache/prune", {"csrf": csrf, "confirm": "yes"})
+    assert nothing.status_code == 400 and "Older than" in nothing.text
+    assert "durably.prune" not in nothing.text
+
+
+def test_a_huge_payload_is_cut(store: durably.Store) -> None:
+    from durably._ui.pages import MAX_PAYLOAD
+
+    run = hostile.run("x" * 5_000_000)
+    page = client(store).get(f"/runs/{run.id}").text
+    assert len(page) < 10 * MAX_PAYLOAD + 200_000
+    assert "more characters, not shown" in page
+
+
 def test_a_step_page_past_the_last_is_the_last(store: durably.Store) -> None:
     run = crunch.run(150)
     c = client(store)

@@ -226,3 +226,27 @@ def test_a_graph_too_hard_to_lay_out_never_freezes_the_page(
     page.wait_for_selector("text=too many to draw", timeout=60_000)
     page.click("#graph button.collapse")
     page.wait_for_selector("#graph g.node.group", timeout=60_000)
+
+
+@durably.task
+def echo(text: str) -> str:
+    return text.upper()
+
+
+@durably.entrypoint
+def shout(text: str) -> str:
+    return echo(text)
+
+
+def test_long_values_never_widen_the_page(server: tuple[str, Path], page: Any,
+                                          tmp_path: Path) -> None:
+    """Long inputs and outputs are cut in the step and history tables (with an ellipsis):
+    the page is never wider than the window (it was 1,516 px in a 1,300 px one)."""
+    base, store_dir = server
+    durably.configure(store=durably.DiskStore(store_dir))
+    run = shout.run("a long value, " * 400)
+    page.set_viewport_size({"width": 1000, "height": 900})
+    page.goto(f"{base}/runs/{run.id}?token={TOKEN}")
+    page.wait_for_selector("#graph svg", timeout=60_000)
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    page.screenshot(path=str(tmp_path / "long-values.png"), full_page=True)

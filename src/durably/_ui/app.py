@@ -465,6 +465,19 @@ async def _action(request: Request, state: _State,
         return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=409)
 
 
+def _run_of(state: _State, run_id: str) -> durably.Run[Any]:
+    """The run ``run_id`` names (its id, or a unique prefix of it), for an action.
+
+    Raises:
+        NotFoundError: the store holds no such run (said in the dashboard's words).
+    """
+    try:
+        return durably.get_run(run_id, store=state.store)
+    except durably.NotFoundError:
+        raise durably.NotFoundError(f"no run {run_id!r} in this store (it was deleted?). "
+                                    "Fix: pick a run on the runs page.") from None
+
+
 async def _answer(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
 
@@ -482,6 +495,10 @@ async def _answer(request: Request, state: _State) -> Response:
                 refuse_no_answer(run_id, answers[key[7:]], fix=(
                     "type an answer as JSON, for example \"yes\" (with the quotes), true or "
                     "42."))
+        _run_of(state, run_id)
+        if not answers:
+            raise ValueError(f"no answer was given to run {run_id!r}. Fix: type an answer "
+                             "as JSON in the box, for example \"yes\" (with the quotes).")
         queries.answer_interrupts(state.store, run_id, answers)
         return _back(f"/runs/{run_id}", "answered")
 
@@ -514,7 +531,7 @@ async def _delete(request: Request, state: _State) -> Response:
 
     def act(fields: dict[str, str]) -> Response:
         # (a prefix of its id names the run, as for answering; none: not found)
-        run = durably.get_run(run_id, store=state.store)
+        run = _run_of(state, run_id)
         if fields.get("confirm") not in (run_id, run.id):
             raise ValueError(f"deleting run {run.id!r} needs its id typed as the "
                              "confirmation. Fix: type the run's id in the box.")
@@ -542,6 +559,9 @@ async def _prune(request: Request, state: _State) -> Response:
                     if fields.get("max_size") else None)
         except Exception as exc:  # noqa: BLE001 - the command's parse error, said as it is
             raise ValueError(str(getattr(exc, "message", exc))) from None
+        if age is None and size is None:
+            raise ValueError("pruning the cache needs Older than (a duration, such as 30d) "
+                             "or Max size (such as 5GB), or both. Fix: fill one in.")
         removed = durably.prune(older_than=age, max_size=size, task=fields.get("task") or None,
                                 store=state.store)
         return _back("/cache", f"removed {removed.entries:,} cache entries "

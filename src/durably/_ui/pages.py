@@ -17,6 +17,8 @@ from durably.store import StepRecord
 __all__ = ["Context", "cache_page", "failed", "history_page", "not_found", "refused", "run_page",
            "runs_page", "store_failed"]
 
+#: characters of a question's payload shown (a 5 MB payload made a 5 MB page)
+MAX_PAYLOAD = 20_000
 STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
 
 
@@ -62,7 +64,7 @@ def _layout(ctx: Context, title: str, body: str, script: bool = True) -> str:
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_h(title)} · durably</title>
-<link rel="stylesheet" href="/static/style.css"></head>
+<link rel="stylesheet" href="/static/style.css"><link rel="icon" href="data:,"></head>
 <body data-read-only="{'1' if ctx.read_only else ''}">
 <header><a class="brand" href="/">durably</a><nav><a href="/">Runs</a>{cache}</nav>
 <span class="store" title="the store">{_h(ctx.store)}</span>{mode}</header>
@@ -145,6 +147,9 @@ def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any
     items = []
     for p in pending:
         payload = json.dumps(p["payload"], indent=2, default=repr, ensure_ascii=False)
+        if len(payload) > MAX_PAYLOAD:
+            payload = (f"{payload[:MAX_PAYLOAD]}\n… ({len(payload) - MAX_PAYLOAD:,} more "
+                       "characters, not shown)")
         field = ("" if ctx.read_only else
                  f'<label>Answer (JSON) <textarea name="answer:{_h(p["id"])}" rows="2" '
                  'required placeholder="&quot;yes&quot;"></textarea></label>')
