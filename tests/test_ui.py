@@ -644,7 +644,8 @@ def test_a_big_run_opens_reading_one_page_of_its_steps(
     own = type(store).page_steps is not durably.store.Journal.page_steps
     if own:  # (a page of 100 calls, and 16 more to see where the page ends)
         assert read == [("page_steps", 116)]
-    assert ">450</span> — 450 ran, 0 cached" in first and "page 1 of 5" in first
+    assert ">450</span> — <span id=\"steps-ran\">450</span> ran, <span id=\"steps-cached\">0" \
+        "</span> cached" in first and "page 1 of 5" in first
     assert len(re.findall(r'<td class="n">\d[\d,]*</td><td>parse', first)) == 100
     link = re.search(r'href="(/runs/[^"]*after=[^"]*)#steps">next', first)
     assert link is not None

@@ -250,3 +250,28 @@ def test_long_values_never_widen_the_page(server: tuple[str, Path], page: Any,
     page.wait_for_selector("#graph svg", timeout=60_000)
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.screenshot(path=str(tmp_path / "long-values.png"), full_page=True)
+
+
+LONG = CRUNCH.replace("crunch.run(40)", "crunch.run(200)")
+
+
+def test_a_running_runs_counts_are_updated_together(server: tuple[str, Path], page: Any,
+                                                    tmp_path: Path) -> None:
+    """On the page of a run that executes, the live total of steps and its parts (ran,
+    cached, ...) are updated together (the total ran ahead of its parts: 188 — 65 ran)."""
+    base, store_dir = server
+    page.goto(f"{base}/?token={TOKEN}")
+    proc = _start(tmp_path, store_dir, "long.py", LONG)
+    try:
+        page.wait_for_selector("#runs tbody tr[data-status=running] a", timeout=60_000)
+        page.click("#runs tbody tr[data-status=running] a")
+        page.wait_for_selector("#run[data-status=running]", timeout=60_000)
+        page.evaluate("window.notReloaded = true")
+        first = int(page.inner_text("#steps-total").replace(",", ""))
+        page.wait_for_function(
+            "window.notReloaded && Number(document.getElementById('steps-total').textContent"
+            f".replace(/,/g, '')) > {first} + 5 && document.getElementById('steps-ran')"
+            ".textContent === document.getElementById('steps-total').textContent",
+            timeout=60_000)
+    finally:
+        _finish(proc)

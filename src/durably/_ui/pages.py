@@ -266,7 +266,8 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         ("attempt", f"{run.attempt:,}"), ("started", _when(run.created)),
         ("updated", _when(run.updated)),
         ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
-            f"{counts[k]:,} {k}" for k in ("ran", "cached", "replayed", "failed"))),
+            f'<span id="steps-{k}">{counts[k]:,}</span> {k}'
+            for k in ("ran", "cached", "replayed", "failed"))),
         ("time saved", _seconds(saved) or "0 s")))
     error = f'<p class="error">{_h(run.error)}</p>' if run.error else ""
     failures = "".join(

@@ -163,7 +163,12 @@ function runPage(header) {
       if (row.id !== runId) continue;
       const status = document.getElementById("status");
       status.replaceChildren(row.status === "running" ? progress(row) : badge(row.status));
+      // (the total and its parts together: they never disagree)
       document.getElementById("steps-total").textContent = row.steps.toLocaleString();
+      for (const [kind, count] of Object.entries(row.counts)) {
+        const part = document.getElementById("steps-" + kind);
+        if (part) part.textContent = count.toLocaleString();
+      }
       const typing = document.activeElement && document.activeElement.tagName === "TEXTAREA";
       if (row.status !== shown && !typing) {
         stream.close();
