@@ -587,6 +587,31 @@ def test_the_command_prints_an_address_with_its_token(host: str,
     assert "Traceback" not in err and "Exception in ASGI" not in err, err
 
 
+def test_open_without_a_browser_says_so(disk_store: durably.DiskStore) -> None:
+    import os
+    import signal
+    import subprocess
+    import threading
+
+    durably.configure(store=disk_store)
+    publish.run(1)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BROWSER": "/nonexistent/browser",
+           "DISPLAY": "", "WAYLAND_DISPLAY": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durably", "ui", "--dir", str(disk_store.path), "--port", "0",
+         "--open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stop = threading.Timer(60, proc.send_signal, (signal.SIGINT,))  # (if it says nothing)
+    stop.start()
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+        assert "no browser could be opened" in said and "--open" in said
+    finally:
+        stop.cancel()
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+
+
 def test_a_busy_port_is_one_error_line_with_its_fix(disk_store: durably.DiskStore) -> None:
     import os
     import socket

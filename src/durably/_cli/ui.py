@@ -107,8 +107,9 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
         click.echo(f"durably ui: the store {_where(store)}"
                    f"{' (read-only)' if read_only else ''}\n"
                    f"open {url}\n(Ctrl-C stops it)")
-        if open_browser:
-            webbrowser.open(url)
+        if open_browser and not webbrowser.open(url):
+            click.echo("durably ui: no browser could be opened here (--open): open the "
+                       "address above in one.", err=True)
 
     threading.Thread(target=announce, daemon=True, name="durably-ui-announce").start()
     with contextlib.suppress(KeyboardInterrupt):  # (uvicorn raises it again once stopped)
