@@ -843,3 +843,42 @@ def test_progress_is_against_a_previous_attempt_only_when_it_finished(
         _GATE.set()
         resumed.join(60)
     assert durably.get_run(run.id, store=store).status == "finished"
+
+
+def test_read_only_never_writes_the_store_files(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``durably ui --read-only`` opens a store directory for reading only (as a store this
+    process cannot write): browsing every page leaves its databases as they were (SQLite
+    only adds the index a log is read through), and a write is refused."""
+    import hashlib
+
+    root = tmp_path / "s"
+    writer = durably.DiskStore(root)
+    durably.configure(store=writer)
+    run = publish.run(3)
+    writer.close()
+
+    def databases() -> dict[str, str]:
+        return {name: hashlib.sha256((root / name).read_bytes()).hexdigest()
+                for name in ("journal.sqlite3", "cache/cache.db")}
+
+    before = databases()
+    opened: list[durably.Store] = []
+
+    def served(store: durably.Store, token: str, **options: Any) -> Any:
+        opened.append(store)
+        raise SystemExit(0)  # (the store is what the test looks at: no server)
+
+    monkeypatch.setattr("durably._ui.create_app", served)
+    CliRunner().invoke(cli, ["ui", "--dir", str(root), "--read-only"])
+    (store,) = opened
+    assert isinstance(store, durably.DiskStore)
+    c = client(store, read_only=True)
+    for path in ("/", "/api/runs", "/cache", f"/runs/{run.id}", f"/runs/{run.id}/history",
+                 f"/api/runs/{run.id}/graph"):
+        assert c.get(path).status_code == 200, path
+    assert store.read_only
+    with pytest.raises(durably.StoreError, match="opened for reading only"):
+        store.cache_put("k", b"v")
+    store.close()
+    assert databases() == before

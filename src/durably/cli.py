@@ -191,6 +191,8 @@ def _disk_store(ctx: click.Context, path: Path, source: str, options: dict[str, 
     if not ((path / "FORMAT").exists() or (path / "journal.sqlite3").exists()):
         _fail(f"{str(path)!r} ({source}) is not a durably store (it has no FORMAT and no "
               "journal.sqlite3). " + fix)
+    if ctx.meta.get("durably.read_only"):  # (durably ui --read-only: never writes it)
+        options = {**options, "read_only": True}
     store = durably.DiskStore(path, **options)
     durably.configure(store=store)
     ctx.meta["durably.store"] = store

@@ -78,6 +78,7 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
     except ImportError as exc:
         _fail(f"durably ui needs Starlette and uvicorn ({exc.name} is not installed). Fix: "
               "pip install 'durably[ui]'")
+    ctx.meta["durably.read_only"] = read_only  # (a store directory: opened for reading only)
     store = _store(ctx)
     token = new_token()
     server: uvicorn.Server | None = None

@@ -352,6 +352,12 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
             True (level 3) or a level from 1 (fastest) to 22 (smallest); default False. A
             task's own ``compress=`` or ``mmap=True`` wins. Entries written either way load
             either way. Needs ``pip install 'durably[compress]'``.
+        read_only: Open an existing store for reading only, as a store this process cannot
+            write is opened (see :attr:`read_only`): its files are never written (the
+            journal read with SQLite's ``mode=ro``, the cache without diskcache, which
+            writes its settings when it opens); every write raises a
+            :class:`~durably.StoreError`. Default False. ``durably ui --read-only`` opens
+            its store so.
 
     Raises:
         DefinitionError: an argument has the wrong type, or ``size_limit`` is not a size
@@ -378,6 +384,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         allow_shared: bool | None = None,
         memo_entries: int = 4096,
         compress: bool | int = False,
+        read_only: bool = False,
     ) -> None:
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise DefinitionError(
@@ -403,6 +410,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         self.size_limit = size_limit
         self.synchronous = synchronous
         self.allow_shared = allow_shared
+        if not isinstance(read_only, bool):
+            raise DefinitionError(f"DiskStore(read_only=...) must be True or False, not "
+                                  f"{read_only!r}. Fix: read_only=True.")
+        self._open_read_only = read_only
         self._lock = threading.RLock()  # (reentrant: a damaged cache met under it is moved)
         _STORES.add(self)
         self._local = threading.local()
@@ -453,9 +464,10 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
 
     @property
     def read_only(self) -> bool:
-        """Whether the store was opened for reading only: it holds a store this process
-        cannot write (its directory, journal or cache is not writable, or on a read-only
-        file system). Runs, steps, graphs and the cache can be read; every write raises a
+        """Whether the store was opened for reading only: it was given ``read_only=True``, or
+        it holds a store this process cannot write (its directory, journal or cache is not
+        writable, or on a read-only file system). Runs, steps, graphs and the cache can be
+        read; every write raises a
         :class:`~durably.StoreError` saying the store is read-only. False until the store
         is first used.
 
@@ -471,6 +483,11 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         """The error of a write (``action``, e.g. ``"write the journal"``) to a store
         opened read-only."""
         root = self.path
+        if self._open_read_only:
+            return StoreError(
+                f"cannot {action}: the store {root} was opened for reading only "
+                "(DiskStore(read_only=True), durably ui --read-only): nothing can be written "
+                "through it. Fix: open it without read_only to write it.")
         return StoreError(
             f"cannot {action}: the store {root} is read-only (not writable by this process: "
             "its directory, journal or cache, or the file system), so it was opened for "
@@ -492,7 +509,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
             "size_limit": self.size_limit, "synchronous": self.synchronous,
             "key": self._given_key, "allow_shared": self.allow_shared,
             "memo_entries": self.memo_entries, **(
-                {} if self.compress_level is None else {"compress": self.compress_level})}
+                {} if self.compress_level is None else {"compress": self.compress_level}),
+            **({"read_only": True} if self._open_read_only else {})}
 
     def found(self) -> bool:
         """Whether the directory holds a store (its ``FORMAT`` file)."""
@@ -542,7 +560,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                         f"the store path {root} is a file, not a directory. Fix: point "
                         "DURABLY_DIR (or DiskStore(path)) at a directory, or remove the file."
                     )
-                read_only = store_read_only(root)  # (opened for reading: see read_only)
+                # (opened for reading: see read_only)
+                read_only = (self._open_read_only and root.exists()) or store_read_only(root)
                 if not read_only:
                     created = not root.exists()
                     root.mkdir(mode=0o700, parents=True, exist_ok=True)
