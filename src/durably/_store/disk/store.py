@@ -467,9 +467,8 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         """Whether the store was opened for reading only: it was given ``read_only=True``, or
         it holds a store this process cannot write (its directory, journal or cache is not
         writable, or on a read-only file system). Runs, steps, graphs and the cache can be
-        read; every write raises a
-        :class:`~durably.StoreError` saying the store is read-only. False until the store
-        is first used.
+        read; every write raises a :class:`~durably.StoreError` saying the store is
+        read-only. False until the store is first used.
 
         Example:
             >>> import durably, tempfile
@@ -484,10 +483,9 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         opened read-only."""
         root = self.path
         if self._open_read_only:
-            return StoreError(
-                f"cannot {action}: the store {root} was opened for reading only "
-                "(DiskStore(read_only=True), durably ui --read-only): nothing can be written "
-                "through it. Fix: open it without read_only to write it.")
+            return StoreError(f"cannot {action}: the store {root} was opened for reading only "
+                              "(DiskStore(read_only=True), durably ui --read-only). Fix: "
+                              "open it without read_only to write it.")
         return StoreError(
             f"cannot {action}: the store {root} is read-only (not writable by this process: "
             "its directory, journal or cache, or the file system), so it was opened for "
