@@ -275,3 +275,23 @@ def test_a_running_runs_counts_are_updated_together(server: tuple[str, Path], pa
             timeout=60_000)
     finally:
         _finish(proc)
+
+
+def test_a_corrupt_journal_is_said_on_the_runs_page(server: tuple[str, Path], page: Any,
+                                                   tmp_path: Path) -> None:
+    """The runs page of a store whose journal is damaged says the store's message and fix
+    (its stream's event failed), not an endless "reconnecting…"."""
+    base, store_dir = server
+    writer = durably.DiskStore(store_dir)
+    durably.configure(store=writer)
+    shout.run("hello")
+    writer.close()
+    for name in ("journal.sqlite3-wal", "journal.sqlite3-shm"):
+        (store_dir / name).unlink(missing_ok=True)
+    (store_dir / "journal.sqlite3").write_bytes(b"\x00garbage" * 4096)
+    page.goto(f"{base}/?token={TOKEN}")
+    said = page.wait_for_selector("#store-error:not([hidden])", timeout=60_000)
+    text = said.inner_text() if said else ""
+    assert "journal.sqlite3" in text and "Fix:" in text
+    assert page.inner_text("#live") == "store error"
+    page.screenshot(path=str(tmp_path / "corrupt.png"))
