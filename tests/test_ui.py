@@ -882,3 +882,15 @@ def test_read_only_never_writes_the_store_files(tmp_path: Path,
         store.cache_put("k", b"v")
     store.close()
     assert databases() == before
+
+
+def test_the_header_names_a_store_directory_by_its_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = durably.DiskStore("rel-store")
+    c = client(store)
+    shown = f'title="the store">{tmp_path / "rel-store"}</span>'
+    assert shown in c.get("/").text  # (before the store was used: relative, it was)
+    c.get("/api/runs")
+    assert shown in c.get("/").text
+    store.close()

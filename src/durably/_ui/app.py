@@ -225,7 +225,10 @@ def _blocking(func: Callable[..., Any], *args: Any) -> Awaitable[Any]:
 
 # -- pages -------------------------------------------------------------------------------------
 def _context(state: _State) -> pages.Context:
-    return pages.Context(store=redact(state.store.where),
+    store = state.store  # (a directory: absolute, as it is once the store was used)
+    where = (str(store.path.absolute()) if isinstance(store, durably.DiskStore)
+             else redact(store.where))
+    return pages.Context(store=where,
                          read_only=state.read_only, csrf=state.csrf,
                          maintained="maintenance" in state.store.capabilities)
 
