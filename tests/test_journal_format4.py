@@ -513,16 +513,20 @@ def test_large_results_of_cached_steps_are_journaled_at_once(
 def test_the_cache_read_returns_what_diskcache_get_returns(tmp_path: Path,
                                                            limited: bool) -> None:
     """durably reads an entry the way Cache.get's own fast path does: same answer for a
-    miss, a small value, a value kept in a file, and with an eviction policy."""
+    miss, a small value, a value kept in a file, and with an eviction policy; with the
+    entry's tag (the seconds its execution took, from its key record; 0.0 for none)."""
     from durably._store.disk.cache import _cache_fetch
+    from durably._store.records import KeyRecord
 
     store = durably.DiskStore(tmp_path / "s", size_limit=10**9 if limited else None,
                               memo_entries=0)
-    store.cache_put("aa" * 16, b"small", None)
+    store.cache_put("aa" * 16, b"small", KeyRecord("m:t", "aa" * 16, "c", {}, {}, 1.0, 0.75))
     store.cache_put("bb" * 16, b"x" * 200_000, None)  # kept in a file by diskcache
     cache = store.cache
-    for key in ("aa" * 16, "bb" * 16, "cc" * 16):
-        ours, theirs = _cache_fetch(cache, cache._con, key), cache.get(key)
+    for key, seconds in (("aa" * 16, 0.75), ("bb" * 16, 0.0), ("cc" * 16, 0.0)):
+        (ours, took), (theirs, tag) = (_cache_fetch(cache, cache._con, key),
+                                       cache.get(key, tag=True))
+        assert took == seconds == (tag or 0.0)
         assert type(ours) is type(theirs)
         if isinstance(theirs, bytes) or theirs is None:
             assert ours == theirs

@@ -27,7 +27,7 @@ from durably._store import lease as _lease
 from durably._store.postgres import PostgresStore
 from durably._store.postgres.schema import VERSION
 from durably.exceptions import DefinitionError, StoreError
-from durably.store import RunRecord, StepRecord, value_bytes
+from durably.store import KeyRecord, RunRecord, StepRecord, value_bytes
 
 from .postgres_server import (
     drop_schemas,
@@ -187,7 +187,9 @@ def test_a_schema_made_by_a_newer_durably_is_refused(pg: PostgresStore) -> None:
 
 def test_a_schema_of_version_1_gains_the_thread_column(pg: PostgresStore) -> None:
     """A store made before runs had threads (schema version 1): its runs are kept and read
-    without a thread, and a call on a thread records one once the schema is upgraded."""
+    without a thread, and a call on a thread records one once the schema is upgraded; its
+    key records and steps gain the duration of an entry's execution and the time a hit
+    saved (0.0 for the rows written before)."""
     @durably.entrypoint
     def job(x: int, *, previous: int = 0) -> int:
         return previous + x
@@ -195,6 +197,7 @@ def test_a_schema_of_version_1_gains_the_thread_column(pg: PostgresStore) -> Non
     old = job.run(1)
     pg._write("make it version 1", pg._sql(
         "DROP INDEX {s}.runs_thread; ALTER TABLE {s}.runs DROP COLUMN thread; "
+        "ALTER TABLE {s}.keys DROP COLUMN duration; ALTER TABLE {s}.steps DROP COLUMN saved; "
         "UPDATE {s}.meta SET value = '1' WHERE name = 'version'"))
     again = PostgresStore(pg.url, key=KEY)
     durably.configure(store=again)
@@ -203,6 +206,11 @@ def test_a_schema_of_version_1_gains_the_thread_column(pg: PostgresStore) -> Non
         assert found is not None and found.thread is None
         assert [job.run(x, thread="t").result for x in (2, 3)] == [2, 5]
         assert [r.thread for r in again.list_thread_runs("t")] == ["t", "t"]
+        assert again.list_steps(old.id) == []  # (read with the new column: none missing)
+        info = KeyRecord("m:t", "k" * 32, "code", {}, {}, 1000.0, 1.5)
+        again.cache_put(info.cache_key, b"v", info)
+        assert again.cache_get_timed(info.cache_key) == (b"v", 1.5)
+        assert again.find_key("m:t", info.cache_key) == info
     finally:
         again.close()
 

@@ -324,6 +324,8 @@ def test_a_format_2_journal_is_sealed_and_signed_on_upgrade(tmp_path: Path) -> N
     with _journal(root) as con:  # make it what durably wrote last week: format 2, raw pickles
         con.execute("DROP INDEX runs_by_thread")  # (format 8's)
         con.execute("ALTER TABLE runs DROP COLUMN thread")
+        con.execute("ALTER TABLE keys DROP COLUMN duration")  # (format 8's too)
+        con.execute("ALTER TABLE steps DROP COLUMN saved")
         con.execute("INSERT INTO runs VALUES ('r', 'm:ep', 'ep', 'finished', 1, 1, 1, 'd', ?, ?, "
                     "NULL)", (pickle.dumps(((1,), {})), pickle.dumps(7)))
         con.execute("INSERT INTO steps (run_id, attempt, position, step_id, task, status, "

@@ -371,9 +371,20 @@ class Values(abc.ABC):
     def cache_get(self, key: str) -> bytes | None:
         """The value under a cache key, or None (a miss, or an entry found damaged)."""
 
+    def cache_get_timed(self, key: str) -> tuple[bytes, float] | None:
+        """The value under a cache key with the seconds the execution that produced it took
+        (the :attr:`KeyRecord.duration` it was stored with, 0.0 when unknown), or None as
+        :meth:`cache_get`. The runtime asks it for each hit inside a run (the step record of
+        a hit keeps the time the cache saved, :attr:`StepRecord.saved`). Default: from
+        :meth:`cache_get`, the duration 0.0; a backend that keeps key records overrides it
+        to read the duration with the value, in the same read."""
+        data = self.cache_get(key)
+        return None if data is None else (data, 0.0)
+
     @abc.abstractmethod
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
-        """Store several entries, each atomically, with what each key was made of."""
+        """Store several entries, each atomically, with what each key was made of (its
+        :class:`KeyRecord`, whose ``duration`` :meth:`cache_get_timed` gives back)."""
 
     @abc.abstractmethod
     def cache_delete(self, keys: Iterable[str]) -> int:
@@ -811,6 +822,18 @@ def _open_cache(name: str, store: Store, method: Callable[..., Any], key: str) -
     return payload
 
 
+def _open_cache_timed(name: str, store: Store, method: Callable[..., Any], key: str) -> Any:
+    found = method(store, key)
+    if found is None:
+        return None
+    signer = store.signing_key
+    payload, why = _open_value(found[0], signer, _context(signer, "cache", key))
+    if payload is None:
+        store.discard_cache(key, why)
+        return None
+    return payload, found[1]
+
+
 def _open_step(name: str, store: Store, method: Callable[..., Any], run_id: str,
                step_id: str) -> Any:
     data = method(store, run_id, step_id)
@@ -913,6 +936,7 @@ _SEALING: dict[str, Callable[..., Any]] = {
     "read_ahead": _open_ahead,
     **dict.fromkeys(_TAKING, _seal_in),
     "cache_get": _open_cache,
+    "cache_get_timed": _open_cache_timed,
     "find_step": _open_step,
     "find_run": _open_run,
     "find_latest_run": _open_run,

@@ -62,6 +62,14 @@ class MemoryStore(Store):
     def cache_get(self, key: str) -> bytes | None:
         return self._cache.get(key)
 
+    def cache_get_timed(self, key: str) -> tuple[bytes, float] | None:
+        with self._lock:
+            data = self._cache.get(key)
+            info = self._keys.get(key)
+        if data is None:
+            return None
+        return data, info.duration if info is not None else 0.0
+
     def cache_delete(self, keys: Iterable[str]) -> int:
         with self._lock:
             removed = 0

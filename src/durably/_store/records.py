@@ -45,6 +45,11 @@ class StepRecord:
         output_digests: Digests of the elements of a list, tuple or dict result (its
             values; "" for one too common to mean a flow), else empty: a later step given
             one of them received a part of this result (a fan-out edge).
+        saved: For a step served from the cross-run cache (``"cached"``): seconds the
+            execution that produced its entry took (its body's wall clock, as that step's
+            ``started``/``ended`` measured it: :attr:`KeyRecord.duration`), the time the
+            cache saved; 0.0 for an entry written without it (by an older durably, or
+            without a key record) and for every other status.
     """
 
     run_id: str
@@ -63,6 +68,7 @@ class StepRecord:
     result_digest: str = ""
     input_digests: tuple[str, ...] = ()
     output_digests: tuple[str, ...] = ()
+    saved: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -121,6 +127,10 @@ class KeyRecord:
         parts: Fingerprint of each user function or class the code depends on, by
             qualified name (empty with ``version=``).
         created: When the entry was written, seconds since the epoch.
+        duration: Seconds the execution that produced the entry took (its body's wall
+            clock, as its step record's ``started``/``ended`` measure it): what a hit on
+            the entry saves (:attr:`StepRecord.saved`); 0.0 when unknown (an entry written
+            by an older durably).
     """
 
     task: str
@@ -129,6 +139,7 @@ class KeyRecord:
     inputs: dict[str, str]
     parts: dict[str, str]
     created: float
+    duration: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

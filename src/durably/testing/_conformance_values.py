@@ -11,6 +11,7 @@ the journal (:mod:`durably.testing._conformance_journal`), whose records they wr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -116,6 +117,44 @@ class ValuesConformance:
         store.cache_put(plain, b"v")
         assert store.find_key(task, plain) is None
         assert store.find_key(task, _id()) is None
+
+    def test_a_key_record_keeps_the_duration_of_its_execution(self, store: Store) -> None:
+        """A key record's ``duration`` (seconds the execution that produced the entry took)
+        is kept: ``find_key`` and ``list_keys`` give it back; ``cache_get_timed`` gives the
+        value with it (0.0 for an entry without a key record, or whose record has none;
+        the protocol's default, for a backend that does not override it, is always 0.0),
+        None for a key without an entry."""
+        task = "conformance:timed"
+        timed = KeyRecord(task, _id(), "code-1", {"x": "ab" * 16}, {}, 1000.0, 1.25)
+        untimed = KeyRecord(task, _id(), "code-1", {"x": "cd" * 16}, {}, 2000.0)
+        plain = _id()
+        store.cache_put_many([(timed.cache_key, b"t", timed), (untimed.cache_key, b"u", untimed)])
+        store.cache_put(plain, b"p")
+        assert store.find_key(task, timed.cache_key) == timed
+        assert [r.duration for r in store.list_keys(task)] == [0.0, 1.25]
+        keeps = type(store).cache_get_timed is not Store.cache_get_timed
+        assert store.cache_get_timed(timed.cache_key) == (b"t", 1.25 if keeps else 0.0)
+        assert store.cache_get_timed(untimed.cache_key) == (b"u", 0.0)
+        assert store.cache_get_timed(plain) == (b"p", 0.0)
+        assert store.cache_get_timed(_id()) is None
+        again = KeyRecord(task, timed.cache_key, "code-1", {"x": "ab" * 16}, {}, 3000.0, 0.5)
+        store.cache_put(timed.cache_key, b"t2", again)  # executed again: its new duration
+        assert store.cache_get_timed(timed.cache_key) == (b"t2", 0.5 if keeps else 0.0)
+        assert store.find_key(task, timed.cache_key) == again
+
+    def test_a_step_record_keeps_the_time_the_cache_saved(self, store: Store) -> None:
+        """A step record's ``saved`` (a step served from the cache: seconds its entry's
+        execution took) is journaled and read back by ``list_steps`` and ``page_steps``;
+        a record without it reads 0.0."""
+        run_id = _id()
+        store.put_run(_run(run_id))
+        hit = dataclasses.replace(_step(run_id, 0, status="cached", cache_key=_id()),
+                                  saved=2.5)
+        ran = _step(run_id, 1, cache_key=_id())
+        store.append_steps([(hit, b"v"), (ran, b"w")])
+        assert [s.saved for s in store.list_steps(run_id)] == [2.5, 0.0]
+        assert store.list_steps(run_id)[0] == hit
+        assert [s.saved for s in store.page_steps(run_id, 1)] == [2.5, 0.0]
 
     def test_cache_entries_are_put_got_and_deleted(self, store: Store) -> None:
         """``cache_get`` returns what ``cache_put``/``cache_put_many`` stored (the last value

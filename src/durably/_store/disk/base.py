@@ -123,7 +123,7 @@ class DiskBase:
     _warned: set[str]
     _unreleased: set[str]
     _cache_writes: int
-    _memo: dict[str, bytes]
+    _memo: dict[str, tuple[bytes, float]]
     _memo_bytes: int
     _memo_signer: bytes | None
     _memo_gen: int

@@ -57,23 +57,31 @@ log = logging.getLogger("durably")
 _EVICT_ON_GET: dict[str, Any] = {"none": None, "least-recently-stored": None}
 
 
-_FETCH = ("SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1 AND "
+_FETCH = ("SELECT mode, filename, value, tag FROM Cache WHERE key = ? AND raw = 1 AND "
           "(expire_time IS NULL OR expire_time > ?)")
 
 
-def _cache_fetch(cache: Any, con: sqlite3.Connection, key: str) -> Any:
-    """What ``cache.get(key)`` returns for a str key, read the way its own fast path reads
-    it (durably's caches keep no statistics and update nothing on a read), without the rest
-    of its per-call work: a miss costs one indexed SELECT."""
+def _cache_fetch(cache: Any, con: sqlite3.Connection, key: str) -> tuple[Any, float]:
+    """What ``cache.get(key, tag=True)`` returns for a str key (the value, None for a miss,
+    and its tag: the seconds the execution that produced it took, see
+    :meth:`CacheValues.cache_put_many`), read the way its own fast path reads it (durably's
+    caches keep no statistics and update nothing on a read), without the rest of its
+    per-call work: a miss costs one indexed SELECT."""
     if cache.statistics or _EVICT_ON_GET.get(cache.eviction_policy, "?") is not None:
-        return cache.get(key)
+        value, tag = cache.get(key, tag=True)
+        return value, _seconds(tag)
     row = con.execute(_FETCH, (key, time.time())).fetchone()
     if row is None:
-        return None
+        return None, 0.0
     try:
-        return cache._disk.fetch(row[0], row[1], row[2], False)
+        return cache._disk.fetch(row[0], row[1], row[2], False), _seconds(row[3])
     except OSError:  # removed between the SELECT and the read (as Cache.get)
-        return None
+        return None, 0.0
+
+
+def _seconds(tag: Any) -> float:
+    """The duration a cache row's tag holds (0.0 for none: an entry written without it)."""
+    return float(tag) if type(tag) in (float, int) and tag > 0 else 0.0
 
 
 _MEMO_VALUE = 64 * 1024  # the largest cache value kept in memory once read
@@ -100,7 +108,8 @@ def _index_damaged(path: Path) -> bool | None:
         con.close()
 
 
-def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]],
+                      durations: dict[str, float]) -> list[tuple[str, Any]]:
     """Insert the small values of keys the cache does not hold yet in one ``executemany``
     (what ``Cache.set`` would write for them, row for row: diskcache's own triggers keep its
     count and size); returns the other items, for ``Cache.set`` (a value kept in a file, or a
@@ -122,8 +131,9 @@ def _insert_new_small(cache: Any, items: Sequence[tuple[str, Any]]) -> list[tupl
     t = time.time()
     con.executemany(
         "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, "
-        "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?)",
-        [(k, t, t, MODE_RAW, sqlite3.Binary(last[k])) for k in small if k not in there])
+        "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, ?, 0, ?, NULL, ?)",
+        [(k, t, t, durations.get(k), MODE_RAW, sqlite3.Binary(last[k])) for k in small
+         if k not in there])
     new = set(small) - there
     return [(k, d) for k, d in last.items() if k not in new]
 
@@ -248,9 +258,26 @@ class CacheValues(DiskBase):
         (:class:`~durably._keys.serde.Spilled`) checked end to end."""
         memo = self.memo_entries
         if memo:
-            payload = self._memo.get(key)
-            if payload is not None and self._memo_current():
-                return payload
+            kept = self._memo.get(key)
+            if kept is not None and self._memo_current():
+                return kept[0]
+        found = self._cache_read(key, memo)
+        return None if found is None else found[0]
+
+    def cache_get_timed(self, key: str) -> tuple[bytes, float] | None:
+        """:meth:`cache_get`, with the seconds the execution that produced the value took
+        (kept in the entry's row of the cache index, read with it; 0.0 for an entry written
+        without it), as :meth:`durably.store.Values.cache_get_timed` says."""
+        memo = self.memo_entries
+        if memo:
+            kept = self._memo.get(key)
+            if kept is not None and self._memo_current():
+                return kept
+        return self._cache_read(key, memo)
+
+    def _cache_read(self, key: str, memo: int) -> tuple[bytes, float] | None:
+        """The entry of ``key`` read from the cache's index (see :meth:`cache_get`), kept in
+        memory when small (``memo``: the store's ``memo_entries``)."""
         cache = self.cache
         signer = self._signing()
         with self._read_cache:
@@ -264,11 +291,12 @@ class CacheValues(DiskBase):
                 if self._cache is not cache:  # (found damaged by that look: moved aside)
                     return None
             try:
-                found = _cache_fetch(cache, con, key)
+                found, seconds = _cache_fetch(cache, con, key)
             except sqlite3.OperationalError as exc:
                 if "decode" not in str(exc):
                     raise
-                found = Garbage(f"its index row holds text that is not UTF-8 ({exc})", b"")
+                found, seconds = Garbage(f"its index row holds text that is not UTF-8 ({exc})",
+                                         b""), 0.0
             except sqlite3.DatabaseError as exc:
                 if not _is_corrupt(exc):
                     raise
@@ -281,24 +309,27 @@ class CacheValues(DiskBase):
             payload, why = open_seal(found, signer, context)
             if payload is None:
                 self._cache_damaged(key, why, data=found)
-            elif memo and len(payload) <= _MEMO_VALUE:
-                self._remember(key, payload, gen)
-            return payload
+                return None
+            if memo and len(payload) <= _MEMO_VALUE:
+                return self._remember(key, (payload, seconds), gen)
+            return payload, seconds
         if isinstance(found, FileValue):
             if found.file is None:
                 payload, why = open_seal(found.data, signer, context)
                 if payload is None:
                     self._cache_damaged(key, why, path=found.path, data=found.data)
-                elif memo and len(payload) <= _MEMO_VALUE:
-                    self._remember(key, payload, gen)
-                return payload
+                    return None
+                if memo and len(payload) <= _MEMO_VALUE:
+                    return self._remember(key, (payload, seconds), gen)
+                return payload, seconds
             try:
                 value, why = large_from_cache(self._open(), found, signer, context)
             except OSError as exc:
                 raise self.store_error(exc, Path(found.path), "read a cache value") from exc
             if value is None:
                 self._cache_damaged(key, why, path=found.path)
-            return value
+                return None
+            return value, seconds
         if isinstance(found, Garbage):
             self._cache_damaged(key, found.why, data=found.as_bytes())
         return None
@@ -353,15 +384,18 @@ class CacheValues(DiskBase):
         self._memo, self._memo_bytes = {}, 0
         self._memo_gen += 1
 
-    def _remember(self, key: str, payload: bytes, gen: int) -> None:
+    def _remember(self, key: str, entry: tuple[bytes, float], gen: int
+                  ) -> tuple[bytes, float]:
+        """Keep a small entry (its payload and duration) in memory; returns it."""
         with self._lock:
             memo = self._memo
             if gen != self._memo_gen or key in memo:
-                return  # forgotten since it was read: it may be what was cleared
-            memo[key] = payload
-            self._memo_bytes += len(payload)
+                return entry  # forgotten since it was read: it may be what was cleared
+            memo[key] = entry
+            self._memo_bytes += len(entry[0])
             while len(memo) > self.memo_entries or self._memo_bytes > _MEMO_BYTES:
-                self._memo_bytes -= len(memo.pop(next(iter(memo))))
+                self._memo_bytes -= len(memo.pop(next(iter(memo)))[0])
+        return entry
 
     def forget_memo(self, keys: Iterable[str] | None = None) -> None:
         """Drop the cache values kept in memory (all, or those of ``keys``): called when this
@@ -372,9 +406,9 @@ class CacheValues(DiskBase):
                 return
             self._memo_gen += 1
             for key in keys:
-                payload = self._memo.pop(key, None)
-                if payload is not None:
-                    self._memo_bytes -= len(payload)
+                entry = self._memo.pop(key, None)
+                if entry is not None:
+                    self._memo_bytes -= len(entry[0])
 
     def discard_cache(self, key: str, why: str, data: bytes | None = None) -> None:
         """Take a cache entry that must not be served out of the cache: its value (``data``,
@@ -492,6 +526,10 @@ class CacheValues(DiskBase):
         signer = self._signing()
         prepared: list[tuple[str, Any]] = []
         temps: list[str] = []
+        # the seconds the execution that produced each value took, in its row's tag (read
+        # with the value on a hit: see cache_get_timed); None when unknown
+        durations = {key: info.duration for key, _, info in items
+                     if info is not None and info.duration > 0}
         try:
             for key, value, _ in items:
                 if isinstance(value, Unreadable):
@@ -508,13 +546,14 @@ class CacheValues(DiskBase):
                 self._discard_cache_leftover()
                 try:
                     if len(prepared) == 1:
-                        cache.set(*prepared[0])
+                        key, data = prepared[0]
+                        cache.set(key, data, tag=durations.get(key))
                     else:
                         with cache.transact():
                             self._local.cache_tx = True
                             try:
-                                for key, data in _insert_new_small(cache, prepared):
-                                    cache.set(key, data)
+                                for key, data in _insert_new_small(cache, prepared, durations):
+                                    cache.set(key, data, tag=durations.get(key))
                             finally:
                                 self._local.cache_tx = False
                 except BaseException:
@@ -537,7 +576,7 @@ class CacheValues(DiskBase):
                 with self._write_journal, immediate(self._db()) as db:
                     db.executemany(
                         "INSERT OR REPLACE INTO keys (kid, cache_key, task, code, inputs, "
-                        "parts, created) VALUES (?, ?, ?, ?, ?, ?, ?)", infos)
+                        "parts, created, duration) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", infos)
             except CorruptJournalError as exc:  # the cache keeps working without its records
                 if "keys" not in self._warned:
                     self._warned.add("keys")
@@ -590,19 +629,20 @@ class CacheValues(DiskBase):
     def find_key(self, task: str, key: str) -> KeyRecord | None:
         with self._read_journal:
             row = self._db().execute(
-                "SELECT task, cache_key, code, inputs, parts, created FROM keys WHERE kid=? "
-                "AND cache_key=? AND task=?", (row_hash(key), key, task)).fetchone()
+                "SELECT task, cache_key, code, inputs, parts, created, duration FROM keys "
+                "WHERE kid=? AND cache_key=? AND task=?", (row_hash(key), key, task)).fetchone()
         if row is None:
             return None
-        t, k, c, i, p, cr = row
-        return KeyRecord(t, k, c, json.loads(i), json.loads(p), cr)
+        t, k, c, i, p, cr, d = row
+        return KeyRecord(t, k, c, json.loads(i), json.loads(p), cr, d or 0.0)
 
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         with self._read_journal:
             rows = self._db().execute(
-                "SELECT task, cache_key, code, inputs, parts, created FROM keys WHERE task=? "
-                "ORDER BY created DESC LIMIT ?", (task, limit)).fetchall()
-        return [KeyRecord(t, k, c, json.loads(i), json.loads(p), cr) for t, k, c, i, p, cr in rows]
+                "SELECT task, cache_key, code, inputs, parts, created, duration FROM keys "
+                "WHERE task=? ORDER BY created DESC LIMIT ?", (task, limit)).fetchall()
+        return [KeyRecord(t, k, c, json.loads(i), json.loads(p), cr, d or 0.0)
+                for t, k, c, i, p, cr, d in rows]
 
     def stats(self) -> dict[str, Any]:
         """Cache entries (int), cache volume (bytes), runs (int) and evictions this session."""

@@ -76,7 +76,7 @@ def repair_run(store: DiskStore, run_id: str) -> list[str]:
         damaged = []
         for rowid, *row in steps:
             data = row[-1]
-            bad = garbage(row[:15], STEP_TYPES)
+            bad = garbage(row[:16], STEP_TYPES)
             if not bad and row[4] in FINISHED_STEP:
                 bad = unsound(data, ("step", run_id, row[1])) if data is not None else \
                     "it has no recorded result"

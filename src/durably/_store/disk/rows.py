@@ -22,7 +22,7 @@ from durably._store.records import KeyRecord, Replay, ReplayRange, RunRecord, St
 
 __all__ = ["EVENT_COLS", "EVENT_TYPES", "PackedRange", "RUN_COLS", "RUN_TYPES", "SCHEMA",
            "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "SCHEMA_5", "SCHEMA_5_KEYS", "SCHEMA_6",
-           "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES", "SCHEMA_8", "STEP_COLS", "STEP_TYPES",
+           "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES", "SCHEMA_8", "COLUMNS_8", "STEP_COLS", "STEP_TYPES",
            "compact_replay", "discard_leftover", "garbage", "immediate", "key_row", "pack_ranges",
            "pack_replays", "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row",
            "step_from_row", "step_row", "step_sid", "unpack_ranges", "unpack_replays"]
@@ -38,7 +38,7 @@ def step_row(r: StepRecord) -> tuple[Any, ...]:
         result = " ".join((result, *(d or "-" for d in r.output_digests)))
     return (r.run_id, r.step_id, r.parent_id, r.task, r.status, r.attempt, r.position,
             r.started, r.ended, r.error, r.cache_key, r.inputs, r.output, result,
-            " ".join(r.input_digests))
+            " ".join(r.input_digests), r.saved or None)
 
 
 def step_from_row(row: Sequence[Any]) -> StepRecord:
@@ -50,7 +50,8 @@ def step_from_row(row: Sequence[Any]) -> StepRecord:
         elements = tuple("" if d == "-" else d for d in rest)
     return StepRecord(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], row[8],
                       row[9], row[10], row[11], row[12], result,
-                      tuple(row[14].split()) if row[14] else (), elements)
+                      tuple(row[14].split()) if row[14] else (), elements,
+                      row[15] or 0.0)
 
 
 def run_row(r: RunRecord) -> tuple[Any, ...]:
@@ -78,9 +79,9 @@ def _sorted_json(d: dict[str, str]) -> str:
 
 def key_row(r: KeyRecord) -> tuple[Any, ...]:
     """A key record as a row of the keys table: ``(kid, cache_key, task, code, inputs, parts,
-    created)``."""
+    created, duration)``."""
     return (row_hash(r.cache_key), r.cache_key, r.task, r.code, _sorted_json(r.inputs),
-            _sorted_json(r.parts), r.created)
+            _sorted_json(r.parts), r.created, r.duration)
 
 
 def row_hash(text: str) -> int:
@@ -119,7 +120,8 @@ def step_sid(run_id: str, step_id: str) -> int:
 _S, _SN, _I, _F = (str,), (str, type(None)), (int,), (int, float)
 
 
-STEP_TYPES = (_S, _S, _SN, _S, _S, _I, _I, _F, _F, _SN, _S, _SN, _SN, _SN, _SN)
+STEP_TYPES = (_S, _S, _SN, _S, _S, _I, _I, _F, _F, _SN, _S, _SN, _SN, _SN, _SN,
+              (int, float, type(None)))
 
 
 RUN_TYPES = (_S, _S, _S, _S, _F, _F, _I, _S)
@@ -267,6 +269,11 @@ SCHEMA_6 = "DROP INDEX IF EXISTS runs_by_time"
 # thread found by it (the column is added first when missing)
 SCHEMA_8 = ("CREATE INDEX IF NOT EXISTS runs_by_thread ON runs (thread, updated) "
             "WHERE thread IS NOT NULL")
+#: format 8's new columns, each added when missing: a run's conversation thread, the seconds
+#: the execution that produced a cache entry took (a key record's duration) and the time a
+#: step served from the cache saved (a step record's ``saved``); NULL in older rows
+COLUMNS_8 = (("runs", "thread", "TEXT"), ("keys", "duration", "REAL"),
+             ("steps", "saved", "REAL"))
 
 
 _REPLAY = struct.Struct("<qdd16s16s16sBH")  # position, started, ended, ids, flags, task
@@ -468,7 +475,7 @@ RUN_COLS = (
 
 STEP_COLS = (
     "run_id, step_id, parent_id, task, status, attempt, position, started, ended, error, "
-    "cache_key, inputs, output, result_digest, input_digests"
+    "cache_key, inputs, output, result_digest, input_digests, saved"
 )
 
 

@@ -61,10 +61,10 @@ _AHEAD_ROWS = 512  # the rows a read-ahead reads at once
 #: replay ranges an attempt buffers before they are journaled
 _AHEAD_RANGES = 2048
 _new_range = tuple.__new__
-_INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 17)})"
+_INSERT_STEP = f"INSERT INTO steps ({STEP_COLS}, result, sid) VALUES ({', '.join('?' * 18)})"
 #: the same, only while the run is still the step's attempt's (its record has that attempt)
 _INSERT_STEP_IF_CURRENT = (f"INSERT INTO steps ({STEP_COLS}, result, sid) SELECT "
-                           f"{', '.join('?' * 17)} WHERE (SELECT attempt FROM runs WHERE "
+                           f"{', '.join('?' * 18)} WHERE (SELECT attempt FROM runs WHERE "
                            "run_id=?) = ?")
 
 

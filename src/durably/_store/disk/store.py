@@ -58,6 +58,7 @@ from durably._store.disk.cache import CacheValues
 from durably._store.disk.readonly import connect_read_only, store_read_only
 from durably._store.disk.repair import seal_old_blobs
 from durably._store.disk.rows import (
+    COLUMNS_8,
     SCHEMA,
     SCHEMA_2,
     SCHEMA_3,
@@ -126,8 +127,9 @@ STORE_FORMAT = 2
 #: to a row (the replays table), 5 looks steps and key records up by short integer hashes
 #: (``sid``, ``kid``), 6 writes fewer pages at the start and end of an attempt (see
 #: SCHEMA_6), 7 records steps replayed from consecutive records as ranges (ReplayRange; the
-#: tables are those of 6), 8 records a run's conversation thread (SCHEMA_8). Older journals
-#: are upgraded in place when first opened; a newer one is refused.
+#: tables are those of 6), 8 records a run's conversation thread, the duration of the
+#: execution that produced a cache entry and the time a cached step saved (SCHEMA_8,
+#: COLUMNS_8). Older journals are upgraded in place when first opened; a newer one is refused.
 JOURNAL_FORMAT = 8
 
 
@@ -431,7 +433,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         self._warned: set[str] = set()
         self._unreleased: set[str] = set()  # leases of this process it could not release
         self.evicted = 0
-        self._memo: dict[str, bytes] = {}  # cache key -> payload, oldest first
+        self._memo: dict[str, tuple[bytes, float]] = {}  # key -> (payload, duration), oldest first
         self.memo_entries = memo_entries
         self._memo_bytes = 0
         self._memo_signer: bytes | None = None
@@ -915,8 +917,9 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 for statement in schema.split(";") if due else ():
                     if statement.strip():
                         con.execute(statement)
-            if "thread" not in {row[1] for row in con.execute("PRAGMA table_info(runs)")}:
-                con.execute("ALTER TABLE runs ADD COLUMN thread TEXT")
+            for table, column, kind in COLUMNS_8:
+                if column not in {row[1] for row in con.execute(f"PRAGMA table_info({table})")}:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             con.execute(SCHEMA_8)
             con.execute(f"PRAGMA user_version={JOURNAL_FORMAT}")
 

@@ -31,7 +31,7 @@ def page_steps(store: PostgresStore, run_id: str, attempt: int, after: int,
         f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s AND attempt = %s "
         "AND position > %s ORDER BY position, seq LIMIT %s"), (run_id, attempt, after, limit))
     return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
-                       _undigests(row[15])) for row in rows]
+                       _undigests(row[15]), row[16] or 0.0) for row in rows]
 
 
 def count_steps(store: PostgresStore, run_id: str, attempt: int) -> dict[str, dict[str, int]]:

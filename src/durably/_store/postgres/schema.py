@@ -113,11 +113,15 @@ MIGRATIONS: dict[int, list[str]] = {
             blob text,
             time float8 NOT NULL)""",
     ],
-    # a run's conversation thread (entrypoint.run(..., thread=)), and its runs found by it
+    # a run's conversation thread (entrypoint.run(..., thread=)), and its runs found by it;
+    # the seconds the execution that produced a cache entry took (its key record's
+    # duration) and the time a step served from the cache saved (a step record's saved)
     2: [
         "ALTER TABLE {s}.runs ADD COLUMN IF NOT EXISTS thread text",
         "CREATE INDEX IF NOT EXISTS runs_thread ON {s}.runs (thread, updated DESC) "
         "WHERE thread IS NOT NULL",
+        "ALTER TABLE {s}.keys ADD COLUMN IF NOT EXISTS duration float8",
+        "ALTER TABLE {s}.steps ADD COLUMN IF NOT EXISTS saved float8",
     ],
 }
 

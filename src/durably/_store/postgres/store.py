@@ -68,9 +68,10 @@ _ROW_LIMIT = (1 << 30) - (1 << 20)
 
 _STEP_COLS = ("run_id", "step_id", "parent_id", "task", "status", "attempt", "position",
               "started", "ended", "error", "cache_key", "inputs", "output", "result_digest",
-              "input_digests", "output_digests", "value", "blob")
+              "input_digests", "output_digests", "saved", "value", "blob")
 _STEP_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "float8", "float8",
-               "text", "text", "text", "text", "text", "text", "text", "bytea", "text")
+               "text", "text", "text", "text", "text", "text", "text", "float8", "bytea",
+               "text")
 _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input_digest, "
              "args, args_blob, result, result_blob, error, thread")
 _NOW = "(now() + %(shift)s * interval '1 second')"
@@ -194,6 +195,10 @@ class PostgresStore(Connections, Store):
         # the statements of every step, made once (psycopg prepares them on the server
         # after prepare_threshold uses: the same text each time)
         self._cache_one = self._sql("SELECT value, blob FROM {s}.cache WHERE key = %s")
+        # (and the seconds its execution took, from its key record: in the same statement)
+        self._cache_timed = self._sql(
+            "SELECT c.value, c.blob, k.duration FROM {s}.cache c LEFT JOIN {s}.keys k ON "
+            "k.cache_key = c.key WHERE c.key = %s")
         # (the run's id and attempt are sent once: the step's are the locked row's)
         self._journal_one = self._sql(
             "WITH cur AS (SELECT run_id, attempt FROM {s}.runs WHERE run_id = %s AND "
@@ -545,7 +550,8 @@ class PostgresStore(Connections, Store):
                     rec.run_id, rec.step_id, rec.parent_id, rec.task, rec.status, rec.attempt,
                     rec.position, rec.started, rec.ended, rec.error, rec.cache_key, rec.inputs,
                     rec.output, rec.result_digest, _digests(rec.input_digests),
-                    _digests(rec.output_digests), value, blob), strict=True):
+                    _digests(rec.output_digests), rec.saved or None, value, blob),
+                    strict=True):
                 col.append(item)
         return cols
 
@@ -573,7 +579,8 @@ class PostgresStore(Connections, Store):
                 rec.run_id, rec.attempt, rec.step_id, rec.parent_id, rec.task, rec.status,
                 rec.position, rec.started, rec.ended, rec.error, rec.cache_key, rec.inputs,
                 rec.output, rec.result_digest, _digests(rec.input_digests),
-                _digests(rec.output_digests), value, blob), 0 if value is None else len(value))
+                _digests(rec.output_digests), rec.saved or None, value, blob),
+                0 if value is None else len(value))
             return int(row[0]) == 1
         # the run rows are locked FOR SHARE while the steps go in: a takeover (which updates
         # the run's attempt) waits for this statement, or has committed and is seen here
@@ -610,7 +617,7 @@ class PostgresStore(Connections, Store):
                 f"SELECT {cols} FROM {{s}}.steps WHERE run_id = %s AND attempt = %s "
                 "ORDER BY position, seq"), (run_id, attempt))
         return [StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
-                           _undigests(row[15])) for row in rows]
+                           _undigests(row[15]), row[16] or 0.0) for row in rows]
 
     def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
                    limit: int = 100) -> list[StepRecord]:
@@ -712,13 +719,20 @@ class PostgresStore(Connections, Store):
         row = self._hot("read the cache", self._cache_one, (key,), None)
         return None if row is None else self._get_value(row[0], row[1])
 
+    def cache_get_timed(self, key: str) -> tuple[bytes, float] | None:
+        """:meth:`cache_get` with the duration of its key record, read in the same
+        statement (see :meth:`durably.store.Values.cache_get_timed`)."""
+        row = self._hot("read the cache", self._cache_timed, (key,), None)
+        data = None if row is None else self._get_value(row[0], row[1])
+        return None if data is None else (data, float(row[2] or 0.0))
+
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
         if not items:
             return
         latest = {key: (value, info) for key, value, info in items}
         t = time.time()
         keys, values, blobs, sizes = [], [], [], []
-        k_cols: list[list[Any]] = [[] for _ in range(6)]
+        k_cols: list[list[Any]] = [[] for _ in range(7)]
         for key, (data, info) in latest.items():
             value, blob = self._put_value(data)
             keys.append(key)
@@ -727,14 +741,16 @@ class PostgresStore(Connections, Store):
             sizes.append(len(data))
             if info is not None:
                 for col, item in zip(k_cols, (key, info.task, info.code, json.dumps(info.inputs),
-                                              json.dumps(info.parts), info.created), strict=True):
+                                              json.dumps(info.parts), info.created,
+                                              info.duration), strict=True):
                     col.append(item)
         if len(keys) == 1:  # (one entry, the common case: plain parameters, no arrays)
             key_row = ("WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, "
-                       "created) VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s) ON CONFLICT "
-                       "(cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
-                       "inputs = excluded.inputs, parts = excluded.parts, created = "
-                       "excluded.created) ") if k_cols[0] else ""
+                       "created, duration) VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, %s, %s) "
+                       "ON CONFLICT (cache_key) DO UPDATE SET task = excluded.task, code = "
+                       "excluded.code, inputs = excluded.inputs, parts = excluded.parts, "
+                       "created = excluded.created, duration = excluded.duration) "
+                       ) if k_cols[0] else ""
             self._write("write to the cache", self._sql(
                 key_row + "INSERT INTO {s}.cache (key, value, blob, size, stored) VALUES "
                 "(%s, %b, %s, %s, %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
@@ -743,11 +759,12 @@ class PostgresStore(Connections, Store):
                  t])
             return
         self._write("write to the cache", self._sql(
-            "WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, created) "
-            "SELECT c, t, co, i::jsonb, p::jsonb, cr FROM unnest(%s::text[], %s::text[], "
-            "%s::text[], %s::text[], %s::text[], %s::float8[]) AS k(c, t, co, i, p, cr) "
-            "ON CONFLICT (cache_key) DO UPDATE SET task = excluded.task, code = excluded.code, "
-            "inputs = excluded.inputs, parts = excluded.parts, created = excluded.created) "
+            "WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, created, "
+            "duration) SELECT c, t, co, i::jsonb, p::jsonb, cr, d FROM unnest(%s::text[], "
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[]) AS "
+            "k(c, t, co, i, p, cr, d) ON CONFLICT (cache_key) DO UPDATE SET task = "
+            "excluded.task, code = excluded.code, inputs = excluded.inputs, parts = "
+            "excluded.parts, created = excluded.created, duration = excluded.duration) "
             "INSERT INTO {s}.cache (key, value, blob, size, stored) "
             "SELECT k, v, b, n, %s FROM unnest(%s::text[], %b::bytea[], %s::text[], "
             "%s::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
@@ -765,14 +782,14 @@ class PostgresStore(Connections, Store):
     # -- key records ------------------------------------------------------------------------------
     def find_key(self, task: str, key: str) -> KeyRecord | None:
         rows = self._read("read key records", self._sql(
-            "SELECT task, cache_key, code, inputs, parts, created FROM {s}.keys WHERE "
-            "cache_key = %s AND task = %s"), (key, task))
+            "SELECT task, cache_key, code, inputs, parts, created, coalesce(duration, 0) "
+            "FROM {s}.keys WHERE cache_key = %s AND task = %s"), (key, task))
         return KeyRecord(*rows[0]) if rows else None
 
     def list_keys(self, task: str, limit: int = 100) -> list[KeyRecord]:
         rows = self._read("read key records", self._sql(
-            "SELECT task, cache_key, code, inputs, parts, created FROM {s}.keys WHERE task = %s "
-            "ORDER BY created DESC LIMIT %s"), (task, limit))
+            "SELECT task, cache_key, code, inputs, parts, created, coalesce(duration, 0) "
+            "FROM {s}.keys WHERE task = %s ORDER BY created DESC LIMIT %s"), (task, limit))
         return [KeyRecord(*row) for row in rows]
 
     def clear_task(self, task: str) -> int:
