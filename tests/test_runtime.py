@@ -1552,6 +1552,135 @@ def test_time_saved_is_the_wall_time_the_reused_executions_covered() -> None:
     assert wall_span([(0.0, 1.0), (1.0, 2.0), (3.0, 4.0)]) == pytest.approx(3.0)
 
 
+def _keeps_durations(store: Any) -> bool:
+    """Whether the store gives a hit the duration of its entry (a backend on the protocol's
+    default ``cache_get_timed`` gives 0.0: tests/minimal_store.py)."""
+    from durably.store import Store
+
+    return type(store).cache_get_timed is not Store.cache_get_timed
+
+
+def test_a_run_of_cache_hits_shows_the_time_the_cache_saved(store: Any) -> None:
+    """A run whose steps are all served from the cache saved what executing them cost in the
+    run that did: each hit's record keeps the duration of the execution that produced its
+    entry (as that step's record measured it), and time_saved sums them."""
+    @task
+    def square(x: int) -> int:
+        return x * x
+
+    @entrypoint
+    def squares(n: int, label: str) -> list[int]:
+        return [square(i) for i in range(n)]
+
+    first = squares.run(4, "first")
+    ran = {s.cache_key: s.duration for s in store.list_steps(first.id) if s.status == "ran"}
+    assert len(ran) == 4 and first.time_saved() == 0.0
+
+    second = squares.run(4, "second")  # another run: every step a hit
+    hits = [s for s in store.list_steps(second.id) if s.status == "cached"]
+    assert len(hits) == 4 and second.counts()["ran"] == 0
+    if not _keeps_durations(store):
+        assert [s.saved for s in hits] == [0.0] * 4 and second.time_saved() == 0.0
+        return
+    assert {s.cache_key: s.saved for s in hits} == ran  # (exactly: the recorded durations)
+    assert all(s.saved > 0 for s in hits)
+    assert second.time_saved("cache") == pytest.approx(sum(ran.values()))
+    assert second.time_saved("replay") == 0.0
+    assert second.time_saved() == pytest.approx(sum(ran.values()))
+    assert second.graph().time_saved == pytest.approx(sum(ran.values()))
+    with pytest.raises(durably.DefinitionError, match="replay"):
+        second.time_saved("journal")  # type: ignore[arg-type]
+
+
+def test_the_summary_says_what_the_cache_and_the_journal_saved() -> None:
+    """Records of a run whose second attempt replayed a step that ran for 2 s and was
+    served two hits of entries that took 1.5 s and 0.25 s to compute elsewhere."""
+    from durably._store.records import RunRecord, StepRecord
+
+    store = MemoryStore()
+    store.put_run(RunRecord("both", "m:f", "f", "finished", 100.0, 200.0, 2, "d"))
+
+    def step(i: int, status: str, attempt: int, start: float, end: float,
+             saved: float = 0.0) -> tuple[StepRecord, bytes | None]:
+        return (StepRecord("both", f"{i:032x}", None, "work", status, attempt, i, start, end,
+                           cache_key=f"{i:032x}", saved=saved), b"x")
+
+    store.append_steps([step(0, "ran", 1, 100.0, 102.0), step(0, "replayed", 2, 150.0, 150.0),
+                        step(1, "cached", 2, 150.0, 150.1, 1.5),
+                        step(2, "cached", 2, 150.1, 150.2, 0.25)])
+    run = durably.get_run("both", store=store)
+    assert (run.time_saved("replay"), run.time_saved("cache"), run.time_saved()) == (
+        pytest.approx(2.0), pytest.approx(1.75), pytest.approx(3.75))
+    assert "3.75 s saved (2.00 s by the journal, 1.75 s by the cache)" in run.summary()
+    store.append_steps([step(3, "cached", 2, 150.2, 150.3, 0.5)])
+    assert durably.get_run("both", store=store).graph().time_saved == pytest.approx(4.25)
+
+
+def test_time_saved_by_replay_and_by_the_cache_together(store: Any) -> None:
+    """An attempt that replays steps (some of them hits of its first attempt) and is served
+    new hits: by replay, the wall span of its own earlier executions; by the cache, the
+    durations of the executions (in another run) behind every hit, replayed or new."""
+    fail = {"on": True}
+
+    @task
+    def load(i: int) -> int:
+        return i + 1
+
+    @task
+    def mark(label: str) -> str:
+        return label.upper()
+
+    @entrypoint
+    def warm(n: int) -> list[int]:
+        return [load(i) for i in range(n)]
+
+    @entrypoint
+    def job(n: int, label: str) -> tuple[list[int], str, int]:
+        hits = [load(i) for i in range(n)]  # hits of warm's entries
+        marked = mark(label)  # executes in the first attempt
+        if fail["on"]:
+            raise RuntimeError("crash after the first steps")
+        return hits, marked, load(n)  # a hit of the second attempt
+
+    warmed = warm.run(4)
+    durations = {s.cache_key: s.duration for s in store.list_steps(warmed.id)}
+    with pytest.raises(RuntimeError):
+        job(3, "a")
+    fail["on"] = False
+    run = job.run(3, "a")
+    assert run.attempt == 2 and run.result == ([1, 2, 3], "A", 4)
+    records = store.list_steps(run.id)
+    mark_ran = next(s for s in records if s.status == "ran" and s.attempt == 1)
+    assert run.counts() == {"ran": 0, "cached": 1, "replayed": 4, "failed": 0}
+    assert run.time_saved("replay") == pytest.approx(mark_ran.duration)
+    expected_cache = sum(durations.values()) if _keeps_durations(store) else 0.0
+    assert run.time_saved("cache") == pytest.approx(expected_cache)
+    assert run.time_saved() == pytest.approx(mark_ran.duration + expected_cache)
+    assert run.graph().time_saved == pytest.approx(run.time_saved())
+
+
+def test_entries_written_without_a_duration_save_nothing(store: Any) -> None:
+    """An entry whose key record has no duration (written by an older durably) is served
+    as before; its hits count 0 time saved."""
+    @task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @entrypoint
+    def job(n: int, label: str) -> list[int]:
+        return [inc(i) for i in range(n)]
+
+    job.run(3, "first")
+    (identity,) = [t for t in store.task_identities() if t.endswith(".inc")]
+    for info in store.list_keys(identity):
+        data = store.cache_get(info.cache_key)
+        store.cache_put(info.cache_key, data, dataclasses.replace(info, duration=0.0))
+    second = job.run(3, "second")
+    assert second.counts()["cached"] == 3 and second.result == [1, 2, 3]
+    assert [s.saved for s in second.steps if s.status == "cached"] == [0.0] * 3
+    assert second.time_saved() == 0.0
+
+
 def test_a_rerun_whose_steps_all_changed_never_says_they_were_replayed() -> None:
     def make(version: str) -> Any:
         @durably.task(name="rr_a", version=version)

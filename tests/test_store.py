@@ -794,3 +794,34 @@ def test_a_size_limit_in_a_store_url_takes_the_same_forms(tmp_path: Path) -> Non
     assert isinstance(store, durably.DiskStore) and store.size_limit == 5 * 10**9
     with pytest.raises(durably.DefinitionError, match=r"size_limit.*'5 GiB'"):
         durably.open_store(f"{tmp_path.as_uri()}?size_limit=lots")
+
+
+def test_a_disk_store_reads_rows_of_older_journals_as_no_time_saved(
+        disk_store: durably.DiskStore) -> None:
+    """Cache rows without a tag, key records and step records without the format 8 columns'
+    values (NULL: written before them) read as 0.0 time saved."""
+    import sqlite3
+
+    @durably.task
+    def inc(x: int) -> int:
+        return x + 1
+
+    @durably.entrypoint
+    def job(n: int, label: str) -> list[int]:
+        return [inc(i) for i in range(n)]
+
+    job.run(2, "first")
+    before = job.run(2, "second")
+    assert all(s.saved > 0 for s in before.steps if s.status == "cached")
+    disk_store.close()
+    root = disk_store.path
+    with sqlite3.connect(root / "journal.sqlite3") as con:
+        con.execute("UPDATE keys SET duration = NULL")
+        con.execute("UPDATE steps SET saved = NULL")
+    with sqlite3.connect(root / "cache" / "cache.db") as con:
+        con.execute("UPDATE Cache SET tag = NULL")
+    assert durably.get_run(before.id).time_saved() == 0.0
+    (identity,) = [t for t in disk_store.task_identities() if t.endswith(".inc")]
+    assert [r.duration for r in disk_store.list_keys(identity)] == [0.0, 0.0]
+    third = job.run(2, "third")
+    assert third.counts()["cached"] == 2 and third.time_saved() == 0.0

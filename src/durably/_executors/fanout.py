@@ -176,11 +176,11 @@ class _FanOut:
             return []
         if item.index not in self.failures:
             for other in list(waiting):
-                data = cached_now(other.call)
-                if data is None:
+                found = cached_now(other.call)
+                if found is None:
                     continue
                 try:
-                    value = serve_cached(other.call, data)
+                    value = serve_cached(other.call, *found)
                 except Exception as exc:  # noqa: BLE001 - (cannot journal it): its failure
                     waiting.remove(other)
                     self.failures[other.index] = exc

@@ -199,8 +199,11 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if ctx is None:
         outside = Call(spec, ctx, store, key, code)
         if spec.cache:
-            data = store.cache_get(key) if spec.policy is None else fresh_entry(
-                spec, store, key, None)  # (_lookup, inlined: a hit outside a run)
+            if spec.policy is None:  # (_lookup, inlined: a hit outside a run)
+                data = store.cache_get(key)
+            else:
+                fresh = fresh_entry(spec, store, key, None)
+                data = fresh[0] if fresh is not None else None
             if data is not None:
                 value = _load_cached(data, spec, store, key)
                 if type(value) is Effects:
@@ -380,16 +383,16 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
     if spec.slow and ctx.queued_cache:
         _write_queued(ctx)
     if spec.cache:
-        data = _lookup(spec, store, key, ctx) if ctx.read_cache else None
-        if data is None:
+        found = _lookup(spec, store, key, ctx) if ctx.read_cache else None
+        if found is None:
             call.files = _file_inputs(spec, files, before)
         call.inputs = digest_each(arguments, each, classes)  # before the body may mutate them
         call.classes = classes
         if may_change:
             call.mutable = (may_change, state_before(may_change, call.inputs))
         call.trace_inputs(arguments, None, taken)
-        if data is not None:
-            value = serve_cached(call, data)
+        if found is not None:
+            value = serve_cached(call, found[0], found[1])
             if value is not _MISS:
                 if _debug(_DEBUG):
                     log_lookup(spec, store, ctx, key, True, instance, args, kwargs)
@@ -456,29 +459,32 @@ def _replay_failure(ctx: RunContext, call: Call,
     return exc
 
 
-def cached_now(call: Call) -> bytes | None:
+def cached_now(call: Call) -> tuple[bytes, float] | None:
     """The cached result of a call whose body was to run, if its key has one by now (a
     duplicate in a fan-out, after the first such item finished), as :func:`begin_step`
-    would have found it; None in a fork's first attempt (it reads no cache)."""
+    would have found it, with the seconds its execution took; None in a fork's first
+    attempt (it reads no cache)."""
     ctx = call.ctx
     if ctx is not None and not ctx.read_cache:
         return None
     return _lookup(call.spec, call.store, call.key, ctx)
 
 
-def _lookup(spec: Spec, store: Store, key: str, ctx: RunContext | None) -> bytes | None:
-    """The cache entry of a call: the run's queued write of it first, else the store's;
-    with a cache policy (``expires_after=``, ``cache_if=``, a refresh), as it lets it be
-    served."""
+def _lookup(spec: Spec, store: Store, key: str, ctx: RunContext | None
+            ) -> tuple[bytes, float] | None:
+    """The cache entry of a call and the seconds the execution that produced it took: the
+    run's queued write of it first, else the store's; with a cache policy
+    (``expires_after=``, ``cache_if=``, a refresh), as it lets it be served."""
     if spec.policy is not None:
         return fresh_entry(spec, store, key, ctx)
-    data = ctx.pending_cache(key) if ctx is not None else None
-    return data if data is not None else store.cache_get(key)
+    found = ctx.pending_cache(key) if ctx is not None else None
+    return found if found is not None else store.cache_get_timed(key)
 
 
-def serve_cached(call: Call, data: bytes) -> Any:
+def serve_cached(call: Call, data: bytes, saved: float = 0.0) -> Any:
     """Finish ``call`` from the cross-run cache: its value, journaled as a cached step
-    inside a run; ``_MISS`` when the value cannot be loaded (see
+    inside a run (``saved``: seconds the execution that produced the entry took, kept in
+    its record); ``_MISS`` when the value cannot be loaded (see
     :func:`~durably._runtime.step._load_cached`): the call is not finished, its body must
     run."""
     value = _load_cached(data, call.spec, call.store, call.key)
@@ -488,7 +494,8 @@ def serve_cached(call: Call, data: bytes) -> Any:
         value = restored(call.spec.name, value, call.arguments or {}, call.spec)
     ctx = call.ctx
     if ctx is not None:
-        record = call.record("cached", None, short_repr(value), *trace_digests(value))
+        record = call.record("cached", None, short_repr(value), *trace_digests(value),
+                             saved)
         ctx.note_cached(record, data)
         if ctx.listener is not None:
             ctx.emit(call.event("step_finished", record))

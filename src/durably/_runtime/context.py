@@ -426,10 +426,14 @@ class RunContext:
         """Whether cache writes are queued (:meth:`cache_later`)."""
         return bool(self._cache_writes)
 
-    def pending_cache(self, key: str) -> bytes | None:
-        """A queued cache write for this key, if any (so the run sees its own results)."""
+    def pending_cache(self, key: str) -> tuple[bytes, float] | None:
+        """A queued cache write for this key, if any (so the run sees its own results),
+        with the seconds its execution took (its key record's duration)."""
         found = self._cache_writes.get(key)
-        return found[0] if found is not None else None
+        if found is None:
+            return None
+        info = found[1]
+        return found[0], info.duration if info is not None else 0.0
 
     def flush_cache(self) -> None:
         with self._lock:

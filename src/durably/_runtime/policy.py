@@ -127,14 +127,16 @@ def make_policy(kind: str, name: str, expires_after: Any, cache_if: Any,
     return CachePolicy(seconds, cache_if)
 
 
-def fresh_entry(spec: Spec, store: Store, key: str, ctx: RunContext | None) -> bytes | None:
+def fresh_entry(spec: Spec, store: Store, key: str, ctx: RunContext | None
+                ) -> tuple[bytes, float] | None:
     """The cache entry of ``key`` as the spec's policy lets it be served (its ``policy`` is
-    set), else None: never for a refresh; with ``expires_after``, only while its key record
-    (its time) says it is young enough. ``ctx``: the run, whose queued cache writes it
-    sees first (as :meth:`RunContext.pending_cache` does)."""
+    set), with the seconds the execution that produced it took, else None: never for a
+    refresh; with ``expires_after``, only while its key record (its time) says it is young
+    enough. ``ctx``: the run, whose queued cache writes it sees first (as
+    :meth:`RunContext.pending_cache` does)."""
     policy = spec.policy
     if policy is None:
-        return store.cache_get(key)
+        return store.cache_get_timed(key)
     if policy.refresh:
         return None
     if ctx is not None:
@@ -142,9 +144,9 @@ def fresh_entry(spec: Spec, store: Store, key: str, ctx: RunContext | None) -> b
         if queued is not None:
             info = queued[1]
             expired = policy.expired(info.created if info is not None else None)
-            return None if expired else queued[0]
-    data = store.cache_get(key)
-    if data is None or policy.expires_after is None:
-        return data
+            return None if expired else (queued[0], info.duration if info is not None else 0.0)
+    found = store.cache_get_timed(key)
+    if found is None or policy.expires_after is None:
+        return found
     record = store.find_key(spec.identity, key)
-    return None if policy.expired(record.created if record is not None else None) else data
+    return None if policy.expired(record.created if record is not None else None) else found

@@ -8,7 +8,7 @@ import operator
 import os
 import time
 from collections.abc import Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from durably._keys import serde as _serde
 from durably._runtime.config import StoreLike, default_store
@@ -16,7 +16,7 @@ from durably._runtime.history import Checkpoint, checkpoints, recorded_script
 from durably._runtime.interrupt import Interrupt, pending_interrupts
 from durably._runtime.keep import kept_steps, rerun_after_code_change
 from durably._store.records import RunRecord, StepRecord
-from durably._trace.spans import wall_span
+from durably._trace.spans import time_saved
 from durably._trace.tracer import Event, RunGraph, build_graph
 from durably.exceptions import (
     DefinitionError,
@@ -307,34 +307,60 @@ class Run(Generic[R]):
         found.sort(key=lambda ev: ev.time)
         return found
 
-    def time_saved(self) -> float:
-        """Seconds of wall-clock time the latest attempt did not spend: the time covered by
-        the original executions of the steps it replayed, steps that ran at the same time (a
-        parallel map, a step and the steps it called) counted once: the union of their
-        ``(started, ended)`` intervals, never a sum of durations. Steps served from the
-        cross-run cache count 0 (their cost was paid by another run).
+    def time_saved(self, by: Literal["replay", "cache"] | None = None) -> float:
+        """Seconds the latest attempt did not spend executing steps, because the journal
+        replayed them or the cross-run cache served them.
+
+        - By replay: the wall-clock time covered by the original executions (in earlier
+          attempts of this run) of the steps it replayed, steps that ran at the same time
+          (a parallel map, a step and the steps it called) counted once: the union of
+          their ``(started, ended)`` intervals, never a sum of durations.
+        - By the cache: for each step served from the cache (or replayed from a record
+          that was), the seconds the execution that produced its entry took
+          (:attr:`StepRecord.saved <durably.store.StepRecord.saved>`), summed. Those
+          executions happened in other runs, at other times: their intervals cannot be
+          merged with this run's, so the items of a parallel map served from the cache
+          count each, as if executed one after the other. An entry written without its
+          duration (by an older durably) counts 0.
+
+        Args:
+            by: ``"replay"`` or ``"cache"`` for one of the two; None (default) for their
+                sum.
+
+        Returns:
+            Seconds (float, 0.0 for none).
+
+        Raises:
+            DefinitionError: ``by`` is not ``"replay"``, ``"cache"`` or None.
 
         Example:
             >>> import durably, tempfile
-            >>> store = durably.DiskStore(tempfile.mkdtemp())
-            >>> @durably.entrypoint(store=store)
+            >>> durably.configure(store=durably.DiskStore(tempfile.mkdtemp()))
+            >>> @durably.task
+            ... def double(x):
+            ...     return 2 * x
+            >>> @durably.entrypoint
             ... def hello(name):
-            ...     return f"hello {name}"
-            >>> hello.run("ada").time_saved()
+            ...     return double(len(name))
+            >>> hello.run("ada").time_saved()  # (double executed: nothing saved)
             0.0
+            >>> again = hello.run("bob")  # a new run: double(3) served from the cache
+            >>> again.counts()["cached"], again.time_saved("cache") > 0, again.time_saved("replay")
+            (1, True, 0.0)
+            >>> durably.configure(store=None)
         """
-        return self._time_saved(self._store.list_steps(self.id))
+        if by not in (None, "replay", "cache"):
+            raise DefinitionError(
+                f"run.time_saved(by={by!r}): by is \"replay\" (time saved by the journal), "
+                "\"cache\" (time saved by the cross-run cache) or None (both). Fix: pass one "
+                "of those.")
+        replay, cache = self._time_saved(self._store.list_steps(self.id))
+        return replay if by == "replay" else cache if by == "cache" else replay + cache
 
-    def _time_saved(self, records: list[StepRecord]) -> float:
-        """:meth:`time_saved`, from the run's records of every attempt."""
-        ran: dict[str, tuple[float, float]] = {}
-        replayed: set[str] = set()
-        for s in records:
-            if s.status == "ran":
-                ran.setdefault(s.step_id, (s.started, s.ended))
-            elif s.status == "replayed" and s.attempt == self.attempt:
-                replayed.add(s.step_id)
-        return wall_span(ran[step] for step in replayed if step in ran)
+    def _time_saved(self, records: list[StepRecord]) -> tuple[float, float]:
+        """:meth:`time_saved` by replay and by the cache, from the run's records of every
+        attempt."""
+        return time_saved(records, self.attempt)
 
     def counts(self) -> dict[str, int]:
         """Steps of the latest attempt by status: ``ran``, ``cached``, ``replayed``,
@@ -359,9 +385,14 @@ class Run(Generic[R]):
         )
         if self.wall_time is not None:
             text += f" — in {self.wall_time:.2f} s"
-        saved = self._time_saved(records)
-        if saved >= 0.01:
-            text += f", {saved:,.2f} s saved by the journal"
+        by_replay, by_cache = self._time_saved(records)
+        if by_replay >= 0.01 and by_cache >= 0.01:
+            text += (f", {by_replay + by_cache:,.2f} s saved ({by_replay:,.2f} s by the journal, "
+                     f"{by_cache:,.2f} s by the cache)")
+        elif by_replay >= 0.01:
+            text += f", {by_replay:,.2f} s saved by the journal"
+        elif by_cache >= 0.01:
+            text += f", {by_cache:,.2f} s saved by the cache"
         changes, kept = self._code_changes(c)
         text += changes
         if self.status == "interrupted":

@@ -404,19 +404,21 @@ class Spec:
         return dict(fp.changed_by) if self.version is None and fp is not None else {}
 
     def key_record(self, key: str, inputs: dict[str, str], code: str | None = None,
-                   classes: dict[str, str] | None = None) -> KeyRecord:
+                   classes: dict[str, str] | None = None, duration: float = 0.0
+                   ) -> KeyRecord:
         """What the key was made of (``inputs``: digest of each argument, taken on a miss
         before the body ran: paid on misses only, never on a hit). ``code``: the code version
         the key was made with (:meth:`key_and_code`), else the current one. ``classes``: the
         code digest of each user class in the arguments (:func:`class_digests`), kept among
-        the parts under :data:`CLASS_PART` names."""
+        the parts under :data:`CLASS_PART` names. ``duration``: seconds the execution
+        that produced the entry took (what a hit saves)."""
         if code is None:
             code = self.code_version()  # revalidated once; the parts are of that fingerprint
         fp = self._fingerprint
         parts = self._parts() if fp is not None and fp.digest == code else {}
         if classes:
             parts.update((CLASS_PART + path, d) for path, d in classes.items())
-        return KeyRecord(self.identity, key, code, inputs, parts, now())
+        return KeyRecord(self.identity, key, code, inputs, parts, now(), max(duration, 0.0))
 
 
 def _name_of_nameless(kind: str, raw: Any, name: str | None,

@@ -194,14 +194,15 @@ class Call:
         return bool(changed)
 
     def record(self, status: str, error: str | None = None, output: str | None = None,
-               result_digest: str = "", output_digests: tuple[str, ...] = ()) -> StepRecord:
+               result_digest: str = "", output_digests: tuple[str, ...] = (),
+               saved: float = 0.0) -> StepRecord:
         ctx = self.ctx
         assert ctx is not None
         return StepRecord(
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
             self.position, self.started, self.ended if self.ended is not None else now(),
             error, self.key if self.spec.cache else "",
-            self.args_repr, output, result_digest, self.flow, output_digests,
+            self.args_repr, output, result_digest, self.flow, output_digests, saved,
         )
 
     def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None,
@@ -328,7 +329,8 @@ class Call:
                     spec.policy is None or spec.policy.admits(
                         spec, self.store, self.key, result, now() - self.started)):
                 self.store.cache_put(self.key, data, spec.key_record(
-                    self.key, self.inputs, self.code or None, self.classes))
+                    self.key, self.inputs, self.code or None, self.classes,
+                    now() - self.started))
             return result
         record = self.record("ran", None, short_repr(result), *trace_digests(result))
         cacheable = spec.cache and not spec.changed_in_place() and not self.files_changed() \
@@ -346,7 +348,8 @@ class Call:
                 self.failed(exc)  # journaled as the step's failure: the next attempt runs it
                 raise
         if cacheable:
-            info = spec.key_record(self.key, self.inputs, self.code or None, self.classes)
+            info = spec.key_record(self.key, self.inputs, self.code or None, self.classes,
+                                   record.ended - record.started)
             if slow or ctx.codes.get(spec) != self.code:
                 # (a task's first entry under a code version in an attempt is written at
                 # once, with its key record: what keep_finished=True finds the code versions

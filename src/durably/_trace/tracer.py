@@ -281,10 +281,12 @@ class RunGraph:
         attempt: The attempt drawn.
         nodes: The nodes in call order.
         edges: The data-flow edges, in order of their targets.
-        time_saved: Seconds the cache and the journal saved in this attempt: the wall-clock
-            time covered by the executions (in earlier attempts of the run) of the steps it
-            served from the cache or the journal, steps that ran at the same time counted
-            once (see :func:`~durably._trace.spans.wall_span`).
+        time_saved: Seconds the cache and the journal saved in this attempt, as
+            :meth:`Run.time_saved <durably.Run.time_saved>` counts them: the wall-clock time
+            covered by the executions (in earlier attempts of the run) of the steps it
+            replayed, steps that ran at the same time counted once (see
+            :func:`~durably._trace.spans.wall_span`), plus the seconds the executions that
+            produced the cache entries it was served took (:attr:`StepRecord.saved`).
         wall_time: Seconds from the attempt's start to its end (None while it runs or when
             unknown).
     """
@@ -387,11 +389,15 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
     ordered = [s for s in current if last[s.step_id] is s]
 
     saved: dict[str, tuple[float, float]] = {}
+    by_cache = 0.0  # seconds the cache saved: durations of executions in other runs
     nodes: list[Node] = []
     for s in ordered:
         origin = first.get(s.step_id, s)
-        if s.status in ("cached", "replayed") and origin is not s:
-            saved[s.step_id] = (origin.started, origin.ended)
+        if s.status in ("cached", "replayed"):
+            if origin.status == "cached":
+                by_cache += origin.saved
+            elif origin is not s:
+                saved[s.step_id] = (origin.started, origin.ended)
         nodes.append(Node(
             id=s.step_id, task=s.task, status=s.status, parent=s.parent_id, started=s.started,
             duration=s.duration if s.status != "replayed" else origin.duration,
@@ -449,7 +455,7 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
             returning.append((s.step_id, out, s.output_digests or origin.output_digests,
                               s.ended))
     graph = RunGraph(run_id, name, status, attempt, tuple(nodes), tuple(edges),
-                     wall_span(saved.values()))
+                     wall_span(saved.values()) + by_cache)
     if collapse:
         while True:  # again: the children of a collapsed group may collapse in turn
             smaller = _collapse(graph, collapse)
