@@ -122,6 +122,24 @@ def test_runs_and_a_run_page(store: durably.Store) -> None:
     assert c.get("/runs/no-such-run").status_code == 404
 
 
+def test_the_time_the_cache_saved_is_shown(store: durably.Store) -> None:
+    """A run served from the cache: the runs table's time saved and the run page's (its
+    first attempt, read by the page's quick path) say what the cache saved."""
+    from durably._ui.pages import _seconds
+
+    publish.run(5)
+    second = publish.run(6)  # parse(0) to parse(4) served from the cache
+    assert second.counts()["cached"] == 5
+    by_cache = second.time_saved("cache")
+    assert by_cache == pytest.approx(sum(s.saved for s in second.steps))
+    c = client(store)
+    row = next(r for r in c.get("/api/runs").json() if r["id"] == second.id)
+    assert row["saved"] == pytest.approx(second.time_saved()) == pytest.approx(by_cache)
+    page = c.get(f"/runs/{second.id}").text
+    if by_cache > 0:  # (0.0 on a store that keeps no durations: tests/minimal_store.py)
+        assert f"{_seconds(by_cache)} ({_seconds(by_cache)} by the cache)" in page
+
+
 def test_the_step_table_is_paginated_and_filtered(store: durably.Store) -> None:
     run = publish.run(250)
     c = client(store)

@@ -267,7 +267,10 @@ async def _run_page(request: Request, state: _State) -> Response:
             counts, tasks, total = queries.step_counts(state.store, run)
             rows, next_after = queries.steps_after(
                 state.store, run, -1 if after is None else after, PAGE_SIZE)
-            matching, saved = total, 0.0
+            matching, saved, by_cache = total, 0.0, 0.0
+            if counts.get("cached"):  # (the time the cache saved is in its steps' records)
+                found = state.steps.of(run)
+                saved, by_cache = found["saved"], found["saved_by_cache"]
         else:
             found = state.steps.of(run)
             rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
@@ -276,6 +279,7 @@ async def _run_page(request: Request, state: _State) -> Response:
                 rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task,
                                                    status)
             counts, saved, total = found["counts"], found["saved"], len(found["steps"])
+            by_cache = found["saved_by_cache"]
             tasks = sorted({s.task for s in found["steps"]})
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
         if total <= INLINE_HISTORY:
@@ -285,7 +289,8 @@ async def _run_page(request: Request, state: _State) -> Response:
             PAGE_SIZE, task, status, queries.pending_of(state.store, run),
             queries.errors_of(state.store, run), queries.events_of(state.store, run),
             history, tasks, notice=request.query_params.get("notice"),
-            next_after=next_after, layout_seconds=LAYOUT_SECONDS)
+            next_after=next_after, layout_seconds=LAYOUT_SECONDS,
+            saved_by_cache=by_cache)
 
     text = await _blocking(read)
     if text is None:

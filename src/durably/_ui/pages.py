@@ -256,9 +256,10 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
              history: Sequence[durably.Checkpoint] | None, tasks: list[str],
              notice: str | None = None, next_after: int | None = None,
-             layout_seconds: float = 20) -> str:
+             layout_seconds: float = 20, saved_by_cache: float = 0.0) -> str:
     """The page of one run: its summary, questions, graph, steps, errors, events, history
-    and actions."""
+    and actions. ``saved``: seconds the attempt saved (:meth:`durably.Run.time_saved`), of
+    which ``saved_by_cache`` by the cache."""
     state = run.status
     total = sum(counts.values())
     facts = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in (
@@ -268,7 +269,8 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
             f'<span id="steps-{k}">{counts[k]:,}</span> {k}'
             for k in ("ran", "cached", "replayed", "failed"))),
-        ("time saved", _seconds(saved) or "0 s")))
+        ("time saved", (_seconds(saved) or "0 s") + (
+            f" ({_seconds(saved_by_cache)} by the cache)" if saved_by_cache > 0 else ""))))
     error = f'<p class="error">{_h(run.error)}</p>' if run.error else ""
     failures = "".join(
         f'<details class="failure"><summary><b>{_h(e["task"])}</b> (attempt {e["attempt"]}, '

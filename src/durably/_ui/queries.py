@@ -22,7 +22,7 @@ from typing import Any
 import durably
 from durably._runtime.interrupt import record_answers
 from durably._store import lease
-from durably._trace.spans import wall_span
+from durably._trace.spans import time_saved
 from durably._trace.tracer import short_repr
 from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
@@ -203,7 +203,8 @@ class StepsCache:
 
     def of(self, run: durably.Run[Any]) -> dict[str, Any]:
         """``steps`` (the latest attempt's, in call order), ``counts``, ``saved`` (seconds,
-        as :meth:`durably.Run.time_saved`)."""
+        as :meth:`durably.Run.time_saved`) and ``saved_by_cache`` (its part by the cache,
+        ``time_saved("cache")``)."""
         status = run.status
         sign = (run.attempt, run.updated, status)
         with self._lock:
@@ -215,15 +216,9 @@ class StepsCache:
         latest = [s for s in records if s.attempt == run.attempt]
         closed = {s.step_id for s in latest if s.status != "started"}
         steps = [s for s in latest if s.status != "started" or s.step_id not in closed]
-        ran: dict[str, tuple[float, float]] = {}
-        replayed: set[str] = set()
-        for s in records:
-            if s.status == "ran":
-                ran.setdefault(s.step_id, (s.started, s.ended))
-            elif s.status == "replayed" and s.attempt == run.attempt:
-                replayed.add(s.step_id)
-        found = {"steps": steps, "counts": _counts(steps),
-                 "saved": wall_span(ran[step] for step in replayed if step in ran)}
+        by_replay, by_cache = time_saved(records, run.attempt)
+        found = {"steps": steps, "counts": _counts(steps), "saved": by_replay + by_cache,
+                 "saved_by_cache": by_cache}
         with self._lock:
             self._kept.pop(run.id, None)
             self._kept[run.id] = (sign, found)
