@@ -1,14 +1,16 @@
 """Count the CPU instructions of one of durably's call paths: a figure that does not move
 with the machine's load, for comparing two versions of the code.
 
-Run: python benchmarks/count_instructions.py replayed|executed|hit [--steps 100]
+Run: python benchmarks/count_instructions.py replayed|executed|hit|cached [--steps 100]
      [--src PATH ...]
 
 Timings on a shared machine move by 30 % between runs; instruction counts move by well under
 1 %. This runs the workload of ``bench_call_path.py`` (a trivial task; runs of ``--steps``
 steps) under Valgrind's callgrind twice, with 10 and with 40 repetitions, and prints the
 difference divided by 30 repetitions: the instructions of one resumed run (``replayed``),
-one executed run (``executed``) or 1,000 hits outside a run (``hit``), start-up excluded.
+one executed run (``executed``), one new run whose steps are all served from the cache
+(``cached``: hits inside a run, each journaled with the time it saved) or 1,000 hits
+outside a run (``hit``), start-up excluded.
 Each ``--src`` (a checkout's ``src`` folder) is measured in turn, for an A/B comparison:
 
     python benchmarks/count_instructions.py replayed --src /tmp/old/src --src src
@@ -45,6 +47,9 @@ if what == "hit":
     inc(-1)
     for _ in range(count * 1000 if mode == "measure" else 0):
         inc(-1)
+elif what == "cached":
+    for base in bases:  # setup: the runs that execute the steps; measure: new runs, all hits
+        chain.run(steps, base, fresh=mode == "measure")
 elif what == "executed":
     for base in bases if mode == "measure" else ():
         chain.run(steps, base)
@@ -79,7 +84,7 @@ def instructions(src: str | None, what: str, count: int, steps: int, tmp: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n")[0])
-    parser.add_argument("what", choices=["replayed", "executed", "hit"])
+    parser.add_argument("what", choices=["replayed", "executed", "hit", "cached"])
     parser.add_argument("--steps", type=int, default=100, help="steps per run (default 100)")
     parser.add_argument("--src", action="append",
                         help="a checkout's src folder to measure (repeatable; default: the "
@@ -87,7 +92,8 @@ def main() -> None:
     opts = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed. Fix: apt-get install valgrind")
-    unit = {"replayed": "resumed run", "executed": "executed run", "hit": "1,000 hits"}
+    unit = {"replayed": "resumed run", "executed": "executed run", "hit": "1,000 hits",
+            "cached": "run of hits"}
     for src in opts.src or [None]:
         with tempfile.TemporaryDirectory() as tmp:
             low = instructions(src, opts.what, 10, opts.steps, Path(tmp))

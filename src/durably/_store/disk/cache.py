@@ -73,8 +73,10 @@ def _cache_fetch(cache: Any, con: sqlite3.Connection, key: str) -> tuple[Any, fl
     row = con.execute(_FETCH, (key, time.time())).fetchone()
     if row is None:
         return None, 0.0
+    tag = row[3]  # (a float durably wrote, else NULL: _seconds, inlined on every hit)
     try:
-        return cache._disk.fetch(row[0], row[1], row[2], False), _seconds(row[3])
+        return (cache._disk.fetch(row[0], row[1], row[2], False),
+                tag if type(tag) is float and tag > 0 else 0.0)
     except OSError:  # removed between the SELECT and the read (as Cache.get)
         return None, 0.0
 
