@@ -61,6 +61,40 @@ def test_each_call_on_a_thread_sees_what_the_last_one_saved(store: Any) -> None:
     assert chat("hello") == "hello (after 0)"
 
 
+def test_a_call_without_a_thread_never_continues_or_returns_a_thread_run(store: Any) -> None:
+    down = [True]
+
+    @durably.task(cache=False)
+    def reply(message: str, history: list[str]) -> str:
+        if down[0]:
+            raise RuntimeError("llm down")
+        return f"re:{message} after {len(history)}"
+
+    @durably.entrypoint
+    def chat(message: str, *, previous: list[str] | None = None) -> Any:
+        answer = reply(message, list(previous or []))
+        return durably.Final(value=answer, save=[*(previous or []), message, answer])
+
+    with pytest.raises(RuntimeError, match="llm down"):
+        chat.run("hi", thread="user-1")
+    failed = durably.list_runs(thread="user-1")[0]
+    down[0] = False
+    # an unrelated call with the same message: a run of its own; the thread's call stays failed
+    alone = chat.run("hi")
+    assert alone.thread is None and alone.id != failed.id and alone.result == "re:hi after 0"
+    assert durably.get_run(failed.id).status == "failed"
+    # a finished thread call is not returned either, nor the thread's call #2 for the
+    # arguments it was given (previous= included)
+    done = chat.run("yo", thread="user-2")
+    second = chat.run("again", thread="user-2")
+    assert done.thread == second.thread == "user-2"
+    for run in (chat.run("yo"), chat.run("again", previous=["yo", done.result])):
+        assert run.thread is None and run.id not in (done.id, second.id)
+    # and a thread call never continues a run made without a thread
+    assert chat.run("hi", thread="user-3").id not in (alone.id, failed.id)
+    assert [r.thread for r in durably.list_runs(chat) if r.thread is None] == [None, None, None]
+
+
 def test_without_final_the_next_call_sees_the_result(store: Any) -> None:
     @durably.entrypoint
     def total(x: int, *, previous: int | None = None) -> int:

@@ -488,6 +488,13 @@ def _resumed_meanwhile(record: RunRecord, previous: int, store: Any) -> RunState
         "it again once the other attempt ended, to get the run's result.")
 
 
+def _own_run(record: RunRecord) -> bool:
+    """Whether a call without ``run_id=`` and ``thread=`` may continue the run: neither a
+    fork (continued by its id) nor a call on a conversation thread (continued on its
+    thread)."""
+    return "-fork-" not in record.run_id and record.thread is None
+
+
 def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
                  input_digest: str) -> tuple[str, RunRecord | None]:
     """The id of the run this call starts or continues, and its record if it exists.
@@ -502,12 +509,12 @@ def _resolve_run(store: Store, spec: Spec, run_id: str | None, fresh: bool,
             f"{spec.identity}\x00{input_digest}".encode()
         )
         existing = None if fresh else store.find_latest_run(spec.identity, input_digest)
-        if existing is not None and "-fork-" in existing.run_id:
+        if existing is not None and not _own_run(existing):
             # a fork is a what-if: calling the entrypoint again continues the run it forked
-            # from, not the fork (forks are continued by their id)
+            # from, not the fork (forks are continued by their id); a conversation thread's
+            # call is the thread's: a call without thread= never continues or returns it
             existing = next((r for r in store.list_runs(spec.identity)
-                             if r.input_digest == input_digest and "-fork-" not in r.run_id),
-                            None)
+                             if r.input_digest == input_digest and _own_run(r)), None)
         run_id = existing.run_id if existing else (
             f"{base}-{uuid.uuid4().hex[:8]}" if fresh else base
         )
