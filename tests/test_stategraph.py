@@ -2301,6 +2301,99 @@ def test_two_graphs_over_one_state_never_share_runs() -> None:
     assert again.compile().run(state).id == first.id
 
 
+class Entries(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def _one_node(fn: Callable[[Any], Any], state: type[Any] = Entries) -> Any:
+    g = StateGraph(state)
+    g.add_node("work", fn).add_edge(START, "work").add_edge("work", END)
+    return g.compile()
+
+
+def test_unnamed_graphs_calling_other_functions_never_share_runs() -> None:
+    """An unnamed graph is known by its nodes' functions (by qualified name), its routers'
+    functions, destinations and path_map, its reducers and its subgraphs' structure: graphs
+    differing in any of them never continue, finish or refuse each other's runs; a graph
+    whose node's *code* was fixed is the same graph and resumes its failed run."""
+    def fetch(s: Entries) -> dict[str, Any]:
+        raise ConnectionError("service down")
+
+    def summarize(s: Entries) -> dict[str, Any]:
+        return {"log": ["summary"]}
+
+    fetcher, summarizer = _one_node(fetch), _one_node(summarize)
+    with pytest.raises(ConnectionError):
+        fetcher.invoke({"log": []})
+    failed = durably.list_runs(fetcher.name)[0]
+    run = summarizer.run({"log": []})
+    assert run.id != failed.id and run.result == {"log": ["summary"]}
+    assert durably.get_run(failed.id).status == "failed"
+
+    # the node's code fixed, under the same qualified name: the same graph, the same run
+    def fetch(s: Entries) -> dict[str, Any]:  # type: ignore[no-redef]
+        return {"log": ["fetched"]}
+
+    fixed = _one_node(fetch)
+    assert fixed.name == fetcher.name
+    assert fixed.run({"log": []}).id == failed.id
+    assert durably.get_run(failed.id).status == "finished"
+
+    def route_a(s: Entries) -> str:
+        return "b"
+
+    def route_b(s: Entries) -> str:
+        return "b"
+
+    def routed(router: Any, path_map: Any = None, subgraph: Any = None,
+               state: type[Any] = Entries) -> str:
+        g = StateGraph(state)
+        g.add_node("a", summarize).add_node("b", subgraph or summarize)
+        g.add_edge(START, "a").add_conditional_edges("a", router, path_map or ["b"])
+        g.add_edge("b", END)
+        return g.compile().name
+
+    class Replaced(TypedDict):
+        log: list[str]
+
+    inner_a, inner_b = _one_node(summarize), _one_node(fetch)
+    names = [routed(route_a), routed(route_b), routed(route_a, {"x": "b"}),
+             routed(route_a, {"y": "b"}), routed(route_a, subgraph=inner_a),
+             routed(route_a, subgraph=inner_b), routed(route_a, state=Replaced)]
+    assert len(set(names)) == len(names), names
+    # destinations mean a set, END always allowed: the same graph
+    assert routed(route_a, ["b", END]) == routed(route_a, [END, "b"]) == routed(route_a)
+
+
+def test_a_partial_router_s_errors_name_its_function() -> None:
+    """A functools.partial router: its unknown destination and its bad value at run time
+    raise durably's errors naming the router's function (they raised AttributeError)."""
+    import functools
+
+    def log(word: str) -> Callable[[Entries], dict[str, Any]]:
+        return lambda s: {"log": [word]}
+
+    def pick(s: Entries, to: str) -> Literal["work", "nowhere"]:
+        return to  # type: ignore[return-value]
+
+    g = StateGraph(Entries)
+    g.add_node("work", log("w")).add_node("first", log("f"))
+    g.add_edge(START, "first").add_conditional_edges("first", functools.partial(pick, to="x"))
+    g.add_edge("work", END)
+    with pytest.raises(GraphValidationError, match=r"router 'pick' .*'nowhere'"):
+        g.compile()
+
+    def pick2(s: Entries, to: str) -> str:
+        return to
+
+    g = StateGraph(Entries)
+    g.add_node("work", log("w")).add_node("first", log("f"))
+    g.add_edge(START, "first").add_edge("work", END)
+    g.add_conditional_edges("first", functools.partial(pick2, to="bad"), ["work"])
+    with pytest.raises(InvalidRouteError, match=r"router 'pick2' \(after node 'first'\)"):
+        g.compile().invoke({"log": []})
+
+
 def test_a_subgraph_over_its_parent_s_state_needs_no_name() -> None:
     inner = StateGraph(Notes)
     inner.add_node("x", _append("inner")).add_edge(START, "x").add_edge("x", END)

@@ -90,9 +90,11 @@ class StateGraph(Generic[S]):
             operator.add]``), where a reducer is ``(current, update) -> merged``; keys
             without one are replaced by updates.
         name: The graph's name (the name of its runs and of its steps). Default: the state
-            type's name with ``graph`` and 8 hex digits of its nodes and edges appended
-            (``Stategraph-1f0c9a2e``), so two graphs over one state type never share runs;
-            name a graph to keep its runs across changes to its nodes and edges (then a
+            type's name with ``graph`` and 8 hex digits of its structure appended
+            (``Stategraph-1f0c9a2e``): its nodes, edges, routers (destinations and
+            ``path_map``), reducers and subgraphs, functions by qualified name, not code
+            (fixing a node's code keeps its runs). So two graphs over one state type never
+            share runs; name a graph to keep its runs across changes to its structure (then a
             run checkpointed under another structure raises
             :class:`~durably.stategraph.GraphChangedError`, and ``migrate=`` continues it).
 
@@ -341,12 +343,30 @@ class StateGraph(Generic[S]):
         return app
 
     def _structure_digest(self) -> str:
-        """8 hex digits of the graph's nodes, edges and routers (not their code: editing a
-        node keeps its runs, whose checkpoints say what changed)."""
-        shape = [sorted(self.nodes),
-                 sorted([list(sources), target] for sources, target in self.edges),
-                 sorted([r.source, sorted(map(str, r.names))] for r in self.routers)]
-        return xxhash.xxh3_64_hexdigest(json.dumps(shape).encode())[:8]
+        """8 hex digits of the graph's structure: its nodes and the functions they call, its
+        edges, its routers (their functions, destinations and ``path_map``), its state's
+        reducers and each subgraph's own structure. Functions are known by qualified name,
+        not code: fixing a node's code keeps its runs (whose checkpoints say what changed),
+        while graphs calling other functions never share runs."""
+        return xxhash.xxh3_64_hexdigest(json.dumps(self._shape()).encode())[:8]
+
+    def _shape(self) -> list[Any]:
+        """The graph's structure as JSON (see :meth:`_structure_digest`)."""
+        def who(fn: Any) -> Any:
+            inner = getattr(fn, "graph", None)
+            if hasattr(fn, "fingerprint_digest") and isinstance(inner, StateGraph):
+                return ["graph", str(getattr(fn, "name", "")), inner._shape()]
+            return callable_name(fn, qualified=True)
+
+        return [
+            {n: who(fn) for n, fn in sorted(self.nodes.items())},
+            sorted([list(sources), target] for sources, target in self.edges),
+            sorted([r.source, who(r.fn), sorted(set(map(str, r.names)) - {END}),
+                    sorted([repr(k), v] for k, v in (r.mapping or {}).items())]
+                   for r in self.routers),
+            {k: who(fn) for k, fn in sorted(self.schema.reducers.items())},
+            {n: sorted(o.get("destinations") or ()) for n, o in sorted(self.node_options.items())},
+        ]
 
     def _snapshot(self) -> StateGraph[S]:
         """A copy of this builder as it is now: what a compiled graph runs, so that nodes and
@@ -383,7 +403,7 @@ class StateGraph(Generic[S]):
                 problems.append(f"edge {list(sources)} -> START: nothing goes into START")
         for r in self.routers:
             if r.source not in known or r.source == END:
-                problems.append(f"router {r.fn.__name__!r}: unknown source node {r.source!r}")
+                problems.append(f"router {callable_name(r.fn)!r}: unknown source node {r.source!r}")
                 continue
             out[r.source].add(END)  # (always allowed)
             if r.dynamic:
@@ -391,7 +411,7 @@ class StateGraph(Generic[S]):
             for d in r.names:
                 if d not in known or d == START:
                     where = "its return annotation names" if r.inferred else "declares"
-                    problems.append(f"router {r.fn.__name__!r} from {r.source!r} {where} "
+                    problems.append(f"router {callable_name(r.fn)!r} from {r.source!r} {where} "
                                     f"unknown destination {d!r}; the nodes are "
                                     f"{sorted(self.nodes)} and END")
                 else:
@@ -418,6 +438,19 @@ class StateGraph(Generic[S]):
         if END not in seen and out[START]:
             problems.append("END is unreachable: every path loops forever")
         return problems
+
+
+def callable_name(fn: Any, *, qualified: bool = False) -> str:
+    """How a node's, router's or reducer's function is named in messages (its ``__name__``;
+    a ``functools.partial``'s function's; a callable object's class's), or with
+    ``qualified`` its ``module:qualname`` (what an unnamed graph's identity knows it by)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not hasattr(fn, "__qualname__") or not callable(fn):
+        fn = type(fn)
+    if not qualified:
+        return str(getattr(fn, "__name__", None) or type(fn).__name__)
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', '?')}"
 
 
 def _command_destinations(fn: Any) -> list[str] | None:

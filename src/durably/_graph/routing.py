@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from durably._graph.builder import InvalidRouteError, _Router
+from durably._graph.builder import InvalidRouteError, _Router, callable_name
 from durably._graph.structure import END, Command, Send
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class Routing:
             v = _as_send(v)
             if _is_command(v):
                 raise InvalidRouteError(
-                    f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}: a "
+                    f"router {callable_name(r.fn)!r} (after {r.source!r}) returned {v!r:.200}: a "
                     "router returns node names, END or Sends; a Command (an update and where "
                     "to go) is what a node returns. Fix: return the names (or Sends), or "
                     "move the decision into the node and return the Command from it.")
@@ -104,7 +104,7 @@ class Routing:
             if isinstance(v, Send):
                 if not isinstance(v.node, str) or v.node not in allowed or v.node == END:
                     raise InvalidRouteError(
-                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r:.200}, "
+                        f"router {callable_name(r.fn)!r} (after {r.source!r}) returned {v!r:.200}, "
                         f"whose node is not among its {_kind(r)} "
                         f"{[n for n in allowed if n != END]}. Fix: send to one of them, or "
                         "declare the node in add_conditional_edges.")
@@ -112,7 +112,7 @@ class Routing:
 
                 # journaled with the super-step: refused here, naming the router
                 _serde.dumps(v.arg, what=f"the input of {v.node!r} sent by router "
-                             f"{r.fn.__name__!r} (after {r.source!r})")
+                             f"{callable_name(r.fn)!r} (after {r.source!r})")
                 targets.append(v)
                 continue
             if r.mapping is not None:
@@ -120,15 +120,15 @@ class Routing:
                     targets.append(END)  # (always allowed)
                 elif v not in r.mapping:
                     raise InvalidRouteError(
-                        f"router {r.fn.__name__!r} (after {r.source!r}) returned {v!r}, which "
-                        f"is not among its declared outputs {list(r.mapping)}. Fix: return "
+                        f"router {callable_name(r.fn)!r} (after {r.source!r}) returned "
+                        f"{v!r}, which is not among its declared outputs {list(r.mapping)}. Fix: return "
                         "one of them, or declare it in add_conditional_edges.")
                 else:
                     targets.append(r.mapping[v])
             else:
                 if v != END and (not isinstance(v, str) or v not in allowed):
                     raise InvalidRouteError(
-                        f"router {r.fn.__name__!r} (after node {r.source!r}) returned "
+                        f"router {callable_name(r.fn)!r} (after node {r.source!r}) returned "
                         f"{v!r:.200}, which is not among its {_kind(r)} "
                         f"{[n for n in allowed if n != END] + [END]}. Fix: return one of them"
                         + (" (or add the node)." if r.dynamic else
