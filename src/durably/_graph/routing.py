@@ -121,8 +121,8 @@ class Routing:
                 elif v not in r.mapping:
                     raise InvalidRouteError(
                         f"router {callable_name(r.fn)!r} (after {r.source!r}) returned "
-                        f"{v!r}, which is not among its declared outputs {list(r.mapping)}. Fix: return "
-                        "one of them, or declare it in add_conditional_edges.")
+                        f"{v!r}, which is not among its declared outputs {list(r.mapping)}. "
+                        "Fix: return one of them, or declare it in add_conditional_edges.")
                 else:
                     targets.append(r.mapping[v])
             else:
