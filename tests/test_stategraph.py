@@ -1465,7 +1465,7 @@ def test_a_changed_graph_names_the_helper_or_constant_that_changed_in_a_node() -
         ns["app"].resume(run.id, "2")
     assert err.value.changes == [
         "the code of node 'grow' changed (__main__.LIMIT)",
-        'the code of router ["grow", ["ask", "__end__"]] changed (__main__.LIMIT)']
+        'the code of router ["grow", ["ask"]] changed (__main__.LIMIT)']
     exec(_LIMIT_GRAPH.replace("$V", "100").replace("s[\"n\"] * 10", "s[\"n\"] * 20"), ns)
     with pytest.raises(GraphChangedError) as err:
         ns["app"].resume(run.id, "2")
@@ -2363,6 +2363,37 @@ def test_unnamed_graphs_calling_other_functions_never_share_runs() -> None:
     assert len(set(names)) == len(names), names
     # destinations mean a set, END always allowed: the same graph
     assert routed(route_a, ["b", END]) == routed(route_a, [END, "b"]) == routed(route_a)
+
+
+def test_router_destinations_are_a_set_with_end_implied() -> None:
+    """A graph whose router lists its destinations in another order, or END or not, is the
+    same graph: its run continues (no GraphChangedError "router ... was removed")."""
+    def a(s: Entries) -> dict[str, Any]:
+        return {"log": ["a"]}
+
+    def b(s: Entries) -> dict[str, Any]:
+        return {"log": ["b"]}
+
+    def r(s: Entries) -> str:
+        return "b"
+
+    def build(destinations: list[str]) -> Any:
+        g = StateGraph(Entries, name="router-set")
+        g.add_node("a", a).add_node("b", b).add_edge(START, "a").add_edge("b", END)
+        g.add_conditional_edges("a", r, destinations)
+        return g.compile()
+
+    first = build(["b", END]).run({"log": []})
+    assert first.result == {"log": ["a", "b"]}
+    for destinations in ([END, "b"], ["b"], ["b", END]):
+        again = build(destinations).run({"log": []})
+        assert (again.id, again.result) == (first.id, first.result)
+    with pytest.raises(GraphChangedError, match="router"):
+        g = StateGraph(Entries, name="router-set")
+        g.add_node("a", a).add_node("b", b).add_node("c", b).add_edge(START, "a")
+        g.add_edge("b", END).add_edge("c", END)
+        g.add_conditional_edges("a", r, ["b", "c"])
+        g.compile().run({"log": []})
 
 
 def test_a_partial_router_s_errors_name_its_function() -> None:

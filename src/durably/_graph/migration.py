@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from durably._decorators.tasks import Task
 from durably._graph.builder import GraphChangedError
-from durably._graph.state import InvalidUpdateError, describe_changes, parts_of
+from durably._graph.state import InvalidUpdateError, comparable, describe_changes, parts_of
 from durably._runtime.spec import Spec
 from durably.exceptions import RunStateError
 
@@ -41,8 +41,9 @@ def _named_alike(app: Migration, recorded: Mapping[str, Any]) -> bool:
     or edges, has the recorded fingerprint: the run is that graph's (a graph rebuilt with
     edited node code, as in a notebook, is the same graph: its run continues or is
     migrated as always)."""
-    return any(other is not app and other.fingerprint == recorded
-               and _structure(other.fingerprint) != _structure(app.fingerprint)
+    return any(other is not app and comparable(other.fingerprint) == recorded
+               and _structure(comparable(other.fingerprint))
+               != _structure(comparable(app.fingerprint))
                for other in list(_COMPILED.get(app.name, ())))
 
 
@@ -106,18 +107,19 @@ class Migration:
         if not events or events[-1].data is None:
             return None
         recorded: dict[str, Any] = _serde.loads(events[-1].data)
-        return recorded
+        # (compared as comparable() reads it: routers' destinations as sets)
+        return {**recorded, "fingerprint": comparable(recorded["fingerprint"])}
 
     def _changes(self, store: Store, run_id: str) -> list[str] | None:
         """What changed since the run's checkpoints were written (None: nothing, or nothing
         they depend on: see :meth:`_untouched`), raising GraphChangedError unless a
         migration is set."""
         recorded = self._recorded(store, run_id)
-        if recorded is None or recorded["fingerprint"] == self.fingerprint:
+        if recorded is None or recorded["fingerprint"] == comparable(self.fingerprint):
             return None
         if self._migrate.get() is None and _named_alike(self, recorded["fingerprint"]):
             # another graph's run, even one nothing of which this graph's change touches
-            changes = describe_changes(recorded["fingerprint"], self.fingerprint,
+            changes = describe_changes(recorded["fingerprint"], comparable(self.fingerprint),
                                        recorded.get("parts"), parts_of(self.graph))
             what = "; ".join(changes) or "its structure differs"
             raise GraphChangedError(
@@ -129,7 +131,7 @@ class Migration:
         finished = {s.task for s in store.list_steps(run_id) if s.status in ("ran", "cached")}
         if self._untouched(recorded["fingerprint"], finished):
             return None  # nothing the change affects was checkpointed
-        changes = describe_changes(recorded["fingerprint"], self.fingerprint,
+        changes = describe_changes(recorded["fingerprint"], comparable(self.fingerprint),
                                    recorded.get("parts"), parts_of(self.graph))
         if self._migrate.get() is None:
             raise GraphChangedError(
@@ -149,7 +151,7 @@ class Migration:
         from durably._store.records import EventRecord, now
 
         recorded = self._recorded(ctx.store, ctx.run_id)
-        if recorded is not None and recorded["fingerprint"] == self.fingerprint:
+        if recorded is not None and recorded["fingerprint"] == comparable(self.fingerprint):
             at: int | None = recorded["migrate_at"]
             return at
         at = None
@@ -176,7 +178,7 @@ class Migration:
         failed, then a rerun, as for any task), and the structure too only while no
         super-step has finished (no checkpoint). A node that finished, even in a super-step
         a sibling failed, would be replayed with its old code's result."""
-        new = self.fingerprint
+        new = comparable(self.fingerprint)
         on, nn = old.get("nodes", {}), new.get("nodes", {})
         changed = {n for n in {*on, *nn} if on.get(n) != nn.get(n)}
         if any(f"{self.name}.{n}" in finished for n in changed):

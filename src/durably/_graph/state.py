@@ -12,7 +12,8 @@ from typing import Any
 
 from durably.exceptions import DefinitionError, DurablyError
 
-__all__ = ["InvalidUpdateError", "Schema", "describe_changes", "fingerprint_of", "parts_of"]
+__all__ = ["InvalidUpdateError", "Schema", "comparable", "describe_changes", "fingerprint_of",
+           "parts_of"]
 
 
 class InvalidUpdateError(DurablyError):
@@ -181,6 +182,17 @@ def fingerprint_of(graph: Any) -> dict[str, Any]:
     }
 
 
+def comparable(fingerprint: Mapping[str, Any]) -> dict[str, Any]:
+    """A fingerprint (:func:`fingerprint_of`, as recorded with a run) as compared with
+    another: a router's destinations are a set, END implied (always allowed), so listing them
+    in another order, or END or not, is the same graph."""
+    from durably._graph.structure import END
+
+    routers = sorted([r[0], sorted(set(r[1]) - {END}), *r[2:]]
+                     for r in fingerprint.get("routers", []))
+    return {**fingerprint, "routers": routers}
+
+
 def parts_of(graph: Any) -> dict[str, dict[str, dict[str, str]]]:
     """For each node (``"nodes"``) and router (``"routers"``, by its source and names as
     JSON), the digest of each function, class or constant of the user's code its
@@ -200,7 +212,10 @@ def parts_of(graph: Any) -> dict[str, dict[str, dict[str, str]]]:
         return found
 
     nodes = {n: c for n, fn in sorted(graph.nodes.items()) if (c := covered(fn)) is not None}
-    routers = {json.dumps([r.source, r.names]): c for r in graph.routers
+    from durably._graph.structure import END
+
+    # (keyed as describe_changes names a router: its destinations as comparable() has them)
+    routers = {json.dumps([r.source, sorted(set(r.names) - {END})]): c for r in graph.routers
                if (c := covered(r.fn)) is not None}
     return {"nodes": nodes, "routers": routers}
 
