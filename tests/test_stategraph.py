@@ -2396,6 +2396,48 @@ def test_router_destinations_are_a_set_with_end_implied() -> None:
         g.compile().run({"log": []})
 
 
+class Counted(TypedDict):
+    log: Annotated[list[str], operator.add]
+    n: int
+
+
+def test_a_fixed_router_resumes_its_run_without_migrate() -> None:
+    """A router that returned an invalid value after deciding earlier super-steps: fixed
+    (its code, same function), the run resumes without migrate= and keeps the decisions
+    journaled."""
+    ran: list[str] = []
+
+    def a(s: Counted) -> dict[str, Any]:
+        ran.append("a")
+        return {"log": ["a"], "n": s["n"] + 1}
+
+    def c(s: Counted) -> dict[str, Any]:
+        ran.append("c")
+        return {"log": ["c"]}
+
+    def build(route: Any) -> Any:
+        g = StateGraph(Counted)
+        g.add_node("a", a).add_node("c", c).add_edge(START, "a").add_edge("c", END)
+        g.add_conditional_edges("a", route)
+        return g.compile()
+
+    def route(s: Counted) -> str:
+        return "a" if s["n"] < 3 else "BAD"
+
+    with pytest.raises(InvalidRouteError, match="'BAD'"):
+        build(route).invoke({"log": [], "n": 0})
+    failed = durably.list_runs()[0]
+
+    def route(s: Counted) -> str:  # type: ignore[no-redef]
+        return "a" if s["n"] < 3 else "c"
+
+    ran.clear()
+    run = build(route).run({"log": [], "n": 0})
+    assert run.id == failed.id and run.status == "finished"
+    assert run.result == {"log": ["a", "a", "a", "c"], "n": 3}
+    assert ran == ["c"]  # the super-steps that finished were replayed, not run again
+
+
 def test_a_partial_router_s_errors_name_its_function() -> None:
     """A functools.partial router: its unknown destination and its bad value at run time
     raise durably's errors naming the router's function (they raised AttributeError)."""

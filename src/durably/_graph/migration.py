@@ -177,7 +177,11 @@ class Migration:
         steps): only nodes that never finished in the run changed (a fix to the node that
         failed, then a rerun, as for any task), and the structure too only while no
         super-step has finished (no checkpoint). A node that finished, even in a super-step
-        a sibling failed, would be replayed with its old code's result."""
+        a sibling failed, would be replayed with its old code's result. A router's code is
+        not structure (its destinations and source are): a router decides inside the
+        super-step, whose journaled result keeps the decisions made (``next``), so a fixed
+        router only decides the super-steps to come, never beside a replayed old decision
+        (a router that returned an invalid value, fixed, resumes without ``migrate=``)."""
         new = comparable(self.fingerprint)
         on, nn = old.get("nodes", {}), new.get("nodes", {})
         changed = {n for n in {*on, *nn} if on.get(n) != nn.get(n)}
@@ -185,4 +189,8 @@ class Migration:
             return False
         if self._superstep.spec.name not in finished:
             return True
-        return all(old.get(k) == new.get(k) for k in {*old, *new} - {"nodes"})
+        def shape(routers: Any) -> list[Any]:
+            return [r[:2] for r in routers or []]
+
+        return shape(old.get("routers")) == shape(new.get("routers")) and all(
+            old.get(k) == new.get(k) for k in {*old, *new} - {"nodes", "routers"})
