@@ -2489,6 +2489,35 @@ def test_a_graph_changed_error_says_to_name_graphs_apart() -> None:
         two.compile().invoke(state)
 
 
+def test_a_graph_rebuilt_with_edits_in_one_process_is_told_to_migrate() -> None:
+    """A notebook cell run again with a fixed node and a new one: the error offers both
+    readings (two graphs, or an edited one) with migrate= for the edit, never "leave name=
+    out"; migrate= then continues the run."""
+    def a(s: Counted) -> dict[str, Any]:
+        return {"log": ["a"]}
+
+    def boom(s: Counted) -> dict[str, Any]:
+        raise RuntimeError("fix me")
+
+    def b(s: Counted) -> dict[str, Any]:
+        return {"log": ["b"]}
+
+    g = StateGraph(Counted, name="nb")
+    g.add_node("a", a).add_node("x", boom).add_edge(START, "a").add_edge("a", "x")
+    g.add_edge("x", END)
+    with pytest.raises(RuntimeError, match="fix me"):
+        g.compile().invoke({"log": [], "n": 0})
+    g = StateGraph(Counted, name="nb")
+    g.add_node("a", a).add_node("x", b).add_node("b", b).add_edge(START, "a")
+    g.add_edge("a", "x").add_edge("x", "b").add_edge("b", END)
+    app = g.compile()
+    with pytest.raises(GraphChangedError) as err:
+        app.invoke({"log": [], "n": 0})
+    message = str(err.value)
+    assert "migrate=lambda state: state" in message and "leave name= out" not in message
+    assert app.invoke({"log": [], "n": 0}, migrate=lambda s: s)["log"] == ["a", "b", "b"]
+
+
 def test_a_graph_named_like_another_never_changes_the_other_s_runs() -> None:
     """Two graphs given the same name= but other nodes: a call of the second on the first's
     input is refused before its attempt begins (the error says two graphs share the name and
@@ -2523,7 +2552,7 @@ def test_a_graph_named_like_another_never_changes_the_other_s_runs() -> None:
                 call(state_in)
             message = str(err.value)
             assert "two graphs share the name" in message, message
-            assert "distinct name=" in message, message
+            assert "a name of its own" in message, message
     assert durably.get_run(finished.id).status == "finished"
     assert durably.get_run(finished.id).attempt == 1
     assert durably.get_run(failed.id).status == "failed"

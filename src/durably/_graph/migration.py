@@ -124,10 +124,13 @@ class Migration:
             what = "; ".join(changes) or "its structure differs"
             raise GraphChangedError(
                 f"run {run_id!r} belongs to another graph named {self.name!r}, built in this "
-                f"process with other nodes or edges ({what}): two graphs share the name, and "
-                "so the runs of one input. Fix: pass a distinct name= to each graph "
-                "(StateGraph(..., name=...)), or leave name= out: an unnamed graph's name has "
-                "a digest of its structure. The run is left as it is.", changes)
+                f"process with other nodes or edges ({what}): either two graphs share the "
+                "name, and so the runs of one input, or this graph replaces that one (a "
+                "notebook cell or a script's code run again after an edit). Fix: for two "
+                "graphs, give each a name of its own (StateGraph(..., name=...)); for an "
+                "edited graph, continue the run under it with migrate=lambda state: state "
+                "(or a function that converts the state), or start anew with fresh=True. The "
+                "run is left as it is.", changes)
         finished = {s.task for s in store.list_steps(run_id) if s.status in ("ran", "cached")}
         if self._untouched(recorded["fingerprint"], finished):
             return None  # nothing the change affects was checkpointed
