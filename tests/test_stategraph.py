@@ -2738,6 +2738,15 @@ def test_stream_modes_debug_custom_and_several_at_once() -> None:
                     ("updates", {"say": {"seen": ["say"]}})]
     with pytest.raises(durably.DefinitionError, match="'debug'"):
         list(app.stream(state, mode=["updates", "tokens"]))
+    # LangGraph's keyword names the same option, on stream and astream
+    assert list(app.stream(state, stream_mode=["updates", "custom"], fresh=True)) == both
+
+    async def collect() -> list[Any]:
+        return [item async for item in app.astream(state, stream_mode="custom", fresh=True)]
+
+    assert asyncio.run(collect()) == [{"progress": "thinking"}]
+    with pytest.raises(durably.DefinitionError, match=r"stream_mode='custom'.*pass one"):
+        list(app.stream(state, mode="updates", stream_mode="custom"))
 
 
 def test_a_resumed_run_can_be_streamed_graph_and_entrypoint() -> None:

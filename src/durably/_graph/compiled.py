@@ -53,6 +53,18 @@ S = TypeVar("S")
 _MODES = ("values", "updates", "debug", "custom", "events")
 
 
+def _stream_mode(mode: str | Sequence[str], stream_mode: str | Sequence[str] | None
+                 ) -> str | Sequence[str]:
+    """``stream(mode=...)``, or LangGraph's ``stream_mode=``, which names the same."""
+    if stream_mode is None:
+        return mode
+    if mode != "values":
+        raise DefinitionError(
+            f"stream() was given mode={mode!r} and stream_mode={stream_mode!r}, two names of "
+            "one option. Fix: pass one of them.")
+    return stream_mode
+
+
 class CompiledGraph(Execution, Generic[S]):
     """A validated graph, runnable as durable runs (made by
     :meth:`StateGraph.compile <durably.stategraph.StateGraph.compile>`).
@@ -266,7 +278,8 @@ class CompiledGraph(Execution, Generic[S]):
     def stream(self, state: Any = None, *, mode: str | Sequence[str] = "values",
                run_id: str | None = None, fresh: bool = False,
                migrate: Callable[[Any], Any] | None = None, subgraphs: bool = False,
-               resume: Any = None) -> Generator[Any, None, None]:
+               resume: Any = None, stream_mode: str | Sequence[str] | None = None
+               ) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -295,14 +308,16 @@ class CompiledGraph(Execution, Generic[S]):
                 ``mode="events"``.
             resume: With ``run_id``: answer the run's pending interrupt with this value and
                 stream the resumed run (as ``stream(Command(resume=value), run_id=...)``).
+            stream_mode: LangGraph's name of ``mode``: either may be given, not both.
 
         Super-steps replayed from the journal are yielded too. When a node interrupts, the
         last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
         Breaking out of the loop stops the run at its next step boundary (resumable).
 
         Raises:
-            DefinitionError: ``mode`` is not one of the five (or a list of them), or
-                ``subgraphs`` is not a bool (at the first item).
+            DefinitionError: ``mode`` is not one of the five (or a list of them), both
+                ``mode`` and ``stream_mode`` are given, or ``subgraphs`` is not a bool (at
+                the first item).
 
         Example:
             >>> import durably, tempfile
@@ -323,6 +338,7 @@ class CompiledGraph(Execution, Generic[S]):
             ((), {'edit': {'text': 'HI'}})
             >>> durably.configure()
         """
+        mode = _stream_mode(mode, stream_mode)
         modes = [mode] if isinstance(mode, str) else list(mode)
         if not modes or any(m not in _MODES for m in modes):
             raise DefinitionError(f"stream(mode=...) is one of {list(_MODES)} or a list of "
@@ -494,7 +510,8 @@ class CompiledGraph(Execution, Generic[S]):
     async def astream(self, state: Any = None, *, mode: str | Sequence[str] = "values",
                       run_id: str | None = None, fresh: bool = False,
                       migrate: Callable[[Any], Any] | None = None,
-                      subgraphs: bool = False, resume: Any = None) -> AsyncIterator[Any]:
+                      subgraphs: bool = False, resume: Any = None,
+                      stream_mode: str | Sequence[str] | None = None) -> AsyncIterator[Any]:
         """:meth:`stream` from async code (``async for``): the same items, from a run that
         executes in a thread of its own and waits while you handle each item. Leaving the
         loop early (``break``, an exception, cancelling the task) stops the run at its next
@@ -508,6 +525,7 @@ class CompiledGraph(Execution, Generic[S]):
             migrate: As for :meth:`invoke`.
             subgraphs: As for :meth:`stream`.
             resume: As for :meth:`stream`.
+            stream_mode: As for :meth:`stream`.
 
         Yields:
             The items :meth:`stream` yields.
@@ -534,7 +552,7 @@ class CompiledGraph(Execution, Generic[S]):
             stream (a generator is never closed while another thread runs it)."""
             self._cancel.set(cancel)
             items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate,
-                                subgraphs=subgraphs, resume=resume)
+                                subgraphs=subgraphs, resume=resume, stream_mode=stream_mode)
             try:
                 while True:
                     wanted.acquire()
