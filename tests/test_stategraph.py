@@ -2749,6 +2749,27 @@ def test_stream_modes_debug_custom_and_several_at_once() -> None:
         list(app.stream(state, mode="updates", stream_mode="custom"))
 
 
+def test_continuing_a_stopped_run_streams_only_what_executes_now() -> None:
+    """stream(None, run_id=...) of a stopped run yields the super-steps executed by this
+    call, not again those streamed before (as stream(resume=...) does, and LangGraph)."""
+    def step(s: Count) -> dict[str, Any]:
+        return {"n": s["n"] + 1}
+
+    b = StateGraph(Count, name="stream-continue")
+    b.add_node("step", step).add_edge(START, "step")
+    b.add_conditional_edges("step", lambda s: "step" if s["n"] < 4 else END, ["step"])
+    app = b.compile()
+    first = []
+    for item in app.stream({"n": 0, "seen": []}, mode="updates", run_id="sc1"):
+        first.append(item)
+        if len(first) == 2:
+            break  # stops the run at its next step boundary
+    assert durably.get_run("sc1").status == "stopped"
+    rest = list(app.stream(None, run_id="sc1", mode="updates"))
+    assert [*first, *rest] == [{"step": {"n": n}} for n in (1, 2, 3, 4)]
+    assert durably.get_run("sc1").status == "finished"
+
+
 def test_a_resumed_run_can_be_streamed_graph_and_entrypoint() -> None:
     def ask(state: Count) -> dict[str, Any]:
         return {"seen": [str(durably.interrupt("name?"))]}

@@ -310,7 +310,9 @@ class CompiledGraph(Execution, Generic[S]):
                 stream the resumed run (as ``stream(Command(resume=value), run_id=...)``).
             stream_mode: LangGraph's name of ``mode``: either may be given, not both.
 
-        Super-steps replayed from the journal are yielded too. When a node interrupts, the
+        Super-steps replayed from the journal are yielded too, except when the stream
+        continues a run (``stream(None, run_id=...)``) or answers it (``resume=``): then
+        only the super-steps that execute now, as in LangGraph. When a node interrupts, the
         last item is ``{"__interrupt__": [Interrupt, ...]}`` (answer with :meth:`resume`).
         Breaking out of the loop stops the run at its next step boundary (resumable).
 
@@ -358,7 +360,9 @@ class CompiledGraph(Execution, Generic[S]):
         # the run's thread starts at the first item, with a copy of this context: migrate=
         # is set in it for that moment only (a generator runs in its consumer's context)
         token = self._migrate.set(migrate)
-        only = _executed_only.set(answering)
+        # answering, or continuing a run (stream(None, run_id=...)): what executes from now
+        # on, as LangGraph's stream shows it (the super-steps before were streamed then)
+        only = _executed_only.set(answering or (state is None and run_id is not None))
         try:
             if answering:  # stream(Command(resume=answer), run_id=...): answer, then go on
                 assert run_id is not None
