@@ -2680,6 +2680,28 @@ def test_several_failing_nodes_are_each_named_in_the_group() -> None:
 
 
 # -- breakpoints: interrupt_before / interrupt_after ------------------------------------------
+def test_a_state_updated_at_a_breakpoint_goes_on_past_it() -> None:
+    """Paused at a breakpoint (before or after a node), update_state then invoke(None) on
+    the fork continues through, as in LangGraph (it paused at the same breakpoint again);
+    the run that paused still waits for its answer."""
+    def node(word: str) -> Callable[[Entries], dict[str, Any]]:
+        return lambda s: {"log": [word]}
+
+    for option in ("interrupt_before", "interrupt_after"):
+        g = StateGraph(Entries, name=f"bp-update-{option}")
+        g.add_node("a", node("a")).add_node("b", node("b")).add_node("c", node("c"))
+        g.add_edge(START, "a").add_edge("a", "b").add_edge("b", "c").add_edge("c", END)
+        app = g.compile(**{option: ["b"]})
+        paused = app.run({"log": []})
+        assert paused.status == "interrupted"
+        fork = app.update_state(paused.id, {"log": ["edited"]})
+        done = app.invoke(None, run_id=fork)
+        assert done["log"] == (["a", "edited", "b", "c"] if option == "interrupt_before"
+                               else ["a", "b", "edited", "c"]), option
+        assert durably.get_run(paused.id).status == "interrupted"
+        assert app.resume(paused.id, True)["log"] == ["a", "b", "c"]
+
+
 def test_interrupt_before_and_after_pause_between_super_steps_and_resume() -> None:
     ran: list[str] = []
 

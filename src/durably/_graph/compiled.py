@@ -743,8 +743,38 @@ class CompiledGraph(Execution, Generic[S]):
         result = StepResult({**old, "state": state, "next": nxt, "joins": joins,
                              "updates": {as_node or "update_state": update}})
         if snapshot.checkpoint_id:
-            return make_fork(store, rec, snapshot.checkpoint_id, result, graph_state=True)
-        return self._fork_from_input(store, rec, result)
+            fork_id = make_fork(store, rec, snapshot.checkpoint_id, result, graph_state=True)
+        else:
+            fork_id = self._fork_from_input(store, rec, result)
+        if at is None:
+            self._pass_breakpoint(store, rec, fork_id)
+        return fork_id
+
+    def _pass_breakpoint(self, store: Store, rec: Any, fork_id: str) -> None:
+        """A run paused at a breakpoint (``interrupt_before`` / ``interrupt_after``), its
+        state updated at its latest checkpoint: the fork goes on past that breakpoint when
+        continued (``invoke(None, run_id=fork)``), as LangGraph's does; the breakpoint is
+        answered ``True`` in the fork (a breakpoint asking something else there, after
+        ``as_node=``, is asked again: its question differs)."""
+        from durably._keys import serde as _serde
+        from durably._runtime.interrupt import pending_interrupts
+        from durably._store.records import EventRecord, now
+
+        if rec.status != "interrupted":
+            return
+        asked = {e.key: e for e in store.list_events(rec.run_id, ("interrupt",))}
+        for pending in pending_interrupts(store, rec.run_id, rec.attempt):
+            payload = pending.payload
+            question = asked.get(pending.id)
+            if (pending.step_id is None and question is not None and isinstance(payload, dict)
+                    and payload.get("graph") == self.name and "step" in payload
+                    and ("before" in payload or "after" in payload)):
+                t = now()
+                store.append_events([
+                    EventRecord(fork_id, "interrupt", question.time, 0, None, pending.id,
+                                question.data),
+                    EventRecord(fork_id, "answer", t, 0, None, pending.id,
+                                _serde.dumps(True, what="the breakpoint's answer"))])
 
     def _snapshot_at(self, run_id: str, at: str) -> StateSnapshot:
         """The snapshot of :meth:`get_state_history` whose checkpoint ``at`` names (an id or
