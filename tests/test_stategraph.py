@@ -2702,6 +2702,39 @@ def test_a_state_updated_at_a_breakpoint_goes_on_past_it() -> None:
         assert app.resume(paused.id, True)["log"] == ["a", "b", "c"]
 
 
+def test_breakpoints_given_per_call_pause_that_call() -> None:
+    """interrupt_before / interrupt_after on invoke, run and stream (as LangGraph takes
+    them): they pause the super-steps that call executes; a later call without them goes on
+    (its replay asks again only what was asked); a node that does not exist is refused."""
+    from durably import Command
+
+    def node(word: str) -> Callable[[Entries], dict[str, Any]]:
+        return lambda s: {"log": [word]}
+
+    g = StateGraph(Entries, name="per-call-breakpoints")
+    g.add_node("a", node("a")).add_node("act", node("act")).add_node("c", node("c"))
+    g.add_edge(START, "a").add_edge("a", "act").add_edge("act", "c").add_edge("c", END)
+    app = g.compile()
+    paused = app.run({"log": []}, interrupt_before=["act"])
+    assert [i.payload for i in paused.interrupts] == [
+        {"before": ["act"], "step": 1, "graph": app.name}]
+    assert app.resume(paused.id, True)["log"] == ["a", "act", "c"]
+    # answered with invoke(Command(resume=...)) that adds a breakpoint for what it executes
+    second = app.run({"log": ["2"]}, interrupt_before=["act"])
+    with pytest.raises(durably.RunInterrupted) as err:
+        app.invoke(Command(resume=True), run_id=second.id, interrupt_after=["c"])
+    assert [i.payload for i in err.value.interrupts] == [
+        {"after": ["c"], "step": 2, "graph": app.name}]
+    assert app.resume(second.id, True)["log"] == ["2", "a", "act", "c"]
+    items = list(app.stream({"log": ["3"]}, mode="updates", interrupt_after="*"))
+    assert items[-1]["__interrupt__"][0].payload == {"after": ["a"], "step": 0,
+                                                      "graph": app.name}
+    # without per-call breakpoints nothing pauses
+    assert app.invoke({"log": ["4"]})["log"] == ["4", "a", "act", "c"]
+    with pytest.raises(durably.DefinitionError, match=r"interrupt_before= names \['zz'\]"):
+        app.invoke({"log": ["5"]}, interrupt_before=["zz"])
+
+
 def test_interrupt_before_and_after_pause_between_super_steps_and_resume() -> None:
     ran: list[str] = []
 

@@ -33,7 +33,7 @@ from durably._graph.builder import (  # noqa: F401
     StepLimitError,
 )
 from durably._graph.checkpoints import StateSnapshot, StepResult
-from durably._graph.execution import Execution, _Cancel, _executed_only
+from durably._graph.execution import Execution, _call_breakpoints, _Cancel, _executed_only
 from durably._graph.migration import note_compiled
 from durably._graph.routing import Target, _is_command, _target_name, _without
 from durably._graph.state import InvalidUpdateError, fingerprint_of
@@ -105,7 +105,9 @@ class CompiledGraph(Execution, Generic[S]):
 
     # -- public API ------------------------------------------------------------------------
     def invoke(self, state: Any = None, *, run_id: str | None = None, fresh: bool = False,
-               migrate: Callable[[Any], Any] | None = None) -> Any:
+               migrate: Callable[[Any], Any] | None = None,
+               interrupt_before: Sequence[str] | str = (),
+               interrupt_after: Sequence[str] | str = ()) -> Any:
         """Run the graph to the end and return the final state.
 
         Args:
@@ -124,6 +126,10 @@ class CompiledGraph(Execution, Generic[S]):
                 state at the run's last checkpoint, before the first super-step that
                 executes. Nodes whose input state it changed run as new steps (an
                 ``interrupt()`` in them asks again).
+            interrupt_before: Nodes (or ``"*"``) before which the super-steps this call
+                executes pause, besides those of ``compile(interrupt_before=...)``, as
+                LangGraph's per-call option (a later call that does not pass them goes on).
+            interrupt_after: As ``interrupt_before``, after the node's super-step.
 
         Returns:
             The final state (a dict for a TypedDict state, else an instance).
@@ -135,9 +141,18 @@ class CompiledGraph(Execution, Generic[S]):
             InvalidUpdateError: two nodes wrote one key without a reducer, or a node
                 returned something that is not an update.
             InvalidRouteError: a router returned an undeclared destination.
+            DefinitionError: ``interrupt_before`` / ``interrupt_after`` name no node.
 
         Exceptions raised by nodes propagate unchanged (several at once: ``ExceptionGroup``).
         """
+        breaks = _call_breakpoints.set(self._call_breaks(interrupt_before, interrupt_after))
+        try:
+            return self._invoke(state, run_id, fresh, migrate)
+        finally:
+            _call_breakpoints.reset(breaks)
+
+    def _invoke(self, state: Any, run_id: str | None, fresh: bool,
+                migrate: Callable[[Any], Any] | None) -> Any:
         answering, answer = self._answer_in(state, run_id, fresh)
         if answering:
             return self.resume(run_id, answer, migrate=migrate)  # type: ignore[arg-type]
@@ -155,10 +170,13 @@ class CompiledGraph(Execution, Generic[S]):
         return self.schema.build(run.result)
 
     def run(self, state: Any = None, *, run_id: str | None = None, fresh: bool = False,
-            migrate: Callable[[Any], Any] | None = None) -> Run[Any]:
+            migrate: Callable[[Any], Any] | None = None,
+            interrupt_before: Sequence[str] | str = (),
+            interrupt_after: Sequence[str] | str = ()) -> Run[Any]:
         """Like :meth:`invoke`, but return the :class:`~durably.Run` handle (status
         ``interrupted`` instead of raising; ``run.result`` is the final state as a dict)."""
         answering, answer = self._answer_in(state, run_id, fresh)
+        breaks = _call_breakpoints.set(self._call_breaks(interrupt_before, interrupt_after))
         token = self._migrate.set(migrate)
         try:
             if answering:
@@ -172,7 +190,28 @@ class CompiledGraph(Execution, Generic[S]):
             self._check_continued(args, run_id, fresh)
             return self._entry.run(args, run_id=run_id, fresh=fresh)
         finally:
+            _call_breakpoints.reset(breaks)
             self._migrate.reset(token)
+
+    def _call_breaks(self, before: Sequence[str] | str, after: Sequence[str] | str
+                     ) -> tuple[frozenset[str], frozenset[str]] | None:
+        """A call's ``interrupt_before`` / ``interrupt_after``, checked (None: none).
+
+        Raises:
+            DefinitionError: one names something that is not a node."""
+        found = []
+        for option, given in (("interrupt_before", before), ("interrupt_after", after)):
+            nodes = [given] if isinstance(given, str) else list(given)
+            if nodes == ["*"]:
+                nodes = list(self.graph.nodes)
+            unknown = [n for n in nodes if n not in self.graph.nodes]
+            if unknown:
+                raise DefinitionError(
+                    f"graph {self.name!r}: {option}= names {unknown}, which are not nodes. "
+                    f"Fix: name nodes of the graph ({sorted(self.graph.nodes)}), or '*' for "
+                    "all.")
+            found.append(frozenset(nodes))
+        return (found[0], found[1]) if found[0] or found[1] else None
 
     def _check_continued(self, args: dict[str, Any], run_id: str | None,
                          fresh: bool) -> None:
@@ -278,8 +317,9 @@ class CompiledGraph(Execution, Generic[S]):
     def stream(self, state: Any = None, *, mode: str | Sequence[str] = "values",
                run_id: str | None = None, fresh: bool = False,
                migrate: Callable[[Any], Any] | None = None, subgraphs: bool = False,
-               resume: Any = None, stream_mode: str | Sequence[str] | None = None
-               ) -> Generator[Any, None, None]:
+               resume: Any = None, stream_mode: str | Sequence[str] | None = None,
+               interrupt_before: Sequence[str] | str = (),
+               interrupt_after: Sequence[str] | str = ()) -> Generator[Any, None, None]:
         """Run the graph and yield as it goes.
 
         Args:
@@ -309,6 +349,8 @@ class CompiledGraph(Execution, Generic[S]):
             resume: With ``run_id``: answer the run's pending interrupt with this value and
                 stream the resumed run (as ``stream(Command(resume=value), run_id=...)``).
             stream_mode: LangGraph's name of ``mode``: either may be given, not both.
+            interrupt_before: As for :meth:`invoke`.
+            interrupt_after: As for :meth:`invoke`.
 
         Super-steps replayed from the journal are yielded too, except when the stream
         continues a run (``stream(None, run_id=...)``) or answers it (``resume=``): then
@@ -359,10 +401,12 @@ class CompiledGraph(Execution, Generic[S]):
         answering, answer = self._answer_in(state, run_id, fresh)
         # the run's thread starts at the first item, with a copy of this context: migrate=
         # is set in it for that moment only (a generator runs in its consumer's context)
+        calls = self._call_breaks(interrupt_before, interrupt_after)
         token = self._migrate.set(migrate)
         # answering, or continuing a run (stream(None, run_id=...)): what executes from now
         # on, as LangGraph's stream shows it (the super-steps before were streamed then)
         only = _executed_only.set(answering or (state is None and run_id is not None))
+        breaks = _call_breakpoints.set(calls)
         try:
             if answering:  # stream(Command(resume=answer), run_id=...): answer, then go on
                 assert run_id is not None
@@ -377,6 +421,7 @@ class CompiledGraph(Execution, Generic[S]):
                 events = self._entry.stream(args, run_id=run_id, fresh=fresh)
             first = next(events, None)
         finally:
+            _call_breakpoints.reset(breaks)
             _executed_only.reset(only)
             self._migrate.reset(token)
         def shaped(namespace: tuple[str, ...], m: str, item: Any) -> Any:
@@ -416,7 +461,9 @@ class CompiledGraph(Execution, Generic[S]):
 
     # -- from async code (LangGraph's names): the run executes in a thread of its own -------
     async def ainvoke(self, state: Any = None, *, run_id: str | None = None,
-                      fresh: bool = False, migrate: Callable[[Any], Any] | None = None) -> Any:
+                      fresh: bool = False, migrate: Callable[[Any], Any] | None = None,
+                      interrupt_before: Sequence[str] | str = (),
+                      interrupt_after: Sequence[str] | str = ()) -> Any:
         """:meth:`invoke` from async code: the run executes in a thread of its own, so the
         caller's event loop keeps serving. Async nodes run in that thread on an event loop of
         their own (objects bound to the caller's loop, such as its queues, cannot be awaited
@@ -428,6 +475,8 @@ class CompiledGraph(Execution, Generic[S]):
             run_id: As for :meth:`invoke`.
             fresh: As for :meth:`invoke`.
             migrate: As for :meth:`invoke`.
+            interrupt_before: As for :meth:`invoke`.
+            interrupt_after: As for :meth:`invoke`.
 
         Returns:
             The final state, as :meth:`invoke` returns it.
@@ -451,7 +500,8 @@ class CompiledGraph(Execution, Generic[S]):
             {'n': 42}
         """
         return await self._in_thread(self.invoke, state, run_id=run_id, fresh=fresh,
-                                     migrate=migrate)
+                                     migrate=migrate, interrupt_before=interrupt_before,
+                                     interrupt_after=interrupt_after)
 
     async def aresume(self, run_id: str, value: Any = None, *,
                       migrate: Callable[[Any], Any] | None = None) -> Any:
@@ -515,7 +565,9 @@ class CompiledGraph(Execution, Generic[S]):
                       run_id: str | None = None, fresh: bool = False,
                       migrate: Callable[[Any], Any] | None = None,
                       subgraphs: bool = False, resume: Any = None,
-                      stream_mode: str | Sequence[str] | None = None) -> AsyncIterator[Any]:
+                      stream_mode: str | Sequence[str] | None = None,
+                      interrupt_before: Sequence[str] | str = (),
+                      interrupt_after: Sequence[str] | str = ()) -> AsyncIterator[Any]:
         """:meth:`stream` from async code (``async for``): the same items, from a run that
         executes in a thread of its own and waits while you handle each item. Leaving the
         loop early (``break``, an exception, cancelling the task) stops the run at its next
@@ -530,6 +582,8 @@ class CompiledGraph(Execution, Generic[S]):
             subgraphs: As for :meth:`stream`.
             resume: As for :meth:`stream`.
             stream_mode: As for :meth:`stream`.
+            interrupt_before: As for :meth:`invoke`.
+            interrupt_after: As for :meth:`invoke`.
 
         Yields:
             The items :meth:`stream` yields.
@@ -556,7 +610,9 @@ class CompiledGraph(Execution, Generic[S]):
             stream (a generator is never closed while another thread runs it)."""
             self._cancel.set(cancel)
             items = self.stream(state, mode=mode, run_id=run_id, fresh=fresh, migrate=migrate,
-                                subgraphs=subgraphs, resume=resume, stream_mode=stream_mode)
+                                subgraphs=subgraphs, resume=resume, stream_mode=stream_mode,
+                                interrupt_before=interrupt_before,
+                                interrupt_after=interrupt_after)
             try:
                 while True:
                     wanted.acquire()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import dataclasses
 import inspect
 import types
 from collections.abc import Callable, Mapping
@@ -69,6 +70,12 @@ async def _cancellable(work: Any) -> Any:
 #: the stream being served answers an interrupt: it shows only the super-steps that execute
 _executed_only: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "durably_graph_executed_only", default=False)
+
+
+#: the breakpoints a call adds to the graph's own (``invoke(..., interrupt_before=[...],
+#: interrupt_after=[...])``), for the super-steps it executes: (before, after)
+_call_breakpoints: contextvars.ContextVar[tuple[frozenset[str], frozenset[str]] | None] = (
+    contextvars.ContextVar("durably_graph_call_breakpoints", default=None))
 
 
 class _Cancel:
@@ -237,6 +244,7 @@ class Execution(Supersteps, Migration):
         # a run checkpointed under another graph, resumed with migrate=: the state is
         # migrated by a journaled step before the first super-step that had not finished
         migrate_at = self._check_fingerprint(ctx) if top and ctx is not None else None
+        breaks = self._breakpoints_of(ctx) if top and ctx is not None else None
         state = dict(values)
         if self.schema.kind != "typeddict" and any(k not in state for k in self.schema.fields):
             # the defaults of the fields the input leaves out, made once by a journaled step
@@ -259,7 +267,9 @@ class Execution(Supersteps, Migration):
             if index == migrate_at:
                 state = self._migration(index, state)
                 blob = None  # (the migrated state's bytes: the next checkpoint holds them)
-            if self.interrupt_before:
+            if breaks is not None:
+                breaks.check("before", path[-1], index)
+            elif self.interrupt_before:
                 self._breakpoint("before", self.interrupt_before, path[-1], index)
             handoff = _Handoff(index % FULL_STATE_EVERY == 0, blob)
             token = _handoff.set(handoff)
@@ -273,7 +283,9 @@ class Execution(Supersteps, Migration):
             else:
                 state, blob = self._state_after(blob, result, state)
             frontier, joins = result["next"], result["joins"]
-            if self.interrupt_after:
+            if breaks is not None:
+                breaks.check("after", result["nodes"], index)
+            elif self.interrupt_after:
                 self._breakpoint("after", self.interrupt_after, result["nodes"], index)
             if writes is not None:
                 for node in result["nodes"]:
@@ -300,6 +312,25 @@ class Execution(Supersteps, Migration):
                                attempt=ctx.attempt))
             index += 1
         return state
+
+    def _breakpoints_of(self, ctx: Any) -> _Breakpoints:
+        """The breakpoints of a run's top level: the graph's, and those the call adds."""
+        added = _call_breakpoints.get() or (frozenset(), frozenset())
+        from durably._keys import serde as _serde
+
+        asked: dict[tuple[str, int], Any] = {}
+        for e in ctx.store.list_events(ctx.run_id, ("interrupt",)):
+            if e.step_id is None and e.data is not None:
+                payload = _serde.loads(e.data)
+                if isinstance(payload, dict) and payload.get("graph") == self.name:
+                    for when in ("before", "after"):
+                        if when in payload and isinstance(payload.get("step"), int):
+                            asked.setdefault((when, payload["step"]), payload)
+        name = self._superstep.spec.name
+        finished = len({s.step_id for s in ctx.store.list_steps(ctx.run_id)
+                        if s.task == name and s.status in ("ran", "cached")})
+        return _Breakpoints(self.interrupt_before | added[0], self.interrupt_after | added[1],
+                            asked, finished, self.name)
 
     def _breakpoint(self, when: str, nodes: frozenset[str], ran: list[str],
                     index: int) -> None:
@@ -345,3 +376,33 @@ class Execution(Supersteps, Migration):
 
         state = _serde.loads(blob)
         return state, blob
+
+
+@dataclasses.dataclass
+class _Breakpoints:
+    """The breakpoints of a run's top level for a call that adds some: a breakpoint the
+    journal asked at a place is asked there again (answered, it replays; the pause it made is
+    answered); a place the run passed before (a super-step that finished) is passed again,
+    whatever this call's breakpoints, so that a replay asks what it asked; the places to come
+    pause at the graph's breakpoints and the call's (LangGraph's per-call breakpoints)."""
+
+    before: frozenset[str]
+    after: frozenset[str]
+    asked: dict[tuple[str, int], Any]
+    finished: int  # super-steps finished in the run's journal (they finish in order)
+    graph: str
+
+    def check(self, when: str, ran: list[str], index: int) -> None:
+        from durably._runtime.interrupt import interrupt
+
+        journaled = self.asked.get((when, index))
+        if journaled is not None:
+            interrupt(journaled)
+            return
+        passed = index < self.finished if when == "before" else index + 1 < self.finished
+        if passed:
+            return
+        nodes = self.before if when == "before" else self.after
+        hit = [n for n in ran if n in nodes]
+        if hit:
+            interrupt({when: hit, "step": index, "graph": self.graph})
