@@ -2702,6 +2702,34 @@ def test_a_state_updated_at_a_breakpoint_goes_on_past_it() -> None:
         assert app.resume(paused.id, True)["log"] == ["a", "b", "c"]
 
 
+def test_messages_say_how_to_answer_and_name_the_router() -> None:
+    """An interrupted run's result says to answer it with resume(run_id, answer) (not to
+    rerun it); Command(resume=None) is told to answer with a value; an unknown destination
+    in a router's annotation reads "router 'r' (after 'a'): its return annotation names"."""
+    from durably import Command
+
+    def ask(s: Entries) -> dict[str, Any]:
+        return {"log": [str(durably.interrupt("ok?"))]}
+
+    g = StateGraph(Entries, name="messages")
+    g.add_node("ask", ask).add_edge(START, "ask").add_edge("ask", END)
+    app = g.compile()
+    paused = app.run({"log": []})
+    with pytest.raises(durably.RunStateError, match=r"resume\(run_id, answer\)"):
+        _ = paused.result
+    with pytest.raises(durably.DefinitionError, match="never takes as an answer"):
+        app.invoke(Command(resume=None), run_id=paused.id)
+
+    def r_typo(s: Entries) -> Literal["bb"]:
+        return "bb"
+
+    g = StateGraph(Entries, name="messages-router")
+    g.add_node("a", ask).add_edge(START, "a").add_conditional_edges("a", r_typo)
+    with pytest.raises(GraphValidationError,
+                       match=r"router 'r_typo' \(after 'a'\): its return annotation names"):
+        g.compile()
+
+
 def test_breakpoints_given_per_call_pause_that_call() -> None:
     """interrupt_before / interrupt_after on invoke, run and stream (as LangGraph takes
     them): they pause the super-steps that call executes; a later call without them goes on

@@ -411,8 +411,8 @@ class StateGraph(Generic[S]):
             for d in r.names:
                 if d not in known or d == START:
                     where = "its return annotation names" if r.inferred else "declares"
-                    problems.append(f"router {callable_name(r.fn)!r} from {r.source!r} {where} "
-                                    f"unknown destination {d!r}; the nodes are "
+                    problems.append(f"router {callable_name(r.fn)!r} (after {r.source!r}): "
+                                    f"{where} unknown destination {d!r}; the nodes are "
                                     f"{sorted(self.nodes)} and END")
                 else:
                     out[r.source].add(d)

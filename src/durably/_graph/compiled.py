@@ -243,6 +243,11 @@ class CompiledGraph(Execution, Generic[S]):
         if not _is_command(state):
             return False, None
         shown = f"{state!r:.200}"
+        if state.resume is None and state.update is None and state.goto in ((), None):
+            raise DefinitionError(
+                f"graph {self.name!r}: the input {shown} answers an interrupt with None, "
+                "which durably never takes as an answer (None is no answer). Fix: answer with "
+                "a value, for example Command(resume=True), or app.resume(run_id, True).")
         if state.resume is None or state.update is not None or state.goto not in ((), None):
             raise DefinitionError(
                 f"graph {self.name!r}: the input {shown} is a Command; as an input, a "

@@ -151,7 +151,9 @@ class Run(Generic[R]):
             raise RunStateError(
                 f"run {rec.run_id!r} is {status}, so it has no result"
                 + (f" (error: {rec.error})" if rec.error else "")
-                + ". Fix: rerun the entrypoint with the same arguments to resume it."
+                + (". Fix: answer it with resume(run_id, answer) (the entrypoint's or the "
+                   "graph's), which continues the run" if rec.status == "interrupted" else
+                   ". Fix: rerun the entrypoint with the same arguments to resume it.")
             )
         if rec.result is None:
             raise RunStateError(f"run {rec.run_id!r} finished, but its result could not be "
