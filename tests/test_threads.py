@@ -212,6 +212,39 @@ def test_an_interrupted_call_holds_the_thread_until_answered(
     assert chat.run("b", thread="t").result == "None+a+yes+b"
 
 
+def test_a_call_whose_wait_ran_out_is_not_told_to_pass_wait(
+        disk_store: durably.DiskStore) -> None:
+    """A call that waited its wait= seconds for a call executing the run is refused
+    without the advice to pass wait= (it had); a call without wait= keeps that advice."""
+    started, release = threading.Event(), threading.Event()
+
+    @durably.task(cache=False)
+    def slow(message: str) -> str:
+        started.set()
+        assert release.wait(60)
+        return message
+
+    def define(wait: float | None) -> Any:
+        @durably.entrypoint(name="busy-echo", wait=wait)
+        def echo(message: str) -> str:
+            return slow(message)
+        return echo
+
+    holder = threading.Thread(target=define(None), args=("x",))
+    holder.start()
+    try:
+        assert started.wait(60)
+        with pytest.raises(RunBusyError) as waited:
+            define(0.01)("x")
+        with pytest.raises(RunBusyError) as unwaited:
+            define(None)("x")
+    finally:
+        release.set()
+        holder.join(60)
+    assert "wait=seconds" not in str(waited.value) and "waited its wait=" in str(waited.value)
+    assert "wait=seconds" in str(unwaited.value)
+
+
 def test_a_second_call_while_one_executes_is_refused_or_waits(
         disk_store: durably.DiskStore, monkeypatch: pytest.MonkeyPatch) -> None:
     from durably._decorators import threads

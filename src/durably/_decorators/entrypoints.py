@@ -116,6 +116,17 @@ class BoundEntrypoint(wrapt.BoundFunctionWrapper):  # type: ignore[type-arg]
         return graph
 
 
+def _waited(message: str) -> str:
+    """A RunBusyError's message for a call that waited its ``wait=`` seconds: without the
+    advice to pass ``wait=``, saying it waited."""
+    for advice in (" (or @entrypoint(wait=seconds) to wait for it and return its result)",
+                   "; @entrypoint(wait=seconds) waits for you",
+                   ", or give the entrypoint @entrypoint(wait=seconds) to wait for it"):
+        message = message.replace(advice, "")
+    return (message + " This call waited its wait= seconds for it first: give wait= more "
+            "seconds to wait longer.")
+
+
 class _Pauses:
     """The waits of a call that found its run executed by another (``wait=`` seconds in all):
     short first (a duplicate request often arrives just behind the first), then up to a
@@ -169,9 +180,11 @@ class _Pauses:
                 # this call is the thread's next one after all, found again at once (refused
                 # as busy only if that call executes still, as any call on the thread is)
                 return 0.0
-        except RunBusyError:
+        except RunBusyError as exc:
             delay = self.next()
             if delay is None:
+                if self.deadline is not None:  # (waited: its advice to wait= is no news)
+                    raise RunBusyError(_waited(str(exc)), exc.run_id) from None
                 raise
             return delay
 
