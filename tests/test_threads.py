@@ -212,6 +212,15 @@ def test_an_interrupted_call_holds_the_thread_until_answered(
     assert chat.run("b", thread="t").result == "None+a+yes+b"
 
 
+def test_a_plain_call_given_thread_points_to_run(disk_store: durably.DiskStore) -> None:
+    chat = _chat()
+    for option, value in (("thread", "t1"), ("run_id", "r1"), ("fresh", True)):
+        with pytest.raises(DefinitionError, match=rf"\.run\(\.\.\., {option}=\.\.\.\)"):
+            chat("hi", **{option: value})
+    assert chat.replies == [] and durably.list_runs(chat) == []
+    assert chat("hi") == "hi (after 0)"
+
+
 def test_a_call_whose_wait_ran_out_is_not_told_to_pass_wait(
         disk_store: durably.DiskStore) -> None:
     """A call that waited its wait= seconds for a call executing the run is refused

@@ -245,6 +245,15 @@ class Entrypoint(_ByReference, _Wrapper[P, R]):
     def _self_call(self, wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if live_run() is not None:  # inside a run: a plain call
             return wrapped(*args, **kwargs)
+        options = [n for n in ("thread", "run_id", "fresh") if n in kwargs]
+        if options and not any(p.kind is p.VAR_KEYWORD
+                               for p in self._self_spec.signature.parameters.values()):
+            name = self._self_spec.name.rsplit(".", 1)[-1]
+            raise DefinitionError(
+                f"{self._self_spec.name}(..., {options[0]}=...): a plain call of an entrypoint "
+                f"takes only its own arguments; {options[0]}= is an option of its runs. Fix: "
+                f"call {name}.run(..., {options[0]}=...) (its .result is what the plain call "
+                "returns), or .stream(...).")
         if self._self_spec.is_async:
             return self._self_arun(wrapped, instance, args, kwargs, None, False, False)
         return self._self_srun(wrapped, instance, args, kwargs, None, False, False)
