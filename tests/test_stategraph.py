@@ -2679,6 +2679,31 @@ def test_several_failing_nodes_are_each_named_in_the_group() -> None:
     assert "durably: raised by node 'a'" in by_type[ValueError].__notes__[0]
 
 
+def test_failing_sends_to_one_node_are_told_apart() -> None:
+    """Several Sends to one node that fail: the ExceptionGroup's message and each note
+    number them (it said "2 nodes ... 'w' (...), 'w' (...)")."""
+    from durably import Send
+
+    both = threading.Barrier(2)
+
+    def work(item: str) -> dict[str, Any]:
+        both.wait(30)
+        raise ValueError(f"bad {item}")
+
+    b = StateGraph(Count, name="errors-sends")
+    b.add_node("w", work)
+    b.add_conditional_edges(START, lambda s: [Send("w", "p"), Send("w", "q")], ["w"])
+    b.add_edge("w", END)
+    with pytest.raises(ExceptionGroup) as err:
+        b.compile().invoke({"n": 0, "seen": []})
+    message = str(err.value)
+    assert message.startswith("2 node calls of super-step 0")
+    assert "'w' (Send #1) (ValueError: bad p)" in message
+    assert "'w' (Send #2) (ValueError: bad q)" in message
+    notes = sorted(e.__notes__[0] for e in err.value.exceptions)
+    assert ["(Send #1)" in notes[0], "(Send #2)" in notes[1]] == [True, True]
+
+
 # -- breakpoints: interrupt_before / interrupt_after ------------------------------------------
 def test_a_state_updated_at_a_breakpoint_goes_on_past_it() -> None:
     """Paused at a breakpoint (before or after a node), update_state then invoke(None) on

@@ -201,17 +201,25 @@ class Supersteps(Routing):
                 fatal = [e for e in others.values() if not isinstance(e, Exception)]
                 if fatal:
                     raise fatal[0]  # Ctrl-C, a stopped stream: not a node failure
+                def called(i: int) -> str:
+                    """The node of call ``i``; a Send's numbered among its node's Sends."""
+                    if i < len(order):
+                        return repr(calls[i][0])
+                    k = 1 + sum(1 for j in range(len(order), i) if calls[j][0] == calls[i][0])
+                    return f"{calls[i][0]!r} (Send #{k})"
+
                 for i, e in others.items():  # (its type and traceback kept: a note added)
-                    note = (f"durably: raised by node {calls[i][0]!r} of graph {self.name!r}, "
+                    note = (f"durably: raised by node {called(i)} of graph {self.name!r}, "
                             f"in super-step {index}")
                     if note not in getattr(e, "__notes__", ()):
                         e.add_note(note)
                 if len(others) == 1:
                     raise next(iter(others.values()))
-                named = ", ".join(f"{calls[i][0]!r} ({type(e).__name__}: {e!s:.80})"
+                named = ", ".join(f"{called(i)} ({type(e).__name__}: {e!s:.80})"
                                   for i, e in others.items())
+                what = "node calls" if any(i >= len(order) for i in others) else "nodes"
                 raise ExceptionGroup(
-                    f"{len(others)} nodes of super-step {index} of graph {self.name!r} failed: "
+                    f"{len(others)} {what} of super-step {index} of graph {self.name!r} failed: "
                     f"{named}", [e for e in others.values() if isinstance(e, Exception)])
             raise InterruptSignal([i for s in signals for i in s.interrupts])
         updates: dict[str, Any] = {}
