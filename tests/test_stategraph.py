@@ -2679,6 +2679,19 @@ def test_several_failing_nodes_are_each_named_in_the_group() -> None:
     assert "durably: raised by node 'a'" in by_type[ValueError].__notes__[0]
 
 
+def test_an_error_raised_by_a_router_names_it() -> None:
+    def pick(s: Count) -> str:
+        raise KeyError("no such key")
+
+    b = StateGraph(Count, name="errors-router")
+    b.add_node("a", lambda s: {"n": 1}).add_edge(START, "a")
+    b.add_conditional_edges("a", pick, [END])
+    with pytest.raises(KeyError) as err:
+        b.compile().invoke({"n": 0, "seen": []})
+    assert ("durably: raised by router 'pick' (after node 'a') of graph 'errors-router'"
+            in err.value.__notes__)
+
+
 def test_failing_sends_to_one_node_are_told_apart() -> None:
     """Several Sends to one node that fail: the ExceptionGroup's message and each note
     number them (it said "2 nodes ... 'w' (...), 'w' (...)")."""

@@ -72,6 +72,7 @@ class Routing:
     joins."""
 
     graph: StateGraph[Any]
+    name: str
     schema: Schema
 
     def _next_from(self, node: str, state: dict[str, Any]) -> list[Target]:
@@ -89,7 +90,14 @@ class Routing:
         return [t for t in targets if isinstance(t, Send) or t != END]
 
     def _route(self, r: _Router, state: dict[str, Any]) -> list[Target]:
-        out = r.fn(self.schema.build(state))
+        try:
+            out = r.fn(self.schema.build(state))
+        except Exception as e:  # (its type and traceback kept: a note added, as a node's)
+            note = (f"durably: raised by router {callable_name(r.fn)!r} (after node "
+                    f"{r.source!r}) of graph {self.name!r}")
+            if note not in getattr(e, "__notes__", ()):
+                e.add_note(note)
+            raise
         values = list(out) if isinstance(out, (list, tuple)) else [out]
         targets: list[Target] = []
         for v in values:
