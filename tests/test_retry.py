@@ -79,6 +79,25 @@ def test_several_policies_on_one_task_the_first_matching_applies() -> None:
     labels = [r.error.split(":")[0] for r in run.records() if r.status == "failed"]
     assert labels == ["try 1 of 2", "try 2 of 5", "try 3 of 5"]
 
+    # a failure its policy would not have tried so many times: said so, not "try 3 of 2"
+    again = iter([TimeoutError("slow"), TimeoutError("slow"), ConnectionError("down")])
+
+    @task(cache=False, retry=[durably.Retry(attempts=5, backoff=0, on=(TimeoutError,)),
+                              durably.Retry(attempts=2, backoff=0, on=(OSError,))])
+    def fetch_again() -> str:
+        raise next(again)
+
+    @entrypoint
+    def crawl_again() -> str:
+        return fetch_again()
+
+    with pytest.raises(ConnectionError):
+        crawl_again()
+    failed = [r.error for r in durably.list_runs(crawl_again)[0].records()
+              if r.status == "failed"]
+    assert failed[-1].startswith(
+        "try 3, not retried (ConnectionError's policy allows 2 tries in all)"), failed
+
     # a ConnectionError (an OSError, not a TimeoutError): the second policy, 2 tries
     attempts: list[int] = []
 

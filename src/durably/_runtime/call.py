@@ -600,6 +600,11 @@ def _try_label(policy: Retry | Retries, tries: int, exc: BaseException) -> str:
     if policy.attempts <= 1:
         return ""
     found = None if isinstance(exc, _NEVER_RETRIED) else policy.for_error(exc)
+    if found is not None and tries > found.attempts:
+        # several policies (retry=[...]): the tries so far are more than this error's
+        # policy allows ("try 3 of 2" said nothing)
+        return (f"try {tries}, not retried ({type(exc).__name__}'s policy allows "
+                f"{found.attempts} tries in all)")
     label = f"try {tries} of {(found or policy).attempts}"
     if tries < policy.attempts and found is None:
         label += f", not retried ({type(exc).__name__} is not in on=)"
