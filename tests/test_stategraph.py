@@ -2757,6 +2757,14 @@ def test_messages_say_how_to_answer_and_name_the_router() -> None:
         _ = paused.result
     with pytest.raises(durably.DefinitionError, match="never takes as an answer"):
         app.invoke(Command(resume=None), run_id=paused.id)
+    # paused again after an answer: the graph's own name is no variable to call resume on
+    g = StateGraph(Entries, name="messages-twice")
+    g.add_node("ask", ask).add_node("again", ask).add_edge(START, "ask")
+    g.add_edge("ask", "again").add_edge("again", END)
+    twice = g.compile()
+    first = twice.run({"log": []})
+    with pytest.raises(durably.RunInterrupted, match=r"Answer with app\.resume\("):
+        twice.resume(first.id, "yes")
 
     def r_typo(s: Entries) -> Literal["bb"]:
         return "bb"

@@ -40,7 +40,12 @@ from durably._graph.state import InvalidUpdateError, fingerprint_of
 from durably._graph.structure import DYNAMIC, END, START, GraphStructure
 from durably._runtime.run import Run
 from durably._trace.tracer import short_repr
-from durably.exceptions import CorruptJournalError, DefinitionError, RunStateError
+from durably.exceptions import (
+    CorruptJournalError,
+    DefinitionError,
+    RunInterrupted,
+    RunStateError,
+)
 from durably.store import Store
 
 if TYPE_CHECKING:
@@ -164,8 +169,6 @@ class CompiledGraph(Execution, Generic[S]):
         finally:
             self._migrate.reset(token)
         if run.status == "interrupted":
-            from durably.exceptions import RunInterrupted
-
             raise RunInterrupted(run.id, run.interrupts, "app")
         return self.schema.build(run.result)
 
@@ -315,6 +318,8 @@ class CompiledGraph(Execution, Generic[S]):
         try:
             self._changes(self._store(), run_id)  # before the answer is journaled
             final = self._entry.resume(run_id, value)
+        except RunInterrupted as paused:  # (said by the graph's run: named as an app's)
+            raise RunInterrupted(paused.run_id, paused.interrupts, "app") from None
         finally:
             self._migrate.reset(token)
         return self.schema.build(final)
