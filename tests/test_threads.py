@@ -212,6 +212,30 @@ def test_an_interrupted_call_holds_the_thread_until_answered(
     assert chat.run("b", thread="t").result == "None+a+yes+b"
 
 
+def test_langgraph_s_entrypoint_final_is_taken_as_durably_s(
+        disk_store: durably.DiskStore) -> None:
+    """Code ported from LangGraph keeps its ``entrypoint.final(value=..., save=...)``: the
+    caller gets ``value``, the next call on the thread ``save``."""
+    class final:  # (as langgraph.func.entrypoint.final is: a value and what to save)
+        def __init__(self, *, value: Any, save: Any) -> None:
+            self.value, self.save = value, save
+
+    final.__module__ = "langgraph.func"
+
+    @durably.entrypoint
+    def shout(message: str, *, previous: list[str] | None = None) -> Any:
+        return final(value=message.upper(), save=[*(previous or []), message])
+
+    assert shout.run("a", thread="h").result == "A"
+    assert shout.run("b", thread="h").result == "B"
+
+    @durably.entrypoint
+    def seen(message: str, *, previous: list[str] | None = None) -> Any:
+        return final(value=previous, save=[*(previous or []), message])
+
+    assert [seen.run(m, thread="k").result for m in "xyz"] == [None, ["x"], ["x", "y"]]
+
+
 def test_a_plain_call_given_thread_points_to_run(disk_store: durably.DiskStore) -> None:
     chat = _chat()
     for option, value in (("thread", "t1"), ("run_id", "r1"), ("fresh", True)):

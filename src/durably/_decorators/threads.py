@@ -199,9 +199,19 @@ def _run_id(spec: Spec, thread: str, n: int) -> str:
     return f"{_prefix(spec)}@{thread}.{n}"
 
 
+def _langgraph_final(result: Any) -> bool:
+    """Whether ``result`` is LangGraph's ``entrypoint.final(value=..., save=...)`` (its
+    class ``langgraph.func.entrypoint.final``), recognised without importing LangGraph."""
+    kind = type(result)
+    return (kind.__name__ == "final" and kind.__module__.split(".")[0] == "langgraph"
+            and hasattr(result, "value") and hasattr(result, "save"))
+
+
 def save_final(ctx: RunContext, result: Any) -> Any:
     """The value a run returns: a :class:`Final`'s ``value``, its ``save`` journaled with
     the run first; any other result as it is."""
+    if _langgraph_final(result):  # LangGraph's own entrypoint.final: read as ours
+        result = Final(value=result.value, save=result.save)
     if not isinstance(result, Final):
         return result
     data = _serde.dumps(result.save, what="the value saved by entrypoint.final(save=...)")
