@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from durably._store.integrity import SigningKey
+from durably._store.integrity import SigningKey, process_key
 from durably._store.postgres.blobs import Blobs
 from durably._store.postgres.options import message, reachable_later
 from durably._store.postgres.schema import migrate
@@ -60,13 +60,17 @@ class Connections:
     prepare_threshold: int | None
     allow_unsigned: bool
 
+    _given_key: SigningKey | None
+
     @property
     def signing_key(self) -> SigningKey | None:
-        raise NotImplementedError
+        """The key given (``key=``), else the process's."""
+        return self._given_key if self._given_key is not None else process_key()
 
     @property
     def where(self) -> str:
-        raise NotImplementedError
+        """The URL (password hidden) and the schema."""
+        return f"{self._shown} (schema {self.schema})"
 
     # -- connections ---------------------------------------------------------------------------
     def _get_pool(self, until: float | None = None) -> Any:

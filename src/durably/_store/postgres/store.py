@@ -45,7 +45,6 @@ from durably._store.integrity import (
     SigningKey,
     _process_key_set,
     key_from,
-    process_key,
 )
 from durably._store.lease import Owner
 from durably._store.postgres import paged
@@ -243,18 +242,8 @@ class PostgresStore(Connections, Store):
             options["compress"] = self.compress_level
         return self.url, options
 
-    @property
-    def where(self) -> str:
-        """The URL (password hidden) and the schema."""
-        return f"{self._shown} (schema {self.schema})"
-
     def __repr__(self) -> str:
         return f"<PostgresStore {self.where}>"
-
-    @property
-    def signing_key(self) -> SigningKey | None:
-        """The key given (``key=``), else the process's."""
-        return self._given_key if self._given_key is not None else process_key()
 
     def _read(self, what: str, sql: str, params: Any = None) -> list[Any]:
         return self._do(what, lambda conn: conn.execute(sql, params).fetchall())
