@@ -237,12 +237,18 @@ async def _runs_page(request: Request, state: _State) -> Response:
     return HTMLResponse(pages.runs_page(_context(state)))
 
 
+def _page_number(request: Request) -> int:
+    """The page a request asks for (``?page=N``, from 1), counted from 0: the first for a
+    missing or unreadable one."""
+    try:
+        return max(0, int(request.query_params.get("page", "1")) - 1)
+    except ValueError:
+        return 0
+
+
 async def _run_page(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
-    try:
-        page = max(0, int(request.query_params.get("page", "1")) - 1)
-    except ValueError:
-        page = 0
+    page = _page_number(request)
     try:
         after: int | None = int(request.query_params["after"])
     except (KeyError, ValueError):
@@ -313,10 +319,7 @@ def _history_of(store: Store, run: durably.Run[Any]) -> list[durably.Checkpoint]
 
 async def _history_page(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
-    try:
-        page = max(0, int(request.query_params.get("page", "1")) - 1)
-    except ValueError:
-        page = 0
+    page = _page_number(request)
 
     def read() -> str | None:
         try:
