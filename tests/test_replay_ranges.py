@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import durably
+from durably._store.disk import rows as _rows_module
 from durably._store.disk import steps as _steps
 from durably._store.disk.rows import compact_replay, pack_ranges, pack_replays, unpack_ranges
 from durably._store.disk.store import JOURNAL_FORMAT
@@ -383,3 +384,151 @@ def test_an_older_journal_is_upgraded_to_format_7_and_its_records_still_read(
     finally:
         durably.configure()
         reopened.close()
+
+
+# -- a page of an attempt's steps, read from its ranges alone ---------------------------------
+def _every_page_is_the_whole_reads(store: durably.DiskStore, run_id: str, attempt: int
+                                   ) -> list[durably.store.StepRecord]:
+    """Every page (each ``after`` from before the first position to past the last, several
+    sizes: pages that start and end inside a range, and across ranges) is the one cut from
+    the whole read; the counts are the whole read's. The whole read, returned."""
+    whole = store.list_steps(run_id, attempt=attempt)
+    last = max((s.position for s in whole), default=0)
+    for limit in (1, 2, 3, 5, 8, len(whole) + 1):
+        for after in range(-1, last + 2):
+            expected = [s for s in whole if s.position > after][:limit]
+            assert store.page_steps(run_id, attempt, after=after, limit=limit) == expected, (
+                after, limit)
+    assert store.count_steps(run_id, attempt) == durably.store.Journal.count_steps(
+        store, run_id, attempt)
+    return whole
+
+
+def _wholly_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ranges read whole from here on (the slow ways), counted: one number each."""
+    read: list[int] = []
+    whole = _rows_module.replayed_in_ranges
+
+    def counted(db: Any, run_id: str, ranged: Any, warn: Any) -> Any:
+        read.append(sum(len(ranges) for _, ranges in ranged))
+        return whole(db, run_id, ranged, warn)
+
+    monkeypatch.setattr(_rows_module, "replayed_in_ranges", counted)
+    return read
+
+
+def test_a_page_of_a_resumed_attempt_reads_its_ranges_for_the_page_only(
+        store: durably.DiskStore, small_windows: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attempt that replayed its steps in several ranges (a stretch in order, some out of
+    order, some left out, new steps executed among them): every page and the counts are
+    those of the whole read, and no range is read whole to serve them."""
+    first = list(range(30))
+    then = [*range(0, 12), 20, 21, 22, 5, 30, 31, *range(23, 30), 12, 13]
+    run = _first_and_resumed(first, then, "pages")
+    ranges = [r for b in _blobs(store, run.id) for r in (unpack_ranges(b) or [])]
+    assert len(ranges) >= 3  # (the shape the test is about: several ranges)
+    read = _wholly_read(monkeypatch)
+    whole = _every_page_is_the_whole_reads(store, run.id, 2)
+    assert read == []
+    statuses = {s.status for s in whole}
+    assert {"replayed", "ran"} <= statuses and len(whole) >= len(then)
+
+
+def test_pages_of_an_attempt_that_replayed_records_of_several_attempts(
+        store: durably.DiskStore, small_windows: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third attempt replays steps the first attempt executed and steps the second one
+    executed (ranges anchored in each): pages and counts are the whole read's."""
+    ORDER["calls"], ORDER["fail"] = list(range(8)), True
+    with pytest.raises(RuntimeError):
+        calls(20, "three")
+    ORDER["calls"] = list(range(16))
+    with pytest.raises(RuntimeError):
+        calls(20, "three")
+    ORDER["calls"], ORDER["fail"] = [*range(10, 16), *range(0, 10), 16, 17], False
+    run = calls.run(20, "three")
+    assert run.attempt == 3
+    anchors = {r[2][0] for b in _blobs(store, run.id) for r in (unpack_ranges(b) or [])}
+    assert anchors >= {1, 2}
+    read = _wholly_read(monkeypatch)
+    whole = _every_page_is_the_whole_reads(store, run.id, 3)
+    assert read == [] and sum(s.status == "replayed" for s in whole) == 16
+    _every_page_is_the_whole_reads(store, run.id, 2)
+
+
+def test_steps_replayed_on_threads_page_as_the_whole_read(
+        store: durably.DiskStore, small_windows: None) -> None:
+    """Records kept a step each (items replayed on other threads) beside ranges: pages and
+    counts are the whole read's."""
+
+    @durably.entrypoint
+    def fan(n: int) -> int:
+        head = sum(inc(i) for i in range(n))
+        return head + sum(inc.map(range(100, 100 + n), executor="thread"))
+
+    first = fan.run(9)
+    again = fan.run(9)
+    assert again.id == first.id and again.attempt == 2
+    assert sum(s.status == "replayed" for s in _every_page_is_the_whole_reads(
+        store, again.id, 2)) == 18
+
+
+def test_records_kept_a_step_each_beside_ranges_page_as_the_whole_read(
+        store: durably.DiskStore) -> None:
+    """An attempt with ranges and records kept a step each (as repair_run and replays on
+    other threads write them), their positions interleaved: pages and counts are the
+    whole read's."""
+    run = _first_and_resumed(list(range(8)), [0, 1, 2, 3, 6, 7], "mixed")
+    # (calls 4 and 5, not replayed by the resume: kept a step each at positions 20 and 4)
+    left = _calls(_records(store, run.id, 1))[4:6]
+    assert store.append_replays(run.id, 2, [
+        (position, 1.0, 2.0, step_id, parent, key, task)
+        for position, (_, step_id, parent, task, key, _) in zip((20, 4), left, strict=True)])
+    assert {unpack_ranges(b) is None for b in _blobs(store, run.id)} == {True, False}
+    whole = _every_page_is_the_whole_reads(store, run.id, 2)
+    assert [(s.position, s.status) for s in whole][4:] == [(4, "replayed"), (4, "replayed"),
+                                                           (5, "replayed"), (20, "replayed")]
+
+
+@pytest.mark.parametrize("when", ["after the range", "during the range"])
+def test_a_page_among_a_late_record_is_the_whole_reads(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch, when: str) -> None:
+    """A record journaled late among a range's records: the page falls back to the slow
+    ways for that range (it is read whole) and still gives the whole read's records."""
+    steps = list(range(6))
+    run = _first_and_resumed(steps, steps, "late-page")
+    replayed = store.list_steps(run.id, attempt=2)
+    _journal_late(store, run.id, time.time() + 1 if when == "after the range"
+                  else replayed[2].started)
+    read = _wholly_read(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        whole = _every_page_is_the_whole_reads(store, run.id, 2)
+    assert len(whole) == 6 and read  # (the range that needed it, read whole)
+    assert "cannot be matched" not in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+def test_a_page_of_a_damaged_range_leaves_it_out_with_the_warning(
+        store: durably.DiskStore, caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    """A range whose records are no longer where it says (one deleted by hand, or made
+    garbage) is left out of pages and counts, as the whole read leaves it out, with the
+    same warning; the attempt's other records are still paged."""
+    steps = list(range(6))
+    run = _first_and_resumed(steps, [*steps, 7, 8], "damaged-page")
+    sql = ("DELETE FROM steps" if damage == "deleted"
+           else "UPDATE steps SET position='zz', ended='x'")
+    store._db().execute(f"{sql} WHERE run_id=? AND attempt=1 AND position=2", (run.id,))
+    with caplog.at_level(logging.WARNING, logger="durably"):
+        fresh = durably.DiskStore(store.path)  # (a store that has not warned yet)
+        try:
+            counted = fresh.count_steps(run.id, 2)  # (first: the warning is the count's)
+            assert "cannot be matched to the journal's records" in caplog.text
+            whole = _every_page_is_the_whole_reads(fresh, run.id, 2)
+        finally:
+            fresh.close()
+    # the damaged range's steps are left out (and those of any range after the record
+    # gone: they name records by their order); calls 7 and 8 (executed) are listed
+    replayed = sum(s.status == "replayed" for s in whole)
+    assert replayed < 6 and {s.task for s in whole if s.status == "ran"} == {
+        "inc", "note", "pair"}
+    assert sum(c.get("replayed", 0) for c in counted.values()) == replayed

@@ -24,8 +24,9 @@ __all__ = ["EVENT_COLS", "EVENT_TYPES", "PackedRange", "RUN_COLS", "RUN_TYPES", 
            "SCHEMA_2", "SCHEMA_3", "SCHEMA_4", "SCHEMA_5", "SCHEMA_5_KEYS", "SCHEMA_6",
            "SCHEMA_6_EVENTS", "SCHEMA_6_LEASES", "SCHEMA_8", "COLUMNS_8", "STEP_COLS", "STEP_TYPES",
            "compact_replay", "discard_leftover", "garbage", "immediate", "key_row", "pack_ranges",
-           "pack_replays", "replayed_in_ranges", "row_hash", "row_hash_sql", "run_row",
-           "step_from_row", "step_row", "step_sid", "unpack_ranges", "unpack_replays"]
+           "pack_replays", "replayed_counts", "replayed_in_ranges", "replayed_page", "row_hash",
+           "row_hash_sql", "run_row", "step_from_row", "step_row", "step_sid", "unpack_ranges",
+           "unpack_replays"]
 
 
 def step_row(r: StepRecord) -> tuple[Any, ...]:
@@ -458,6 +459,101 @@ def replayed_in_ranges(db: sqlite3.Connection, run_id: str,
                            started + k * each, started + (k + 1) * each, None, cache_key)
                 for k, (_, _, _, step, parent, task, cache_key, _) in enumerate(span))
     return found
+
+
+#: the finished records a range may name, in journal order, from its anchor on (``{}``:
+#: ``>=`` for an inclusive anchor, ``>`` else): the rows :func:`replayed_in_ranges` reads
+_RANGE_ROWS = (
+    "FROM steps WHERE run_id=? AND status IN ('ran', 'cached') AND (attempt, position) {} "
+    "(?, ?) AND typeof(attempt)='integer' AND typeof(position)='integer' "
+    "AND typeof(ended) IN ('real', 'integer') ORDER BY attempt, position")
+_RANGE_COLS = "attempt, position, ended, step_id, parent_id, task, cache_key, rowid"
+
+
+def _range_query(columns: str, anchor: tuple[int, int, bool]) -> str:
+    return f"SELECT {columns} " + _RANGE_ROWS.format(">=" if anchor[2] else ">") + \
+        " LIMIT ? OFFSET ?"
+
+
+def _matches(db: sqlite3.Connection, run_id: str, r: PackedRange) -> bool:
+    """Whether a range's records are where it says, as :func:`replayed_in_ranges` reads
+    them without its slow ways: its first and last records (the ``skip``-th after its
+    anchor, and the one ``steps - 1`` further) are its first and last steps (two rows read,
+    not the range's)."""
+    _, steps, anchor, skip, first, last, *_ = r
+    sql = _range_query("step_id", anchor)
+    for offset, expected in ((skip, first), (skip + steps - 1, last)):
+        found = db.execute(sql, (run_id, anchor[0], anchor[1], 1, offset)).fetchone()
+        if found is None or _id_hash(found[0]) != expected:
+            return False
+    return True
+
+
+def replayed_page(db: sqlite3.Connection, run_id: str,
+                  ranged: Sequence[tuple[int, Sequence[PackedRange]]], after: int, limit: int,
+                  warn: Callable[[str, int, str], None]) -> list[StepRecord]:
+    """The records of these ranges (by attempt) at positions greater than ``after``: at
+    least the ``limit`` of lowest position (every record among the first ``limit`` of the
+    page, in the order :func:`replayed_in_ranges` gives them), read a page at a time: a
+    range past those positions is not read, a range whose records are where it says is read
+    for the positions asked only (its first and last records checked, as
+    :func:`replayed_in_ranges` checks them), and only a range that needs the slow ways (a
+    record journaled late among its records, or one set aside) is read whole by
+    :func:`replayed_in_ranges`, which tells late records apart and leaves a damaged range
+    out (``warn``)."""
+    if limit < 1:
+        return []
+    # each range's records at positions after `after`: from its k-th record on
+    todo = sorted(((max(0, after + 1 - r[0]), order, attempt, r)
+                   for order, (attempt, r) in enumerate(
+                       (attempt, r) for attempt, ranges in ranged for r in ranges)
+                   if r[0] + r[1] - 1 > after), key=lambda t: t[3][0] + t[0])
+    found: list[tuple[int, StepRecord]] = []  # (the range's order: the whole read's order)
+    for k, order, attempt, r in todo:
+        if len(found) >= limit and r[0] + k > sorted(
+                rec.position for _, rec in found)[limit - 1]:
+            break  # (this range's records, and every later one's, are past the page)
+        position, steps, anchor, skip, _, _, started, ended, _ = r
+        if _matches(db, run_id, r):
+            rows = db.execute(_range_query(_RANGE_COLS, anchor),
+                              (run_id, anchor[0], anchor[1], min(limit, steps - k),
+                               skip + k)).fetchall()
+            each = (ended - started) / steps
+            found.extend(
+                (order, StepRecord(run_id, step, parent, task, "replayed", attempt,
+                                   position + j, started + j * each,
+                                   started + (j + 1) * each, None, cache_key))
+                for j, (_, _, _, step, parent, task, cache_key, _)
+                in enumerate(rows, start=k))
+        else:  # (the slow ways, for this range alone)
+            found.extend((order, rec)
+                         for rec in replayed_in_ranges(db, run_id, [(attempt, [r])], warn)
+                         if rec.position > after)
+    found.sort(key=lambda t: t[0])  # (stable: each range's records stay in their order)
+    return [rec for _, rec in found]
+
+
+def replayed_counts(db: sqlite3.Connection, run_id: str,
+                    ranged: Sequence[tuple[int, Sequence[PackedRange]]],
+                    warn: Callable[[str, int, str], None]) -> dict[str, int]:
+    """The records of these ranges (by attempt) counted by task, as
+    :func:`replayed_in_ranges` would give them, without building them: a range whose records
+    are where it says is counted by one aggregate query over its records; one that needs
+    the slow ways is read by :func:`replayed_in_ranges` (a damaged one counts none, and
+    ``warn`` is called)."""
+    counts: dict[str, int] = {}
+    for attempt, ranges in ranged:
+        for r in ranges:
+            _, steps, anchor, skip, *_ = r
+            if _matches(db, run_id, r):
+                sql = (f"SELECT task, count(*) FROM ({_range_query('task', anchor)}) "
+                       "GROUP BY task")
+                for task, n in db.execute(sql, (run_id, anchor[0], anchor[1], steps, skip)):
+                    counts[task] = counts.get(task, 0) + n
+            else:
+                for rec in replayed_in_ranges(db, run_id, [(attempt, [r])], warn):
+                    counts[rec.task] = counts.get(rec.task, 0) + 1
+    return counts
 
 
 def _spans(span: Sequence[Any], steps: int, first: int, last: int) -> bool:

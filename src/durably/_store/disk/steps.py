@@ -30,7 +30,9 @@ from durably._store.disk.rows import (
     immediate,
     pack_ranges,
     pack_replays,
+    replayed_counts,
     replayed_in_ranges,
+    replayed_page,
     step_from_row,
     step_row,
     step_sid,
@@ -546,13 +548,29 @@ class StepJournal(DiskBase):
         """The records of the run's replayed steps kept by :meth:`append_replays`. They only
         say which steps an attempt replayed: a damaged row is left out, with a warning
         (:meth:`repair_run` sets it aside), and never stops a run from continuing."""
+        listed, ranged = self._replay_rows(run_id, attempt)
+        found = [StepRecord(run_id, step, parent, task, "replayed", at, position, started,
+                            ended, None, key)
+                 for at, replays in listed
+                 for position, started, ended, step, parent, key, task in replays]
+        if ranged:
+            with self._read_journal:
+                found += replayed_in_ranges(self._db(), run_id, ranged, self._warn_replays)
+        return found
+
+    def _replay_rows(self, run_id: str, attempt: int | None
+                     ) -> tuple[list[tuple[int, list[Replay]]],
+                                list[tuple[int, list[PackedRange]]]]:
+        """The rows :meth:`append_replays` wrote for the run (or one attempt of it), in the
+        order they were written, by attempt: the steps each listed, and the ranges; a
+        damaged row is left out, with a warning."""
         sql = "SELECT attempt, steps FROM replays WHERE run_id=?"
         params: tuple[Any, ...] = (run_id,)
         if attempt is not None:
             sql, params = sql + " AND attempt=?", (run_id, attempt)
         with self._read_journal:
             rows = self._db().execute(sql + " ORDER BY rowid", params).fetchall()
-        found: list[StepRecord] = []
+        listed: list[tuple[int, list[Replay]]] = []
         ranged: list[tuple[int, list[PackedRange]]] = []
         for at, data in rows:
             payload, why = (None, "the row is garbage") if type(at) is not int \
@@ -562,19 +580,13 @@ class StepJournal(DiskBase):
                     ranges = unpack_ranges(payload)
                     if ranges is not None:
                         ranged.append((at, ranges))
-                        continue
-                    found.extend(StepRecord(run_id, step, parent, task, "replayed", at,
-                                            position, started, ended, None, key)
-                                 for position, started, ended, step, parent, key, task
-                                 in unpack_replays(payload))
+                    else:
+                        listed.append((at, unpack_replays(payload)))
                     continue
                 except ValueError as exc:
                     why = str(exc)
             self._warn_replays(run_id, at, why)
-        if ranged:
-            with self._read_journal:
-                found += replayed_in_ranges(self._db(), run_id, ranged, self._warn_replays)
-        return found
+        return listed, ranged
 
     def _warn_replays(self, run_id: str, attempt: Any, why: str) -> None:
         warned = f"replays {run_id} {attempt!r}"
@@ -590,8 +602,9 @@ class StepJournal(DiskBase):
                    limit: int = 100) -> list[StepRecord]:
         """One page of an attempt's step records in call order (see
         :meth:`durably.store.Journal.page_steps`): a query that stops at ``limit`` rows of
-        the index on (run, attempt, position); the attempt's replays, when it has any, read
-        as :meth:`list_steps` reads them.
+        the index on (run, attempt, position); the attempt's replay ranges, when it has
+        any, read for the page's positions only (:func:`replayed_page`), all in one
+        snapshot of the journal.
 
         Raises:
             ValueError: ``limit`` is less than 1.
@@ -599,44 +612,62 @@ class StepJournal(DiskBase):
         """
         if limit < 1:
             raise ValueError(f"page_steps: limit must be at least 1, got {limit!r}")
-        with self._read_journal:
+        with self.snapshot(), self._read_journal:
             db = self._db()
             rows = db.execute(
                 f"SELECT {STEP_COLS} FROM steps WHERE run_id=? AND attempt=? AND position>? "
                 "ORDER BY position LIMIT ?", (run_id, attempt, after, limit)).fetchall()
-            replays = db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
-                                 (run_id, attempt)).fetchone()
-        for row in rows:
-            bad = garbage(row, STEP_TYPES)
-            if bad:
-                raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
-        records = [step_from_row(row) for row in rows]
-        if replays is not None:
-            records.extend(r for r in self._replayed(run_id, attempt) if r.position > after)
-            records.sort(key=_in_call_order)
-            del records[limit:]
+            for row in rows:
+                bad = garbage(row, STEP_TYPES)
+                if bad:
+                    raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
+            records = [step_from_row(row) for row in rows]
+            if db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
+                          (run_id, attempt)).fetchone() is None:
+                return records
+            listed, ranged = self._replay_rows(run_id, attempt)
+            records.extend(StepRecord(run_id, step, parent, task, "replayed", at, position,
+                                      started, ended, None, key)
+                           for at, replays in listed
+                           for position, started, ended, step, parent, key, task in replays
+                           if position > after)
+            if ranged:
+                records += replayed_page(db, run_id, ranged, after, limit, self._warn_replays)
+        records.sort(key=_in_call_order)
+        del records[limit:]
         return records
 
     def count_steps(self, run_id: str, attempt: int) -> dict[str, dict[str, int]]:
         """An attempt's steps by task and status (see
         :meth:`durably.store.Journal.count_steps`), counted by one aggregate query (each
         step by its last row: SQLite takes the bare columns of a ``max()`` from its row);
-        the attempt's replays, when it has any, read as :meth:`list_steps` reads them."""
-        with self._read_journal:
+        the attempt's replays, when it has any, counted without building their records (a
+        replay range by an aggregate query over the records it names:
+        :func:`replayed_counts`), all in one snapshot of the journal."""
+        with self.snapshot(), self._read_journal:
             db = self._db()
             rows = db.execute(
                 "SELECT task, status, count(*) FROM (SELECT task, status, max(rowid) FROM steps "
                 "WHERE run_id=? AND attempt=? AND status!='started' GROUP BY step_id) "
                 "GROUP BY task, status", (run_id, attempt)).fetchall()
-            replays = db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
-                                 (run_id, attempt)).fetchone()
-        counts: dict[str, dict[str, int]] = {}
-        for task, status, n in rows:
-            counts.setdefault(str(task), {})[str(status)] = int(n)
-        if replays is not None:
-            for r in self._replayed(run_id, attempt):
-                by_status = counts.setdefault(r.task, {})
-                by_status["replayed"] = by_status.get("replayed", 0) + 1
+            counts: dict[str, dict[str, int]] = {}
+            for task, status, n in rows:
+                counts.setdefault(str(task), {})[str(status)] = int(n)
+            if db.execute("SELECT 1 FROM replays WHERE run_id=? AND attempt=? LIMIT 1",
+                          (run_id, attempt)).fetchone() is None:
+                return counts
+            listed, ranged = self._replay_rows(run_id, attempt)
+            replayed: dict[str, int] = {}
+            for _, replays in listed:
+                for *_, task in replays:
+                    replayed[task] = replayed.get(task, 0) + 1
+            if ranged:
+                for task, n in replayed_counts(db, run_id, ranged,
+                                               self._warn_replays).items():
+                    replayed[task] = replayed.get(task, 0) + n
+        for task, n in replayed.items():
+            by_status = counts.setdefault(task, {})
+            by_status["replayed"] = by_status.get("replayed", 0) + n
         return counts
 
     def list_steps(self, run_id: str, attempt: int | None = None) -> list[StepRecord]:
