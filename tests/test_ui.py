@@ -702,6 +702,74 @@ def test_a_big_run_opens_reading_one_page_of_its_steps(
     assert shown == [p for p in range(100, 200)]
 
 
+_STOP = {"on": False}  # crunch_or_stop raises after its steps while this is set
+
+
+@durably.entrypoint
+def crunch_or_stop(n: int) -> int:
+    total = sum(parse(i) for i in range(n))
+    if _STOP["on"]:
+        raise RuntimeError("stopped after the steps, to be resumed")
+    return total
+
+
+@pytest.mark.parametrize("shape", ["resumed", "cached"])
+def test_a_big_resumed_or_cached_run_opens_reading_one_page_of_its_steps(
+        store: durably.Store, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    """A run whose steps were all replayed (a resumed attempt) or served from the cache
+    opens reading the page it shows (``page_steps``), never its whole journal; its time
+    saved, which needs the whole journal, comes with the runs' rows (the page's script
+    puts it in) and is :meth:`durably.Run.time_saved`'s."""
+    from durably._ui import app
+
+    if shape == "resumed":
+        _STOP["on"] = True
+        with pytest.raises(RuntimeError):
+            crunch_or_stop(250)
+        _STOP["on"] = False
+        run = crunch_or_stop.run(250)
+        assert run.attempt == 2 and run.counts()["replayed"] == 250
+    else:
+        crunch.run(250)
+        run = crunch_or_stop.run(250)
+        assert run.counts()["cached"] == 250
+    monkeypatch.setattr(app, "INLINE_HISTORY", 0)  # (the history reads every step)
+    monkeypatch.setattr(app, "INLINE_SAVED", 100)
+    read: list[str] = []
+    page_steps, list_steps = store.page_steps, store.list_steps
+
+    def paged(run_id: str, attempt: int, *, after: int = -1,
+              limit: int = 100) -> list[durably.store.StepRecord]:
+        read.append("page_steps")
+        return page_steps(run_id, attempt, after=after, limit=limit)
+
+    def whole(run_id: str, attempt: int | None = None) -> list[durably.store.StepRecord]:
+        read.append("list_steps")
+        return list_steps(run_id, attempt)
+
+    monkeypatch.setattr(store, "page_steps", paged)
+    monkeypatch.setattr(store, "list_steps", whole)
+    c = client(store)
+    first = c.get(f"/runs/{run.id}").text
+    if type(store).page_steps is not durably.store.Journal.page_steps:
+        assert read == ["page_steps"]
+    status = "replayed" if shape == "resumed" else "cached"
+    assert f'<span id="steps-{status}">250</span>' in first and "page 1 of 3" in first
+    assert '<span id="time-saved" data-pending="1">computing…</span>' in first
+    link = re.search(r'href="(/runs/[^"]*after=99)#steps">next', first)
+    assert link is not None
+    second = c.get(link.group(1).replace("&amp;", "&")).text
+    shown = [int(n) for n in re.findall(r'<td class="n">(\d+)</td><td>parse', second)]
+    assert shown == list(range(100, 200)) and "page 2 of 3" in second
+    # the runs' rows: the time saved, as the run says it (the journal read once per run)
+    row = next(r for r in c.get("/api/runs").json() if r["id"] == run.id)
+    assert row["saved"] == pytest.approx(run.time_saved())
+    assert row["saved_by_cache"] == pytest.approx(run.time_saved("cache"))
+    # once kept, the page shows it itself
+    again = c.get(f"/runs/{run.id}").text
+    assert 'id="time-saved">' in again and "computing…" not in again
+
+
 class _Boom:
     """A payload whose unpickling makes a folder (``os.mkdir``): a side effect the dashboard
     must never cause."""

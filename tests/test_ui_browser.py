@@ -295,3 +295,37 @@ def test_a_corrupt_journal_is_said_on_the_runs_page(server: tuple[str, Path], pa
     assert "journal.sqlite3" in text and "Fix:" in text
     assert page.inner_text("#live") == "store error"
     page.screenshot(path=str(tmp_path / "corrupt.png"))
+
+
+@durably.task
+def halve(i: int) -> int:
+    return i // 2
+
+
+@durably.entrypoint
+def halves(n: int) -> int:
+    return sum(halve(i) for i in range(n))
+
+
+@durably.entrypoint
+def halves_again(n: int) -> int:
+    return sum(halve(i) for i in range(n))
+
+
+def test_a_big_runs_time_saved_is_filled_in_by_the_page(
+        server: tuple[str, Path], page: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run too big for its time saved to be computed with its page (all its steps served
+    from the cache here) opens with a placeholder, which the page's script replaces with
+    the figure the runs' rows carry."""
+    from durably._ui import app
+
+    monkeypatch.setattr(app, "INLINE_SAVED", 10)
+    base, store_dir = server
+    durably.configure(store=durably.DiskStore(store_dir))
+    halves.run(30)
+    run = halves_again.run(30)
+    assert run.counts()["cached"] == 30 and run.time_saved("cache") > 0
+    served = page.goto(f"{base}/runs/{run.id}?token={TOKEN}")
+    assert served is not None and 'id="time-saved" data-pending="1"' in served.text()
+    page.wait_for_selector("#time-saved:not([data-pending])", timeout=60_000)
+    assert page.inner_text("#time-saved").endswith("by the cache)")

@@ -45,6 +45,10 @@ PAGE_SIZE = 100
 #: a run with more steps than this has its history on a page of its own (reading it takes
 #: about 2.7 s of CPU for 100,000 steps)
 INLINE_HISTORY = 2_000
+#: a run whose latest attempt has more steps than this, some of them cached or replayed,
+#: has its time saved computed apart from its page (it needs the whole journal: about 1.5 s
+#: of CPU for 100,000 steps), and shown by the page once the runs' rows carry it
+INLINE_SAVED = 10_000
 #: checkpoints per page of a run's history
 HISTORY_PAGE = 500
 #: a graph with more nodes than this is not drawn (the browser would take minutes)
@@ -262,21 +266,19 @@ async def _run_page(request: Request, state: _State) -> Response:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        # a run's first attempt (a fork's excepted) replayed nothing: counted by one
-        # aggregate query, and the first page, or the one after a position, read alone, so
-        # a 100,000-step run opens without reading its journal whole. A resumed run (its
-        # time saved is the original executions of what it replayed), a filter, or a page
-        # asked for by its number: the journal read once, kept while the run is unchanged
+        # an unfiltered table: counted by one aggregate query, and the first page, or the
+        # one after a position, read alone, so a 100,000-step run opens without reading its
+        # journal whole (its time saved, when that needs it, comes with the runs' rows). A
+        # filter, or a page asked for by its number: the journal read once, kept while the
+        # run is unchanged
         next_after: int | None = None
-        if not (task or status or (page and after is None)) and \
-                queries.replayed_nothing(state.store, run):
+        saved: float | None
+        if not (task or status or (page and after is None)):
             counts, tasks, total = queries.step_counts(state.store, run)
             rows, next_after = queries.steps_after(
                 state.store, run, -1 if after is None else after, PAGE_SIZE)
-            matching, saved, by_cache = total, 0.0, 0.0
-            if counts.get("cached"):  # (the time the cache saved is in its steps' records)
-                found = state.steps.of(run)
-                saved, by_cache = found["saved"], found["saved_by_cache"]
+            matching = total
+            saved, by_cache = _time_saved(state, run, counts, total)
         else:
             found = state.steps.of(run)
             rows, matching = queries.step_page(found["steps"], page, PAGE_SIZE, task, status)
@@ -302,6 +304,22 @@ async def _run_page(request: Request, state: _State) -> Response:
     if text is None:
         return HTMLResponse(pages.not_found(_context(state), run_id), status_code=404)
     return HTMLResponse(text)
+
+
+def _time_saved(state: _State, run: durably.Run[Any], counts: dict[str, int], total: int
+                ) -> tuple[float | None, float]:
+    """The seconds the run's latest attempt saved and their part by the cache (as
+    :meth:`durably.Run.time_saved`): 0 with no step cached or replayed; else from the steps
+    the dashboard keeps, or read if the attempt has at most :data:`INLINE_SAVED` steps;
+    else None (not computed here: the page shows it once the runs' rows carry it)."""
+    if not counts["cached"] and not counts["replayed"]:
+        return 0.0, 0.0
+    found = state.steps.kept(run)
+    if found is None and total <= INLINE_SAVED:
+        found = state.steps.of(run)
+    if found is None:
+        return None, 0.0
+    return found["saved"], found["saved_by_cache"]
 
 
 def _history_of(store: Store, run: durably.Run[Any]) -> list[durably.Checkpoint]:

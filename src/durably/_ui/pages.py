@@ -250,7 +250,7 @@ def _history(ctx: Context, run: durably.Run[Any],
             f'{"".join(rows)}</tbody></table></section>')
 
 
-def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved: float,
+def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved: float | None,
              rows: Sequence[StepRecord], matching: int, page: int, size: int,
              task: str | None, status: str | None, pending: list[dict[str, Any]],
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
@@ -259,7 +259,8 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              layout_seconds: float = 20, saved_by_cache: float = 0.0) -> str:
     """The page of one run: its summary, questions, graph, steps, errors, events, history
     and actions. ``saved``: seconds the attempt saved (:meth:`durably.Run.time_saved`), of
-    which ``saved_by_cache`` by the cache."""
+    which ``saved_by_cache`` by the cache; None: not computed yet (a big run's, filled in by
+    the page's script from the runs' rows)."""
     state = run.status
     total = sum(counts.values())
     facts = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in (
@@ -269,8 +270,7 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
             f'<span id="steps-{k}">{counts[k]:,}</span> {k}'
             for k in ("ran", "cached", "replayed", "failed"))),
-        ("time saved", (_seconds(saved) or "0 s") + (
-            f" ({_seconds(saved_by_cache)} by the cache)" if saved_by_cache > 0 else ""))))
+        ("time saved", _saved(run, saved, saved_by_cache))))
     error = f'<p class="error">{_h(run.error)}</p>' if run.error else ""
     failures = "".join(
         f'<details class="failure"><summary><b>{_h(e["task"])}</b> (attempt {e["attempt"]}, '
@@ -303,6 +303,15 @@ data-run="{_h(run.id)}" data-layout-seconds="{layout_seconds:g}">drawing…</div
 {_steps(run, rows, matching, page, size, task, status, tasks, next_after)}
 {failures}{custom}{_history(ctx, run, history)}{actions}"""
     return _layout(ctx, f"{run.name} {run.id}", body)
+
+
+def _saved(run: durably.Run[Any], saved: float | None, by_cache: float) -> str:
+    """The run page's time saved: the figure, or a placeholder its script fills in."""
+    if saved is None:
+        later = "when the run ends" if run.status == "running" else "computing…"
+        return f'<span id="time-saved" data-pending="1">{later}</span>'
+    return (f'<span id="time-saved">{_seconds(saved) or "0 s"}'
+            + (f" ({_seconds(by_cache)} by the cache)" if by_cache > 0 else "") + "</span>")
 
 
 def history_page(ctx: Context, run: durably.Run[Any],

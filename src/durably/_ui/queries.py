@@ -28,7 +28,7 @@ from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
-           "pending_of", "replayed_nothing", "run_row", "safe_load", "step_counts",
+           "pending_of", "run_row", "safe_load", "step_counts",
            "step_page", "steps_after", "StepsCache"]
 
 #: the journal's events that start and end an attempt
@@ -120,19 +120,26 @@ def _counts(steps: Iterable[StepRecord]) -> dict[str, int]:
 def run_row(store: Store, run: durably.Run[Any], steps: StepsCache,
             expected: tuple[int, bool] | None = None) -> dict[str, Any]:
     """One row of the runs table: the run's record, its steps by status, duration, time
-    saved and, while it executes, its progress: ``expected``, the steps of its previous
+    saved (``saved``, of which ``saved_by_cache`` by the cache; None while it executes)
+    and, while it executes, its progress: ``expected``, the steps of its previous
     attempt when that attempt finished (a total), else ``before``, the steps its previous
     attempt got to before it stopped (the total is at least this many)."""
     status = run.status
     running = status == "running"
-    found = steps.of(run)
     events = store.list_events(run.id, RUN_ENDS)
+    if running:  # (its steps grow: counted at each look by one aggregate query, not read)
+        counts: dict[str, int] = step_counts(store, run)[0]
+        saved: float | None = None
+        by_cache: float | None = None
+    else:
+        found = steps.of(run)
+        counts, saved, by_cache = found["counts"], found["saved"], found["saved_by_cache"]
     return {
         "id": run.id, "name": run.name, "entrypoint": run.entrypoint, "status": status,
         "attempt": run.attempt, "created": run.created, "updated": run.updated,
-        "counts": found["counts"], "steps": sum(found["counts"].values()),
+        "counts": counts, "steps": sum(counts.values()),
         "duration": _duration(events, run.attempt, status, time.time()),
-        "saved": None if status == "running" else found["saved"],
+        "saved": saved, "saved_by_cache": by_cache,
         "expected": expected[0] if running and expected and expected[1] else None,
         "before": expected[0] if running and expected and not expected[1] else None,
         "error": run.error,
@@ -201,6 +208,17 @@ class StepsCache:
         self._keep = keep  # step records kept, all runs together (least recently used go)
         self._lock = threading.Lock()
 
+    def kept(self, run: durably.Run[Any]) -> dict[str, Any] | None:
+        """What :meth:`of` would return, if it is kept (the run unchanged and not
+        executing), else None: never read."""
+        status = run.status
+        with self._lock:
+            kept = self._kept.get(run.id)
+            if kept is not None and kept[0] == (run.attempt, run.updated, status) and \
+                    status != "running":
+                return kept[1]
+        return None
+
     def of(self, run: durably.Run[Any]) -> dict[str, Any]:
         """``steps`` (the latest attempt's, in call order), ``counts``, ``saved`` (seconds,
         as :meth:`durably.Run.time_saved`) and ``saved_by_cache`` (its part by the cache,
@@ -227,12 +245,6 @@ class StepsCache:
                 gone = self._kept.pop(next(iter(self._kept)))
                 held -= len(gone[1]["steps"])
         return found
-
-
-def replayed_nothing(store: Store, run: durably.Run[Any]) -> bool:
-    """Whether the run's latest attempt cannot have replayed a step: it is the first, and
-    the run is not a fork (whose first attempt replays the steps it was given)."""
-    return run.attempt <= 1 and not store.list_events(run.id, ("forked",))
 
 
 def step_counts(store: Store, run: durably.Run[Any]) -> tuple[dict[str, int], list[str], int]:

@@ -169,6 +169,13 @@ function runPage(header) {
         const part = document.getElementById("steps-" + kind);
         if (part) part.textContent = count.toLocaleString();
       }
+      // a big run's time saved, computed apart from its page: from its row once there
+      const saved = document.getElementById("time-saved");
+      if (saved && saved.dataset.pending && row.saved !== null && row.saved !== undefined) {
+        saved.textContent = seconds(row.saved) + (row.saved_by_cache > 0 ?
+          " (" + seconds(row.saved_by_cache) + " by the cache)" : "");
+        delete saved.dataset.pending;
+      }
       const typing = document.activeElement && document.activeElement.tagName === "TEXTAREA";
       if (row.status !== shown && !typing) {
         stream.close();
