@@ -770,6 +770,46 @@ def test_a_big_resumed_or_cached_run_opens_reading_one_page_of_its_steps(
     assert 'id="time-saved">' in again and "computing…" not in again
 
 
+_WATCH: dict[str, Any] = {"shift": 0.0, "seen": []}
+
+
+@durably.entrypoint
+def hits_watched(n: int) -> int:
+    """Calls parse(0..n-1), all served from the cache, noting after each how many cached
+    steps the dashboard would count in the journal (``count_steps``); the clock the steps'
+    records are stamped by jumps 2 s after the second."""
+    from durably._runtime.context import live_run
+
+    ctx = live_run()
+    assert ctx is not None
+    for i in range(n):
+        parse(i)
+        counted = _WATCH["store"].count_steps(ctx.run_id, ctx.attempt)
+        _WATCH["seen"].append(counted.get("parse", {}).get("cached", 0))
+        if i == 1:
+            _WATCH["shift"] = 2.0
+    return n
+
+
+def test_an_executing_runs_cached_steps_reach_its_journal_a_second_after_the_first(
+        store: durably.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps served from the cache are journaled in batches, and once the oldest buffered
+    is a second old (by the steps' own times) at the next one: the dashboard's count of a
+    running run's cached steps is never more than that late."""
+    from durably._runtime import step as _step
+
+    crunch.run(4)  # parse(0..3) cached
+    real = _step.now
+    monkeypatch.setattr(_step, "now", lambda: real() + _WATCH["shift"])
+    monkeypatch.setitem(_WATCH, "store", store)
+    monkeypatch.setitem(_WATCH, "seen", [])
+    monkeypatch.setitem(_WATCH, "shift", 0.0)
+    run = hits_watched.run(4)
+    assert run.counts()["cached"] == 4
+    # buffered, buffered, then the third (2 s after the first) writes the three, buffered
+    assert _WATCH["seen"] == [0, 0, 3, 3]
+
+
 class _Boom:
     """A payload whose unpickling makes a folder (``os.mkdir``): a side effect the dashboard
     must never cause."""

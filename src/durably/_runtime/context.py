@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import sys
 import threading
@@ -38,6 +39,9 @@ _FLUSH_EVERY = 2048  # replay records buffered before a write
 #: a journal row holding more bytes than this is written on its own, outside a batch
 LARGE_ROW = 1 << 20
 _PENDING_BYTES = 8 << 20  # ... and buffered journal rows holding this many bytes are written
+#: ... and buffered rows of cached steps once the oldest is this old (seconds), at the next
+#: one: the dashboard counts a run's cached steps from its journal as it executes
+_PENDING_SECONDS = 1.0
 CACHE_BATCH = 2048  # cache writes queued before a batch write
 _CACHE_BYTES = 32 << 20  # ... or this many bytes of results
 _CACHE_SECONDS = 1.0  # ... or when the oldest queued write is this old
@@ -62,6 +66,7 @@ class RunContext:
         "_occurrences",
         "_pending",
         "_pending_bytes",
+        "_pending_since",
         "_replays",
         "ahead",
         "answers",
@@ -225,6 +230,8 @@ class RunContext:
         #: records the steps it replays from there (as ranges); None in other threads' use
         self.ahead: ReadAhead | None = None
         self._pending_bytes = 0  # of the results in _pending
+        #: when the oldest cached step in _pending ended (seconds since the epoch; inf: none)
+        self._pending_since = math.inf
         self._lock = threading.Lock()
         self._claiming = threading.Lock()  # (claim() does I/O: not under _lock)
         #: steps of this attempt by status: ran, cached, failed (replayed steps are counted
@@ -387,10 +394,13 @@ class RunContext:
 
     def note_cached(self, record: StepRecord, data: bytes) -> None:
         """Buffer the journal row of a step served from the cross-run cache: written in
-        batches like replay rows. A row lost in a crash costs little: on resume the cache
-        serves the step again, or (its entry gone: expired, pruned) it executes again; the
-        rows are written before a ``cache=False`` step executes, so that a side effect
-        never sees inputs other than the ones it saw before the crash."""
+        batches like replay rows, and at the first hit a second after the oldest row
+        buffered (by the steps' own times: the dashboard, which counts an executing run's
+        steps from its journal, is at most that late). A row lost in a crash costs little:
+        on resume the cache serves the step again, or (its entry gone: expired, pruned) it
+        executes again; the rows are written before a ``cache=False`` step executes, so
+        that a side effect never sees inputs other than the ones it saw before the
+        crash."""
         if type(data) is not bytes or len(data) > LARGE_ROW:
             # a large value is journaled at once: never held in memory for a batch, nor
             # written inside the transaction that ends the attempt
@@ -398,11 +408,15 @@ class RunContext:
             with self._lock:
                 self.counts["cached"] += 1
             return
+        ended = record.ended  # (its time, read once: no clock read on the hit path)
         with self._lock:
             self._pending.append((record, data))
             self._pending_bytes += len(data)
             self.counts["cached"] += 1
-            full = len(self._pending) >= _FLUSH_EVERY or self._pending_bytes >= _PENDING_BYTES
+            if ended < self._pending_since:
+                self._pending_since = ended
+            full = (len(self._pending) >= _FLUSH_EVERY or self._pending_bytes >= _PENDING_BYTES
+                    or ended - self._pending_since >= _PENDING_SECONDS)
         if full:
             self.flush()
 
@@ -455,6 +469,7 @@ class RunContext:
         with self._lock:
             pending, self._pending = self._pending, []
             self._pending_bytes = 0
+            self._pending_since = math.inf
             # copied, then deleted by count: a replay appended meanwhile (without the lock)
             # stays for the next time
             replays: list[Replay | ReplayRange] = self._replays[:]  # type: ignore[assignment]
