@@ -80,6 +80,27 @@ def test_prune_by_size_says_the_bytes_it_freed(maintained: Any) -> None:
     assert square.explain(1).hit
 
 
+def test_the_bytes_a_prune_removed_are_those_the_cache_statistics_counted(
+        maintained: Any) -> None:
+    """The bytes a prune or a clear says it removed are the bytes the cache's statistics
+    counted for those entries (a task's ``bytes``): small entries too, kept in the cache's
+    database, whose files do not shrink when they go (their pages are kept for reuse)."""
+    square, big = _tasks(maintained)
+    for x in range(50):
+        square(10**40 + x)  # (small entries: in the database)
+    big(1)  # (a large one: a file of its own)
+    for name in ("square", "big"):
+        tasks = {t["task"].rpartition(":")[2]: t for t in maintained.cache_stats()["tasks"]}
+        counted = tasks[name]["bytes"]
+        assert counted > 0
+        removed = durably.prune(max_entries=0, task=name)
+        assert removed == durably.Removed(tasks[name]["entries"], counted)
+    square(1)
+    counted = maintained.cache_stats()["entry_bytes"]
+    assert counted == maintained.cache_entry_bytes() > 0
+    assert square.clear() == durably.Removed(1, counted)
+
+
 def test_prune_by_age_takes_seconds_or_a_timedelta(disk_store: durably.DiskStore) -> None:
     square, _ = _tasks(disk_store)
     for x in range(3):

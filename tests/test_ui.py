@@ -410,9 +410,16 @@ def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
     unconfirmed = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "0s"})
     assert unconfirmed.status_code == 400
     assert disk_store.cache_stats()["entries"] >= 5
+    # the page's size is the bytes of the entries, the tasks' Bytes added up, and what the
+    # prune then says it removed
+    stats = disk_store.cache_stats()
+    counted = sum(t["bytes"] for t in stats["tasks"])
+    assert counted == stats["entry_bytes"] > 0 and f"<dd>{counted:,} bytes (" in page
     pruned = post(c, "/cache/prune",
                   {"csrf": csrf_of(page), "older_than": "0s", "confirm": "yes"})
-    assert pruned.status_code == 303 and "removed" in pruned.headers["location"]
+    assert pruned.status_code == 303
+    assert f"removed {stats['entries']:,} cache entries ({counted:,} bytes)" in c.get(
+        pruned.headers["location"]).text
     assert disk_store.cache_stats()["entries"] == 0
     bad = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "soon",
                                    "confirm": "yes"})

@@ -549,6 +549,14 @@ class Store(Journal, Values, KeyRecords):
         """Bytes the cache takes where it is kept."""
         raise self._unsupported("cache_size")
 
+    def cache_entry_bytes(self) -> int:
+        """Bytes the cache's entries take, their own sizes summed: what
+        :meth:`cache_stats` counts as ``entry_bytes`` (and, by task, as ``bytes``), and what
+        :func:`durably.prune` says it removed. Default: :meth:`cache_size`, for a store whose
+        size is its entries' (a backend whose files take more, such as an index, overrides
+        it)."""
+        return self.cache_size()
+
     def large_value_bytes(self) -> int:
         """Bytes the journal's large values take apart from it (0: none kept apart)."""
         return 0

@@ -27,11 +27,12 @@ class Removed:
 
     Attributes:
         entries: How many cache entries were removed (with ``dry_run``: would be).
-        bytes: How much smaller the cache is afterwards, in bytes: its size where it is
-            kept (:meth:`Store.cache_size <durably.store.Store.cache_size>`: on disk for a
-            ``DiskStore``, the entries' sizes for PostgreSQL) before minus after; other
-            processes writing meanwhile count too. None with ``dry_run``, or when the store
-            cannot tell (it lacks the capability ``"maintenance"``).
+        bytes: The bytes the removed entries took, their own sizes (as the cache's
+            statistics count a task's ``bytes``: :meth:`Store.cache_entry_bytes
+            <durably.store.Store.cache_entry_bytes>` before minus after, so other processes
+            writing meanwhile count too; a ``DiskStore``'s files on disk may shrink less, as
+            SQLite keeps the pages it freed for later entries). None with ``dry_run``, or
+            when the store cannot tell (it lacks the capability ``"maintenance"``).
 
     Example:
         >>> Removed(entries=3, bytes=4096)
@@ -139,9 +140,9 @@ def prune(*, older_than: float | datetime.timedelta | None = None,
             raise DefinitionError(f"durably.prune(task=...) takes a task, its name or its "
                              f"module:name, not {task!r}")
     st = _maintained(_store_of(store), "durably.prune()")
-    before = None if dry_run else st.cache_size()
+    before = None if dry_run else st.cache_entry_bytes()
     entries = st.prune(age, size, max_entries=count, task=name, dry_run=dry_run)
-    return Removed(entries, None if before is None else max(0, before - st.cache_size()))
+    return Removed(entries, None if before is None else max(0, before - st.cache_entry_bytes()))
 
 
 def clear_task(spec: Spec) -> Removed:
@@ -156,6 +157,6 @@ def clear_task(spec: Spec) -> Removed:
     else:
         store = spec.store or default_store()
     measured = "maintenance" in store.capabilities
-    before = store.cache_size() if measured else None
+    before = store.cache_entry_bytes() if measured else None
     entries = int(store.clear_task(spec.identity))
-    return Removed(entries, None if before is None else max(0, before - store.cache_size()))
+    return Removed(entries, None if before is None else max(0, before - store.cache_entry_bytes()))

@@ -325,6 +325,14 @@ def history_page(ctx: Context, run: durably.Run[Any],
     return _layout(ctx, f"history of {run.id}", body)
 
 
+def _cache_size(stats: dict[str, Any]) -> str:
+    """The cache's size: its entries' bytes (what the tasks' Bytes add up to, and what a
+    prune says it removed), and the bytes its files take where that is more."""
+    entries = stats.get("entry_bytes", stats["bytes"])
+    disk = stats["bytes"]
+    return f"{entries:,} bytes" + (f" ({disk:,} bytes of files)" if disk != entries else "")
+
+
 def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -> str:
     """Cache statistics by task, and the prune form."""
     if stats is None:
@@ -346,7 +354,7 @@ def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -
 <p class="hint">Journals are kept: runs still replay their finished steps.</p></section>"""
     body = f"""{_notice(notice)}<h1>Cache</h1><dl class="facts">
 <div><dt>entries</dt><dd>{stats['entries']:,}</dd></div>
-<div><dt>size</dt><dd>{stats['bytes']:,} bytes</dd></div>
+<div><dt>size</dt><dd>{_cache_size(stats)}</dd></div>
 <div><dt>hit rate</dt><dd>{_rate(rate)}
 ({stats['cached']:,} cached, {stats['ran']:,} ran, {stats['runs']:,} runs)</dd></div></dl>
 <table class="steps"><thead><tr><th>Task</th><th class="n">Entries</th><th class="n">Bytes</th>

@@ -229,6 +229,15 @@ class CacheValues(DiskBase):
         with self._read_cache:
             return int(self.cache.volume())
 
+    def cache_entry_bytes(self) -> int:
+        """Bytes the cache's entries take, their own sizes summed (a value's length in the
+        database, or its file's size), as :meth:`cache_stats` counts them: less than
+        :meth:`cache_size`, which counts the database's pages, free ones included."""
+        from durably._store.disk.maintenance import entry_bytes
+
+        with self._read_cache:
+            return entry_bytes(cast("DiskStore", self))
+
     def cache_stats(self) -> dict[str, Any]:
         """What the cache holds, per task (the CLI's ``durably cache stats``)."""
         from durably._store.disk.maintenance import cache_stats
