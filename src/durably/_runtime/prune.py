@@ -27,12 +27,13 @@ class Removed:
 
     Attributes:
         entries: How many cache entries were removed (with ``dry_run``: would be).
-        bytes: The bytes the removed entries took, their own sizes (as the cache's
-            statistics count a task's ``bytes``: :meth:`Store.cache_entry_bytes
-            <durably.store.Store.cache_entry_bytes>` before minus after, so other processes
-            writing meanwhile count too; a ``DiskStore``'s files on disk may shrink less, as
-            SQLite keeps the pages it freed for later entries). None with ``dry_run``, or
-            when the store cannot tell (it lacks the capability ``"maintenance"``).
+        bytes: The bytes the removed entries took, their own sizes, as the cache's
+            statistics count a task's ``bytes``
+            (:meth:`~durably.store.Store.cache_entry_bytes` before minus after, so other
+            processes writing meanwhile count too; a ``DiskStore``'s files on disk may
+            shrink less, as SQLite keeps the pages it freed for later entries). None with
+            ``dry_run``, or when the store cannot tell (it lacks the capability
+            ``"maintenance"``).
 
     Example:
         >>> Removed(entries=3, bytes=4096)
