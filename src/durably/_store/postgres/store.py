@@ -545,7 +545,7 @@ class PostgresStore(Connections, Store):
         return cols
 
     def _unnest(self) -> str:
-        arrays = ", ".join(f"{_param(t)}::{t}[]" for t in _STEP_TYPES)
+        arrays = ", ".join(f"%b::{t}[]" for t in _STEP_TYPES)
         return f"SELECT * FROM unnest({arrays}) AS s({', '.join(_STEP_COLS)})"
 
     def append_steps(self, steps: Sequence[tuple[StepRecord, bytes | None]]) -> None:
@@ -676,9 +676,9 @@ class PostgresStore(Connections, Store):
                 col.append(item)
         self._write("journal events", self._sql(
             "INSERT INTO {s}.events (run_id, kind, time, attempt, step_id, key, data, blob) "
-            "SELECT r, k, t, a, st, ky, d, b FROM unnest(%s::text[], %s::text[], "
-            "%s::float8[], %s::int4[], %s::text[], %s::text[], %b::bytea[], %s::text[], "
-            "%s::int4[]) AS e(r, k, t, a, st, ky, d, b, n) ORDER BY n "
+            "SELECT r, k, t, a, st, ky, d, b FROM unnest(%b::text[], %b::text[], "
+            "%b::float8[], %b::int4[], %b::text[], %b::text[], %b::bytea[], %b::text[], "
+            "%b::int4[]) AS e(r, k, t, a, st, ky, d, b, n) ORDER BY n "
             "ON CONFLICT DO NOTHING"), cols)
 
     def list_events(self, run_id: str, kinds: Sequence[str] | None = None) -> list[EventRecord]:
@@ -749,14 +749,14 @@ class PostgresStore(Connections, Store):
             return
         self._write("write to the cache", self._sql(
             "WITH k AS (INSERT INTO {s}.keys (cache_key, task, code, inputs, parts, created, "
-            "duration) SELECT c, t, co, i::jsonb, p::jsonb, cr, d FROM unnest(%s::text[], "
-            "%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[], %s::float8[]) AS "
+            "duration) SELECT c, t, co, i::jsonb, p::jsonb, cr, d FROM unnest(%b::text[], "
+            "%b::text[], %b::text[], %b::text[], %b::text[], %b::float8[], %b::float8[]) AS "
             "k(c, t, co, i, p, cr, d) ON CONFLICT (cache_key) DO UPDATE SET task = "
             "excluded.task, code = excluded.code, inputs = excluded.inputs, parts = "
             "excluded.parts, created = excluded.created, duration = excluded.duration) "
             "INSERT INTO {s}.cache (key, value, blob, size, stored) "
-            "SELECT k, v, b, n, %s FROM unnest(%s::text[], %b::bytea[], %s::text[], "
-            "%s::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
+            "SELECT k, v, b, n, %s FROM unnest(%b::text[], %b::bytea[], %b::text[], "
+            "%b::int8[]) AS c(k, v, b, n) ON CONFLICT (key) DO UPDATE SET value = "
             "excluded.value, blob = excluded.blob, size = excluded.size, stored = "
             "excluded.stored"),
             [*k_cols, t, keys, values, blobs, sizes])
