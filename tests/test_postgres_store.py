@@ -343,6 +343,26 @@ def test_a_takeover_raced_by_stale_writers_lets_none_of_their_steps_in_after_it(
     assert not refused & final
 
 
+def test_a_step_written_again_is_accepted_once_and_a_stale_one_is_refused(
+        pg: PostgresStore) -> None:
+    """A step's journal write run again (its statement retried after a dropped connection:
+    the record is there already, nothing is inserted) is still accepted and kept once;
+    the same write after the run moved to a later attempt is refused."""
+    pg.put_run(RunRecord("again", "m:job", "job", "running", 1.0, 1.0, 1, "d"))
+    step = StepRecord("again", "s0", None, "m:t", "ran", 1, 0, 1.0, 2.0, cache_key="k")
+    assert pg.append_steps_if_current([(step, b"v")])
+    assert pg.append_steps_if_current([(step, b"v")])
+    assert [s.step_id for s in pg.list_steps("again")] == ["s0"]
+    assert pg.put_run_if_current(RunRecord("again", "m:job", "job", "running", 1.0, 2.0, 2,
+                                           "d"), previous=1)
+    assert not pg.append_steps_if_current([(step, b"v")])
+    late = StepRecord("again", "s1", None, "m:t", "ran", 1, 1, 3.0, 4.0, cache_key="k1")
+    assert not pg.append_steps_if_current([(late, b"w")])
+    assert [s.step_id for s in pg.list_steps("again")] == ["s0"]
+    assert not pg.append_steps_if_current([(StepRecord(
+        "never", "s0", None, "m:t", "ran", 1, 0, 1.0, 2.0, cache_key="k"), b"v")])
+
+
 # -- a server restart -------------------------------------------------------------------------
 def _server_ctl() -> str:
     """The command that restarts, stops or starts the test server (``CTL restart``)."""
