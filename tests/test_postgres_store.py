@@ -443,8 +443,10 @@ def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it
 # -- round trips ----------------------------------------------------------------------------
 class _Counting:
     """Counts the statements sent to the server (each is one round trip: autocommit): at
-    the cursor, which every statement goes through (``Connection.execute`` makes one; the
-    store keeps one for a step's statements)."""
+    the cursor, which every statement goes through (``Connection.execute`` makes one),
+    and where the store sends a step's statements, which go through libpq instead
+    (``PostgresStore._hot``; their preparing on a connection, one more round trip once a
+    connection, is not counted)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import psycopg
@@ -452,13 +454,20 @@ class _Counting:
         self.count = 0
         self.statements: list[str] = []
         real = psycopg.Cursor.execute
+        real_hot = PostgresStore._hot
 
         def execute(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
             self.count += 1
             self.statements.append(str(query)[:60])
             return real(cur, query, *args, **kwargs)
 
+        def hot(store: PostgresStore, what: str, *args: Any) -> Any:
+            self.count += 1
+            self.statements.append(what)
+            return real_hot(store, what, *args)
+
         monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        monkeypatch.setattr(PostgresStore, "_hot", hot)
 
 
 def test_an_executed_step_is_one_round_trip_and_a_hit_is_one(

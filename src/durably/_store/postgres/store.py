@@ -8,8 +8,9 @@ set of journals.
   run's row is locked ``FOR SHARE`` while the step is inserted, so a takeover that bumps the
   attempt either waits for the insert (and the new attempt reads the step) or has happened
   (and the insert writes nothing). A step's statements (its cache lookup, its journal
-  write) are made once, prepared on the server after ``prepare_threshold`` uses, and run on
-  a cursor kept with its connection; a connection that ends a statement idle is kept for
+  write) are made once, prepared on the server after ``prepare_threshold`` uses, and sent
+  through libpq with their parameters encoded once per column type, not through a psycopg
+  cursor (:mod:`.hot`: half the client CPU); a connection that ends a statement idle is kept for
   the next one of the process (two at most) rather than given back to the pool (whose lock
   and checks cost as much CPU as the statement), and given back when a thread waits for one.
 - **Leases on the database's clock.** A lease's heartbeat is the server's ``now()``; its age
@@ -51,6 +52,7 @@ from durably._store.postgres import paged
 from durably._store.postgres.ahead import Ahead
 from durably._store.postgres.blobs import Blobs, blobs_from
 from durably._store.postgres.connections import Connections
+from durably._store.postgres.hot import Hot, execute
 from durably._store.postgres.options import flag, split_url, whole
 from durably._store.postgres.schema import check_schema_name
 from durably._store.records import EventRecord, KeyRecord, Replay, RunRecord, StepRecord
@@ -74,19 +76,11 @@ _STEP_TYPES = ("text", "text", "text", "text", "text", "int4", "int4", "float8",
 _RUN_COLS = ("run_id, entrypoint, name, status, created, updated, attempt, input_digest, "
              "args, args_blob, result, result_blob, error, thread")
 _NOW = "(now() + %(shift)s * interval '1 second')"
-#: the largest value a kept cursor may hold on to between statements (see _hot)
-_KEPT_BYTES = 1 << 16
 
 
 class MissingBlobError(StoreError):
     """A row names a blob that is not in the blob store (deleted there, or another blob
     store is named here)."""
-
-
-def _param(sql_type: str) -> str:
-    """A statement's placeholder for a parameter of this type: values (bytea) in binary
-    (sent as they are: in text, libpq's hex doubled them, and arrays of them grew more)."""
-    return "%b" if sql_type == "bytea" else "%s"
 
 
 def _digests(values: tuple[str, ...]) -> str | None:
@@ -191,23 +185,27 @@ class PostgresStore(Connections, Store):
         #: at once, not after a minute for each of the writes its end makes)
         self._given_up = False
         self._warned_inline = False  # (said once: large values kept in rows)
-        # the statements of every step, made once (psycopg prepares them on the server
-        # after prepare_threshold uses: the same text each time)
-        self._cache_one = self._sql("SELECT value, blob FROM {s}.cache WHERE key = %s")
+        # the statements of every step, made once (see .hot: sent through libpq, prepared
+        # on a connection after prepare_threshold uses)
+        self._cache_one = Hot("durably_cache", self._sql(
+            "SELECT value, blob FROM {s}.cache WHERE key = $1"), ("text",), ("bytea", "text"))
         # (and the seconds its execution took, from its key record: in the same statement)
-        self._cache_timed = self._sql(
+        self._cache_timed = Hot("durably_cache_timed", self._sql(
             "SELECT c.value, c.blob, k.duration FROM {s}.cache c LEFT JOIN {s}.keys k ON "
-            "k.cache_key = c.key WHERE c.key = %s")
+            "k.cache_key = c.key WHERE c.key = $1"), ("text",), ("bytea", "text", "float8"))
         # (an INSERT ... SELECT from the run's row, locked FOR SHARE: its run id and
         # attempt are the row's; no row, nothing inserted. Its rowcount is 0 too for a
         # record written already, told apart by _current_attempt. A CTE returning the
         # run's row cost the server ~10 us more per step.)
-        self._journal_one = self._sql(
+        fields = [t for col, t in zip(_STEP_COLS[1:], _STEP_TYPES[1:], strict=True)
+                  if col != "attempt"]
+        numbers = iter(range(1, len(fields) + 1))
+        self._journal_one = Hot("durably_step", self._sql(
             f"INSERT INTO {{s}}.steps ({', '.join(_STEP_COLS)}) SELECT r.run_id, " + ", ".join(
-                "r.attempt" if col == "attempt" else f"{_param(t)}::{t}"
+                "r.attempt" if col == "attempt" else f"${next(numbers)}::{t}"
                 for col, t in zip(_STEP_COLS[1:], _STEP_TYPES[1:], strict=True))
-            + " FROM {s}.runs r WHERE r.run_id = %s AND r.attempt = %s FOR SHARE "
-            "ON CONFLICT DO NOTHING")
+            + f" FROM {{s}}.runs r WHERE r.run_id = ${len(fields) + 1} AND r.attempt = "
+            f"${len(fields) + 2} FOR SHARE ON CONFLICT DO NOTHING"), [*fields, "text", "int4"])
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -259,29 +257,11 @@ class PostgresStore(Connections, Store):
             return rowcount
         return self._do(what, run)
 
-    def _hot(self, what: str, sql: str, params: Sequence[Any], size: int | None) -> Any:
-        """The first row of a statement made for every step (a cache lookup), or the
-        number of rows a write made (a step's journal write: ``size`` given), on a cursor
-        kept with its connection: a new cursor costs as much CPU as adapting the
-        statement's parameters. A cursor holds its last parameters and result until its
-        next statement: one that carried a value over :data:`_KEPT_BYTES` (``size``, or
-        the first column of the row read when None) is closed instead."""
-        def run(conn: Any) -> Any:
-            cur = conn.__dict__.get("durably_cursor")
-            if cur is None:
-                cur = conn.durably_cursor = conn.cursor()
-            cur.execute(sql, params)
-            if size is not None:
-                row = cur.rowcount
-                held = size
-            else:
-                row = cur.fetchone()
-                held = 0 if row is None or row[0] is None else len(row[0])
-            if held > _KEPT_BYTES:
-                del conn.durably_cursor
-                cur.close()
-            return row
-        return self._do(what, run)
+    def _hot(self, what: str, hot: Hot, params: Sequence[Any]) -> Any:
+        """The result of a statement made for every step (a cache lookup, a step's journal
+        write): a :class:`psycopg.pq.PGresult` (see :mod:`.hot`)."""
+        threshold = self.prepare_threshold
+        return self._do(what, lambda conn: execute(conn, hot, params, threshold))
 
     def _sql(self, text: str) -> str:
         return text.replace("{s}", self.schema)
@@ -575,8 +555,7 @@ class PostgresStore(Connections, Store):
                 rec.step_id, rec.parent_id, rec.task, rec.status, rec.position, rec.started,
                 rec.ended, rec.error, rec.cache_key, rec.inputs, rec.output,
                 rec.result_digest, _digests(rec.input_digests), _digests(rec.output_digests),
-                rec.saved or None, value, blob, rec.run_id, rec.attempt),
-                0 if value is None else len(value))
+                rec.saved or None, value, blob, rec.run_id, rec.attempt)).command_tuples
             # (none written: the run is no longer at this attempt, or the record was written
             # already, by this statement before a dropped connection)
             return written == 1 or self._current_attempt(rec.run_id, rec.attempt)
@@ -721,14 +700,18 @@ class PostgresStore(Connections, Store):
         super().discard_cache(key, why, data)
 
     def cache_get(self, key: str) -> bytes | None:
-        row = self._hot("read the cache", self._cache_one, (key,), None)
+        hot = self._cache_one
+        row = hot.row(self._hot("read the cache", hot, (key,)))
         return None if row is None else self._get_value(row[0], row[1])
 
     def cache_get_timed(self, key: str) -> tuple[bytes, float] | None:
         """:meth:`cache_get` with the duration of its key record, read in the same
         statement (see :meth:`durably.store.Values.cache_get_timed`)."""
-        row = self._hot("read the cache", self._cache_timed, (key,), None)
-        data = None if row is None else self._get_value(row[0], row[1])
+        hot = self._cache_timed
+        row = hot.row(self._hot("read the cache", hot, (key,)))
+        if row is None:
+            return None
+        data = self._get_value(row[0], row[1])
         return None if data is None else (data, float(row[2] or 0.0))
 
     def cache_put_many(self, items: Sequence[tuple[str, bytes, KeyRecord | None]]) -> None:
