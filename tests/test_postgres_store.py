@@ -363,6 +363,51 @@ def test_a_step_written_again_is_accepted_once_and_a_stale_one_is_refused(
         "never", "s0", None, "m:t", "ran", 1, 0, 1.0, 2.0, cache_key="k"), b"v")])
 
 
+def test_a_step_s_statements_survive_their_prepared_statements_being_discarded(
+        pg: PostgresStore) -> None:
+    """A step's statements prepared on a connection, then dropped by the server (DISCARD
+    ALL, as a pooler's reset does), are prepared again: the steps go on."""
+    @task
+    def triple(i: int) -> int:
+        return 3 * i
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(triple(i) for i in range(n))
+
+    def prepared(conn: Any) -> list[str]:
+        return [row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements")
+                if row[0].startswith("durably_")]
+
+    def discard(conn: Any) -> list[str]:
+        names = prepared(conn)
+        conn.execute("DISCARD ALL")
+        return names
+
+    assert job.run(12, run_id="before").result == sum(3 * i for i in range(12))
+    # (both connections kept idle, taken at once: each loses its statements)
+    dropped = pg._do("discard", lambda one: discard(one) + pg._do("discard", discard))
+    assert "durably_step" in dropped
+    run = job.run(12, run_id="after")
+    assert run.result == sum(3 * i for i in range(12)) and run.counts()["cached"] == 12
+    counts = job.run(14, run_id="more").counts()
+    assert (counts["cached"], counts["ran"]) == (12, 2)
+    assert "durably_step" in pg._do("look", prepared)
+
+
+def test_a_text_with_a_nul_byte_is_refused_not_cut(pg: PostgresStore) -> None:
+    """libpq ends a text-format parameter at a NUL byte; a step's statements send theirs in
+    binary, which the server refuses instead of keeping the text cut short."""
+    with pytest.raises(StoreError, match="could not read the cache"):
+        pg.cache_get("key\x00tail")
+    pg.put_run(RunRecord("nul", "m:job", "job", "running", 1.0, 1.0, 1, "d"))
+    step = StepRecord("nul", "s0", None, "m:t", "ran", 1, 0, 1.0, 2.0, cache_key="k",
+                      inputs="x='a\x00b'")
+    with pytest.raises(StoreError, match="could not journal a step"):
+        pg.append_steps_if_current([(step, b"v")])
+    assert pg.list_steps("nul") == []
+
+
 # -- a server restart -------------------------------------------------------------------------
 def _server_ctl() -> str:
     """The command that restarts, stops or starts the test server (``CTL restart``)."""
