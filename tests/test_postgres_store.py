@@ -408,6 +408,42 @@ def test_a_text_with_a_nul_byte_is_refused_not_cut(pg: PostgresStore) -> None:
     assert pg.list_steps("nul") == []
 
 
+def test_a_step_s_statements_work_on_a_socket_past_descriptor_1023(
+        schemas: list[str]) -> None:
+    """A process with over a thousand files open (a Dask worker, a server) gets sockets
+    past 1023, which select() cannot watch: a step's statements wait with poll()."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if hard != resource.RLIM_INFINITY and hard < wanted + 100:
+        pytest.skip(f"this process may open {hard} files at most")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, wanted + 100), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(wanted)]
+    schema = fresh_schema()
+    schemas.append(schema)
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY, prepare_threshold=0)
+    durably.configure(store=store)
+    try:
+        @task
+        def inc(i: int) -> int:
+            return i + 1
+
+        @entrypoint
+        def job(n: int) -> int:
+            return sum(inc(i) for i in range(n))
+
+        assert store._do("socket", lambda conn: conn.pgconn.socket) > 1023
+        assert job.run(5, run_id="high").result == 15
+        assert job.run(6, run_id="higher").counts()["cached"] == 5
+    finally:
+        durably.configure()
+        store.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 # -- a server restart -------------------------------------------------------------------------
 def _server_ctl() -> str:
     """The command that restarts, stops or starts the test server (``CTL restart``)."""

@@ -128,12 +128,12 @@ def _result(conn: Any, send: Callable[[Any], None]) -> Any:
     pg = conn.pgconn
     send(pg)
     while pg.flush():  # (a large value: the socket's buffer full, written as it empties)
-        select.select([], [pg.socket], [], 0.1)
+        _wait(pg.socket, write=True)
     while True:
         pg.consume_input()
         if not pg.is_busy():
             break
-        select.select([pg.socket], [], [], 0.1)
+        _wait(pg.socket, write=False)
     result = first = pg.get_result()
     while result is not None:  # (libpq's end of the query: read to the last)
         result = pg.get_result()
@@ -147,3 +147,18 @@ def _result(conn: Any, send: Callable[[Any], None]) -> Any:
     if error.sqlstate == _NO_STATEMENT:
         return None
     raise error
+
+
+def _wait(fd: int, *, write: bool) -> None:
+    """Wait up to 0.1 s for ``fd`` to be readable (writable), so that a signal is handled
+    meanwhile: poll where there is one (select cannot watch a descriptor past 1023, as a
+    process with many files open has), select on Windows (which has no such limit)."""
+    if _POLL is None:
+        select.select([] if write else [fd], [fd] if write else [], [], 0.1)
+        return
+    poller = _POLL()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    poller.poll(100)
+
+
+_POLL = getattr(select, "poll", None)
