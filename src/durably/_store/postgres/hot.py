@@ -7,10 +7,10 @@ Python); a step's two statements sent here with parameters encoded once per colu
 cost ~10 us each (measured with ``time.process_time`` on 20,000 lookups). Each statement is
 prepared on its connection after ``prepare_threshold`` uses, as psycopg would (never with
 ``prepare_threshold=None``: PgBouncer in transaction mode); parameters and results are
-binary. The wait
-for the server polls its socket with a timeout, as psycopg's does, so that a signal
-(Ctrl-C) is handled during a statement that hangs. Errors are psycopg's exceptions, raised
-as a cursor would raise them, so the store's handling of a dropped connection is unchanged.
+binary. The wait for the server polls its socket with a timeout, as psycopg's does, so that
+a signal (Ctrl-C) is handled during a statement that hangs. Errors are psycopg's
+exceptions, raised as a cursor would raise them, so the store's handling of a dropped
+connection is unchanged.
 """
 
 from __future__ import annotations
@@ -129,14 +129,16 @@ def _result(conn: Any, send: Callable[[Any], None]) -> Any:
     send(pg)
     while pg.flush():  # (a large value: the socket's buffer full, written as it empties)
         _wait(pg.socket, write=True)
-    while True:
+    first = None
+    while True:  # (every result to the query's end, none waited for without a timeout)
         pg.consume_input()
-        if not pg.is_busy():
-            break
-        _wait(pg.socket, write=False)
-    result = first = pg.get_result()
-    while result is not None:  # (libpq's end of the query: read to the last)
+        if pg.is_busy():
+            _wait(pg.socket, write=False)
+            continue
         result = pg.get_result()
+        if result is None:
+            break
+        first = first or result
     if first is not None and first.status in _DONE:
         return first
     if first is None or pg.status == _CONNECTION_BAD:  # (the connection broke)
