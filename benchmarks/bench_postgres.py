@@ -16,7 +16,8 @@ so (steps or items per second).
   medians. *executed step*: a run of ``--steps`` trivial steps on new inputs, wall time /
   steps (durably ``@entrypoint`` + ``@task``; LangGraph ``@entrypoint(checkpointer=
   PostgresSaver)`` + ``@task``, ``.result()`` one at a time; DBOS ``@DBOS.workflow`` of
-  ``@DBOS.step``). *replayed step*: every step of a finished run served from the journal,
+  ``@DBOS.step``), and the process's CPU time per executed step over the same samples (its
+  threads included; the server's not), which the machine's other work hardly changes. *replayed step*: every step of a finished run served from the journal,
   wall time / steps (durably: the finished run called again; LangGraph: a run that failed
   after its steps, resumed with ``invoke(None, config)`` on its thread_id, since invoking a
   finished thread again executes its tasks again; DBOS: ``DBOS.fork_workflow(id, steps + 1)``,
@@ -458,13 +459,27 @@ def interleave(samples: dict[str, Sample], repeat: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in got.items()}
 
 
-def executed_sample(tool: Any, steps: int) -> Sample:
+#: the process's CPU time (``time.process_time``, its threads included) per executed step,
+#: by measurement, warm-up first: unlike wall time, hardly changed by other work on the
+#: machine (the server's CPU is not in it)
+CPU: dict[str, list[float]] = {}
+
+
+def executed_sample(tool: Any, steps: int, name: str) -> Sample:
     def sample() -> float:
         base = next_base()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         tool.execute(steps, base)
-        return (time.perf_counter() - t) / steps
+        wall = (time.perf_counter() - t) / steps
+        CPU.setdefault(name, []).append((time.process_time() - cpu) / steps)
+        return wall
     return sample
+
+
+def cpu_median(name: str) -> float | None:
+    """The median CPU time per executed step of ``name``'s samples, warm-up left out."""
+    got = CPU.get(name, [])[1:]
+    return statistics.median(got) if got else None
 
 
 def replayed_sample(tool: Any, steps: int, around: Callable[[], Any] = contextlib.nullcontext,
@@ -838,8 +853,9 @@ def calls_section(urls: dict[str, str], store: Any, steps: int, hits: int, repea
             closers.append(conn.close)
             ours.hit()
             samples.update({
-                "durably.executed": executed_sample(ours, steps),
-                "durably.uncached": executed_sample(Uncached(ours), steps),
+                "durably.executed": executed_sample(ours, steps, "durably.executed"),
+                "durably.uncached": executed_sample(Uncached(ours), steps,
+                                                     "durably.uncached"),
                 "durably.replayed": replayed_sample(ours, steps),
                 "durably.resumed": resumed_sample(ours, steps),
                 "durably.hit": lambda: (ours.use(), per_call(ours.hit, hits)())[1],
@@ -848,7 +864,7 @@ def calls_section(urls: dict[str, str], store: Any, steps: int, hits: int, repea
         if "langgraph" in peers:
             lg = LangGraph(urls["langgraph"])
             closers.append(lg.close)
-            samples.update({"langgraph.executed": executed_sample(lg, steps),
+            samples.update({"langgraph.executed": executed_sample(lg, steps, "langgraph.executed"),
                             "langgraph.replayed": replayed_sample(lg, steps)})
         if "dbos" in peers:
             db = Dbos(urls["dbos"])
@@ -856,7 +872,7 @@ def calls_section(urls: dict[str, str], store: Any, steps: int, hits: int, repea
 
             def again(n: int, base: int) -> None:
                 db.again(n, base)
-            samples.update({"dbos.executed": executed_sample(db, steps),
+            samples.update({"dbos.executed": executed_sample(db, steps, "dbos.executed"),
                             "dbos.replayed": replayed_sample(db, steps, db.fast_queue),
                             "dbos.again": replayed_sample(db, steps, replay=again)})
         got = interleave(samples, repeat)
@@ -872,6 +888,11 @@ def calls_section(urls: dict[str, str], store: Any, steps: int, hits: int, repea
         g("dbos.executed"), "<= 0.2", 0.2)
     row(rows, "  ... a cache=False task's step vs LangGraph", g("durably.uncached"),
         g("langgraph.executed"), "(info: the journal alone, no cache lookup nor write)")
+    extra["client_cpu"] = {name: cpu_median(name) for name in CPU}
+    for peer, label in (("langgraph", "LangGraph"), ("dbos", "DBOS")):
+        row(rows, f"  ... client CPU per executed step vs {label}",
+            cpu_median("durably.executed"), cpu_median(f"{peer}.executed"),
+            "(info: process_time, threads included; load-independent, server CPU not in it)")
     row(rows, "replayed step vs LangGraph resumed after an error", g("durably.replayed"),
         g("langgraph.replayed"), "(info)")
     row(rows, "replayed step vs DBOS fork_workflow (queue poll 5 ms)", g("durably.replayed"),
