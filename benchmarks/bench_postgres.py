@@ -17,13 +17,14 @@ so (steps or items per second).
   steps (durably ``@entrypoint`` + ``@task``; LangGraph ``@entrypoint(checkpointer=
   PostgresSaver)`` + ``@task``, ``.result()`` one at a time; DBOS ``@DBOS.workflow`` of
   ``@DBOS.step``), and the process's CPU time per executed step over the same samples (its
-  threads included; the server's not), which the machine's other work hardly changes. *replayed step*: every step of a finished run served from the journal,
-  wall time / steps (durably: the finished run called again; LangGraph: a run that failed
-  after its steps, resumed with ``invoke(None, config)`` on its thread_id, since invoking a
-  finished thread again executes its tasks again; DBOS: ``DBOS.fork_workflow(id, steps + 1)``,
-  its way to run a workflow again over its recorded steps, with its internal queue's poll
-  lowered from 1 s to 5 ms during the sample and ``get_result`` polling every 2 ms, so the
-  figure is the replay and not the poll). Each check confirms that no step executed again.
+  threads included; the server's not), which the machine's other work hardly changes.
+  *replayed step*: every step of a finished run served from the journal, wall time / steps
+  (durably: the finished run called again; LangGraph: a run that failed after its steps, resumed
+  with ``invoke(None, config)`` on its thread_id, since invoking a finished thread again
+  executes its tasks again; DBOS: ``DBOS.fork_workflow(id, steps + 1)``, its way to run a
+  workflow again over its recorded steps, with its internal queue's poll lowered from 1 s to 5
+  ms during the sample and ``get_result`` polling every 2 ms, so the figure is the replay and
+  not the poll). Each check confirms that no step executed again.
   *cache hit*: a durably task called outside any run on a warm entry, against a plain
   psycopg ``SELECT`` of one small row (the floor of one round trip; neither peer has a
   PostgreSQL cache of task results).
