@@ -99,6 +99,25 @@ def test_every_request_needs_the_token(store: durably.Store) -> None:
     assert c.get("/static/viz.js").text.startswith(("/*", "!", "(", "var", "\"use"))
 
 
+def test_every_response_carries_the_security_headers(store: durably.Store) -> None:
+    run_id = publish.run(3).id
+    anonymous = client(store, login=False)
+    c = client(store)
+    for response in (anonymous.get("/"), c.get("/"), c.get(f"/runs/{run_id}"),
+                     c.get("/static/app.js"), c.get("/api/runs"), c.get("/runs/nope"),
+                     post(c, f"/runs/{run_id}/delete", {"confirm": "x"})):
+        headers = response.headers
+        assert headers["x-frame-options"] == "DENY", response.url
+        policy = headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
+        assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "same-origin"
+    # (no inline script or handler on a page: the policy would block it)
+    page = c.get(f"/runs/{run_id}").text + c.get("/").text
+    assert not re.search(r"<script>|\son[a-z]+=|javascript:", page)
+
+
 def test_runs_and_a_run_page(store: durably.Store) -> None:
     run = publish.run(25)
     assert run.status == "interrupted"
@@ -275,6 +294,45 @@ def test_a_bad_answer_is_refused_and_none_is_journaled(store: durably.Store) -> 
     assert store.list_events(run.id, ("answer",)) == []
     with pytest.raises(durably.DefinitionError, match="no answer"):
         publish.resume(run.id)  # (still unanswered: None is no answer)
+
+
+@durably.task
+def approve(i: int) -> str:
+    return f"{i}: {durably.interrupt({'item': i})}"
+
+
+@durably.entrypoint
+def approve_all(n: int) -> list[str]:
+    return approve.map(list(range(n)))
+
+
+def test_some_of_several_questions_are_answered_the_rest_stay_pending(
+        store: durably.Store) -> None:
+    run = approve_all.run(3)
+    ids = {i.payload["item"]: i.id for i in run.interrupts}
+    c = client(store)
+    page = c.get(f"/runs/{run.id}").text
+    assert page.count("<textarea") == 3 and "required" not in page  # (each box optional)
+    # the hint gives the command's form for several questions: {id: value}
+    assert f"--value &#x27;{{&quot;{ids[0]}&quot;: JSON, &quot;{ids[1]}&quot;: JSON" in page
+    csrf = csrf_of(page)
+    empty = post(c, f"/runs/{run.id}/answer",
+                 {"csrf": csrf, **{f"answer:{i}": " " for i in ids.values()}})
+    assert empty.status_code == 400 and "every box was empty" in empty.text
+    assert store.list_events(run.id, ("answer",)) == []
+    some = post(c, f"/runs/{run.id}/answer", {"csrf": csrf, f"answer:{ids[0]}": '"ok"',
+                                              f"answer:{ids[1]}": "", f"answer:{ids[2]}": ""})
+    assert some.status_code == 303 and "2+left+pending" in some.headers["location"]
+    assert [e.key for e in store.list_events(run.id, ("answer",))] == [ids[0]]
+    page = c.get(f"/runs/{run.id}").text
+    assert "Waiting for 2 answer(s)" in page and page.count("<textarea") == 2
+    assert f"answer:{ids[0]}" not in page
+    # the single question left after another answer: its box required again
+    post(c, f"/runs/{run.id}/answer", {"csrf": csrf, f"answer:{ids[1]}": '"fine"'})
+    page = c.get(f"/runs/{run.id}").text
+    assert page.count("<textarea") == 1 and " required" in page and "--value JSON" in page
+    post(c, f"/runs/{run.id}/answer", {"csrf": csrf, f"answer:{ids[2]}": '"go"'})
+    assert approve_all.resume(run.id) == ["0: ok", "1: fine", "2: go"]
 
 
 def test_actions_are_refused_from_another_site_or_without_the_csrf_token(

@@ -4,6 +4,8 @@ them. Screenshots of the pages go to the test's ``tmp_path``."""
 
 from __future__ import annotations
 
+import functools
+import http.server
 import socket
 import subprocess
 import sys
@@ -147,7 +149,8 @@ def test_a_run_of_another_process_appears_and_finishes_live(server: tuple[str, P
     # the fan-out collapsed into one node expands when clicked
     page.locator("#graph g.node.group").first.click()
     page.wait_for_function(
-        "document.querySelectorAll('#graph svg g.node').length === 41", timeout=60_000)
+        # (a function, not a string: the pages' policy forbids eval, which a string takes)
+        "() => document.querySelectorAll('#graph svg g.node').length === 41", timeout=60_000)
     assert page.locator("#graph g.node.group").count() == 0
     page.locator("#graph-section").screenshot(path=str(tmp_path / "expanded.png"))
     page.click("#graph button.collapse")  # (and back)
@@ -269,7 +272,7 @@ def test_a_running_runs_counts_are_updated_together(server: tuple[str, Path], pa
         page.evaluate("window.notReloaded = true")
         first = int(page.inner_text("#steps-total").replace(",", ""))
         page.wait_for_function(
-            "window.notReloaded && Number(document.getElementById('steps-total').textContent"
+            "() => window.notReloaded && Number(document.getElementById('steps-total').textContent"
             f".replace(/,/g, '')) > {first} + 5 && document.getElementById('steps-ran')"
             ".textContent === document.getElementById('steps-total').textContent",
             timeout=60_000)
@@ -329,3 +332,41 @@ def test_a_big_runs_time_saved_is_filled_in_by_the_page(
     assert served is not None and 'id="time-saved" data-pending="1"' in served.text()
     page.wait_for_selector("#time-saved:not([data-pending])", timeout=60_000)
     assert page.inner_text("#time-saved").endswith("by the cache)")
+
+
+def test_the_pages_refuse_to_be_framed_by_another_page(server: tuple[str, Path], page: Any,
+                                                       tmp_path: Path) -> None:
+    base, store_dir = server
+    run_id = _finish(_start(tmp_path, store_dir, "approve.py", APPROVE)).strip()
+    page.goto(f"{base}/?token={TOKEN}")  # (logged in: the cookie would be sent to a frame)
+    # another page of this machine (another port: the same site for the cookie) frames it
+    lure = tmp_path / "lure"
+    lure.mkdir()
+    (lure / "lure.html").write_text(
+        f'<h1>lure</h1><iframe id="f" src="{base}/runs/{run_id}" width=900 height=600>'
+        "</iframe>")
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(lure)))
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{other.server_address[1]}/lure.html")
+        page.wait_for_load_state("load")
+        framed = page.frames[1]
+        deadline = time.monotonic() + 30
+        while framed.url in ("", "about:blank"):  # (until the frame's answer is there)
+            assert time.monotonic() < deadline, "the frame never loaded"
+            page.wait_for_timeout(50)
+        page.screenshot(path=str(tmp_path / "framed.png"))
+    finally:
+        other.shutdown()
+        other.server_close()
+    # Chromium shows its error page in the frame, never the dashboard's page or its forms
+    assert framed.url.startswith("chrome-error:"), framed.url
+    assert page.frame_locator("#f").locator(".steer").count() == 0
+    # the dashboard's own page still draws its graph (Viz.js: a worker and WebAssembly,
+    # allowed by the policy) and answers its question (the form's POST: its Origin kept)
+    page.goto(f"{base}/runs/{run_id}")
+    page.wait_for_selector("#graph svg", timeout=60_000)
+    page.fill(".steer textarea", '"ship it"')
+    page.click(".steer button[type=submit]")
+    page.wait_for_selector("text=Every question of this run is answered")

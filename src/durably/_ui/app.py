@@ -27,7 +27,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durably
 from durably import render
@@ -61,6 +61,23 @@ _STATIC = {"app.js": "application/javascript", "graph-worker.js": "application/j
 
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+#: the policy of every page: only the dashboard's own scripts, styles, worker and
+#: WebAssembly (Viz.js compiles Graphviz: ``'wasm-unsafe-eval'``, which allows compiling
+#: WebAssembly and nothing else), no inline script, no plug-in, no form posted elsewhere,
+#: and never shown in a frame (another page could lure a click on an action: clickjacking)
+CSP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; worker-src 'self'; "
+       "style-src 'self'; img-src 'self' data:; connect-src 'self'; object-src 'none'; "
+       "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+#: headers of every response, the refusals included
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),  # (frame-ancestors' predecessor, for older browsers)
+    (b"x-content-type-options", b"nosniff"),
+    # (no Referer to other sites; same-origin, not no-referrer: under no-referrer a browser
+    # sends "Origin: null" with a form's POST, and the guard checks the Origin)
+    (b"referrer-policy", b"same-origin"),
+]
 
 
 def is_local(host: str) -> bool:
@@ -150,12 +167,20 @@ class _Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name.lower() for name, _ in message.get("headers", [])}
+                message = {**message, "headers": [*message.get("headers", []), *(
+                    (name, value) for name, value in SECURITY_HEADERS if name not in names)]}
+            await send(message)
+
         request = Request(scope)
         refused = self._refused(request)
         if refused is not None:
-            await refused(scope, receive, send)
+            await refused(scope, receive, secured)
             return
-        await self.app(scope, receive, send)
+        await self.app(scope, receive, secured)
 
     def _cookie(self, request: Request) -> str:
         port = request.url.port or (443 if request.url.scheme == "https" else 80)
@@ -487,11 +512,23 @@ async def _action(request: Request, state: _State,
     except _Refused as exc:
         return PlainTextResponse(str(exc), status_code=403)
     except (DefinitionError, ValueError) as exc:  # (the form's fault)
-        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=400)
+        return HTMLResponse(pages.failed(_context(state), str(exc), _came_from(request)),
+                            status_code=400)
     except durably.NotFoundError as exc:
-        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=404)
+        return HTMLResponse(pages.failed(_context(state), str(exc), _came_from(request)),
+                            status_code=404)
     except DurablyError as exc:  # (the run's state: executing, answered meanwhile ...)
-        return HTMLResponse(pages.failed(_context(state), str(exc)), status_code=409)
+        return HTMLResponse(pages.failed(_context(state), str(exc), _came_from(request)),
+                            status_code=409)
+
+
+def _came_from(request: Request) -> str:
+    """The path of the dashboard's page an action was sent from (its Referer, of this
+    server), else the runs page."""
+    referer = urlsplit(request.headers.get("referer", ""))
+    if referer.netloc != request.headers.get("host", "") or not referer.path.startswith("/"):
+        return "/"
+    return referer.path + (f"?{referer.query}" if referer.query else "")
 
 
 def _run_of(state: _State, run_id: str) -> durably.Run[Any]:
@@ -511,25 +548,33 @@ async def _answer(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
 
     def act(fields: dict[str, str]) -> Response:
+        # (each question's box may be left empty: that question stays pending, as
+        # resume with {id: value} for some of them leaves the others)
         answers = {}
         for key, text in fields.items():
-            if key.startswith("answer:"):
+            if key.startswith("answer:") and text.strip():
                 try:
                     answers[key[7:]] = json.loads(text)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"the answer to interrupt {key[7:]} is not JSON "
                                      f"({exc.msg}): {text!r}. Fix: write it as JSON, for "
-                                     "example \"yes\" (with the quotes), true or 42.") from None
+                                     "example \"yes\" (with the quotes), true or 42; or leave "
+                                     "its box empty to answer it later.") from None
                 # (null: refused as resume and durably resume --value null refuse it)
                 refuse_no_answer(run_id, answers[key[7:]], fix=(
                     "type an answer as JSON, for example \"yes\" (with the quotes), true or "
                     "42."))
         _run_of(state, run_id)
         if not answers:
-            raise ValueError(f"no answer was given to run {run_id!r}. Fix: type an answer "
-                             "as JSON in the box, for example \"yes\" (with the quotes).")
+            raise ValueError(f"no answer was given to run {run_id!r}: every box was empty. "
+                             "Fix: type an answer as JSON in at least one box, for example "
+                             "\"yes\" (with the quotes); the questions left empty stay "
+                             "pending.")
         queries.answer_interrupts(state.store, run_id, answers)
-        return _back(f"/runs/{run_id}", "answered")
+        left = sum(1 for key, text in fields.items()
+                   if key.startswith("answer:") and not text.strip())
+        return _back(f"/runs/{run_id}", f"answered {len(answers):,}" + (
+            f"; {left:,} left pending" if left else ""))
 
     return await _action(request, state, act)
 

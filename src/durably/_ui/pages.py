@@ -107,17 +107,18 @@ def store_failed(ctx: Context, message: str) -> str:
                    script=False)
 
 
-def failed(ctx: Context, message: str) -> str:
-    """The page of an action the store refused, with why."""
+def failed(ctx: Context, message: str, back: str = "/") -> str:
+    """The page of an action the store refused, with why; ``back``: the dashboard's page
+    the action came from (a path)."""
     return _layout(ctx, "not done", f'<h1>Not done</h1><p class="error">{_h(message)}</p>'
-                   '<p><a href="javascript:history.back()">Back</a></p>', script=False)
+                   f'<p><a href="{_h(back)}">Back</a></p>', script=False)
 
 
 def runs_page(ctx: Context) -> str:
     """The runs table: drawn and kept up to date by app.js from the stream of runs."""
     statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
     body = f"""<h1>Runs</h1>
-<form id="filters" class="filters" onsubmit="return false">
+<form id="filters" class="filters">
 <label>Entrypoint <select name="entrypoint"><option value="">all</option></select></label>
 <label>Status <select name="status"><option value="">all</option>{statuses}</select></label>
 <label>Started <select name="since"><option value="">any time</option>
@@ -144,25 +145,43 @@ def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any
                 f"<code>{_h(resume)}</code> where its code is (or call "
                 f"<code>{_h(run.name)}.resume({_h(repr(run.id))})</code> from the app)."
                 "</p></section>")
+    several = len(pending) > 1
     items = []
     for p in pending:
-        payload = json.dumps(p["payload"], indent=2, default=repr, ensure_ascii=False)
-        if len(payload) > MAX_PAYLOAD:
-            payload = (f"{payload[:MAX_PAYLOAD]}\n… ({len(payload) - MAX_PAYLOAD:,} more "
-                       "characters, not shown)")
         field = ("" if ctx.read_only else
-                 f'<label>Answer (JSON) <textarea name="answer:{_h(p["id"])}" rows="2" '
-                 'required placeholder="&quot;yes&quot;"></textarea></label>')
+                 f'<label>Answer (JSON{", or empty to answer later" if several else ""}) '
+                 f'<textarea name="answer:{_h(p["id"])}" rows="2"'
+                 f'{"" if several else " required"} placeholder="&quot;yes&quot;"></textarea>'
+                 "</label>")
         items.append(f'<div class="interrupt"><div class="meta">interrupt <code>'
                      f'{_h(p["id"])}</code> of <b>{_h(p["task"])}</b></div>'
-                     f'<pre class="payload">{_h(payload)}</pre>{field}</div>')
+                     f'{_payload(p["payload"])}{field}</div>')
     form = ("".join(items) if ctx.read_only else
             f'<form method="post" action="/runs/{_h(run.id)}/answer" class="answer">'
             f'{_csrf(ctx)}{"".join(items)}<button type="submit">Answer</button></form>')
+    value = "'{" + ", ".join(f'"{p["id"]}": JSON' for p in pending[:3]) + (
+        ", ..." if len(pending) > 3 else "") + "}'" if several else "JSON"
+    command = f"<code>{_h(resume)} --value {_h(value)}</code>"
+    if ctx.read_only:
+        hint = (f"This dashboard is read-only: answer with {command} where the run's code is "
+                + ("(the questions left out of the JSON stay pending)." if several else
+                   "(it journals the answer and continues the run)."))
+    else:
+        hint = (f"The answers are journaled as {command} journals them"
+                + (" (the questions left empty stay pending)" if several else "")
+                + f"; the run continues when it is next resumed (<code>{_h(resume)}</code>).")
     return (f'<section class="steer"><h2>Waiting for {len(pending)} answer(s)</h2>{form}'
-            f'<p class="hint">The answer is journaled as <code>{_h(resume)} --value JSON'
-            f"</code> journals it; the run continues when it is next resumed "
-            f"(<code>{_h(resume)}</code>).</p></section>")
+            f'<p class="hint">{hint}</p></section>')
+
+
+def _payload(payload: Any) -> str:
+    """A question's payload: pretty-printed JSON when it is short, else each key's value
+    cut on its own."""
+    text = json.dumps(payload, indent=2, default=repr, ensure_ascii=False)
+    if len(text) > MAX_PAYLOAD:
+        text = (f"{text[:MAX_PAYLOAD]}\n… ({len(text) - MAX_PAYLOAD:,} more "
+                "characters, not shown)")
+    return f'<pre class="payload">{_h(text)}</pre>'
 
 
 def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, page: int,

@@ -112,6 +112,7 @@ function runsPage(table) {
     document.getElementById("empty").hidden = shown.length > 0;
   }
 
+  filters.addEventListener("submit", (event) => event.preventDefault());
   filters.addEventListener("change", () => {
     const query = new URLSearchParams();
     for (const name of ["entrypoint", "status", "since"]) {
