@@ -195,6 +195,31 @@ def test_a_huge_payload_is_cut(store: durably.Store) -> None:
     assert "more characters, not shown" in page
 
 
+@durably.entrypoint
+def ask_big() -> str:
+    return str(durably.interrupt({"big": list(range(300_000)), "point": complex(1, 2),
+                                  "s": "x" * 2_000_000, "last": "still shown"}))
+
+
+def test_a_big_payloads_keys_are_all_shown_each_value_cut_on_its_own(
+        store: durably.Store) -> None:
+    from durably._ui.pages import MAX_PAYLOAD
+
+    run = ask_big.run()
+    page = client(store).get(f"/runs/{run.id}").text
+    payload = page[page.index('<pre class="payload">'):]
+    payload = payload[:payload.index("</pre>")]
+    assert len(payload) < 2 * MAX_PAYLOAD
+    for key in ("big", "point", "s", "last"):  # (every key, the ones after a huge value too)
+        assert f"&quot;{key}&quot;: " in payload
+    assert "&quot;big&quot;: [0, 1, 2, 3" in payload and "(1+2j)" in payload
+    assert "&quot;last&quot;: &quot;still shown&quot;" in payload
+    assert payload.count("more characters, not shown") == 2  # (big and s, each cut)
+    # a small payload is pretty-printed whole
+    small = client(store).get(f"/runs/{hostile.run({'a': 1}).id}").text
+    assert '&quot;payload&quot;: {\n    &quot;a&quot;: 1\n  }' in small
+
+
 def test_a_step_page_past_the_last_is_the_last(store: durably.Store) -> None:
     run = crunch.run(150)
     c = client(store)

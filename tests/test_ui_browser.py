@@ -370,3 +370,37 @@ def test_the_pages_refuse_to_be_framed_by_another_page(server: tuple[str, Path],
     page.fill(".steer textarea", '"ship it"')
     page.click(".steer button[type=submit]")
     page.wait_for_selector("text=Every question of this run is answered")
+
+
+MULTI = """
+import durably
+
+@durably.task
+def approve(i):
+    return durably.interrupt({"item": i, "note": "n" * 30000, "last": f"key after {i}"})
+
+@durably.entrypoint
+def multi(n):
+    return approve.map(list(range(n)))
+
+if __name__ == "__main__":
+    print(multi.run(3).id)
+"""
+
+
+def test_one_of_several_questions_is_answered_in_the_form(
+        server: tuple[str, Path], page: Any, tmp_path: Path) -> None:
+    base, store_dir = server
+    run_id = _finish(_start(tmp_path, store_dir, "multi.py", MULTI)).strip()
+    page.goto(f"{base}/runs/{run_id}?token={TOKEN}")
+    page.wait_for_selector(".steer")
+    assert page.locator(".steer textarea").count() == 3
+    # each payload shows its keys after a long value (each value cut on its own)
+    assert page.locator(".steer pre.payload", has_text="key after").count() == 3
+    assert "--value '{" in page.inner_text(".steer .hint")
+    page.locator(".steer textarea").nth(1).fill('"yes"')
+    page.screenshot(path=str(tmp_path / "several.png"), full_page=True)
+    page.click(".steer button[type=submit]")  # (two boxes empty: no box is required)
+    page.wait_for_selector("text=answered 1; 2 left pending")
+    assert page.locator(".steer textarea").count() == 2
+    assert "Waiting for 2 answer(s)" in page.inner_text(".steer")

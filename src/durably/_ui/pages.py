@@ -19,6 +19,8 @@ __all__ = ["Context", "cache_page", "failed", "history_page", "not_found", "refu
 
 #: characters of a question's payload shown (a 5 MB payload made a 5 MB page)
 MAX_PAYLOAD = 20_000
+#: keys of a large payload shown (each with its value cut to its share of MAX_PAYLOAD)
+MAX_KEYS = 100
 STATUSES = ("running", "crashed", "finished", "failed", "interrupted", "stopped", "forked")
 
 
@@ -175,13 +177,35 @@ def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any
 
 
 def _payload(payload: Any) -> str:
-    """A question's payload: pretty-printed JSON when it is short, else each key's value
-    cut on its own."""
-    text = json.dumps(payload, indent=2, default=repr, ensure_ascii=False)
-    if len(text) > MAX_PAYLOAD:
-        text = (f"{text[:MAX_PAYLOAD]}\n… ({len(text) - MAX_PAYLOAD:,} more "
-                "characters, not shown)")
+    """A question's payload: pretty-printed JSON when that is at most :data:`MAX_PAYLOAD`
+    characters; else compact, a dict's keys one a line with each value cut on its own (a
+    huge value never hides the keys after it), anything else cut at its end."""
+    text = _json(payload, indent=2)
+    if len(text) <= MAX_PAYLOAD:
+        return f'<pre class="payload">{_h(text)}</pre>'
+    if isinstance(payload, dict) and payload:
+        keys = list(payload)[:MAX_KEYS]
+        each = max(200, MAX_PAYLOAD // len(keys))
+        lines = [f"  {_json(str(k))}: {_cut(_json(payload[k]), each)}" for k in keys]
+        if len(payload) > len(keys):
+            lines.append(f"  … ({len(payload) - len(keys):,} more keys, not shown)")
+        text = "{\n" + ",\n".join(lines) + "\n}"
+    else:
+        text = _cut(_json(payload), MAX_PAYLOAD)
     return f'<pre class="payload">{_h(text)}</pre>'
+
+
+def _json(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON (``repr`` for what JSON cannot write), compact unless ``indent``."""
+    return json.dumps(value, indent=indent, default=repr, ensure_ascii=False,
+                      separators=None if indent else (", ", ": "))
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut after ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} … ({len(text) - limit:,} more characters, not shown)"
 
 
 def _steps(run: durably.Run[Any], rows: Sequence[StepRecord], matching: int, page: int,
