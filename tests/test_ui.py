@@ -5,6 +5,7 @@ history."""
 
 from __future__ import annotations
 
+import html
 import pickle
 import re
 import sys
@@ -126,7 +127,7 @@ def test_runs_and_a_run_page(store: durably.Store) -> None:
     assert [r["id"] for r in rows] == [run.id]
     row = rows[0]
     assert row["status"] == "interrupted" and row["counts"] == {
-        "ran": 25, "cached": 0, "replayed": 0, "failed": 0}
+        "ran": 25, "cached": 0, "replayed": 0, "failed": 0, "interrupted": 1}
     assert row["duration"] is not None and row["duration"] >= 0
     page = c.get(f"/runs/{run.id}").text
     interrupt_id = run.interrupts[0].id
@@ -237,6 +238,55 @@ def test_errors_show_their_traceback(store: durably.Store) -> None:
     assert 'raise ValueError(f&quot;bad row {x}&quot;)' in page
 
 
+@durably.entrypoint
+def table(n: int) -> dict[str, Any]:
+    return {"rows": [parse(i) for i in range(n)], "tail": "the end"}
+
+
+@durably.task
+def part(i: int) -> int:
+    raise ValueError(f"part {i} went wrong because " + "the input was bad " * 8)
+
+
+@durably.entrypoint
+def parts(n: int) -> list[int]:
+    return part.map(list(range(n)))
+
+
+def test_a_run_page_shows_its_result_its_interrupted_steps_and_a_long_error_folded(
+        store: durably.Store) -> None:
+    c = client(store)
+    done = table.run(3)
+    page = c.get(f"/runs/{done.id}").text
+    result = page[page.index('<section id="result">'):]
+    assert "&quot;rows&quot;: [\n    0,\n    2,\n    4\n  ]" in result
+    assert "&quot;tail&quot;: &quot;the end&quot;" in result
+    # a huge result: cut, every key shown
+    big = c.get(f"/runs/{table.run(30_000).id}").text
+    big = big[big.index('<section id="result">'):big.index("</section>",
+                                                            big.index('<section id="result">'))]
+    assert "more characters, not shown" in big and "&quot;tail&quot;: &quot;the end&quot;" in big
+    assert len(big) < 30_000
+    # the header counts the interrupted step the step table lists
+    asked = publish.run(2)
+    page = c.get(f"/runs/{asked.id}").text
+    assert re.search(r'id="steps-total">3</span> — <span id="steps-ran">\d</span> ran, .*'
+                     r'<span id="steps-interrupted">1</span> interrupted</dd>', page)
+    assert '<section id="result">' not in page
+    # a long error (an ExceptionGroup of 12): folded under its first line, cut at a word
+    with pytest.raises(ExceptionGroup):
+        parts.run(12)
+    failed = durably.list_runs(store=store, entrypoint=parts.spec.identity)[0]
+    assert failed.error is not None and len(failed.error) > 1000
+    page = c.get(f"/runs/{failed.id}").text
+    folded = re.search(r'<details class="error run-error"><summary>([^<]*)</summary><pre>',
+                       page)
+    assert folded, "the long error is not folded"
+    summary = html.unescape(folded.group(1))
+    assert len(summary) <= 165 and (summary.endswith(" …") or len(summary) < 160)
+    assert "part 11 went wrong" in page  # (the whole text under it)
+
+
 def test_an_answer_is_journaled_as_resume_would_and_resume_finishes_the_run(
         store: durably.Store) -> None:
     run = publish.run(4)
@@ -339,7 +389,10 @@ def test_some_of_several_questions_are_answered_the_rest_stay_pending(
     page = c.get(f"/runs/{run.id}").text
     assert page.count("<textarea") == 3 and "required" not in page  # (each box optional)
     # the hint gives the command's form for several questions: {id: value}
-    assert f"--value &#x27;{{&quot;{ids[0]}&quot;: JSON, &quot;{ids[1]}&quot;: JSON" in page
+    hint = html.unescape(page[page.index('<p class="hint">The answers'):])
+    hint = hint[:hint.index("</p>")]
+    assert re.search(r"--value '\{\"\w+\": JSON, \"\w+\": JSON, \"\w+\": JSON\}'", hint)
+    assert all(f'"{i}": JSON' in hint for i in ids.values())  # (in the questions' order)
     csrf = csrf_of(page)
     empty = post(c, f"/runs/{run.id}/answer",
                  {"csrf": csrf, **{f"answer:{i}": " " for i in ids.values()}})

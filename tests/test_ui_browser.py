@@ -404,3 +404,46 @@ def test_one_of_several_questions_is_answered_in_the_form(
     page.wait_for_selector("text=answered 1; 2 left pending")
     assert page.locator(".steer textarea").count() == 2
     assert "Waiting for 2 answer(s)" in page.inner_text(".steer")
+
+
+WIDE = """
+import durably
+
+@durably.task
+def boom(x):
+    raise ValueError("WWWWWWWWWW MMMMMMMMMM WWWWWWWWWW MMMMMMMMMM WWWWWWWWWW " + str(x))
+
+@durably.entrypoint
+def failing(x):
+    return boom(x)
+
+if __name__ == "__main__":
+    try:
+        failing.run(3)
+    except ValueError:
+        print(durably.list_runs()[0].id)
+"""
+
+
+def test_a_failed_nodes_error_stays_inside_its_node(
+        server: tuple[str, Path], page: Any, tmp_path: Path) -> None:
+    base, store_dir = server
+    run_id = _finish(_start(tmp_path, store_dir, "wide.py", WIDE)).strip()
+    page.goto(f"{base}/runs/{run_id}?token={TOKEN}")
+    page.wait_for_selector("#graph svg g.node", timeout=60_000)
+    page.locator("#graph-section").screenshot(path=str(tmp_path / "failed-node.png"))
+    spills = page.evaluate("""() => {
+      const out = [];
+      for (const node of document.querySelectorAll("#graph g.node")) {
+        const shape = node.querySelector("path, polygon, ellipse").getBoundingClientRect();
+        for (const line of node.querySelectorAll("text")) {
+          const box = line.getBoundingClientRect();
+          if (box.left < shape.left - 0.5 || box.right > shape.right + 0.5) {
+            out.push(line.textContent);
+          }
+        }
+      }
+      return out;
+    }""")
+    assert spills == []
+    assert "WWWWWWWWWW" in page.inner_text("#graph")

@@ -323,7 +323,8 @@ async def _run_page(request: Request, state: _State) -> Response:
             queries.errors_of(state.store, run), queries.events_of(state.store, run),
             history, tasks, notice=request.query_params.get("notice"),
             next_after=next_after, layout_seconds=LAYOUT_SECONDS,
-            saved_by_cache=by_cache)
+            saved_by_cache=by_cache, result=(queries.result_of(state.store, run)
+                                             if run.status == "finished" else None))
 
     text = await _blocking(read)
     if text is None:

@@ -299,11 +299,13 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
              errors: list[dict[str, Any]], events: list[dict[str, Any]],
              history: Sequence[durably.Checkpoint] | None, tasks: list[str],
              notice: str | None = None, next_after: int | None = None,
-             layout_seconds: float = 20, saved_by_cache: float = 0.0) -> str:
-    """The page of one run: its summary, questions, graph, steps, errors, events, history
-    and actions. ``saved``: seconds the attempt saved (:meth:`durably.Run.time_saved`), of
-    which ``saved_by_cache`` by the cache; None: not computed yet (a big run's, filled in by
-    the page's script from the runs' rows)."""
+             layout_seconds: float = 20, saved_by_cache: float = 0.0,
+             result: Any = None) -> str:
+    """The page of one run: its summary, result, questions, graph, steps, errors, events,
+    history and actions. ``saved``: seconds the attempt saved
+    (:meth:`durably.Run.time_saved`), of which ``saved_by_cache`` by the cache; None: not
+    computed yet (a big run's, filled in by the page's script from the runs' rows).
+    ``result``: a finished run's result (loaded without importing anything)."""
     state = run.status
     total = sum(counts.values())
     facts = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in (
@@ -311,10 +313,13 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         ("attempt", f"{run.attempt:,}"), ("started", _when(run.created)),
         ("updated", _when(run.updated)),
         ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
-            f'<span id="steps-{k}">{counts[k]:,}</span> {k}'
-            for k in ("ran", "cached", "replayed", "failed"))),
+            f'<span id="steps-{k}">{counts.get(k, 0):,}</span> {k}'
+            for k in ("ran", "cached", "replayed", "failed", "interrupted")
+            if k != "interrupted" or counts.get(k) or state == "interrupted")),
         ("time saved", _saved(run, saved, saved_by_cache))))
-    error = f'<p class="error">{_h(run.error)}</p>' if run.error else ""
+    error = _run_error(run.error) if run.error else ""
+    if state == "finished":
+        error += (f'<section id="result"><h2>Result</h2>{_payload(result)}</section>')
     failures = "".join(
         f'<details class="failure"><summary><b>{_h(e["task"])}</b> (attempt {e["attempt"]}, '
         f'{_when(e["time"])}): {_h(e["error"])}</summary><pre>{_h(e["traceback"])}</pre>'
@@ -346,6 +351,18 @@ data-run="{_h(run.id)}" data-layout-seconds="{layout_seconds:g}">drawing…</div
 {_steps(run, rows, matching, page, size, task, status, tasks, next_after)}
 {failures}{custom}{_history(ctx, run, history)}{actions}"""
     return _layout(ctx, f"{run.name} {run.id}", body)
+
+
+def _run_error(error: str) -> str:
+    """A run's error: on one line when short, else its first line (cut at a word) with the
+    whole text (up to :data:`MAX_PAYLOAD` characters) folded under it."""
+    first = error.strip().splitlines()[0] if error.strip() else error
+    if len(error) <= 200 and "\n" not in error.strip():
+        return f'<p class="error">{_h(error)}</p>'
+    if len(first) > 160:
+        first = first[:160].rsplit(" ", 1)[0] + " …"
+    return (f'<details class="error run-error"><summary>{_h(first)}</summary>'
+            f"<pre>{_h(_cut(error, MAX_PAYLOAD))}</pre></details>")
 
 
 def _saved(run: durably.Run[Any], saved: float | None, by_cache: float) -> str:

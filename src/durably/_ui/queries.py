@@ -28,7 +28,7 @@ from durably.exceptions import RunStateError
 from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
-           "pending_of", "run_row", "safe_load", "step_counts",
+           "pending_of", "result_of", "run_row", "safe_load", "step_counts",
            "step_page", "steps_after", "StepsCache"]
 
 #: the journal's events that start and end an attempt
@@ -104,13 +104,24 @@ def _duration(events: list[EventRecord], attempt: int, status: str, now: float
     return max(0.0, now - starts[-1]) if status == "running" else None
 
 
+#: the statuses of the steps counted (interrupted ones too, as the step table lists them)
+COUNTED = ("ran", "cached", "replayed", "failed", "interrupted")
+
+
+def result_of(store: Store, run: durably.Run[Any]) -> Any:
+    """The run's result, loaded by :func:`safe_load` (never unpickled: nothing imported),
+    or None when it has none recorded."""
+    record = store.find_run(run.id)
+    return None if record is None else safe_load(record.result)
+
+
 def _counts(steps: Iterable[StepRecord]) -> dict[str, int]:
     """Steps by status, each by its last record (as :meth:`durably.Run.counts`)."""
     last: dict[str, str] = {}
     for s in steps:
         if s.status != "started":
             last[s.step_id] = s.status
-    counts = {k: 0 for k in ("ran", "cached", "replayed", "failed")}
+    counts = {k: 0 for k in COUNTED}
     for status in last.values():
         if status in counts:
             counts[status] += 1
@@ -248,12 +259,11 @@ class StepsCache:
 
 
 def step_counts(store: Store, run: durably.Run[Any]) -> tuple[dict[str, int], list[str], int]:
-    """The latest attempt's steps by status (``ran``, ``cached``, ``replayed``, ``failed``),
-    its tasks' names (sorted) and how many steps it has (other statuses included), from one
-    aggregate query (:meth:`~durably.store.Journal.count_steps`)."""
+    """The latest attempt's steps by status (:data:`COUNTED`), its tasks' names (sorted)
+    and how many steps it has (other statuses included), from one aggregate query
+    (:meth:`~durably.store.Journal.count_steps`)."""
     counted = store.count_steps(run.id, run.attempt)
-    counts = {k: sum(c.get(k, 0) for c in counted.values())
-              for k in ("ran", "cached", "replayed", "failed")}
+    counts = {k: sum(c.get(k, 0) for c in counted.values()) for k in COUNTED}
     return counts, sorted(counted), sum(sum(c.values()) for c in counted.values())
 
 

@@ -226,6 +226,22 @@ function layOut(dot, seconds) {
   });
 }
 
+function fitLabels(svg) {
+  // Viz measures text with its own font metrics; the browser's font may be wider: a line
+  // wider than its node's shape is narrowed to fit inside it
+  for (const node of svg.querySelectorAll("g.node")) {
+    const shape = node.querySelector("path, polygon, ellipse");
+    if (!shape) continue;
+    const room = shape.getBBox().width - 8;
+    for (const line of node.querySelectorAll("text")) {
+      if (room > 0 && line.getComputedTextLength() > room) {
+        line.setAttribute("textLength", String(room));
+        line.setAttribute("lengthAdjust", "spacingAndGlyphs");
+      }
+    }
+  }
+}
+
 function drawGraph(box, runId, collapse) {
   const expanded = collapse !== COLLAPSED;
   const seconds = Number(box.dataset.layoutSeconds || 20);
@@ -241,6 +257,7 @@ function drawGraph(box, runId, collapse) {
         const svg = new DOMParser().parseFromString(text, "image/svg+xml").documentElement;
         box.replaceChildren(document.importNode(svg, true));
         const drawn = box.querySelector("svg");
+        fitLabels(drawn);
         const groups = Object.entries(found.groups);
         if (expanded) {
           box.prepend(backToCollapsed(box, runId, "Every call of the fan-out is drawn."));
