@@ -587,7 +587,7 @@ def test_the_stream_pushes_runs_made_and_deleted_while_it_is_open(
         assert [r["id"] for r in change["runs"]] == [second.id]
         assert change["runs"][0]["status"] == "interrupted" and change["removed"] == []
         durably.delete_runs([first.id], store=store)
-        assert next(changes) == {"runs": [], "removed": [first.id]}
+        assert next(changes) == {"runs": [], "removed": [first.id], "total": 1}
 
 
 def test_payloads_are_shown_without_importing_the_users_code(tmp_path: Path,

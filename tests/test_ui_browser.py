@@ -4,6 +4,7 @@ them. Screenshots of the pages go to the test's ``tmp_path``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import socket
@@ -73,14 +74,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A dashboard of the DiskStore at ``tmp_path/"store"``, served by uvicorn in a thread:
-    its base URL and the store's directory."""
-    store = durably.DiskStore(tmp_path / "store")
+@contextlib.contextmanager
+def serve(store: durably.DiskStore, **options: Any) -> Iterator[str]:
+    """The dashboard of ``store`` (``create_app``'s ``options``), served by uvicorn in a
+    thread on a free port: its base URL."""
     port = _free_port()
-    config = uvicorn.Config(create_app(store, TOKEN, poll=0.3), host="127.0.0.1", port=port,
-                            log_level="warning", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(create_app(store, TOKEN, poll=0.3, **options), host="127.0.0.1",
+                            port=port, log_level="warning", timeout_graceful_shutdown=1)
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
@@ -89,10 +89,19 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         assert time.monotonic() < deadline, "the server did not start"
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}", store.path
+        yield f"http://127.0.0.1:{port}"
     finally:
         uv.should_exit = True
         thread.join(10)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A dashboard of the DiskStore at ``tmp_path/"store"``, served by uvicorn in a thread:
+    its base URL and the store's directory."""
+    store = durably.DiskStore(tmp_path / "store")
+    with serve(store) as base:
+        yield base, store.path
 
 
 def _start(tmp_path: Path, store_dir: Path, name: str, source: str) -> subprocess.Popen[str]:
@@ -447,3 +456,46 @@ def test_a_failed_nodes_error_stays_inside_its_node(
     }""")
     assert spills == []
     assert "WWWWWWWWWW" in page.inner_text("#graph")
+
+
+@durably.entrypoint
+def tiny(i: int) -> int:
+    return i
+
+
+def test_the_runs_table_says_when_it_is_cut_and_pages_to_older_runs(
+        page: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import durably._ui.app
+
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+    for i in range(7):
+        tiny.run(i)
+    made = [run.id for run in durably.list_runs()]  # (most recently updated first)
+    monkeypatch.setattr(durably._ui.app, "RUNS_SHOWN", 3)
+    with serve(store) as base:
+        page.goto(f"{base}/?token={TOKEN}")
+        page.wait_for_selector("#more:not([hidden])")
+        assert page.inner_text("#more") == "The newest 3 of 7 runs (the most recently " \
+                                           "updated) older ›"
+        assert shown(page) == set(made[:3])
+        page.screenshot(path=str(tmp_path / "runs-cut.png"))
+        page.click("#more a")
+        page.wait_for_selector("#more:has-text('updated before')")
+        assert shown(page) == set(made[3:6])
+        assert "3 of the 7 runs, updated before" in page.inner_text("#more")
+        url = page.url
+        page.click("#more a:has-text('older')")
+        page.wait_for_url(lambda now: now != url)
+        page.wait_for_selector("#more:has-text('updated before')")
+        assert "1 of the 7 runs" in page.inner_text("#more")
+        assert shown(page) == {made[6]}
+        assert page.locator("#more a:has-text('older')").count() == 0  # (the last page)
+        page.click("#more a:has-text('newest')")
+        page.wait_for_selector("#live.on")
+        assert shown(page) == set(made[:3])
+
+
+def shown(page: Any) -> set[str]:
+    """The ids of the runs in the runs table."""
+    return {row.get_attribute("data-run") for row in page.locator("#runs tbody tr").all()}

@@ -40,6 +40,8 @@ from durably.store import Store
 
 __all__ = ["create_app", "is_local", "new_token"]
 
+#: runs in the runs table (the newest; the older ones on pages of their own)
+RUNS_SHOWN = 1_000
 #: steps per page of a run's step table
 PAGE_SIZE = 100
 #: a run with more steps than this has its history on a page of its own (reading it takes
@@ -103,7 +105,7 @@ class _State:
         self.poll = poll
         self.csrf = hmac.new(token.encode(), b"durably-ui csrf", hashlib.sha256).hexdigest()
         self.steps = queries.StepsCache(store)
-        self.watch = queries.RunsWatch(store, self.steps)
+        self.watch = queries.RunsWatch(store, self.steps, RUNS_SHOWN)
         self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -263,7 +265,7 @@ def _context(state: _State) -> pages.Context:
 
 
 async def _runs_page(request: Request, state: _State) -> Response:
-    return HTMLResponse(pages.runs_page(_context(state)))
+    return HTMLResponse(pages.runs_page(_context(state), RUNS_SHOWN))
 
 
 def _page_number(request: Request) -> int:
@@ -404,18 +406,33 @@ async def _static(request: Request) -> Response:
 
 # -- the API -----------------------------------------------------------------------------------
 async def _api_runs(request: Request, state: _State) -> Response:
-    rows = await _blocking(state.watch.rows)
-    return JSONResponse(list(rows.values()))
+    """The newest runs' rows (at most :data:`RUNS_SHOWN`); ``?before=T``: those of the
+    runs updated last before ``T`` (seconds since the epoch), for the runs table's older
+    pages. The header ``X-Durably-Runs`` says how many runs the store holds."""
+    before = request.query_params.get("before")
+    if before is not None:
+        try:
+            when = float(before)
+        except ValueError:
+            return JSONResponse({"error": f"before must be a time in seconds since the epoch "
+                                 f"(as the rows' updated), not {before!r}"}, status_code=400)
+        found: list[dict[str, Any]] = await _blocking(state.watch.older, when)
+    else:
+        found = list((await _blocking(state.watch.rows)).values())
+    return JSONResponse(found, headers={"x-durably-runs": str(state.watch.total)})
 
 
 async def _api_stream(request: Request, state: _State) -> Response:
-    """Server-sent events: ``runs`` (a list of changed rows and ``removed``: the ids of
-    deleted runs), the first one with every run, then one each time the store changed;
+    """Server-sent events: ``runs`` (a list of changed rows, ``removed``: the ids of
+    deleted runs, and ``total``: the runs of the store, of which the newest
+    :data:`RUNS_SHOWN` have rows), the first one with every run, then one each time the
+    store changed;
     ``failed`` (``error``: the store's message, with its fix) while the store cannot be
     read, and ``recovered`` once it can again."""
     async def events() -> AsyncIterator[str]:
         sent: dict[str, str] = {}
         failing = ""
+        total = -1
         while True:
             try:
                 rows = await _blocking(state.watch.rows, state.poll / 2)
@@ -440,8 +457,10 @@ async def _api_stream(request: Request, state: _State) -> Response:
             removed = [run_id for run_id in sent if run_id not in rows]
             for run_id in removed:
                 del sent[run_id]
-            if changed or removed or not sent:
-                data = json.dumps({"runs": changed, "removed": removed}, default=str)
+            if changed or removed or not sent or total != state.watch.total:
+                total = state.watch.total
+                data = json.dumps({"runs": changed, "removed": removed, "total": total},
+                                  default=str)
                 yield f"event: runs\ndata: {data}\n\n"
             else:
                 yield ": still here\n\n"  # (a comment: notices a closed connection)

@@ -116,8 +116,9 @@ def failed(ctx: Context, message: str, back: str = "/") -> str:
                    f'<p><a href="{_h(back)}">Back</a></p>', script=False)
 
 
-def runs_page(ctx: Context) -> str:
-    """The runs table: drawn and kept up to date by app.js from the stream of runs."""
+def runs_page(ctx: Context, shown: int = 1_000) -> str:
+    """The runs table: drawn and kept up to date by app.js from the stream of runs (the
+    newest ``shown``; the older ones a page of ``shown`` at a time, ``?before=T``)."""
     statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
     body = f"""<h1>Runs</h1>
 <form id="filters" class="filters">
@@ -128,7 +129,9 @@ def runs_page(ctx: Context) -> str:
 <option value="604800">in the last week</option></select></label>
 <span id="live" class="live">connecting…</span></form>
 <p id="store-error" class="error" hidden></p>
-<table id="runs" class="runs"><thead><tr><th>Run</th><th>Entrypoint</th><th>Status</th>
+<p id="more" class="hint" hidden></p>
+<table id="runs" class="runs" data-shown="{shown}"><thead><tr><th>Run</th><th>Entrypoint</th>
+<th>Status</th>
 <th>Started</th><th class="n">Duration</th><th class="n">Ran</th><th class="n">Cached</th>
 <th class="n">Replayed</th><th class="n">Failed</th><th class="n">Time saved</th></tr></thead>
 <tbody></tbody></table>

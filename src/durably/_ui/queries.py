@@ -169,6 +169,17 @@ class RunsWatch:
         self._expected: dict[tuple[str, int], tuple[int, bool]] = {}
         self._read: tuple[float, dict[str, dict[str, Any]]] | None = None
         self._lock = threading.Lock()
+        self.total = 0  # the runs of the store, at the last look (more than limit: cut)
+
+    def older(self, before: float) -> list[dict[str, Any]]:
+        """The rows of the ``limit`` runs updated last before ``before`` (a time, seconds
+        since the epoch; their records' ``updated``), newest first: the runs table's pages
+        after the newest ``limit`` runs (not kept: read at each request)."""
+        every = durably.list_runs(store=self.store)
+        self.total = len(every)
+        runs = [run for run in every if run.updated < before]
+        return [run_row(self.store, run, self.steps, self._expected_of(run))
+                for run in runs[:self.limit]]
 
     def rows(self, fresh_for: float = 0.0) -> dict[str, dict[str, Any]]:
         """Every run's row by run id (newest first); the rows read less than ``fresh_for``
@@ -177,7 +188,9 @@ class RunsWatch:
         with self._lock:
             if self._read is not None and time.monotonic() - self._read[0] < fresh_for:
                 return self._read[1]
-            runs = durably.list_runs(store=self.store)[:self.limit]
+            every = durably.list_runs(store=self.store)
+            self.total = len(every)
+            runs = every[:self.limit]
             fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
             for run in reversed(runs):  # (oldest first: the newest runs' steps stay kept)
                 sign = (run.attempt, run.updated, run.error)

@@ -122,6 +122,43 @@ function runsPage(table) {
     draw();
   });
 
+  // the newest runs live; the older ones a page at a time (?before=T: the runs updated
+  // last before T), read once
+  const limit = Number(table.dataset.shown);
+  const failure = document.getElementById("store-error");
+  const more = document.getElementById("more");
+  function older(before, text) {
+    const link = document.createElement("a");
+    link.href = "/?before=" + encodeURIComponent(before);
+    link.textContent = text;
+    return link;
+  }
+  function oldest() {
+    return Math.min(...[...rows.values()].map((r) => r.updated));
+  }
+  if (params.get("before")) {
+    const before = params.get("before");
+    fetch("/api/runs?before=" + encodeURIComponent(before)).then((response) => {
+      const total = Number(response.headers.get("x-durably-runs"));
+      return response.json().then((found) => {
+        if (found.error) throw new Error(found.error);
+        for (const row of found) rows.set(row.id, row);
+        live.textContent = "older runs: not updated live";
+        const newest = document.createElement("a");
+        newest.href = "/";
+        newest.textContent = "‹ newest runs";
+        more.replaceChildren(newest, " · " + found.length.toLocaleString() + " of the " +
+          total.toLocaleString() + " runs, updated before " + when(Number(before)) + " ");
+        if (found.length >= limit) more.append(older(oldest(), "older ›"));
+        more.hidden = false;
+        draw();
+      });
+    }).catch((error) => {
+      failure.textContent = "The runs could not be read: " + error.message;
+      failure.hidden = false;
+    });
+    return;
+  }
   const stream = new EventSource("/api/stream");
   stream.addEventListener("runs", (event) => {
     const change = JSON.parse(event.data);
@@ -129,9 +166,16 @@ function runsPage(table) {
     for (const id of change.removed) rows.delete(id);
     live.textContent = "live";
     live.className = "live on";
+    if (change.total > rows.size) {
+      more.replaceChildren("The newest " + rows.size.toLocaleString() + " of " +
+        change.total.toLocaleString() + " runs (the most recently updated) ",
+        older(oldest(), "older ›"));
+      more.hidden = false;
+    } else {
+      more.hidden = true;
+    }
     draw();
   });
-  const failure = document.getElementById("store-error");
   stream.addEventListener("failed", (event) => {
     // the store cannot be read: its message (with its fix), until it can again
     failure.textContent = "The store could not be read: " + JSON.parse(event.data).error;
