@@ -75,11 +75,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(store: durably.DiskStore, **options: Any) -> Iterator[str]:
+def serve(store: durably.DiskStore, port: int = 0, token: str = TOKEN, **options: Any
+          ) -> Iterator[str]:
     """The dashboard of ``store`` (``create_app``'s ``options``), served by uvicorn in a
-    thread on a free port: its base URL."""
-    port = _free_port()
-    config = uvicorn.Config(create_app(store, TOKEN, poll=0.3, **options), host="127.0.0.1",
+    thread on ``port`` (0: a free one): its base URL."""
+    port = port or _free_port()
+    config = uvicorn.Config(create_app(store, token, poll=0.3, **options), host="127.0.0.1",
                             port=port, log_level="warning", timeout_graceful_shutdown=1)
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
@@ -499,3 +500,26 @@ def test_the_runs_table_says_when_it_is_cut_and_pages_to_older_runs(
 def shown(page: Any) -> set[str]:
     """The ids of the runs in the runs table."""
     return {row.get_attribute("data-run") for row in page.locator("#runs tbody tr").all()}
+
+
+def test_an_open_page_says_the_dashboard_was_restarted_with_a_new_address(
+        page: Any, tmp_path: Path) -> None:
+    store = durably.DiskStore(tmp_path / "store")
+    durably.configure(store=store)
+    run_id = tiny.run(1).id
+    port = _free_port()
+    runs = page.context.new_page()
+    with serve(store, port) as base:
+        runs.goto(f"{base}/?token={TOKEN}")
+        runs.wait_for_selector("#live.on")
+        page.goto(f"{base}/runs/{run_id}")
+        page.wait_for_selector("#graph svg", timeout=60_000)
+    with serve(store, port, token="the-new-token"):  # (restarted: a new token)
+        for tab in (runs, page):
+            note = tab.wait_for_selector("#restarted", timeout=30_000)
+            assert note is not None
+            assert "The dashboard was restarted" in note.inner_text()
+            assert f"{base}/?token=" in note.inner_text()
+        assert runs.inner_text("#live") == "restarted"
+        page.screenshot(path=str(tmp_path / "restarted.png"))
+        runs.close()

@@ -190,6 +190,33 @@ function runsPage(table) {
     live.textContent = "reconnecting…";
     live.className = "live";
   });
+  whenRefused(stream, () => {
+    live.textContent = "restarted";
+    live.className = "live bad";
+  });
+}
+
+function whenRefused(stream, then) {
+  // The browser reconnects a stream the network cut (the server stopped), and gives up
+  // on one the server refused: a restarted dashboard has a new token, so its answer is 403.
+  // Said on the page, with what to do, rather than "reconnecting…" forever.
+  function probe() {
+    // (a request of the page's own: its status says why; none reached: tried again)
+    fetch("/static/app.js", { method: "HEAD", cache: "no-store" }).then((response) => {
+      const note = document.getElementById("restarted") || document.createElement("p");
+      note.id = "restarted";
+      note.className = "error";
+      note.textContent = response.status === 403 ?
+        "The dashboard was restarted: its address changed (a new token). Open the address " +
+        "durably ui printed when it started again (" + location.origin + "/?token=…)." :
+        "The dashboard stopped sending updates (HTTP " + response.status + "): reload the page.";
+      document.querySelector("main").prepend(note);
+      then();
+    }, () => setTimeout(probe, 2000));
+  }
+  stream.addEventListener("error", () => {
+    if (stream.readyState === EventSource.CLOSED) probe();
+  });
 }
 
 // -- a run's page -----------------------------------------------------------------------------
@@ -228,6 +255,7 @@ function runPage(header) {
       }
     }
   });
+  whenRefused(stream, () => {});
   drawGraph(document.getElementById("graph"), runId, COLLAPSED);
 }
 
