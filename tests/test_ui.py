@@ -6,6 +6,7 @@ history."""
 from __future__ import annotations
 
 import html
+import json
 import pickle
 import re
 import sys
@@ -746,6 +747,60 @@ def test_the_command_prints_an_address_with_its_token(host: str,
     assert ("is not a loopback address" in err) == (host == "0.0.0.0")
     # (quietly: no stream cancelled with a traceback)
     assert "Traceback" not in err and "Exception in ASGI" not in err, err
+
+
+def test_the_command_waits_for_a_store_not_made_yet_without_making_it(
+        tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+
+    import httpx
+
+    where = tmp_path / "not-yet"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "durably", "ui", "--dir", str(where), "--port", "0",
+         "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        assert f"no store at {where} yet" in lines[0], lines
+        found = re.search(r"open (http://\S+:(\d+)/\?token=(\S+))", lines[1])
+        assert found, lines
+        base, headers = f"http://127.0.0.1:{found.group(2)}", {"x-durably-token": found.group(3)}
+        page = httpx.get(f"{base}/", headers=headers)
+        assert page.status_code == 200 and 'id="waiting"' in page.text
+        assert f"No run was made in <code>{where}</code> yet" in page.text
+        assert httpx.get(f"{base}/api/runs", headers=headers).json() == []
+        missing = httpx.get(f"{base}/runs/nope", headers=headers)
+        assert missing.status_code == 404 and "no run was made there" in missing.text
+        with httpx.stream("GET", f"{base}/api/stream", headers=headers, timeout=60) as events:
+            lines_read = events.iter_lines()
+            assert next(lines_read) == "event: runs"
+            assert json.loads(next(lines_read)[6:]) == {"runs": [], "removed": [], "total": 0}
+            assert not where.exists()  # (reading never makes the store)
+            made = durably.DiskStore(where)
+            durably.configure(store=made)
+            run = publish.run(2)
+            for line in lines_read:  # (picked up live, once made)
+                if line.startswith("data: ") and run.id in line:
+                    break
+        assert [r["id"] for r in httpx.get(f"{base}/api/runs", headers=headers).json()] == [
+            run.id]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+
+
+def test_the_command_refuses_a_memory_store() -> None:
+    result = CliRunner().invoke(cli, ["ui", "--store", "memory://", "--port", "0"])
+    assert result.exit_code == 1
+    assert "cannot watch a memory:// store" in result.output
 
 
 def test_open_without_a_browser_says_so(disk_store: durably.DiskStore) -> None:

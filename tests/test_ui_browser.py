@@ -523,3 +523,45 @@ def test_an_open_page_says_the_dashboard_was_restarted_with_a_new_address(
         assert runs.inner_text("#live") == "restarted"
         page.screenshot(path=str(tmp_path / "restarted.png"))
         runs.close()
+
+
+def test_the_graph_zooms_around_the_pointer_pans_and_fits_again(
+        server: tuple[str, Path], page: Any, tmp_path: Path) -> None:
+    base, store_dir = server
+    run_id = _finish(_start(tmp_path, store_dir, "crunch.py", CRUNCH))  # (no id printed)
+    del run_id
+    page.goto(f"{base}/?token={TOKEN}")
+    page.locator("#runs tbody tr a").first.click()
+    page.locator("#graph g.node.group").first.click()  # (41 nodes: a wide graph)
+    page.wait_for_function(
+        "() => document.querySelectorAll('#graph svg g.node').length === 41", timeout=60_000)
+    svg = page.locator("#graph svg")
+
+    def view() -> list[float]:
+        return [float(v) for v in (svg.get_attribute("viewBox") or "").split()]
+
+    whole = view()
+    box = svg.bounding_box()
+    assert box is not None and box["height"] >= 200  # (room to zoom into a wide graph)
+    x, y = box["x"] + box["width"] * 0.25, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.wheel(0, -600)  # (zoom in, around the pointer)
+    page.wait_for_function("(w) => document.querySelector('#graph svg').viewBox.baseVal.width"
+                           " < w", arg=whole[2])
+    zoomed = view()
+    assert zoomed[2] < whole[2] / 2 and zoomed[3] < whole[3] / 2
+    # the point under the pointer stayed under it: it was a quarter of the way across
+    assert abs((zoomed[0] + zoomed[2] * 0.25) - (whole[0] + whole[2] * 0.25)) < whole[2] * 0.02
+    page.locator("#graph-section").screenshot(path=str(tmp_path / "zoomed.png"))
+    page.mouse.down()
+    page.mouse.move(x + 200, y + 50, steps=5)  # (drag: pan)
+    page.mouse.up()
+    panned = view()
+    assert panned[0] < zoomed[0] and panned[1] < zoomed[1] and panned[2] == zoomed[2]
+    assert page.locator("#graph svg g.node").count() == 41  # (a drag expands nothing)
+    page.dblclick("#graph svg", position={"x": 5, "y": 5})
+    assert view() == whole
+    page.click("#graph .zoom button:has-text('+')")
+    assert view()[2] < whole[2]
+    page.click("#graph .zoom button:has-text('fit')")
+    assert view() == whole

@@ -176,6 +176,17 @@ def _store_at(ctx: click.Context, url: str, source: str) -> durably.Store:
     return store
 
 
+class _NoStoreYet(Exception):
+    """No store was made in the directory ``path`` yet (it is missing or empty): raised by
+    :func:`_store` for a command that waits for one (``ctx.meta["durably.may_wait"]``),
+    with the store's ``options``."""
+
+    def __init__(self, path: Path, options: dict[str, Any]) -> None:
+        super().__init__(str(path))
+        self.path = path
+        self.options = options
+
+
 def _disk_store(ctx: click.Context, path: Path, source: str, options: dict[str, Any]
                 ) -> durably.DiskStore:
     """The DiskStore at ``path``, which must be a store's directory."""
@@ -183,6 +194,9 @@ def _disk_store(ctx: click.Context, path: Path, source: str, options: dict[str, 
     fix = ("Fix: pass --dir DIR or set DURABLY_DIR to the directory of the store."
            if source not in ("--store", "$DURABLY_STORE") else
            f"Fix: point {source.lstrip('$')} at the directory (or the URL) of a store.")
+    if ctx.meta.get("durably.may_wait") and (
+            not path.exists() or (path.is_dir() and not any(path.iterdir()))):
+        raise _NoStoreYet(path, options)  # (durably ui: serves a dashboard that waits)
     if not path.exists():
         _fail(f"no durably store at {str(path)!r} ({source}): the directory does not exist. "
               + fix)

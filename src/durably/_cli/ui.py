@@ -12,11 +12,14 @@ import errno
 import socket
 import threading
 import webbrowser
+from collections.abc import Callable
 
 import click
 
+import durably
 from durably._cli.support import _fail
-from durably.cli import _dir_option, _store, _where, cli
+from durably._store.memory import MemoryStore
+from durably.cli import _dir_option, _NoStoreYet, _store, _where, cli
 
 __all__ = ["ui_command"]
 
@@ -55,6 +58,21 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _opener(waiting: _NoStoreYet, read_only: bool) -> Callable[[], durably.Store | None]:
+    """What opens the store ``waiting`` is about once a run made it (a ``FORMAT`` or a
+    journal there), else None: never creating it (reading must not write)."""
+    def open_store() -> durably.Store | None:
+        path = waiting.path
+        if not ((path / "FORMAT").exists() or (path / "journal.sqlite3").exists()):
+            return None
+        try:
+            return durably.DiskStore(path, **({**waiting.options, "read_only": True}
+                                       if read_only else waiting.options))
+        except (durably.DurablyError, OSError):  # (being made this moment: looked at again)
+            return None
+    return open_store
+
+
 @cli.command("ui")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="The address to listen on. Anything but a loopback address lets other "
@@ -79,12 +97,24 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
         _fail(f"durably ui needs Starlette and uvicorn ({exc.name} is not installed). Fix: "
               "pip install 'durably[ui]'")
     ctx.meta["durably.read_only"] = read_only  # (a store directory: opened for reading only)
-    store = _store(ctx)
+    ctx.meta["durably.may_wait"] = True
+    waiting: _NoStoreYet | None = None
+    store: durably.Store | None = None
+    try:
+        store = _store(ctx)
+    except _NoStoreYet as exc:  # (a dashboard opened before the first run: it waits)
+        waiting = exc
+    if isinstance(store, MemoryStore):
+        _fail("durably ui cannot watch a memory:// store: it lives in the process that "
+              "made it, and this one would show its own, always empty. Fix: give the "
+              "directory (--dir) or URL (--store) of a store your runs write to.")
     token = new_token()
     server: uvicorn.Server | None = None
     app = create_app(store, token, read_only=read_only,
                      stopping=lambda: server is not None and server.should_exit,
-                     local_only=_local(host))
+                     local_only=_local(host),
+                     open_store=None if waiting is None else _opener(waiting, read_only),
+                     where="" if waiting is None else str(waiting.path.absolute()))
     sock = _listen(host, port)
     if not _local(host):
         click.echo(f"warning: --host {host} is not a loopback address: other machines can "
@@ -105,7 +135,10 @@ def ui_command(ctx: click.Context, host: str, port: int, open_browser: bool,
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         url = f"http://{shown}:{bound}/?token={token}"
-        click.echo(f"durably ui: the store {_where(store)}"
+        about = (f"the store {_where(store)}" if store is not None else
+                 f"no store at {waiting.path if waiting else ''} yet (its runs appear once one "
+                 "is made there)")
+        click.echo(f"durably ui: {about}"
                    f"{' (read-only)' if read_only else ''}\n"
                    f"open {url}\n(Ctrl-C stops it)")
         if open_browser and not webbrowser.open(url):

@@ -10,6 +10,7 @@ import hmac
 import ipaddress
 import json
 import secrets
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -93,25 +94,61 @@ def is_local(host: str) -> bool:
         return False
 
 
+class _NoStoreYet(Exception):
+    """The dashboard waits for its store: no run was made there yet."""
+
+
 class _State:
-    def __init__(self, store: Store, token: str, read_only: bool, poll: float,
-                 stopping: Callable[[], bool] = lambda: False, local_only: bool = True
+    def __init__(self, store: Store | None, token: str, read_only: bool, poll: float,
+                 stopping: Callable[[], bool] = lambda: False, local_only: bool = True,
+                 open_store: Callable[[], Store | None] | None = None, where: str = ""
                  ) -> None:
-        self.store = store
+        self._store = store
+        self._open_store = open_store
+        self.where = where
         self.local_only = local_only
         self.stopping = stopping
         self.token = token
         self.read_only = read_only
         self.poll = poll
         self.csrf = hmac.new(token.encode(), b"durably-ui csrf", hashlib.sha256).hexdigest()
-        self.steps = queries.StepsCache(store)
-        self.watch = queries.RunsWatch(store, self.steps, RUNS_SHOWN)
+        self._steps: queries.StepsCache | None = None
+        self._watch: queries.RunsWatch | None = None
         self.graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def ready(self) -> bool:
+        """Whether the store is there (a store still to be made: looked for again)."""
+        if self._store is None and self._open_store is not None:
+            with self._lock:
+                if self._store is None:
+                    self._store = self._open_store()
+        return self._store is not None
+
+    @property
+    def store(self) -> Store:
+        if not self.ready():
+            raise _NoStoreYet(self.where)
+        assert self._store is not None
+        return self._store
+
+    @property
+    def steps(self) -> queries.StepsCache:
+        if self._steps is None:
+            self._steps = queries.StepsCache(self.store)
+        return self._steps
+
+    @property
+    def watch(self) -> queries.RunsWatch:
+        if self._watch is None:
+            self._watch = queries.RunsWatch(self.store, self.steps, RUNS_SHOWN)
+        return self._watch
 
 
-def create_app(store: Store, token: str, *, read_only: bool = False, poll: float = 0.5,
-               stopping: Callable[[], bool] = lambda: False, local_only: bool = True
-               ) -> ASGIApp:
+def create_app(store: Store | None, token: str, *, read_only: bool = False,
+               poll: float = 0.5, stopping: Callable[[], bool] = lambda: False,
+               local_only: bool = True, open_store: Callable[[], Store | None] | None = None,
+               where: str = "") -> ASGIApp:
     """The dashboard for ``store`` as an ASGI app: every request needs ``token`` (as
     ``?token=`` once, which sets a cookie, or the header ``X-Durably-Token``); with
     ``read_only`` every action is hidden and refused. ``poll``: seconds between two looks at
@@ -119,9 +156,12 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
     stopping (the live pages' streams then end, so that it stops without cancelling them).
     ``local_only``: a request whose Host is not a loopback name or address is refused (a
     page of another site whose name was pointed at this machine, DNS rebinding, cannot
-    read it); False for a dashboard served on a non-local address.
+    read it); False for a dashboard served on a non-local address. ``store`` None: no
+    store was made yet at ``where`` (a directory); ``open_store`` opens it once it is there
+    (else None), looked for at each request: until then the pages show no run and say where
+    runs will appear.
     """
-    state = _State(store, token, read_only, poll, stopping, local_only)
+    state = _State(store, token, read_only, poll, stopping, local_only, open_store, where)
 
     def bound(handler: Callable[[Request, _State], Awaitable[Response]]
               ) -> Callable[[Request], Awaitable[Response]]:
@@ -151,8 +191,15 @@ def create_app(store: Store, token: str, *, read_only: bool = False, poll: float
             return JSONResponse({"error": message}, status_code=500)
         return HTMLResponse(pages.store_failed(_context(state), message), status_code=500)
 
-    return _Guard(Starlette(routes=routes, exception_handlers={DurablyError: store_failed}),
-                  state)
+    async def no_store_yet(request: Request, exc: Exception) -> Response:
+        message = (f"no durably store at {state.where} yet: no run was made there. Runs "
+                   "appear on the runs page once one is.")
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, status_code=404)
+        return HTMLResponse(pages.failed(_context(state), message), status_code=404)
+
+    return _Guard(Starlette(routes=routes, exception_handlers={
+        DurablyError: store_failed, _NoStoreYet: no_store_yet}), state)
 
 
 # -- the guard ---------------------------------------------------------------------------------
@@ -256,6 +303,9 @@ def _blocking(func: Callable[..., Any], *args: Any) -> Awaitable[Any]:
 
 # -- pages -------------------------------------------------------------------------------------
 def _context(state: _State) -> pages.Context:
+    if not state.ready():
+        return pages.Context(store=state.where, read_only=state.read_only, csrf=state.csrf,
+                             maintained=False)
     store = state.store  # (a directory: absolute, as it is once the store was used)
     where = (str(store.path.absolute()) if isinstance(store, durably.DiskStore)
              else redact(store.where))
@@ -265,7 +315,9 @@ def _context(state: _State) -> pages.Context:
 
 
 async def _runs_page(request: Request, state: _State) -> Response:
-    return HTMLResponse(pages.runs_page(_context(state), RUNS_SHOWN))
+    ready = await _blocking(state.ready)
+    return HTMLResponse(pages.runs_page(_context(state), RUNS_SHOWN,
+                                        waiting=None if ready else state.where))
 
 
 def _page_number(request: Request) -> int:
@@ -409,6 +461,8 @@ async def _api_runs(request: Request, state: _State) -> Response:
     """The newest runs' rows (at most :data:`RUNS_SHOWN`); ``?before=T``: those of the
     runs updated last before ``T`` (seconds since the epoch), for the runs table's older
     pages. The header ``X-Durably-Runs`` says how many runs the store holds."""
+    if not await _blocking(state.ready):
+        return JSONResponse([], headers={"x-durably-runs": "0"})  # (no store yet: no run)
     before = request.query_params.get("before")
     if before is not None:
         try:
@@ -434,6 +488,15 @@ async def _api_stream(request: Request, state: _State) -> Response:
         failing = ""
         total = -1
         while True:
+            if not await _blocking(state.ready):  # (no store yet: no run, looked for again)
+                if not sent and total:
+                    total = 0
+                    yield 'event: runs\ndata: {"runs": [], "removed": [], "total": 0}\n\n'
+                else:
+                    yield ": no store yet\n\n"
+                if await request.is_disconnected() or await _stopping(state):
+                    return
+                continue
             try:
                 rows = await _blocking(state.watch.rows, state.poll / 2)
             except DurablyError as exc:  # (said on the page; looked at again, as it may be

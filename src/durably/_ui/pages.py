@@ -116,9 +116,15 @@ def failed(ctx: Context, message: str, back: str = "/") -> str:
                    f'<p><a href="{_h(back)}">Back</a></p>', script=False)
 
 
-def runs_page(ctx: Context, shown: int = 1_000) -> str:
+def runs_page(ctx: Context, shown: int = 1_000, waiting: str | None = None) -> str:
     """The runs table: drawn and kept up to date by app.js from the stream of runs (the
-    newest ``shown``; the older ones a page of ``shown`` at a time, ``?before=T``)."""
+    newest ``shown``; the older ones a page of ``shown`` at a time, ``?before=T``).
+    ``waiting``: the directory of a store not made yet, where runs will appear."""
+    wait = "" if waiting is None else (
+        f'<p id="waiting" class="notice">No run was made in <code>{_h(waiting)}</code> yet: '
+        "runs appear here, live, as soon as one is (for example "
+        f"<code>DURABLY_DIR={_h(waiting)} python job.py</code>, or a script that stores "
+        "there). Nothing is created here until then.</p>")
     statuses = "".join(f'<option value="{s}">{s}</option>' for s in STATUSES)
     body = f"""<h1>Runs</h1>
 <form id="filters" class="filters">
@@ -128,7 +134,7 @@ def runs_page(ctx: Context, shown: int = 1_000) -> str:
 <option value="3600">in the last hour</option><option value="86400">in the last day</option>
 <option value="604800">in the last week</option></select></label>
 <span id="live" class="live">connecting…</span></form>
-<p id="store-error" class="error" hidden></p>
+<p id="store-error" class="error" hidden></p>{wait}
 <p id="more" class="hint" hidden></p>
 <table id="runs" class="runs" data-shown="{shown}"><thead><tr><th>Run</th><th>Entrypoint</th>
 <th>Status</th>

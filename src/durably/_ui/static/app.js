@@ -166,6 +166,8 @@ function runsPage(table) {
     for (const id of change.removed) rows.delete(id);
     live.textContent = "live";
     live.className = "live on";
+    const waiting = document.getElementById("waiting");
+    if (waiting && change.total > 0) waiting.hidden = true;  // (the store was made)
     if (change.total > rows.size) {
       more.replaceChildren("The newest " + rows.size.toLocaleString() + " of " +
         change.total.toLocaleString() + " runs (the most recently updated) ",
@@ -314,6 +316,102 @@ function fitLabels(svg) {
   }
 }
 
+function zoomable(svg) {
+  // Pan and zoom on the SVG's viewBox: the wheel zooms around the pointer, a drag pans,
+  // a double-click (or "fit") shows the whole graph again. Returns the toolbar's buttons.
+  const whole = svg.viewBox.baseVal;
+  const fit = [whole.x, whole.y, whole.width, whole.height];
+  const room = svg.parentElement.clientWidth - 24;
+  // (a wide graph keeps a readable height to zoom into, at most most of the window)
+  const height = Math.min(Math.max(fit[3] * Math.min(1, room / fit[2]), Math.min(fit[3], 360)),
+    window.innerHeight * 0.7);
+  svg.removeAttribute("width");
+  svg.removeAttribute("height");
+  svg.style.width = "100%";
+  svg.style.height = height + "px";
+  svg.style.maxWidth = "none";
+  const view = fit.slice();
+  const show = () => svg.setAttribute("viewBox", view.join(" "));
+  const at = (clientX, clientY) => {
+    const p = svg.createSVGPoint();
+    p.x = clientX;
+    p.y = clientY;
+    return p.matrixTransform(svg.getScreenCTM().inverse());
+  };
+  const zoom = (factor, x, y) => {
+    // (at most the whole graph 4 times over, at least a 50th of it)
+    const w = Math.min(Math.max(view[2] * factor, fit[2] / 50), fit[2] * 4);
+    const f = w / view[2];
+    view[0] = x - (x - view[0]) * f;
+    view[1] = y - (y - view[1]) * f;
+    view[2] *= f;
+    view[3] *= f;
+    show();
+  };
+  const centre = () => [view[0] + view[2] / 2, view[1] + view[3] / 2];
+  svg.addEventListener("wheel", (event) => {
+    event.preventDefault();
+    const p = at(event.clientX, event.clientY);
+    zoom(Math.exp(event.deltaY * 0.0015), p.x, p.y);
+  }, { passive: false });
+  let drag = null;
+  let dragged = false;
+  svg.addEventListener("pointerdown", (event) => {
+    if (event.button !== 0) return;
+    drag = { x: event.clientX, y: event.clientY, view: view.slice(),
+             scale: 1 / svg.getScreenCTM().a };
+    dragged = false;
+  });
+  svg.addEventListener("pointermove", (event) => {
+    if (!drag) return;
+    const dx = event.clientX - drag.x;
+    const dy = event.clientY - drag.y;
+    if (!dragged && Math.abs(dx) + Math.abs(dy) < 4) return;
+    if (!dragged) svg.setPointerCapture(event.pointerId);
+    dragged = true;
+    svg.classList.add("panning");
+    view[0] = drag.view[0] - dx * drag.scale;
+    view[1] = drag.view[1] - dy * drag.scale;
+    show();
+  });
+  const stop = () => {
+    drag = null;
+    svg.classList.remove("panning");
+  };
+  svg.addEventListener("pointerup", stop);
+  svg.addEventListener("pointercancel", stop);
+  // (a drag that ends on a fan-out's node does not expand it)
+  svg.addEventListener("click", (event) => {
+    if (dragged) {
+      event.stopPropagation();
+      dragged = false;
+    }
+  }, true);
+  const reset = () => {
+    view.splice(0, 4, ...fit);
+    show();
+  };
+  svg.addEventListener("dblclick", reset);
+  const tools = document.createElement("div");
+  tools.className = "zoom";
+  for (const [label, title, act] of [
+    ["+", "zoom in", () => zoom(1 / 1.5, ...centre())],
+    ["−", "zoom out", () => zoom(1.5, ...centre())],
+    ["fit", "show the whole graph (or double-click it)", reset]]) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "small";
+    button.textContent = label;
+    button.title = title;
+    button.addEventListener("click", act);
+    tools.append(button);
+  }
+  const hint = document.createElement("small");
+  hint.textContent = "wheel: zoom · drag: pan · double-click: fit";
+  tools.append(hint);
+  return tools;
+}
+
 function drawGraph(box, runId, collapse) {
   const expanded = collapse !== COLLAPSED;
   const seconds = Number(box.dataset.layoutSeconds || 20);
@@ -330,6 +428,7 @@ function drawGraph(box, runId, collapse) {
         box.replaceChildren(document.importNode(svg, true));
         const drawn = box.querySelector("svg");
         fitLabels(drawn);
+        box.prepend(zoomable(drawn));
         const groups = Object.entries(found.groups);
         if (expanded) {
           box.prepend(backToCollapsed(box, runId, "Every call of the fan-out is drawn."));
