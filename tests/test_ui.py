@@ -22,6 +22,7 @@ from durably.cli import cli
 pytest.importorskip("starlette", reason="pip install -e '.[test]'")
 from starlette.testclient import TestClient
 
+from durably._cli.support import _size
 from durably._cli.ui import _local
 from durably._ui import create_app
 from durably._ui.queries import safe_load
@@ -438,6 +439,11 @@ def test_read_only_hides_every_action_and_refuses_them(store: durably.Store) -> 
     page = c.get(f"/runs/{run.id}").text
     assert "<form method=\"post\"" not in page and "<textarea" not in page
     assert "publish?" in page  # (the question is shown, without a form)
+    # its hint gives the command to answer with, never speaking of answering here
+    hint = html.unescape(page[page.index('<p class="hint">This dashboard is read-only'):])
+    assert hint.startswith(f"<p class=\"hint\">This dashboard is read-only: answer with "
+                           f"<code>durably resume {run.id} --value JSON</code>")
+    assert "is journaled as" not in page
     for path, data in ((f"/runs/{run.id}/answer", {f"answer:{run.interrupts[0].id}": "1"}),
                        (f"/runs/{run.id}/delete", {"confirm": run.id}),
                        ("/cache/prune", {"older_than": "0s", "confirm": "yes"})):
@@ -551,11 +557,14 @@ def test_cache_statistics_and_prune(disk_store: durably.DiskStore) -> None:
     # prune then says it removed
     stats = disk_store.cache_stats()
     counted = sum(t["bytes"] for t in stats["tasks"])
-    assert counted == stats["entry_bytes"] > 0 and f"<dd>{counted:,} bytes (" in page
+    # (in the CLI's units, the bytes in the title)
+    assert counted == stats["entry_bytes"] > 0
+    assert f'<dd><span title="{counted:,} bytes">{_size(counted)}</span> (' in page
+    assert re.search(r"<dd><span [^>]*>\d+(\.\d)? [kMG]?B</span>", page)
     pruned = post(c, "/cache/prune",
                   {"csrf": csrf_of(page), "older_than": "0s", "confirm": "yes"})
     assert pruned.status_code == 303
-    assert f"removed {stats['entries']:,} cache entries ({counted:,} bytes)" in c.get(
+    assert f"removed {stats['entries']:,} cache entries ({_size(counted)})" in c.get(
         pruned.headers["location"]).text
     assert disk_store.cache_stats()["entries"] == 0
     bad = post(c, "/cache/prune", {"csrf": csrf_of(page), "older_than": "soon",

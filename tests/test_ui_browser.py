@@ -149,6 +149,7 @@ def test_a_run_of_another_process_appears_and_finishes_live(server: tuple[str, P
     cells = row.locator("td").all_inner_texts()
     assert cells[1] == "crunch" and cells[2] == "finished"
     assert cells[5] == "41"  # ran: 40 parse and 1 total
+    assert cells[9] == "0 ms"  # time saved: known, none (blank, "…", only while unknown)
     page.screenshot(path=str(tmp_path / "runs.png"))
     # its page draws its graph: an <svg> with the run's nodes
     row.locator("a").click()

@@ -704,7 +704,7 @@ async def _delete(request: Request, state: _State) -> Response:
 
 
 async def _prune(request: Request, state: _State) -> Response:
-    from durably._cli.support import _parse_duration, _parse_size
+    from durably._cli.support import _parse_duration, _parse_size, _size
 
     def act(fields: dict[str, str]) -> Response:
         if fields.get("confirm") != "yes":
@@ -722,7 +722,7 @@ async def _prune(request: Request, state: _State) -> Response:
         removed = durably.prune(older_than=age, max_size=size, task=fields.get("task") or None,
                                 store=state.store)
         return _back("/cache", f"removed {removed.entries:,} cache entries "
-                               f"({removed.bytes:,} bytes)")
+                               f"({_size(removed.bytes)})")
 
     return await _action(request, state, act)
 

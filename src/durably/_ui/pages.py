@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import durably
+from durably._cli.support import _size
 from durably.store import StepRecord
 
 __all__ = ["Context", "cache_page", "failed", "history_page", "not_found", "refused", "run_page",
@@ -178,8 +179,9 @@ def _interrupts(ctx: Context, run: durably.Run[Any], pending: list[dict[str, Any
                 + ("(the questions left out of the JSON stay pending)." if several else
                    "(it journals the answer and continues the run)."))
     else:
-        hint = (f"The answers are journaled as {command} journals them"
-                + (" (the questions left empty stay pending)" if several else "")
+        hint = ((f"The answers are journaled as {command} journals them (the questions "
+                 "left empty stay pending)" if several else
+                 f"The answer is journaled as {command} journals it")
                 + f"; the run continues when it is next resumed (<code>{_h(resume)}</code>).")
     return (f'<section class="steer"><h2>Waiting for {len(pending)} answer(s)</h2>{form}'
             f'<p class="hint">{hint}</p></section>')
@@ -324,7 +326,7 @@ def run_page(ctx: Context, run: durably.Run[Any], counts: dict[str, int], saved:
         ("steps", f'<span id="steps-total">{total:,}</span> — ' + ", ".join(
             f'<span id="steps-{k}">{counts.get(k, 0):,}</span> {k}'
             for k in ("ran", "cached", "replayed", "failed", "interrupted")
-            if k != "interrupted" or counts.get(k) or state == "interrupted")),
+            if k != "interrupted" or counts.get(k))),
         ("time saved", _saved(run, saved, saved_by_cache))))
     error = _run_error(run.error) if run.error else ""
     if state == "finished":
@@ -399,7 +401,9 @@ def _cache_size(stats: dict[str, Any]) -> str:
     prune says it removed), and the bytes its files take where that is more."""
     entries = stats.get("entry_bytes", stats["bytes"])
     disk = stats["bytes"]
-    return f"{entries:,} bytes" + (f" ({disk:,} bytes of files)" if disk != entries else "")
+    return (f'<span title="{entries:,} bytes">{_size(entries)}</span>'
+            + (f' (<span title="{disk:,} bytes">{_size(disk)}</span> of files)'
+               if disk != entries else ""))
 
 
 def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -> str:
@@ -410,7 +414,8 @@ def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -
     rate = stats.get("hit_rate")
     rows = "".join(
         f"<tr><td>{_h(t['task'])}</td><td class=\"n\">{t['entries']:,}</td>"
-        f"<td class=\"n\">{t['bytes']:,}</td><td class=\"n\">{t['ran']:,}</td>"
+        f"<td class=\"n\" title=\"{t['bytes']:,} bytes\">{_size(t['bytes'])}</td>"
+        f"<td class=\"n\">{t['ran']:,}</td>"
         f"<td class=\"n\">{t['cached']:,}</td><td class=\"n\">{_rate(t['hit_rate'])}</td></tr>"
         for t in stats.get("tasks", []))
     prune = "" if ctx.read_only else f"""<section><h2>Prune</h2>
@@ -426,7 +431,7 @@ def cache_page(ctx: Context, stats: dict[str, Any] | None, notice: str | None) -
 <div><dt>size</dt><dd>{_cache_size(stats)}</dd></div>
 <div><dt>hit rate</dt><dd>{_rate(rate)}
 ({stats['cached']:,} cached, {stats['ran']:,} ran, {stats['runs']:,} runs)</dd></div></dl>
-<table class="steps"><thead><tr><th>Task</th><th class="n">Entries</th><th class="n">Bytes</th>
+<table class="steps"><thead><tr><th>Task</th><th class="n">Entries</th><th class="n">Size</th>
 <th class="n">Ran</th><th class="n">Cached</th><th class="n">Hit rate</th></tr></thead>
 <tbody>{rows}</tbody></table>{prune}"""
     return _layout(ctx, "Cache", body, script=False)

@@ -104,7 +104,8 @@ function runsPage(table) {
         cell(r.counts.ran.toLocaleString(), "n"), cell(r.counts.cached.toLocaleString(), "n"),
         cell(r.counts.replayed.toLocaleString(), "n"),
         cell(r.counts.failed.toLocaleString(), r.counts.failed ? "n bad" : "n"),
-        cell(r.saved ? seconds(r.saved) : "", "n"));
+        // (… while not known: the run executes, or its figure is being computed)
+        cell(r.saved === null || r.saved === undefined ? "…" : seconds(r.saved), "n"));
       tr.title = r.entrypoint + (r.error ? "\n" + r.error : "");
       fresh.appendChild(tr);
     }
