@@ -1196,6 +1196,7 @@ def test_read_only_never_writes_the_store_files(tmp_path: Path,
                 for name in ("journal.sqlite3", "cache/cache.db")}
 
     before = databases()
+    files = {p.name for p in root.rglob("*") if p.is_file()}
     opened: list[durably.Store] = []
 
     def served(store: durably.Store, token: str, **options: Any) -> Any:
@@ -1215,6 +1216,12 @@ def test_read_only_never_writes_the_store_files(tmp_path: Path,
         store.cache_put("k", b"v")
     store.close()
     assert databases() == before
+    # (what docs/dashboard.md says: beside them, only SQLite's index of the log and an
+    # empty log, made to read the journal, appear)
+    made = {p.name for p in root.rglob("*") if p.is_file()} - files
+    assert made <= {"journal.sqlite3-shm", "journal.sqlite3-wal", "cache.db-shm",
+                    "cache.db-wal"}, made
+    assert all(p.stat().st_size == 0 for p in root.rglob("*-wal")), made
 
 
 def test_the_header_names_a_store_directory_by_its_absolute_path(
