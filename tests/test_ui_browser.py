@@ -75,7 +75,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(store: durably.DiskStore, port: int = 0, token: str = TOKEN, **options: Any
+def serve(store: durably.Store | None, port: int = 0, token: str = TOKEN, **options: Any
           ) -> Iterator[str]:
     """The dashboard of ``store`` (``create_app``'s ``options``), served by uvicorn in a
     thread on ``port`` (0: a free one): its base URL."""
@@ -566,3 +566,22 @@ def test_the_graph_zooms_around_the_pointer_pans_and_fits_again(
     assert view()[2] < whole[2]
     page.click("#graph .zoom button:has-text('fit')")
     assert view() == whole
+
+
+def test_a_dashboard_opened_before_the_first_run_shows_it_once_made(
+        page: Any, tmp_path: Path) -> None:
+    where = tmp_path / "not-yet"
+
+    def open_store() -> durably.Store | None:
+        return durably.DiskStore(where) if (where / "FORMAT").exists() else None
+
+    with serve(None, open_store=open_store, where=str(where)) as base:
+        page.goto(f"{base}/?token={TOKEN}")
+        page.wait_for_selector("#live.on")
+        assert f"No run was made in {where} yet" in page.inner_text("#waiting")
+        page.screenshot(path=str(tmp_path / "waiting.png"))
+        assert not where.exists()
+        proc = _start(tmp_path, where, "approve.py", APPROVE)
+        run_id = _finish(proc).strip()
+        page.wait_for_selector(f"#runs tbody tr[data-run='{run_id}']", timeout=60_000)
+        assert page.locator("#waiting").is_hidden()
