@@ -214,7 +214,8 @@ class Run(Generic[R]):
         by another process, a crashed run or a finished one).
 
         Args:
-            attempt: Which attempt to draw. Default: the latest.
+            attempt: Which attempt to draw. Default: the latest (for a fork not executed
+                yet: attempt 0, the steps it inherited up to its checkpoint).
             collapse: More than this many calls of one task under one parent draw as one
                 node (``parse ×1,200``, with counts per status); None or 0 draws every call.
 
@@ -255,9 +256,17 @@ class Run(Generic[R]):
         rec = self._record
         latest = attempt is None or attempt == self.attempt
         attempt = self.attempt if attempt is None else attempt
-        if not isinstance(attempt, int) or not 1 <= attempt <= max(self.attempt, 1):
-            raise NotFoundError(f"run {self.id!r} has attempts 1 to {self.attempt}, not "
-                                f"{attempt!r}")
+        # a fork not executed yet is at attempt 0: the steps it inherited up to its
+        # checkpoint (as ``durably show`` lists them) are its attempt 0's records
+        first = 0 if self.attempt == 0 else 1
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or not (
+                first <= attempt <= self.attempt):
+            raise NotFoundError(
+                f"run {self.id!r} has no attempt {attempt!r}: "
+                + (f"it has attempts 1 to {self.attempt}" if self.attempt else
+                   "it is a fork not executed yet, whose only attempt is 0 (the steps it "
+                   "inherited)")
+                + ". Fix: graph(attempt=None) draws the latest one.")
         ends = [e for e in self._store.list_events(self.id)
                 if e.attempt == attempt and e.kind.startswith("run_")]
         # an earlier attempt's status is how it ended (one that started and never ended:
