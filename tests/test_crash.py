@@ -1028,3 +1028,73 @@ def test_a_damaged_write_ahead_log_never_executes_a_finished_step_again(
     done = run_script(script, env)
     assert done.stdout.strip() == "result 19900"
     assert 0 < len(log.read_text().splitlines()) < 200  # the lost commits' steps only
+
+
+HITS_THEN_WORK = """
+import os, sys, time
+import durably
+
+@durably.task
+def hit(i):
+    return i * 2
+
+@durably.task
+def work(i):
+    return -i
+
+@durably.entrypoint
+def job(n, m):
+    total = sum(hit(i) for i in range(n))  # served from the cache (warmed below)
+    total += sum(work(i) for i in range(m))  # executed
+    print("worked", flush=True)
+    while not os.path.exists(os.environ["GO"]):  # (killed here)
+        time.sleep(0.05)
+    return total
+
+if __name__ == "__main__":
+    n, m = int(sys.argv[1]), int(sys.argv[2])
+    if sys.argv[3] == "warm":
+        print("warm", sum(hit(i) for i in range(n)), flush=True)  # the cache alone
+    else:
+        print("result", job(n, m), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("hits", "executed"), [(50, 3), (1, 1)])
+def test_cache_hits_before_an_executed_step_are_journaled_with_it(
+        tmp_path: Path, hits: int, executed: int) -> None:
+    """The journal rows of steps served from the cache are buffered, and go in with the
+    next executed step's record: a run killed (SIGKILL) after its executed steps were
+    journaled has every hit before them in its journal (and the dashboard counted them as
+    they happened), without waiting for a later hit or the run's end."""
+    import durably
+
+    script = write_script(tmp_path / "hits.py", HITS_THEN_WORK)
+    store = durably.DiskStore(tmp_path / "store")
+    env = script_env(store.path, GO=str(tmp_path / "go"))
+    args = [sys.executable, str(script), str(hits), str(executed)]
+    warm = subprocess.run([*args, "warm"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert warm.returncode == 0, warm.stderr
+    proc = subprocess.Popen([*args, "run"], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "worked\n", proc.stderr
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    (run,) = durably.list_runs(store=store)
+    assert run.status == "crashed"
+    assert [(s.task, s.status) for s in run.steps] == (
+        [("hit", "cached")] * hits + [("work", "ran")] * executed)
+    assert run.counts() == {"ran": executed, "cached": hits, "replayed": 0, "failed": 0}
+    (tmp_path / "go").touch()
+    resumed = subprocess.run([*args, "run"], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=120)
+    total = hits * (hits - 1) - executed * (executed - 1) // 2
+    assert resumed.stdout.endswith(f"result {total}\n"), resumed.stderr
+    again = durably.get_run(run.id, store=store)
+    assert again.counts() == {"ran": 0, "cached": 0, "replayed": hits + executed, "failed": 0}

@@ -308,6 +308,16 @@ class RunContext:
         writes none: a late record of a step the other attempt executed again would be
         served on replay instead of that one, and what followed it would not match. The
         attempt then stops (see :meth:`lose_lease`)."""
+        if self._pending and steps:
+            # the rows of cache hits buffered before these go in with them, in the same
+            # write (one transaction): an executed step's record is never in the journal
+            # without the hits that came before it (a dashboard counts them as they happen;
+            # a crash after it loses none of them)
+            with self._lock:
+                pending, self._pending = self._pending, []
+                self._pending_bytes = 0
+                self._pending_since = math.inf
+            steps = pending + steps
         if self.deferred is not None and steps:
             self.claim()
         if not self.store.append_steps_if_current(steps):
@@ -394,13 +404,14 @@ class RunContext:
 
     def note_cached(self, record: StepRecord, data: bytes) -> None:
         """Buffer the journal row of a step served from the cross-run cache: written in
-        batches like replay rows, and at the first hit a second after the oldest row
-        buffered (by the steps' own times: the dashboard, which counts an executing run's
-        steps from its journal, is at most that late). A row lost in a crash costs little:
-        on resume the cache serves the step again, or (its entry gone: expired, pruned) it
-        executes again; the rows are written before a ``cache=False`` step executes, so
-        that a side effect never sees inputs other than the ones it saw before the
-        crash."""
+        batches like replay rows, at the first hit a second after the oldest row buffered
+        (by the steps' own times: the dashboard, which counts an executing run's steps from
+        its journal, is at most that late), and with the next step record journaled (an
+        executed step's: in the same write, see :meth:`journal`). A row lost in a crash
+        costs little: on resume the cache serves the step again, or (its entry gone:
+        expired, pruned) it executes again; the rows are written before a ``cache=False``
+        step executes, so that a side effect never sees inputs other than the ones it saw
+        before the crash."""
         if type(data) is not bytes or len(data) > LARGE_ROW:
             # a large value is journaled at once: never held in memory for a batch, nor
             # written inside the transaction that ends the attempt
