@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import durably
-from durably import entrypoint, task
+from durably import entrypoint, render, task
 from tests.conftest import run_script, script_env, write_script
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -1146,3 +1146,55 @@ def test_a_graph_s_collapse_must_be_a_number_of_calls(store: Any) -> None:
     import numpy as np
 
     assert len(run.graph(collapse=np.int64(2)).nodes) == 1  # type: ignore[arg-type]
+
+
+@durably.task
+def _leaf(i: int) -> int:
+    if i % 3 == 0:
+        raise RuntimeError(f"leaf {i} failed")
+    return i
+
+
+@durably.task
+def _branch(k: int) -> int:
+    return sum(_leaf.map([k * 100 + j for j in range(1, 9)]))
+
+
+def test_a_collapsed_nested_fan_out_counts_every_call_it_stands_for(store: Any) -> None:
+    """A map inside each call of a map: the inner calls, collapsed under each outer call,
+    are collapsed again under the outer group; that node counts every inner call, by status
+    (it counted the groups it merged: ``leaf ×5 · 5 failed`` for 40 calls)."""
+    @durably.entrypoint(store=store)
+    def nested(n: int) -> int:
+        return sum(_branch.map(list(range(n))))
+
+    with pytest.raises(ExceptionGroup):
+        nested(5)
+    run = durably.list_runs(nested, store=store)[0]
+    every = run.graph(collapse=None)
+    truth: dict[str, int] = {}
+    for n in every.nodes:
+        if n.task == _n("_leaf"):
+            truth[n.status] = truth.get(n.status, 0) + 1
+    assert sum(truth.values()) == 40 and truth.get("failed", 0) > 0 and truth.get("ran", 0) > 0
+    graph = run.graph(collapse=4)
+    (branches,) = [n for n in graph.nodes if n.task == _n("_branch")]
+    (leaves,) = [n for n in graph.nodes if n.task == _n("_leaf")]
+    assert (branches.count, leaves.count) == (5, 40) and leaves.parent == branches.id
+    assert dict(leaves.statuses) == truth and leaves.status == "failed"
+    assert sorted(leaves.steps) == sorted(n.id for n in every.nodes if n.task == _n("_leaf"))
+    assert graph.counts() == every.counts()
+    drawn = f"_leaf ×40<br/>{truth['ran']} ran · {truth['failed']} failed<br/>"
+    assert drawn in render.to_mermaid(graph)
+    # the dashboard expands the inner group as it expands the outer one: its calls (5)
+    # drawn one by one, each with its own group of inner calls
+    pytest.importorskip("starlette", reason="pip install -e '.[test]'")
+    from .test_ui import client
+
+    c = client(store)
+    found = c.get(f"/api/runs/{run.id}/graph?collapse=4").json()
+    assert sorted(found["groups"].values()) == [5, 5]
+    expanded = run.graph(collapse=5)
+    inner = [n for n in expanded.nodes if n.task == _n("_leaf")]
+    assert [n.count for n in inner] == [8] * 5
+    assert sum(n.statuses.get("failed", 0) for n in inner) == truth["failed"]

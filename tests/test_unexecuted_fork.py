@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import durably
+from durably import render
 from durably._runtime.history import NO_UPDATE, make_fork
 from durably.cli import cli
 
@@ -45,7 +46,7 @@ def test_an_unexecuted_forks_readers_show_its_inherited_steps(store: durably.Sto
     assert (graph.status, graph.attempt) == ("forked", 0)
     assert [(n.task, n.status, n.inputs, n.output) for n in graph.nodes] == [
         ("inc", "ran", "i=3", "4"), ("inc", "ran", "i=4", "5")]
-    assert "inc" in graph.to_mermaid() and "inc" in durably.render.to_dot(graph)
+    assert "inc" in graph.to_mermaid() and "inc" in render.to_dot(graph)
     assert fork.graph(attempt=0).nodes == graph.nodes
     with pytest.raises(durably.NotFoundError, match=r"fork not executed yet.*attempt is 0"):
         fork.graph(attempt=1)

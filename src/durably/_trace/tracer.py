@@ -494,12 +494,17 @@ def _collapse(graph: RunGraph, limit: int) -> RunGraph:
                 continue
             done.add(gid)
             members = groups[key]
-            statuses = collections.Counter(m.status for m in members)
+            # every call a member stands for: a member may be a group itself (the calls
+            # of one task under each of the collapsed calls of its caller: a nested map)
+            statuses: collections.Counter[str] = collections.Counter()
+            for m in members:
+                statuses.update(m.statuses or {m.status: m.count})
             worst = min(statuses, key=lambda st: _SEVERITY.get(st, 5))
             nodes.append(Node(
                 id=gid, task=n.task, status=worst, parent=parent, started=members[0].started,
-                duration=sum(m.duration for m in members), count=len(members),
-                statuses=dict(statuses), steps=tuple(m.id for m in members),
+                duration=sum(m.duration for m in members),
+                count=sum(m.count for m in members), statuses=dict(statuses),
+                steps=tuple(step for m in members for step in (m.steps or (m.id,))),
                 error=next((m.error for m in members if m.error), None),
             ))
         elif n.id not in rename:

@@ -543,6 +543,26 @@ async def _stopping(state: _State, polls: int = 1) -> bool:
     return state.stopping()
 
 
+def _expand_at(graph: durably.RunGraph) -> dict[str, int]:
+    """For each collapsed group of the graph (by its DOT node name), the ``collapse=`` that
+    draws its calls: its count, or for a group nested in a group (a map inside each call of
+    a map, whose node counts every inner call) its outermost group's: the calls of that one
+    drawn one by one, each with its own group of inner calls."""
+    index = {node.id: node for node in graph.nodes}
+    found: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        if node.count <= 1:
+            continue
+        outer = node
+        for _ in range(len(graph.nodes)):  # (up the callers: never a cycle)
+            above = index.get(outer.parent) if outer.parent is not None else None
+            if above is None or above.count <= 1:
+                break
+            outer = above
+        found[f"n{i}"] = outer.count
+    return found
+
+
 async def _api_graph(request: Request, state: _State) -> Response:
     """The run's graph as DOT (``dot``) and its collapsed groups (``groups``: DOT node name
     -> calls), collapsed at ``?collapse=N`` calls (default 20)."""
@@ -568,8 +588,7 @@ async def _api_graph(request: Request, state: _State) -> Response:
                          "lists them all"}
         else:
             found = {"dot": render.to_dot(graph), "nodes": len(graph.nodes),
-                     "groups": {f"n{i}": node.count for i, node in enumerate(graph.nodes)
-                                if node.count > 1}}
+                     "groups": _expand_at(graph)}
         if len(state.graphs) > 16:
             state.graphs.clear()
         state.graphs[key] = found
