@@ -323,6 +323,27 @@ class Journal(abc.ABC):
             by_status[s.status] = by_status.get(s.status, 0) + 1
         return counts
 
+    def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
+        """The record that finished each of these steps of the run (its first ``ran`` or
+        ``cached`` record, of any attempt: for a fork, the one copied from its source), for
+        those that have one: what a replayed step's record, which carries no inputs,
+        output or duration of its own, shows them from. Read for the steps named only (the
+        dashboard's page of a step table), never the whole journal, by a backend that
+        overrides it. Default: from :meth:`list_steps`.
+
+        Example:
+            >>> from durably.testing import MemoryStore
+            >>> MemoryStore().finished_steps("no-such-run", ["a" * 32])
+            {}
+        """
+        wanted = set(step_ids)
+        found: dict[str, StepRecord] = {}
+        if wanted:
+            for rec in self.list_steps(run_id):
+                if rec.step_id in wanted and rec.status in ("ran", "cached"):
+                    found.setdefault(rec.step_id, rec)
+        return found
+
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         """The parent of each of these steps of the run that has a record. Default: from
         :meth:`list_steps`."""

@@ -368,6 +368,7 @@ async def _run_page(request: Request, state: _State) -> Response:
             counts, saved, total = found["counts"], found["saved"], len(found["steps"])
             by_cache = found["saved_by_cache"]
             tasks = sorted({s.task for s in found["steps"]})
+        rows = queries.with_origins(state.store, run, rows)
         history: list[durably.Checkpoint] | None = None  # (a big run's: on its own page)
         if total <= INLINE_HISTORY:
             history = _history_of(state.store, run)

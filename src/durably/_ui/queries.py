@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import copyreg
+import dataclasses
 import datetime
 import decimal
 import io
@@ -29,7 +30,7 @@ from durably.store import EventRecord, StepRecord, Store
 
 __all__ = ["RUN_ENDS", "RunsWatch", "answer_interrupts", "errors_of", "events_of",
            "pending_of", "result_of", "run_row", "safe_load", "step_counts",
-           "step_page", "steps_after", "StepsCache"]
+           "step_page", "steps_after", "StepsCache", "with_origins"]
 
 #: the journal's events that start and end an attempt
 RUN_ENDS = ("run_started", "run_finished", "run_failed", "run_interrupted", "run_stopped")
@@ -305,6 +306,27 @@ def steps_after(store: Store, run: durably.Run[Any], after: int, size: int
     closed = {r.step_id for r in mine if r.status != "started"}
     return ([r for r in mine if r.status != "started" or r.step_id not in closed],
             last if more else None)
+
+
+def with_origins(store: Store, run: durably.Run[Any], rows: list[StepRecord]
+                 ) -> list[StepRecord]:
+    """The rows of a page of the step table, each replayed step's with the inputs and
+    output of the record that finished it (an earlier attempt's, or the one a fork
+    copied), as ``durably show`` shows its output, and the seconds that execution took as
+    its duration (the graph's ``ran in``): a replay's own record carries none of them. The
+    records that finished them are read for these rows only
+    (:meth:`~durably.store.Journal.finished_steps`), never the whole journal."""
+    replayed = [r.step_id for r in rows if r.status == "replayed" and r.output is None]
+    if not replayed:
+        return rows
+    origins = store.finished_steps(run.id, replayed)
+    shown = []
+    for r in rows:
+        o = origins.get(r.step_id) if r.status == "replayed" and r.output is None else None
+        shown.append(r if o is None else dataclasses.replace(
+            r, inputs=r.inputs if r.inputs is not None else o.inputs, output=o.output,
+            ended=r.started + o.duration))
+    return shown
 
 
 def step_page(steps: list[StepRecord], page: int, size: int, task: str | None = None,

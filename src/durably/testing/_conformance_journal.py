@@ -228,6 +228,32 @@ class JournalConformance:
         assert store.parents_of(run_id, [full.step_id, root.step_id, _id()]) == {
             full.step_id: root.step_id, root.step_id: None}
 
+    def test_the_record_that_finished_a_step_is_found_by_its_id(self, store: Store) -> None:
+        """``finished_steps`` gives, for each step named that has one, its first ``ran`` or
+        ``cached`` record of any attempt (what a replayed step shows its inputs and output
+        from): not a failed try before it, not a later record, nothing of another run."""
+        run_id = _id()
+        store.put_run(_run(run_id, attempt=3))
+        cached = StepRecord(run_id, _id(), None, "conformance:other", "cached", 1, 0, 1000.0,
+                            1000.25, None, _id(), "(1, 2)", "3", "ab" * 16, ("cd" * 16,))
+        failed = StepRecord(run_id, _id(), None, "conformance:step", "failed", 1, 1, 1001.0,
+                            1001.5, "ValueError('bad')", "", "(3,)")
+        ran = _step(run_id, 0, attempt=2, step_id=failed.step_id)
+        store.append_steps([(cached, b"cached"), (failed, None)])
+        store.append_steps([(ran, b"ran"), (_step(run_id, 1, attempt=2,
+                                                  step_id=cached.step_id), b"again")])
+        store.append_steps([(_replayed(run_id, 0, 3), None)])
+        other = _step(_id(), 0, step_id=cached.step_id)
+        store.append_steps([(other, b"another run")])
+        only_failed = _id()
+        store.append_steps([(StepRecord(run_id, only_failed, None, "conformance:step",
+                                        "failed", 2, 2, 1002.0, 1002.5, "E()"), None)])
+        assert store.finished_steps(run_id, [cached.step_id, failed.step_id, only_failed,
+                                             _id()]) == {cached.step_id: cached,
+                                                         failed.step_id: ran}
+        assert store.finished_steps(run_id, []) == {}
+        assert store.finished_steps(_id(), [cached.step_id]) == {}
+
     def test_steps_are_read_a_page_at_a_time_and_counted(self, store: Store) -> None:
         """``page_steps`` returns an attempt's records in call order after a position, at
         most ``limit`` of them (replayed steps included), and ``count_steps`` counts the

@@ -333,6 +333,24 @@ class StepJournal(DiskBase):
                     rows = sorted(rows + older)[:None if limit < 0 else limit]
         return [row[1:] for row in rows]
 
+    def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
+        """See :meth:`durably.store.Journal.finished_steps`: each step's first finished
+        record, found by its sid (one indexed query a step).
+
+        Raises:
+            CorruptJournalError: a row found is garbage.
+        """
+        found: dict[str, StepRecord] = {}
+        with self.snapshot():
+            for step in dict.fromkeys(step_ids):
+                rows = self._step_rows(STEP_COLS, run_id, step, 1)
+                if rows:
+                    bad = garbage(rows[0], STEP_TYPES)
+                    if bad:
+                        raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
+                    found[step] = step_from_row(rows[0])
+        return found
+
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         """The parent (``parent_id``) of each of these steps of the run that has a record,
         whatever its status; found by sid (and among rows without one)."""

@@ -612,6 +612,19 @@ class PostgresStore(Connections, Store):
         """See :meth:`durably.store.Journal.count_steps` (:mod:`.paged`: an aggregate)."""
         return paged.count_steps(self, run_id, attempt)
 
+    def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
+        """See :meth:`durably.store.Journal.finished_steps` (one query for them all)."""
+        wanted = list(dict.fromkeys(step_ids))
+        if not wanted:
+            return {}
+        cols = ", ".join(_STEP_COLS[:-2])
+        rows = self._read("read steps", self._sql(
+            f"SELECT DISTINCT ON (step_id) {cols} FROM {{s}}.steps WHERE run_id = %s "
+            "AND step_id = ANY(%s) AND status IN ('ran', 'cached') "
+            "ORDER BY step_id, attempt, position, seq"), (run_id, wanted))
+        return {row[1]: StepRecord(*row[:14], _undigests(row[14]),  # type: ignore[call-arg]
+                                   _undigests(row[15]), row[16] or 0.0) for row in rows}
+
     def parents_of(self, run_id: str, step_ids: Iterable[str]) -> dict[str, str | None]:
         rows = self._read("read steps", self._sql(
             "SELECT DISTINCT ON (step_id) step_id, parent_id FROM {s}.steps WHERE run_id = %s "
