@@ -94,7 +94,28 @@ def open_run(store: durably.Store, run_id: str) -> dict[str, float]:
         runs_s, runs = cpu(lambda: client.get("/api/runs"))
         if runs.status_code != 200:
             raise AssertionError(f"/api/runs: {runs.status_code}")
-    return {"page": page_s, "next": next_s, "runs": runs_s}
+        pages = {}
+        for number in (1, 100):  # (page 100 of 500 checkpoints: the 50,000th from the end)
+            pages[number], history = cpu(
+                lambda n=number: client.get(f"/runs/{run_id}/history?page={n}"))
+            if history.status_code != 200 or 'name="at"' not in history.text:
+                raise AssertionError(f"/runs/{run_id}/history?page={number}: "
+                                     f"{history.status_code}")
+    return {"page": page_s, "next": next_s, "runs": runs_s, "history 1": pages[1],
+            "history 100": pages[100]}
+
+
+def fork_at(store: durably.Store, run_id: str, newest: int) -> float:
+    """CPU seconds of the dashboard's Fork at the ``newest``-th checkpoint from the end (what
+    the Fork button of history page 100 posts): the fork's steps copied, not executed."""
+    from durably._runtime.history import NO_UPDATE, make_fork
+    from durably._ui.queries import safe_load
+
+    source = store.find_run(run_id)
+    assert source is not None
+    (at,) = durably.get_run(run_id, store=store).history(offset=newest, limit=1)
+    seconds, _ = cpu(lambda: make_fork(store, source, at.id, NO_UPDATE, load=safe_load))
+    return seconds
 
 
 def main() -> None:
@@ -116,7 +137,9 @@ def main() -> None:
             samples = [open_run(store, run_id) for _ in range(opts.repeat)]
             for key, what, limit in (("page", "run page", 1.0),
                                      ("next", "next page of steps", 1.0),
-                                     ("runs", "runs table rows, all three runs (/api/runs)", None)):
+                                     ("runs", "runs table rows, all three runs (/api/runs)", None),
+                                     ("history 1", "history page 1", 1.0),
+                                     ("history 100", "history page 100", 1.0)):
                 row: dict[str, Any] = {
                     "measure": f"{shape}, {opts.steps:,} steps: {what} (CPU)",
                     "durably_s": statistics.median(s[key] for s in samples),
@@ -125,6 +148,12 @@ def main() -> None:
                 if limit:
                     row.update(limit=limit, on="durably_s", op="<=")
                 rows.append(row)
+        if opts.steps > 50_000:  # (after the pages: the forks are runs of the store too)
+            rows.append({"measure": f"first attempt, {opts.steps:,} steps: a fork at the "
+                                    "50,000th checkpoint from the end (CPU; 50,000 steps "
+                                    "copied)",
+                         "durably_s": fork_at(store, runs["first attempt"], 50_000),
+                         "other_s": None, "ratio": None, "target": "(info)"})
         durably.configure(store=None)
     report("ui", rows, steps=opts.steps)
 

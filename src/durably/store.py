@@ -323,6 +323,22 @@ class Journal(abc.ABC):
             by_status[s.status] = by_status.get(s.status, 0) + 1
         return counts
 
+    def step_outline(self, run_id: str) -> list[tuple[str, str, str, float]]:
+        """``(step_id, task, status, ended)`` of each of the run's records whose status is
+        ``ran``, ``cached`` or ``interrupted``, in call order (attempt, then position): what
+        the run's history (:meth:`durably.Run.history`) is ordered and counted by, without
+        the records' inputs and outputs, which a page of it reads for the checkpoints it
+        shows only (:meth:`finished_steps`). Default: from :meth:`list_steps`; a backend
+        overrides it with a query of these columns.
+
+        Example:
+            >>> from durably.testing import MemoryStore
+            >>> MemoryStore().step_outline("no-such-run")
+            []
+        """
+        return [(s.step_id, s.task, s.status, s.ended) for s in self.list_steps(run_id)
+                if s.status in ("ran", "cached", "interrupted")]
+
     def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
         """The record that finished each of these steps of the run (its first ``ran`` or
         ``cached`` record, of any attempt: for a fork, the one copied from its source), for

@@ -22,7 +22,8 @@ from durably._trace.tracer import short_repr
 from durably.exceptions import DefinitionError, NotFoundError, RunStateError
 from durably.store import Store
 
-__all__ = ["Checkpoint", "checkpoints", "find_checkpoint", "make_fork", "unused_update"]
+__all__ = ["Checkpoint", "checkpoints", "find_checkpoint", "history_page", "make_fork",
+           "unused_update"]
 
 NO_UPDATE: Any = object()
 
@@ -56,39 +57,96 @@ class Checkpoint:
     step_id: str | None = None
 
 
-def checkpoints(store: Store, run: RunRecord, load: Callable[[bytes], Any] = _serde.loads
-                ) -> list[Checkpoint]:
-    """The run's checkpoints, oldest first; an interrupt's payload and answer are unpickled
-    by ``load`` (the dashboard's loader imports nothing)."""
-    points: list[tuple[float, int, Checkpoint]] = []
+#: a checkpoint before it is read whole: its time, its order among those of the same time,
+#: its id, its task, and for an interrupt its event (None for a step)
+_Point = tuple[float, int, str, str, "EventRecord | None"]
+
+
+def _points(store: Store, run: RunRecord) -> list[_Point]:
+    """The run's checkpoints, oldest first, as read from its outline
+    (:meth:`~durably.store.Journal.step_outline`) and its interrupt events: no step's
+    output read, no payload unpickled."""
+    points: list[_Point] = []
     seen: set[str] = set()
-    for order, s in enumerate(store.list_steps(run.run_id)):
-        if s.status in ("ran", "cached") and s.step_id not in seen:
-            seen.add(s.step_id)
-            points.append((s.ended, order, Checkpoint(s.step_id, "step", s.task, s.ended,
-                                                      s.output, step_id=s.step_id)))
+    tasks: dict[str, str] = {}
+    for order, (step_id, task, status, ended) in enumerate(store.step_outline(run.run_id)):
+        tasks[step_id] = task
+        if status != "interrupted" and step_id not in seen:
+            seen.add(step_id)
+            points.append((ended, order, step_id, task, None))
     events = store.list_events(run.run_id, ("interrupt", "answer"))
-    answers = {e.key: e.data for e in events if e.kind == "answer"}
-    tasks = {s.step_id: s.task for s in store.list_steps(run.run_id)}
     raised: set[str] = set()
     for order, e in enumerate(events):
         if e.kind != "interrupt" or e.key in raised:
             continue
         raised.add(e.key)
-        answer = answers.get(e.key)
-        points.append((e.time, -1_000_000 + order, Checkpoint(
-            e.key, "interrupt", tasks.get(e.step_id, "") if e.step_id else run.name, e.time,
-            _short_loaded(e.data, load),
-            None if answer is None else _short_loaded(answer, load),
-            step_id=e.step_id)))
+        points.append((e.time, -1_000_000 + order, e.key,
+                       tasks.get(e.step_id, "") if e.step_id else run.name, e))
     points.sort(key=lambda p: (p[0], p[1]))
-    result = []
-    done = 0
-    for _, _, cp in points:
-        if cp.kind == "step":
-            done += 1
-        result.append(dataclasses.replace(cp, steps_done=done))
-    return result
+    return points
+
+
+def _read_points(store: Store, run: RunRecord, points: list[_Point], done: list[int],
+                 load: Callable[[bytes], Any]) -> list[Checkpoint]:
+    """The checkpoints of ``points`` read whole: a step's state from the record that
+    finished it (read for these steps only, unless they are many: then the journal whole,
+    in one read), an interrupt's payload and answer unpickled by ``load``; ``done``: the
+    steps finished at each."""
+    steps = [p[2] for p in points if p[4] is None]
+    if len(steps) > 1_000:
+        outputs: dict[str, str | None] = {}
+        for s in store.list_steps(run.run_id):
+            if s.status in ("ran", "cached"):
+                outputs.setdefault(s.step_id, s.output)
+    else:
+        outputs = {k: r.output for k, r in store.finished_steps(run.run_id, steps).items()}
+    answers: dict[str, bytes | None] = {}
+    if any(p[4] is not None for p in points):
+        answers = {e.key: e.data for e in store.list_events(run.run_id, ("answer",))}
+    found = []
+    for (time, _, key, task, event), n in zip(points, done, strict=True):
+        if event is None:
+            found.append(Checkpoint(key, "step", task, time, outputs.get(key), steps_done=n,
+                                    step_id=key))
+            continue
+        answer = answers.get(key)
+        found.append(Checkpoint(key, "interrupt", task, time, _short_loaded(event.data, load),
+                                None if answer is None else _short_loaded(answer, load),
+                                steps_done=n, step_id=event.step_id))
+    return found
+
+
+def _steps_done(points: list[_Point]) -> list[int]:
+    """How many steps had finished at each point (counted from the first)."""
+    done, count = [], 0
+    for p in points:
+        count += p[4] is None
+        done.append(count)
+    return done
+
+
+def checkpoints(store: Store, run: RunRecord, load: Callable[[bytes], Any] = _serde.loads
+                ) -> list[Checkpoint]:
+    """The run's checkpoints, oldest first; an interrupt's payload and answer are unpickled
+    by ``load`` (the dashboard's loader imports nothing)."""
+    points = _points(store, run)
+    return _read_points(store, run, points, _steps_done(points), load)
+
+
+def history_page(store: Store, run: RunRecord, offset: int, limit: int | None,
+                 load: Callable[[bytes], Any] = _serde.loads) -> tuple[list[Checkpoint], int]:
+    """The run's checkpoints newest first from the ``offset``-th (0: the newest), at most
+    ``limit`` of them (None: all), and how many it has: the same entries as
+    ``checkpoints(...)[::-1][offset:offset + limit]``, the states read for these only (the
+    others are ordered by the run's outline, :meth:`~durably.store.Journal.step_outline`)."""
+    points = _points(store, run)
+    done = _steps_done(points)
+    total = len(points)
+    hi = total - offset
+    lo = 0 if limit is None else max(0, hi - limit)
+    if hi <= 0:
+        return [], total
+    return _read_points(store, run, points[lo:hi], done[lo:hi], load)[::-1], total
 
 
 def _short_loaded(data: bytes | None, load: Callable[[bytes], Any]) -> str | None:
@@ -182,7 +240,10 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
         store.append_events([EventRecord(fork_id, "forked", t, 0, None,
                                          f"{source.run_id}@", _forked_data(store, source, load))])
         return fork_id
-    points = checkpoints(store, source, load)
+    # the checkpoints without their states (a fork at a checkpoint reads what it copies)
+    points = [Checkpoint(key, "step" if event is None else "interrupt", task, time, None,
+                         step_id=key if event is None else event.step_id)
+              for time, _, key, task, event in _points(store, source)]
     index = find_checkpoint(points, at, source.run_id)
     target = points[index]
     if (update is not NO_UPDATE and target.kind == "step" and not graph_state
@@ -194,8 +255,12 @@ def make_fork(store: Store, source: RunRecord, at: str | None, update: Any, *,
             "replace. Fix: app.update_state(run_id, values, at=checkpoint_id) (values as a "
             "node would return them; or as_node=...), or fork without an update.")
     keep = points[: index + 1] if target.kind == "step" else points[:index]
-    records = {s.step_id: s for s in reversed(store.list_steps(source.run_id))
-               if s.status in ("ran", "cached")}  # reversed: the first finished record wins
+    wanted = [cp.id for cp in keep if cp.kind == "step"]
+    if len(wanted) <= 1_000:  # (the records copied only; many: the journal in one read)
+        records = store.finished_steps(source.run_id, wanted)
+    else:
+        records = {s.step_id: s for s in reversed(store.list_steps(source.run_id))
+                   if s.status in ("ran", "cached")}  # reversed: the first finished wins
     copied: list[tuple[StepRecord, bytes | None]] = []
     answers: list[EventRecord] = []
     source_events = store.list_events(source.run_id, ("interrupt", "answer", RAISED, RETRY))

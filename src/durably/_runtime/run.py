@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from durably._keys import serde as _serde
 from durably._runtime.config import StoreLike, default_store
-from durably._runtime.history import Checkpoint, checkpoints, recorded_script
+from durably._runtime.history import Checkpoint, checkpoints, history_page, recorded_script
 from durably._runtime.interrupt import Interrupt, pending_interrupts
 from durably._runtime.keep import kept_steps, rerun_after_code_change
 from durably._store.records import RunRecord, StepRecord
@@ -181,11 +181,22 @@ class Run(Generic[R]):
         """Every step record of every attempt, in order (attempt, then position)."""
         return self._store.list_steps(self.id)
 
-    def history(self) -> list[Checkpoint]:
+    def history(self, *, offset: int = 0, limit: int | None = None) -> list[Checkpoint]:
         """The run's checkpoints, newest first: one per step it finished (ran or cached)
         and one per ``interrupt()``. Each has an ``id`` to fork from
         (``durably.fork(run.id, at=checkpoint.id)``), the task, the time, and a view of the
         state there (the step's result or the interrupt's payload and answer).
+
+        Args:
+            offset: Skip this many of the newest checkpoints (0: from the newest).
+            limit: At most this many checkpoints. Default: all. A page
+                (``history(offset=500, limit=500)``: the same entries as
+                ``history()[500:1000]``) reads the states of its checkpoints only: a
+                100,000-step run's page takes a fraction of a second.
+
+        Raises:
+            DefinitionError: ``offset`` is not an int >= 0, or ``limit`` not an int >= 0
+                or None.
 
         Example:
             >>> import durably, tempfile
@@ -197,8 +208,19 @@ class Run(Generic[R]):
             ...     return add(add(1, 2), n)
             >>> [(c.kind, c.task, c.state) for c in total.run(10).history()]
             [('step', 'add', '13'), ('step', 'add', '3')]
+            >>> [c.state for c in total.run(10).history(offset=1, limit=1)]  # a page
+            ['3']
         """
-        return checkpoints(self._store, self._record)[::-1]
+        for name, value in (("offset", offset), ("limit", limit)):
+            if (value is not None or name == "offset") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise DefinitionError(
+                    f"run.history({name}={value!r}): {name} is a number of checkpoints (an "
+                    f"int, 0 or more{'' if name == 'offset' else ', or None for all'}). Fix: "
+                    "run.history(offset=500, limit=500) for the second page of 500.")
+        if offset == 0 and limit is None:
+            return checkpoints(self._store, self._record)[::-1]
+        return history_page(self._store, self._record, offset, limit)[0]
 
     @property
     def interrupts(self) -> list[Interrupt]:

@@ -11,9 +11,9 @@ import ipaddress
 import json
 import secrets
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, overload
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio.to_thread
@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import durably
 from durably import render
-from durably._runtime.history import NO_UPDATE, checkpoints, make_fork
+from durably._runtime.history import NO_UPDATE, checkpoints, history_page, make_fork
 from durably._runtime.interrupt import refuse_no_answer
 from durably._store.urls import redact
 from durably._ui import pages, queries
@@ -416,6 +416,49 @@ def _history_of(store: Store, run: durably.Run[Any]) -> list[durably.Checkpoint]
         return []
 
 
+class _Window(Sequence[durably.Checkpoint]):
+    """A run's history (newest first) of which one page is read: its length is the run's
+    number of checkpoints, its items those of the page (others raise IndexError)."""
+
+    def __init__(self, page: list[durably.Checkpoint], offset: int, total: int) -> None:
+        self._page, self._offset, self._total = page, offset, total
+
+    def __len__(self) -> int:
+        return self._total
+
+    @overload
+    def __getitem__(self, index: int) -> durably.Checkpoint: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[durably.Checkpoint]: ...
+    def __getitem__(self, index: int | slice) -> durably.Checkpoint | list[durably.Checkpoint]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._total))]
+        i = index + self._total if index < 0 else index
+        if not self._offset <= i < self._offset + len(self._page):
+            raise IndexError(f"checkpoint {index} is not on the page read "
+                             f"({self._offset} to {self._offset + len(self._page) - 1})")
+        return self._page[i - self._offset]
+
+
+def _history_window(store: Store, run: durably.Run[Any], page: int, size: int
+                    ) -> Sequence[durably.Checkpoint]:
+    """Page ``page`` (0-based; past the last: the last) of ``size`` checkpoints of the run's
+    history, newest first, read alone (:func:`history_page`: the states of its checkpoints
+    only, loaded by :func:`queries.safe_load`), in a sequence as long as the history."""
+    record = store.find_run(run.id)
+    if record is None:
+        return []
+    try:
+        page = max(page, 0)
+        found, total = history_page(store, record, page * size, size, queries.safe_load)
+        if not found and total:  # (a page past the last: the last, read again)
+            page = -(-total // size) - 1
+            found, total = history_page(store, record, page * size, size, queries.safe_load)
+    except DurablyError:
+        return []
+    return _Window(found, page * size, total)
+
+
 async def _history_page(request: Request, state: _State) -> Response:
     run_id = request.path_params["run_id"]
     page = _page_number(request)
@@ -425,7 +468,8 @@ async def _history_page(request: Request, state: _State) -> Response:
             run = durably.get_run(run_id, store=state.store)
         except durably.NotFoundError:
             return None
-        return pages.history_page(_context(state), run, _history_of(state.store, run), page,
+        return pages.history_page(_context(state), run,
+                                  _history_window(state.store, run, page, HISTORY_PAGE), page,
                                   HISTORY_PAGE)
 
     text = await _blocking(read)

@@ -253,6 +253,16 @@ class JournalConformance:
                                                          failed.step_id: ran}
         assert store.finished_steps(run_id, []) == {}
         assert store.finished_steps(_id(), [cached.step_id]) == {}
+        # the outline: the ran, cached and interrupted records, in call order
+        asked = _step(run_id, 3, attempt=2, status="interrupted")
+        store.append_steps([(asked, None)])
+        assert store.step_outline(run_id) == [
+            (r.step_id, r.task, r.status, r.ended) for r in store.list_steps(run_id)
+            if r.status in ("ran", "cached", "interrupted")]
+        assert [(step, status) for step, _, status, _ in store.step_outline(run_id)] == [
+            (cached.step_id, "cached"), (failed.step_id, "ran"), (cached.step_id, "ran"),
+            (asked.step_id, "interrupted")]
+        assert store.step_outline(_id()) == []
 
     def test_steps_are_read_a_page_at_a_time_and_counted(self, store: Store) -> None:
         """``page_steps`` returns an attempt's records in call order after a position, at

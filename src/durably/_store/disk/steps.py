@@ -47,6 +47,11 @@ __all__ = ["ReadAhead", "StepJournal"]
 log = logging.getLogger("durably")
 
 
+#: the types of the columns of :meth:`StepJournal.step_outline`'s rows (step id, task, status,
+#: end), as :data:`STEP_TYPES` has them
+_OUTLINE_TYPES = (STEP_TYPES[1], STEP_TYPES[3], STEP_TYPES[4], STEP_TYPES[8])
+
+
 def _in_call_order(record: StepRecord) -> tuple[int, int]:
     return record.attempt, record.position
 
@@ -332,6 +337,23 @@ class StepJournal(DiskBase):
                 if older:  # (rare: merged in the order they were written)
                     rows = sorted(rows + older)[:None if limit < 0 else limit]
         return [row[1:] for row in rows]
+
+    def step_outline(self, run_id: str) -> list[tuple[str, str, str, float]]:
+        """See :meth:`durably.store.Journal.step_outline`: one query of four columns.
+
+        Raises:
+            CorruptJournalError: a row of the run is garbage.
+        """
+        with self._read_journal:
+            rows = self._db().execute(
+                "SELECT step_id, task, status, ended FROM steps WHERE run_id=? AND status IN "
+                "('ran', 'cached', 'interrupted') ORDER BY attempt, position, rowid",
+                (run_id,)).fetchall()
+        for row in rows:
+            bad = garbage(row, _OUTLINE_TYPES)
+            if bad:
+                raise self._corrupt(run_id, "a step row", f"the row is garbage ({bad})")
+        return [(step_id, task, status, float(ended)) for step_id, task, status, ended in rows]
 
     def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
         """See :meth:`durably.store.Journal.finished_steps`: each step's first finished

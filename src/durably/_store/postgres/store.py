@@ -612,6 +612,13 @@ class PostgresStore(Connections, Store):
         """See :meth:`durably.store.Journal.count_steps` (:mod:`.paged`: an aggregate)."""
         return paged.count_steps(self, run_id, attempt)
 
+    def step_outline(self, run_id: str) -> list[tuple[str, str, str, float]]:
+        """See :meth:`durably.store.Journal.step_outline` (one query of four columns)."""
+        rows = self._read("list steps", self._sql(
+            "SELECT step_id, task, status, ended FROM {s}.steps WHERE run_id = %s AND status "
+            "IN ('ran', 'cached', 'interrupted') ORDER BY attempt, position, seq"), (run_id,))
+        return [(row[0], row[1], row[2], row[3]) for row in rows]
+
     def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
         """See :meth:`durably.store.Journal.finished_steps` (one query for them all)."""
         wanted = list(dict.fromkeys(step_ids))
