@@ -231,6 +231,22 @@ class MemoryStore(Store):
             recs = [r for r in recs if r.attempt == attempt]
         return sorted(recs, key=lambda r: (r.attempt, r.position))
 
+    def finished_steps(self, run_id: str, step_ids: Iterable[str]) -> dict[str, StepRecord]:
+        """The record that finished each of these steps (see
+        :meth:`durably.store.Journal.finished_steps`): the run's records filtered, not
+        listed whole."""
+        wanted = set(step_ids)
+        if not wanted:
+            return {}
+        with self._lock:
+            recs = [r for r, _ in self._steps.get(run_id, ())
+                    if r.step_id in wanted and r.status in ("ran", "cached")]
+        recs.sort(key=lambda r: (r.attempt, r.position))
+        found: dict[str, StepRecord] = {}
+        for rec in recs:
+            found.setdefault(rec.step_id, rec)
+        return found
+
     def page_steps(self, run_id: str, attempt: int, *, after: int = -1,
                    limit: int = 100) -> list[StepRecord]:
         """One page of an attempt's step records in call order (see
