@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import durably
 from durably import entrypoint, render, task
+from durably._trace.producers import SOURCE, digests_only, source_token
 from tests.conftest import run_script, script_env, write_script
 
 pytestmark = pytest.mark.usefixtures("store")
@@ -260,20 +261,30 @@ def test_a_large_argument_is_encoded_once_and_its_flow_edges_are_drawn(cache: bo
     finally:
         Encoder.strings = strings  # type: ignore[method-assign]
     assert run.result == 80
-    # summarize's key (both arguments hold the list) and chat's result digest: 3 (6 before:
-    # the digest of each argument, for explain or the tracer, and the tracer's digest of
-    # the list as an element of the dict encoded them again); whether the body changed its
-    # arguments in place is told by their pickles' digests, not encoded (see _effects)
-    assert calls == [40, 40, 40]
+    # summarize's key (both arguments hold the list): 2 (6 before: the digest of each
+    # argument, for explain or the tracer, and the tracer's digest of the list as an
+    # element of the dict encoded them again, and chat's result was digested for the
+    # tracer, which now knows it by identity: see _trace.producers); whether the body
+    # changed its arguments in place is told by their pickles' digests, not encoded (see
+    # _effects)
+    assert calls == [40, 40]
     graph = run.graph()
-    # the list, whole and in the dict, is chat's result; one of its elements is last's
-    assert sorted(_edges(graph)) == [("chat", "summarize"), ("last", "summarize")]
+    # the list, whole and in the dict, is chat's result; last returned a string equal to
+    # one of its elements, but not that string, and its result was never passed on: no
+    # edge (a flow is the object a step returned, not a value equal to it)
+    assert sorted(_edges(graph)) == [("chat", "summarize")]
     step = next(r for r in run.steps if _n(r.task) == "summarize")
     messages = chat(40)
     arguments = {"messages": messages, "state": {"messages": messages, "n": 40}}
     whole = digest_each(arguments)
     elements = [trace_digest(m) for m in messages] + [trace_digest(messages), trace_digest(40)]
-    assert sorted(step.input_digests) == sorted([whole["messages"], whole["state"], *elements])
+    assert sorted(digests_only(step.input_digests)) == sorted(
+        [whole["messages"], whole["state"], *elements])
+    # and the steps that produced them, by identity: the list (whole, and in the dict) and
+    # the elements chat returned
+    chat_id = next(r.step_id for r in run.steps if _n(r.task) == "chat")
+    named = [d for d in step.input_digests if d.startswith(SOURCE)]
+    assert named == [source_token(chat_id)] * (2 + 40)
 
 
 def test_values_too_common_to_mean_a_flow_are_left_out_of_cache_false_steps() -> None:
@@ -905,10 +916,13 @@ def test_a_step_given_an_element_of_an_earlier_result_draws_a_fan_out_edge() -> 
 
     run = etl.run(4)
     by_id = {s.step_id: _n(s.task) for s in run.steps}
+    # the results are known by identity (see _trace.producers): the step given one of their
+    # elements names the step that returned it; no digest of a result is taken
     loaded = next(s for s in run.steps if _n(s.task) == "load")
-    assert loaded.output_digests == tuple(trace_digest(r)[:16] for r in load(4))
-    tupled = next(s for s in run.steps if _n(s.task) == "pair")
-    assert tupled.output_digests == (trace_digest("a long name")[:16], "", "")
+    assert (loaded.result_digest, loaded.output_digests) == ("", ())
+    first = next(s for s in run.steps if _n(s.task) == "process")
+    assert source_token(loaded.step_id) in first.input_digests
+    assert trace_digest(load(4)[0]) in first.input_digests  # (and its digest, as before)
 
     def fan_out(graph: Any) -> dict[str, list[str]]:
         found: dict[str, list[str]] = {}
@@ -1047,8 +1061,8 @@ def test_a_large_result_keeps_the_digests_of_its_first_elements() -> None:
 
     run = many.run(MAX_RESULT_ELEMENTS + 500)
     produced = next(s for s in run.steps if _n(s.task) == "rows")
-    assert len(produced.output_digests) == MAX_RESULT_ELEMENTS
-    assert all(len(d) == 16 for d in produced.output_digests)
+    given = [s.input_digests for s in run.steps if _n(s.task) == "handle"]
+    assert [source_token(produced.step_id) in d for d in given] == [True, False]
     handles = [s.step_id for s in run.steps if _n(s.task) == "handle"]
     assert [e.target for e in run.graph().edges] == handles[:1]  # the first row's step
 
@@ -1198,3 +1212,99 @@ def test_a_collapsed_nested_fan_out_counts_every_call_it_stands_for(store: Any) 
     inner = [n for n in expanded.nodes if n.task == _n("_leaf")]
     assert [n.count for n in inner] == [8] * 5
     assert sum(n.statuses.get("failed", 0) for n in inner) == truth["failed"]
+
+
+# -- data flow by identity (_trace.producers) ------------------------------------------------
+def test_a_result_from_an_earlier_attempt_flows_into_a_step_executed_after_resume() -> None:
+    """A step replayed on resume is known as the source of what it returned: the step that
+    executes after the crash and is given it draws the edge; an equal copy draws none."""
+    failing = {"on": True}
+
+    @task
+    def load_r(n: int) -> list[dict[str, int]]:
+        return [{"row": i} for i in range(n)]
+
+    @task
+    def passed_on(rows: list[dict[str, int]]) -> list[dict[str, int]]:
+        return rows
+
+    @task
+    def count_r(rows: list[dict[str, int]], copy: list[dict[str, int]]) -> int:
+        return len(rows) + len(copy)
+
+    @entrypoint
+    def job_r(n: int) -> int:
+        rows = load_r(n)
+        if failing["on"]:
+            raise RuntimeError("crash after load_r")
+        return count_r(passed_on(rows), [dict(r) for r in rows])
+
+    with pytest.raises(RuntimeError):
+        job_r.run(3, run_id="resumed-flow")
+    failing["on"] = False
+    run = job_r.run(3, run_id="resumed-flow")
+    assert run.counts()["replayed"] == 1
+    by_id = {s.step_id: _n(s.task) for s in run.steps}
+    edges = sorted((by_id[e.source], by_id[e.target]) for e in run.graph().edges)
+    # passed_on returned the list it was given: it is count_r's source, not load_r; the
+    # copy's rows are other objects (equal ones): no edge from them
+    assert edges == [("load_r", "passed_on"), ("passed_on", "count_r")]
+    assert sorted(
+        (by_id[e.source], by_id[e.target]) for e in durably.get_run(run.id).graph().edges
+    ) == edges
+
+
+def test_the_flow_record_lets_go_of_results_nothing_else_holds() -> None:
+    """A run whose steps' results are dropped as it goes does not keep them alive for its
+    edges: the record of producers holds about twice the results still in use at most; and
+    an object made where a dropped result was (its id reused) draws no edge."""
+    from durably._runtime.context import current_run
+
+    @task
+    def make(i: int) -> list[int]:
+        return [i, i * 1000 + 100_003]
+
+    @task
+    def use(values: list[int]) -> int:
+        return len(values)
+
+    held: list[int] = []
+
+    @entrypoint
+    def churn(n: int) -> int:
+        ctx = current_run.get()
+        assert ctx is not None
+        kept = make(-1)
+        for i in range(n):
+            make(i)  # (dropped at once)
+            held.append(len(ctx.producers._by_id))
+        return use(kept) + use([5, 6 * 1000])  # (a new list, made after the others died)
+
+    run = churn.run(6000)
+    assert run.result == 4
+    assert max(held) <= 2 * 1024 + 4  # (not 3 objects for each of the 6,000 steps)
+    by_id = {s.step_id: (_n(s.task), s.inputs) for s in run.steps}
+    assert [(by_id[e.source][0], by_id[e.target]) for e in run.graph(collapse=None).edges] \
+        == [("make", ("use", "values=[-1, 99003]"))]
+
+
+def test_an_object_whose_id_is_reused_after_it_was_let_go_draws_no_edge() -> None:
+    """The record holds each object it names (so its id cannot be reused meanwhile) and
+    names it only while that very object is given (``is``)."""
+    import gc
+
+    from durably._trace.producers import Producers
+
+    p = Producers()
+    made = [[f"row {i}", 10**6 + i] for i in range(50)]
+    ids = {id(x) for x in made}
+    for x in made:
+        p.returned(x, "producer")
+    del made, x
+    gc.collect()
+    p._sweep()
+    p._sweep()  # (the elements go once the lists that held them are gone)
+    assert p._by_id == {}
+    again = [[f"row {i}", 10**6 + i] for i in range(200)]  # (CPython reuses the memory)
+    assert {id(x) for x in again} & ids  # an id reused: the case this test is about
+    assert p.sources({"values": again}) == ()

@@ -40,7 +40,6 @@ from durably._keys.hashing import (
     digest_each,
     encode_arguments,
     encode_positional,
-    trace_digests,
 )
 from durably._keys.revalidate import Fingerprint
 from durably._runtime.config import default_store
@@ -352,6 +351,7 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             ctx.spent.add(step_id)
             if parent is not None:
                 ctx.uncacheable.add(parent)
+        ctx.producers.returned(value, step_id)  # (a later step given it draws an edge)
         if noted is not None:
             if noted.due:  # (as many replay ranges as an attempt buffers)
                 ctx.flush()
@@ -494,9 +494,9 @@ def serve_cached(call: Call, data: bytes, saved: float = 0.0) -> Any:
         value = restored(call.spec.name, value, call.arguments or {}, call.spec)
     ctx = call.ctx
     if ctx is not None:
-        record = call.record("cached", None, short_repr(value), *trace_digests(value),
-                             saved)
+        record = call.record("cached", None, short_repr(value), saved=saved)
         ctx.note_cached(record, data)
+        ctx.producers.returned(value, call.step_id)  # (a later step given it draws an edge)
         if ctx.listener is not None:
             ctx.emit(call.event("step_finished", record))
     return value

@@ -19,6 +19,7 @@ import xxhash
 from durably._keys.origin import PACKAGE_DIR
 from durably._store.lease import RENEW_SECONDS, Owner, _pid
 from durably._store.records import KeyRecord, Replay, ReplayRange, StepRecord
+from durably._trace.producers import Producers
 from durably.exceptions import RunStateError
 from durably.store import ReadAhead, Store
 
@@ -98,6 +99,7 @@ class RunContext:
         "past_journal",
         "pid",
         "positions",
+        "producers",
         "raised",
         "read_cache",
         "renew_at",
@@ -183,6 +185,9 @@ class RunContext:
         #: held while a step's "started" row is journaled (reentrant: a task called from a
         #: signal handler meanwhile does not wait for itself)
         self.marking = threading.RLock()
+        #: the objects this attempt's steps returned, with the step that returned each:
+        #: the data-flow edges of its graph (see durably._trace.producers)
+        self.producers = Producers()
         #: False for the first attempt of a fork: steps after the checkpoint execute again
         self.read_cache = read_cache
         #: keep_finished=True: the steps it may keep from older code (a keep.Keeper)

@@ -244,6 +244,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
     no such answer."""
     from durably._keys.hashing import trace_digest
     from durably._store.records import EventRecord, now
+    from durably._trace.producers import digests_only
 
     call = ctx.executing(step)
     if call is None or not call.spec.cache:
@@ -277,7 +278,7 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
         if parent is None:
             return None
         r = interrupted.get((attempt, parent))  # (it unwound with the question)
-        return object() if r is None else (r.task, tuple(r.input_digests))
+        return object() if r is None else (r.task, digests_only(r.input_digests))
 
     here: Any = None
     if call.parent is not None:
@@ -292,7 +293,8 @@ def _answer_of_a_changed_step(ctx: Any, interrupt_id: str, step: str | None,
         # the same task and inputs, its caller the same task and inputs (not the same step
         # ids: an edit moves those), and an answer not spent by a replay in this attempt
         if (old is not None and not spent(e.step_id)
-                and (old.task, tuple(old.input_digests)) == (call.spec.name, tuple(call.flow))
+                and (old.task, digests_only(old.input_digests)) == (call.spec.name,
+                                                                    tuple(call.flow))
                 and caller(old.parent_id, e.attempt) == here):
             found.append(e.key)
     if not found:

@@ -46,10 +46,11 @@ from typing import Any
 
 import xxhash
 
-from durably._keys.hashing import digest_each, trace_digests
+from durably._keys.hashing import digest_each
 from durably._runtime.spec import Spec
 from durably._runtime.step import Call, _load
 from durably._store.records import FINISHED_STEP, RunRecord, StepRecord
+from durably._trace.producers import digests_only
 from durably._trace.tracer import flow_digests, inputs_repr, short_repr
 from durably.store import Store
 
@@ -108,7 +109,7 @@ class Keeper:
                     if found.get(s.step_id) not in FINISHED_STEP:
                         found[s.step_id] = s.status
                     if s.status == "started" and s.cache_key:
-                        what = (s.task, s.parent_id, s.inputs, s.input_digests)
+                        what = (s.task, s.parent_id, s.inputs, digests_only(s.input_digests))
                         self._unfinished.setdefault(what, []).append(s.step_id)
                         self._parents.add((s.task, s.parent_id))
                     if s.cache_key:
@@ -205,8 +206,9 @@ class Keeper:
         call.key = old_key  # (the record names the key its result was computed under)
         note = (f"{KEPT}finished under older code (step {old_id}); replayed with "
                 "keep_finished=True")
-        record = call.record("cached", note, short_repr(value), *trace_digests(value))
+        record = call.record("cached", note, short_repr(value))
         ctx.note_cached(record, data)
+        ctx.producers.returned(value, call.step_id)  # (a later step given it draws an edge)
         with self._lock:
             self.kept += 1
         if ctx.listener is not None:
@@ -242,12 +244,12 @@ def rerun_after_code_change(store: Store, record: RunRecord) -> int:
         if s.attempt < attempt and s.status in FINISHED_STEP:
             if s.step_id not in finished:
                 finished.add(s.step_id)
-                before[(s.task, s.inputs, s.input_digests)] += 1
+                before[(s.task, s.inputs, digests_only(s.input_digests))] += 1
         elif s.attempt == attempt and s.status == "ran" and s.cache_key:
             ran.append(s)
     count = 0
     for s in ran:
-        what = (s.task, s.inputs, s.input_digests)
+        what = (s.task, s.inputs, digests_only(s.input_digests))
         if s.step_id not in finished and s.inputs is not None and before[what] > 0:
             before[what] -= 1
             count += 1

@@ -18,7 +18,6 @@ from typing import Any
 from durably._keys import layouts as _layouts
 from durably._keys import serde as _serde
 from durably._keys.files import File, file_stamp
-from durably._keys.hashing import trace_digests
 from durably._keys.layouts import Storage
 from durably._runtime.context import RunContext, current_step
 from durably._runtime.context import user_stacklevel as _user_stacklevel
@@ -29,6 +28,7 @@ from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.spec import Spec
 from durably._store.lease import _pid
 from durably._store.records import StepRecord, now
+from durably._trace.producers import source_token
 from durably._trace.tracer import Event, flow_digests, inputs_repr, short_repr
 from durably.exceptions import DefinitionError, SerializationError
 from durably.store import Store, value_bytes
@@ -144,6 +144,7 @@ class Call:
         "path",
         "path_head",
         "position",
+        "sources",
         "spec",
         "started",
         "step_id",
@@ -168,6 +169,9 @@ class Call:
         self.token: Any = None
         self.args_repr: str | None = None  # tracer: short repr of the arguments
         self.flow: tuple[str, ...] = ()  # tracer: digests a producing step's result may match
+        #: tracer: the steps that produced its arguments (see durably._trace.producers), as
+        #: entries of its record's input_digests
+        self.sources: tuple[str, ...] = ()
         self.ended: float | None = None  # when the body ended, if it ran elsewhere (a fan-out)
         #: what its call path is made of (see call_path): its input digest and its
         #: occurrence (its task's identity is its spec's); None outside a run
@@ -202,7 +206,8 @@ class Call:
             ctx.run_id, self.step_id, self.parent, self.spec.name, status, ctx.attempt,
             self.position, self.started, self.ended if self.ended is not None else now(),
             error, self.key if self.spec.cache else "",
-            self.args_repr, output, result_digest, self.flow, output_digests, saved,
+            self.args_repr, output, result_digest,
+            self.flow + self.sources if self.sources else self.flow, output_digests, saved,
         )
 
     def trace_inputs(self, arguments: dict[str, Any], each: dict[str, str] | None = None,
@@ -213,6 +218,11 @@ class Call:
         if self.args_repr is None:  # a listener may have taken it already
             self.args_repr = inputs_repr(arguments)
         self.flow = flow_digests(arguments, self.inputs or each or None, taken)
+        ctx = self.ctx
+        if ctx is not None:
+            found = ctx.producers.sources(arguments)
+            if found:
+                self.sources = tuple(source_token(s) for s in found)
 
     def event(self, kind: str, record: StepRecord | None = None, **fields: Any) -> Event:
         ctx = self.ctx
@@ -332,7 +342,7 @@ class Call:
                     self.key, self.inputs, self.code or None, self.classes,
                     now() - self.started))
             return result
-        record = self.record("ran", None, short_repr(result), *trace_digests(result))
+        record = self.record("ran", None, short_repr(result))
         cacheable = spec.cache and not spec.changed_in_place() and not self.files_changed() \
             and not (_UNLOADABLE and self.key in _UNLOADABLE and not _loads_back(self.key, data))
         if ctx.uncacheable and self.step_id in ctx.uncacheable:
@@ -360,6 +370,7 @@ class Call:
                 ctx.cache_later(self.key, data, info)
         ctx.journal([(record, data)])
         ctx.count("ran")
+        ctx.producers.returned(result, self.step_id)  # (a later step given it draws an edge)
         if ctx.listener is not None:
             ctx.emit(self.event("step_finished", record))
         return result

@@ -37,14 +37,17 @@ class StepRecord:
         inputs: Short ``repr`` of the arguments (at most a few hundred characters), for
             steps that ran or were served from the cache; else None.
         output: Short ``repr`` of the result, likewise.
-        result_digest: Digest of the result (32 hex characters), or "" when the result
-            cannot be digested or carries no information (None, True, False).
+        result_digest: Digest of the result (32 hex characters) as older versions
+            recorded it for the run graph's data-flow edges; "" in records journaled now
+            (a result is known by identity: see ``input_digests``) and when the result
+            carries no information (None, True, False).
         input_digests: Digests of the arguments and of the elements of list, tuple and
-            dict arguments: a later step whose argument digest equals an earlier step's
-            result digest received that result (a data-flow edge of the run graph).
-        output_digests: Digests of the elements of a list, tuple or dict result (its
-            values; "" for one too common to mean a flow), else empty: a later step given
-            one of them received a part of this result (a fan-out edge).
+            dict arguments; then, for each of those that is an object an earlier step of
+            the attempt returned (or an element of its result), ``"@"`` and that step's
+            id: a data-flow edge of the run graph. (Older records: a later step whose
+            argument digest equals an earlier step's result digest received that result.)
+        output_digests: Digests of the elements of a list, tuple or dict result, as older
+            versions recorded them (a fan-out edge); empty in records journaled now.
         saved: For a step served from the cross-run cache (``"cached"``): seconds the
             execution that produced its entry took (its body's wall clock, as that step's
             ``started``/``ended`` measured it: :attr:`KeyRecord.duration`), the time the

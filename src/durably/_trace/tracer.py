@@ -13,8 +13,10 @@ back by another process, a crashed run, or a finished one:
 
 - nodes are steps; a step called inside another step's body is nested in it (``parent``);
 - a data-flow edge goes from step A to a later step B when an argument of B, or an element of
-  a list, tuple or dict argument of B, has the same digest as A's result or as an element
-  of A's list, tuple or dict result (a fan-out);
+  a list, tuple or dict argument of B, is the object A returned or an element of A's list,
+  tuple or dict result (a fan-out): B's journal row names A (see
+  :mod:`durably._trace.producers`); rows of older journals recorded digests of results,
+  matched by digest;
 - more than ``collapse`` calls of one task under one parent draw as one node
   ``parse ×1,200`` with counts per status.
 """
@@ -30,6 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from durably._keys.hashing import MAX_FLOW_ELEMENTS, trace_digest
+from durably._trace.producers import SOURCE
 from durably._trace.spans import wall_span
 
 _SHORT = 16  # hex digits of a digest compared for a data-flow edge
@@ -445,8 +448,15 @@ def build_graph(run_id: str, name: str, status: str, attempt: int,
                 returned(*item)
             returning = waiting
         digests = s.input_digests or origin.input_digests
-        for d, times in collections.Counter(d[:_SHORT] for d in digests).items():
-            for source in producers.get(d, ())[-times:]:
+        for d, times in collections.Counter(
+                d if d[:1] == SOURCE else d[:_SHORT] for d in digests).items():
+            if d[:1] == SOURCE:  # the step that produced it, named (see _trace.producers)
+                named = [d[1:]] if d[1:] in parent_of else []
+            elif d in producers:
+                named = producers[d][-times:]
+            else:
+                continue
+            for source in named:
                 if source != s.step_id and (source, s.step_id) not in seen:
                     seen.add((source, s.step_id))
                     edges.append(Edge(source, s.step_id))

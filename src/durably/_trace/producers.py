@@ -1,0 +1,167 @@
+"""Which step returned an object, by the object's identity: the data-flow edges of a run's
+graph, found as its steps are called instead of by digesting every result.
+
+A step's result (and each element of a list, tuple or dict result: ``a, b = step()``, or one
+row of ``rows = load()``) is noted as it returns, with the step that returned it (executed,
+served from the cache or replayed). A later step given that very object as an argument, or
+as an element of a list, tuple or dict argument, received it: its journal row names the
+producing step (:func:`source_token`), and the run graph draws the edge from that name
+(:func:`durably._trace.tracer.build_graph`). Of several steps returning one object (a step
+that passes its argument through), the last one is the source. A copy of a result is
+another object: no edge (the digest of a result is not taken; :func:`flow_digests
+<durably._trace.tracer.flow_digests>` still matches the digests older journals recorded).
+
+An ``id()`` is only unique among live objects, so each noted object is held (a strong
+reference: the dicts, lists and strings results are made of take no weak references) and
+matched by ``is``: an id reused by a new object never draws an edge. So that a run of
+100,000 steps does not keep every result alive for its edges, the objects held by nothing
+else but this record are let go (CPython's reference count says so) each time the record
+has doubled since the last sweep: it holds at most about twice the results still in use,
+at an amortized constant cost per step, and never decides by time. (On a Python without
+reference counts, the oldest half is let go instead once it holds ``_BOUND`` objects.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any
+
+from durably._keys.canonical import too_common
+from durably._keys.hashing import MAX_FLOW_ELEMENTS, MAX_RESULT_ELEMENTS
+
+__all__ = ["SOURCE", "Producers", "digests_only", "source_token"]
+
+#: what starts an entry of a step record's ``input_digests`` naming the step that produced
+#: one of its arguments (a digest is hexadecimal: never this)
+SOURCE = "@"
+_SWEEP_FIRST = 1024  # objects held before the first sweep
+_BOUND = 1 << 17  # objects held at most without reference counts (then the older half goes)
+_refcount = getattr(sys, "getrefcount", None)
+
+
+def source_token(step_id: str) -> str:
+    """The entry of ``input_digests`` naming the step that produced an argument.
+
+    Example:
+        >>> source_token("0" * 32)
+        '@00000000000000000000000000000000'
+    """
+    return SOURCE + step_id
+
+
+def digests_only(input_digests: tuple[str, ...]) -> tuple[str, ...]:
+    """A step record's ``input_digests`` without the entries naming producing steps: what
+    its arguments were, compared as such (an interrupt's asker, a step kept from older code)
+    whatever steps produced them (their ids follow their code).
+
+    Example:
+        >>> digests_only(("ab" * 16, source_token("0" * 32)))
+        ('abababababababababababababababab',)
+    """
+    if not any(d.startswith(SOURCE) for d in input_digests):
+        return input_digests
+    return tuple(d for d in input_digests if not d.startswith(SOURCE))
+
+
+def _held_only_here() -> int:
+    """The reference count :meth:`Producers._sweep` sees for an object nothing else holds
+    (measured as it measures it: the count depends on how the interpreter passes it)."""
+    probe = Producers()
+    probe.returned(object(), "")  # (held by the record alone)
+    return min(probe._counts())
+
+
+class Producers:
+    """The objects a run's steps returned in this attempt, each with the step that returned
+    it last (see the module's docstring).
+
+    Example:
+        >>> p = Producers()
+        >>> rows = [["a", 1], ["b", 2]]
+        >>> p.returned(rows, "load")
+        >>> first, second = rows
+        >>> p.sources({"row": second, "all": rows, "copy": list(rows)})
+        ('load', 'load', 'load', 'load', 'load', 'load')
+        >>> p.sources({"other": ["c", 3]})
+        ()
+    """
+
+    __slots__ = ("_by_id", "_sweep_at")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, str]] = {}
+        self._sweep_at = _SWEEP_FIRST
+
+    def returned(self, value: Any, step_id: str) -> None:
+        """Note that step ``step_id`` returned ``value`` (and the first
+        ``MAX_RESULT_ELEMENTS`` elements of a list or tuple, the values of a dict), except
+        values too common to mean a flow (None, booleans, small numbers, empty containers:
+        see ``too_common``)."""
+        if too_common(value):
+            return
+        by_id = self._by_id
+        by_id[id(value)] = (value, step_id)
+        t = type(value)
+        if t is dict:
+            elements: Any = value.values()
+        elif t is list or t is tuple or isinstance(value, (list, tuple)):
+            elements = value  # (a NamedTuple, a list subclass: unpacked as a tuple is)
+        else:
+            elements = None
+        if elements is not None:
+            for item in islice(elements, MAX_RESULT_ELEMENTS) if len(value) > (
+                    MAX_RESULT_ELEMENTS) else elements:
+                if not too_common(item):
+                    by_id[id(item)] = (item, step_id)
+        if len(by_id) >= self._sweep_at:
+            self._sweep()
+
+    def sources(self, arguments: Mapping[str, Any]) -> tuple[str, ...]:
+        """The steps that produced each argument, and each element of a list, tuple or dict
+        argument (of at most ``MAX_FLOW_ELEMENTS``), in order, with repeats (an object given
+        twice is two flows)."""
+        by_id = self._by_id
+        if not by_id:
+            return ()
+        found: list[str] = []
+        for value in arguments.values():
+            entry = by_id.get(id(value))
+            if entry is not None and entry[0] is value:
+                found.append(entry[1])
+            kind = type(value)
+            if kind is list or kind is tuple:
+                elements: Any = value
+            elif kind is dict:
+                elements = value.values()
+            else:
+                continue
+            if len(value) > MAX_FLOW_ELEMENTS:
+                continue
+            for element in elements:
+                entry = by_id.get(id(element))
+                if entry is not None and entry[0] is element:
+                    found.append(entry[1])
+        return tuple(found)
+
+    def _counts(self) -> list[int]:
+        """The reference count of each object held (see ``_held_only_here``)."""
+        assert _refcount is not None
+        return [_refcount(entry[0]) for entry in list(self._by_id.values())]
+
+    def _sweep(self) -> None:
+        """Let go of the objects held by nothing but this record (see the module)."""
+        by_id = self._by_id
+        if _refcount is None:
+            for key in list(islice(by_id, len(by_id) // 2 if len(by_id) >= _BOUND else 0)):
+                by_id.pop(key, None)
+        else:
+            alone = _ALONE
+            for key, entry in list(by_id.items()):
+                if _refcount(entry[0]) <= alone:
+                    by_id.pop(key, None)
+        self._sweep_at = max(_SWEEP_FIRST, 2 * len(by_id))
+
+
+_ALONE = _held_only_here() if _refcount is not None else 0
