@@ -1308,3 +1308,31 @@ def test_an_object_whose_id_is_reused_after_it_was_let_go_draws_no_edge() -> Non
     again = [[f"row {i}", 10**6 + i] for i in range(200)]  # (CPython reuses the memory)
     assert {id(x) for x in again} & ids  # an id reused: the case this test is about
     assert p.sources({"values": again}) == ()
+
+
+class _Model:
+    """A result type that takes weak references (as numpy arrays and dataframes do)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def test_a_result_that_takes_weak_references_is_never_kept_alive_for_its_edges() -> None:
+    """An object that takes weak references is noted by one: dropped by the run, it is
+    freed at once, and another object made where it was draws no edge; one still held
+    draws its edge."""
+    import weakref
+
+    from durably._trace.producers import Producers
+
+    p = Producers()
+    kept = _Model(1)
+    p.returned(kept, "fit")
+    dropped = _Model(2)
+    p.returned(dropped, "fit")
+    gone = weakref.ref(dropped)
+    del dropped
+    assert gone() is None  # (freed at once: the record held it weakly)
+    again = [_Model(i) for i in range(50)]
+    assert p.sources({"models": again}) == ()
+    assert p.sources({"model": kept, "models": [kept]}) == ("fit", "fit")

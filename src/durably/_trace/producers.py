@@ -11,19 +11,23 @@ that passes its argument through), the last one is the source. A copy of a resul
 another object: no edge (the digest of a result is not taken; :func:`flow_digests
 <durably._trace.tracer.flow_digests>` still matches the digests older journals recorded).
 
-An ``id()`` is only unique among live objects, so each noted object is held (a strong
-reference: the dicts, lists and strings results are made of take no weak references) and
-matched by ``is``: an id reused by a new object never draws an edge. So that a run of
-100,000 steps does not keep every result alive for its edges, the objects held by nothing
-else but this record are let go (CPython's reference count says so) each time the record
-has doubled since the last sweep: it holds at most about twice the results still in use,
-at an amortized constant cost per step, and never decides by time. (On a Python without
-reference counts, the oldest half is let go instead once it holds ``_BOUND`` objects.)
+An ``id()`` is only unique among live objects, so an object is matched by ``is`` with the
+object noted, never by its id alone: an id reused by a new object never draws an edge. An
+object that takes weak references (numpy arrays, dataframes, instances of the user's
+classes) is held by one, so it is never kept alive for its edges. The dicts, lists, tuples
+and strings results are made of take none: they are held, and let go once nothing else
+holds them (CPython's reference count says so): those of the step before are looked at as
+each step returns (a result dropped at once, as ``process(load())`` drops it, is let go one
+step later), and all of them each time the record has doubled since the last sweep. So it
+holds at most about twice the results still in use, at an amortized constant cost per step,
+and nothing is decided by time. (On a Python without reference counts, the oldest half of
+those held goes once there are ``_BOUND``.)
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Mapping
 from itertools import islice
 from typing import Any
@@ -66,11 +70,13 @@ def digests_only(input_digests: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _held_only_here() -> int:
-    """The reference count :meth:`Producers._sweep` sees for an object nothing else holds
+    """The reference count :meth:`Producers._let_go` sees for an object nothing else holds
     (measured as it measures it: the count depends on how the interpreter passes it)."""
     probe = Producers()
-    probe.returned(object(), "")  # (held by the record alone)
-    return min(probe._counts())
+    probe.returned([object()], "")  # (a list: held, not weakly; by the record alone)
+    by_id = probe._by_id
+    assert _refcount is not None
+    return int(min(_refcount(by_id[key][0]) for key in list(by_id)))
 
 
 class Producers:
@@ -88,10 +94,12 @@ class Producers:
         ()
     """
 
-    __slots__ = ("_by_id", "_sweep_at")
+    __slots__ = ("_by_id", "_last", "_sweep_at")
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[Any, str]] = {}
+        #: id -> (the object, or a weak reference to it; the step; whether weakly)
+        self._by_id: dict[int, tuple[Any, str, bool]] = {}
+        self._last: list[int] = []  # the ids held (not weakly) by the last returned()
         self._sweep_at = _SWEEP_FIRST
 
     def returned(self, value: Any, step_id: str) -> None:
@@ -99,24 +107,38 @@ class Producers:
         ``MAX_RESULT_ELEMENTS`` elements of a list or tuple, the values of a dict), except
         values too common to mean a flow (None, booleans, small numbers, empty containers:
         see ``too_common``)."""
+        by_id = self._by_id
+        if self._last:
+            self._let_go(self._last)  # (the results of the step before, if dropped)
+        last: list[int] = []
+        self._last = last
         if too_common(value):
             return
-        by_id = self._by_id
-        by_id[id(value)] = (value, step_id)
+        self._note(value, step_id, last)
         t = type(value)
         if t is dict:
             elements: Any = value.values()
         elif t is list or t is tuple or isinstance(value, (list, tuple)):
             elements = value  # (a NamedTuple, a list subclass: unpacked as a tuple is)
         else:
-            elements = None
-        if elements is not None:
-            for item in islice(elements, MAX_RESULT_ELEMENTS) if len(value) > (
-                    MAX_RESULT_ELEMENTS) else elements:
-                if not too_common(item):
-                    by_id[id(item)] = (item, step_id)
+            return
+        for item in islice(elements, MAX_RESULT_ELEMENTS) if len(value) > (
+                MAX_RESULT_ELEMENTS) else elements:
+            if not too_common(item):
+                self._note(item, step_id, last)
         if len(by_id) >= self._sweep_at:
             self._sweep()
+
+    def _note(self, value: Any, step_id: str, last: list[int]) -> None:
+        key = id(value)
+        if type(value).__weakrefoffset__:
+            try:
+                self._by_id[key] = (weakref.ref(value), step_id, True)
+                return
+            except TypeError:  # (a type that declares them and refuses them)
+                pass
+        self._by_id[key] = (value, step_id, False)
+        last.append(key)
 
     def sources(self, arguments: Mapping[str, Any]) -> tuple[str, ...]:
         """The steps that produced each argument, and each element of a list, tuple or dict
@@ -128,7 +150,7 @@ class Producers:
         found: list[str] = []
         for value in arguments.values():
             entry = by_id.get(id(value))
-            if entry is not None and entry[0] is value:
+            if entry is not None and (entry[0]() if entry[2] else entry[0]) is value:
                 found.append(entry[1])
             kind = type(value)
             if kind is list or kind is tuple:
@@ -141,26 +163,37 @@ class Producers:
                 continue
             for element in elements:
                 entry = by_id.get(id(element))
-                if entry is not None and entry[0] is element:
+                if entry is not None and (entry[0]() if entry[2] else entry[0]) is element:
                     found.append(entry[1])
         return tuple(found)
 
-    def _counts(self) -> list[int]:
-        """The reference count of each object held (see ``_held_only_here``)."""
-        assert _refcount is not None
-        return [_refcount(entry[0]) for entry in list(self._by_id.values())]
-
-    def _sweep(self) -> None:
-        """Let go of the objects held by nothing but this record (see the module)."""
+    def _let_go(self, keys: list[int]) -> None:
+        """Let go of the objects of ``keys`` held by nothing but this record, and forget
+        those held weakly that are gone. In order: a container let go frees its elements,
+        noted after it, before they are looked at."""
         by_id = self._by_id
         if _refcount is None:
-            for key in list(islice(by_id, len(by_id) // 2 if len(by_id) >= _BOUND else 0)):
+            return
+        alone = _ALONE
+        for key in keys:
+            entry = by_id.get(key)
+            if entry is None:
+                continue
+            if entry[0]() is None if entry[2] else _refcount(entry[0]) <= alone:
+                del by_id[key]
+            del entry  # (the last reference to a container let go: its elements are free)
+
+    def _sweep(self) -> None:
+        """Let go of everything held by nothing but this record (see the module)."""
+        by_id = self._by_id
+        if _refcount is None:
+            held = [key for key, entry in by_id.items() if not entry[2]]
+            for key in held[:len(held) // 2] if len(held) >= _BOUND else ():
                 by_id.pop(key, None)
+            for key in [key for key, entry in by_id.items() if entry[2] and entry[0]() is None]:
+                del by_id[key]
         else:
-            alone = _ALONE
-            for key, entry in list(by_id.items()):
-                if _refcount(entry[0]) <= alone:
-                    by_id.pop(key, None)
+            self._let_go(list(by_id))
         self._sweep_at = max(_SWEEP_FIRST, 2 * len(by_id))
 
 
