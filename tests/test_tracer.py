@@ -1336,3 +1336,39 @@ def test_a_result_that_takes_weak_references_is_never_kept_alive_for_its_edges()
     again = [_Model(i) for i in range(50)]
     assert p.sources({"models": again}) == ()
     assert p.sources({"model": kept, "models": [kept]}) == ("fit", "fit")
+
+
+def test_results_replayed_before_more_than_later_replays_still_flow() -> None:
+    """The results of replayed steps are noted in order when a step executes, or every
+    LATER replays (so no more than that are held unnoted): a resumed run whose first
+    executed step is given the result of its first replayed step, after more than LATER
+    replays, draws that edge, and no other."""
+    from durably._trace.producers import LATER
+
+    failing = {"on": True}
+
+    @task
+    def part(i: int) -> list[str]:
+        return [f"part {i}", f"of {i}"]
+
+    @task
+    def join_first(first: list[str]) -> str:
+        return " ".join(first)
+
+    @entrypoint
+    def parts(n: int) -> str:
+        made = [part(i) for i in range(n)]
+        if failing["on"]:
+            raise RuntimeError("crash after the parts")
+        return join_first(made[0])
+
+    n = LATER + 50
+    with pytest.raises(RuntimeError):
+        parts.run(n, run_id="many-replays")
+    failing["on"] = False
+    run = parts.run(n, run_id="many-replays")
+    assert run.counts()["replayed"] == n
+    first = min((s for s in run.steps if _n(s.task) == "part"),
+                key=lambda s: s.position).step_id  # (part(0): the first call)
+    joined = next(s.step_id for s in run.steps if _n(s.task) == "join_first")
+    assert [(e.source, e.target) for e in run.graph(collapse=None).edges] == [(first, joined)]

@@ -71,6 +71,7 @@ from durably._runtime.step import _MISS, Call, _load, _load_cached
 from durably._runtime.threads import thread_run
 from durably._store.lease import _pid
 from durably._store.records import now
+from durably._trace.producers import LATER as _LATER
 from durably._trace.tracer import inputs_repr, short_repr
 from durably.exceptions import SerializationError
 from durably.store import ReadAhead, Store
@@ -351,7 +352,14 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
             ctx.spent.add(step_id)
             if parent is not None:
                 ctx.uncacheable.add(parent)
-        ctx.producers.returned(value, step_id)  # (a later step given it draws an edge)
+        # (a later step given it draws an edge: Producers.replayed, inlined: every replay)
+        if type(value).__weakrefoffset__:
+            ctx.producers.returned(value, step_id)
+        else:
+            later = ctx.producers.later
+            later.append((value, step_id))
+            if len(later) >= _LATER:
+                ctx.producers.catch_up()
         if noted is not None:
             if noted.due:  # (as many replay ranges as an attempt buffers)
                 ctx.flush()

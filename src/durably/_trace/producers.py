@@ -35,11 +35,13 @@ from typing import Any
 from durably._keys.canonical import too_common
 from durably._keys.hashing import MAX_FLOW_ELEMENTS, MAX_RESULT_ELEMENTS
 
-__all__ = ["SOURCE", "Producers", "digests_only", "source_token"]
+__all__ = ["LATER", "SOURCE", "Producers", "digests_only", "source_token"]
 
 #: what starts an entry of a step record's ``input_digests`` naming the step that produced
 #: one of its arguments (a digest is hexadecimal: never this)
 SOURCE = "@"
+#: results of replayed steps held at most before they are noted (see Producers.later)
+LATER = 256
 _SWEEP_FIRST = 1024  # objects held before the first sweep
 _BOUND = 1 << 17  # objects held at most without reference counts (then the older half goes)
 _refcount = getattr(sys, "getrefcount", None)
@@ -94,42 +96,73 @@ class Producers:
         ()
     """
 
-    __slots__ = ("_by_id", "_last", "_sweep_at")
+    __slots__ = ("_by_id", "_last", "_sweep_at", "later")
 
     def __init__(self) -> None:
         #: id -> (the object, or a weak reference to it; the step; whether weakly)
         self._by_id: dict[int, tuple[Any, str, bool]] = {}
         self._last: list[int] = []  # the ids held (not weakly) by the last returned()
         self._sweep_at = _SWEEP_FIRST
+        #: results of replayed steps not noted yet, (value, step id) in order: a replay
+        #: appends there (a step that executes, or the LATER-th one, notes them first), so a
+        #: run that only replays (a rerun, or a resume before its first step that executes)
+        #: pays an append a step; the values that take weak references are noted at once
+        #: (never held), the others held LATER replayed steps at most before they are
+        self.later: list[tuple[Any, str]] = []
 
     def returned(self, value: Any, step_id: str) -> None:
         """Note that step ``step_id`` returned ``value`` (and the first
         ``MAX_RESULT_ELEMENTS`` elements of a list or tuple, the values of a dict), except
         values too common to mean a flow (None, booleans, small numbers, empty containers:
         see ``too_common``)."""
-        by_id = self._by_id
+        if self.later:
+            self.catch_up()
+        self._returned(value, step_id)
+
+    def replayed(self, value: Any, step_id: str) -> None:
+        """:meth:`returned`, for a step replayed from the journal: noted when a step
+        executes, or :data:`LATER` replays later (see ``later``). (The runtime's replay
+        path does this inline.)"""
+        if type(value).__weakrefoffset__:
+            self.returned(value, step_id)
+            return
+        later = self.later
+        later.append((value, step_id))
+        if len(later) >= LATER:
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Note the results of the replayed steps not noted yet, in order."""
+        later, self.later = self.later, []
+        for value, step_id in later:
+            self._returned(value, step_id)
+
+    def _returned(self, value: Any, step_id: str) -> None:
         if self._last:
             self._let_go(self._last)  # (the results of the step before, if dropped)
-        last: list[int] = []
-        self._last = last
-        if too_common(value):
-            return
-        self._note(value, step_id, last)
+            self._last = []
         t = type(value)
+        if t is int:  # (the commonest result: too_common's test for it, without its call)
+            if -1 <= value <= 16:
+                return
+        elif too_common(value):
+            return
+        by_id = self._by_id
+        self._note(value, step_id)
         if t is dict:
             elements: Any = value.values()
         elif t is list or t is tuple or isinstance(value, (list, tuple)):
             elements = value  # (a NamedTuple, a list subclass: unpacked as a tuple is)
         else:
-            return
-        for item in islice(elements, MAX_RESULT_ELEMENTS) if len(value) > (
+            elements = ()
+        for item in islice(elements, MAX_RESULT_ELEMENTS) if len(elements) > (
                 MAX_RESULT_ELEMENTS) else elements:
             if not too_common(item):
-                self._note(item, step_id, last)
+                self._note(item, step_id)
         if len(by_id) >= self._sweep_at:
             self._sweep()
 
-    def _note(self, value: Any, step_id: str, last: list[int]) -> None:
+    def _note(self, value: Any, step_id: str) -> None:
         key = id(value)
         if type(value).__weakrefoffset__:
             try:
@@ -138,12 +171,14 @@ class Producers:
             except TypeError:  # (a type that declares them and refuses them)
                 pass
         self._by_id[key] = (value, step_id, False)
-        last.append(key)
+        self._last.append(key)
 
     def sources(self, arguments: Mapping[str, Any]) -> tuple[str, ...]:
         """The steps that produced each argument, and each element of a list, tuple or dict
         argument (of at most ``MAX_FLOW_ELEMENTS``), in order, with repeats (an object given
         twice is two flows)."""
+        if self.later:
+            self.catch_up()
         by_id = self._by_id
         if not by_id:
             return ()
