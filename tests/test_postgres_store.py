@@ -578,6 +578,34 @@ def test_an_executed_step_is_one_round_trip_and_a_hit_is_one(
     assert counting.count == 1, counting.statements
 
 
+def test_a_cache_hit_inside_a_run_is_one_round_trip(
+        pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step served from the cache inside a new run costs its lookup alone: its journal
+    row is buffered (RunContext.note_cached) and written with the others in a batch. (A
+    task of a script run as ``python job.py`` and the same module imported are two tasks,
+    ``__main__.job`` and ``job``: the second executes, it does not hit.)"""
+    @task
+    def square(i: int) -> int:
+        return i * i
+
+    @entrypoint
+    def job(n: int, run: str) -> int:
+        return sum(square(i) for i in range(n))
+
+    job.run(1000, "first", run_id="first")  # (executes; the pool and the tables are made)
+    job.run(10, "warm", run_id="warm")
+    counting = _Counting(monkeypatch)
+    run = job.run(1000, "hits", run_id="hits")
+    assert run.result == sum(i * i for i in range(1000))
+    assert run.counts()["cached"] == 1000 and run.counts()["ran"] == 0
+    lookups = counting.statements.count("read the cache")
+    assert lookups == 1000, counting.statements[:20]
+    # the run's start, its end and its journal rows in a batch: a few statements in all
+    assert counting.count - lookups < 20, [s for s in counting.statements
+                                           if s != "read the cache"]
+    assert len([s for s in pg.list_steps("hits") if s.status == "cached"]) == 1000
+
+
 def test_resuming_a_long_run_reads_its_journal_in_pages(
         pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
     @task(cache=False)
