@@ -953,3 +953,76 @@ def test_system_schemas_are_refused() -> None:
     for schema in ("public", "information_schema", "pg_catalog"):
         with pytest.raises(DefinitionError, match="of PostgreSQL's own"):
             PostgresStore(server_url(), schema=schema, key=KEY)
+
+
+# -- concurrent replays ---------------------------------------------------------------------
+_REPLAYER = """
+import os, sys, time
+from pathlib import Path
+import durably
+
+here = Path(__file__).parent
+
+@durably.task
+def step(i: int) -> int:
+    with open(here / "executed", "a") as f:
+        f.write(f"{i}\\n")
+    return i
+
+@durably.entrypoint
+def job(n: int) -> int:
+    return sum(step(i) for i in range(n))
+
+if len(sys.argv) > 1:  # (a replayer: waits for the others, so that they replay at once)
+    while not (here / "go").exists():
+        time.sleep(0.01)
+print("result", job.run(2000, run_id="shared").result)
+"""
+
+
+@pytest.mark.parametrize("kind", ["disk", "postgres"])
+def test_processes_replaying_a_finished_run_at_once_each_get_its_result(
+        tmp_path: Path, schemas: list[str], kind: str) -> None:
+    """A finished run called again with unchanged code only replays it: six processes doing
+    so at once each get its result, none executes a step again, none holds the run's lease
+    for its replay (no RunBusyError), as on a DiskStore. Each replay that gets to end first
+    journals its attempt with its end, in one commit; the others' are not journaled."""
+    if kind == "postgres":
+        schema = fresh_schema()
+        schemas.append(schema)
+        url = with_schema(server_url(), schema)
+        store: durably.Store = PostgresStore(url, key=KEY)
+        env = {**os.environ, "DURABLY_STORE": url, "DURABLY_KEY": KEY.decode()}
+    else:
+        store = durably.DiskStore(tmp_path / "store")
+        env = {**os.environ, "DURABLY_STORE": str(tmp_path / "store")}
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST")}
+    script = tmp_path / "replayer.py"
+    script.write_text(_REPLAYER)
+    first = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert first.stdout.strip() == f"result {sum(range(2000))}", first.stderr
+    executed = (tmp_path / "executed").read_text()
+    assert len(executed.split()) == 2000
+    procs = [subprocess.Popen([sys.executable, str(script), "replay"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    (tmp_path / "go").touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.strip() == f"result {sum(range(2000))}", err[-3000:]
+    assert (tmp_path / "executed").read_text() == executed  # nothing executed again
+    try:
+        run = store.find_run("shared")
+        assert run is not None and run.status == "finished"
+        # the journaled replay (one at least, the first to end) names every step, in order
+        assert 2 <= run.attempt <= 7
+        first_steps = [s.step_id for s in store.list_steps("shared", attempt=1)]
+        replayed = store.list_steps("shared", attempt=run.attempt)
+        assert [s.status for s in replayed] == ["replayed"] * 2000
+        assert [s.step_id for s in sorted(replayed, key=lambda s: s.position)] == first_steps
+        assert [s.position for s in sorted(replayed, key=lambda s: s.position)] == list(
+            range(2000))
+        assert store.run_holder("shared") is None
+    finally:
+        store.close()

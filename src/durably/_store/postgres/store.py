@@ -644,9 +644,9 @@ class PostgresStore(Connections, Store):
 
     def append_replays(self, run_id: str, attempt: int,
                        replays: Sequence[Replay | ReplayRange]) -> bool:
-        """Replays given whole as step records, and those of this store's read-ahead (one
-        step each, anchored at the record they replayed) copied from their records, in one
-        statement each; fenced as :meth:`append_steps_if_current`."""
+        """Replays given whole as step records, and the ranges of this store's read-ahead
+        (see :class:`.ahead.Ahead`) copied from their records, in one statement each;
+        fenced as :meth:`append_steps_if_current`."""
         ranges = [r for r in replays if type(r) is ReplayRange]
         each = [r for r in replays if type(r) is not ReplayRange]
         ok = True
@@ -654,29 +654,39 @@ class PostgresStore(Connections, Store):
             ok = Store.append_replays(self, run_id, attempt, each)
         if not ranges or not ok:
             return ok
-        cols: list[list[Any]] = [[] for _ in range(6)]
+        cols: list[list[Any]] = [[] for _ in range(8)]
         for r in ranges:
-            for n in range(r.steps):  # (this store's ranges are of one step)
-                for col, item in zip(cols, (r.position + n, r.first, r.anchor[0], r.anchor[1],
-                                            r.started, r.ended), strict=True):
-                    col.append(item)
+            for col, item in zip(cols, (r.position, r.steps, r.anchor[0], r.anchor[1], r.skip,
+                                        r.horizon, r.started, r.ended), strict=True):
+                col.append(item)
+        # each range's steps: its records, from its first one (attempt, position, seq) on in
+        # journal order, as many as it has steps, none journaled after its page was read
+        # (seq past its horizon); at consecutive positions, spread evenly over its time
         row = self._one("journal replayed steps", self._sql(
-            "WITH r AS (SELECT * FROM unnest(%(position)s::int4[], %(step)s::text[], "
-            "%(a_att)s::int4[], %(a_pos)s::int4[], %(started)s::float8[], %(ended)s::float8[])"
-            " AS r(position, step_id, a_att, a_pos, started, ended)), "
+            "WITH r AS (SELECT * FROM unnest(%(position)s::int4[], %(steps)s::int4[], "
+            "%(a_att)s::int4[], %(a_pos)s::int4[], %(a_seq)s::int8[], %(z_seq)s::int8[], "
+            "%(started)s::float8[], %(ended)s::float8[]) "
+            "AS r(position, steps, a_att, a_pos, a_seq, z_seq, started, ended)), "
             "cur AS (SELECT attempt FROM {s}.runs WHERE run_id = %(run)s AND attempt = "
             "%(attempt)s FOR SHARE), "
-            "src AS (SELECT DISTINCT ON (r.position) r.position, r.step_id, r.started, r.ended,"
-            " s.parent_id, s.task, s.cache_key FROM r JOIN {s}.steps s ON s.run_id = %(run)s "
-            "AND s.step_id = r.step_id AND s.attempt = r.a_att AND s.position = r.a_pos "
-            "WHERE EXISTS (SELECT 1 FROM cur) ORDER BY r.position, s.seq), "
+            "src AS (SELECT r.position + x.k - 1 AS position, x.step_id, x.parent_id, x.task, "
+            "x.cache_key, r.started + (r.ended - r.started) * (x.k - 1) / r.steps AS started, "
+            "r.started + (r.ended - r.started) * x.k / r.steps AS ended "
+            "FROM r CROSS JOIN LATERAL (SELECT s.step_id, s.parent_id, s.task, s.cache_key, "
+            "row_number() OVER (ORDER BY s.position, s.seq) AS k FROM {s}.steps s "
+            "WHERE s.run_id = %(run)s AND s.attempt = r.a_att "
+            "AND (s.position, s.seq) >= (r.a_pos, r.a_seq) "
+            "AND s.seq <= r.z_seq AND s.status IN ('ran', 'cached') "
+            "AND (s.value IS NOT NULL OR s.blob IS NOT NULL) "
+            "ORDER BY s.position, s.seq LIMIT r.steps) x WHERE EXISTS (SELECT 1 FROM cur)), "
             "ins AS (INSERT INTO {s}.steps (run_id, step_id, parent_id, task, status, attempt, "
             "position, started, ended, cache_key, result_digest) SELECT %(run)s, step_id, "
             "parent_id, task, 'replayed', %(attempt)s, position, started, ended, cache_key, '' "
             "FROM src ON CONFLICT DO NOTHING RETURNING 1) "
             "SELECT EXISTS (SELECT 1 FROM cur)"),
-            {"position": cols[0], "step": cols[1], "a_att": cols[2], "a_pos": cols[3],
-             "started": cols[4], "ended": cols[5], "run": run_id, "attempt": attempt})
+            {"position": cols[0], "steps": cols[1], "a_att": cols[2], "a_pos": cols[3],
+             "a_seq": cols[4], "z_seq": cols[5], "started": cols[6], "ended": cols[7],
+             "run": run_id, "attempt": attempt})
         return bool(row[0])
 
     # -- events ----------------------------------------------------------------------------------
