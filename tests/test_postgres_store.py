@@ -824,8 +824,8 @@ def test_a_large_value_is_streamed_to_its_blob_and_back_never_held_twice(
     assert store.cache_get("big") is None
     other = PostgresStore(with_schema(server_url(), schema), key=b"o" * 32,
                           blobs=(tmp_path / "blobs").as_uri())
-    other.cache_put("big2", serde.dumps(value, what="a value"))
-    assert store.cache_get("big2") is None  # (signed with another key)
+    with pytest.raises(StoreError, match="signed with another key"):
+        other.cache_put("big2", serde.dumps(value, what="a value"))
     store.close()
     other.close()
 
@@ -934,19 +934,64 @@ def test_a_run_whose_blob_was_deleted_is_repaired_and_goes_on(schemas: list[str]
     store.close()
 
 
-def test_an_entry_signed_with_another_key_is_a_miss_but_is_not_removed(
+def test_a_process_with_another_key_is_refused_when_the_store_opens(
         schemas: list[str]) -> None:
-    """A process with the wrong key must not remove the team's entries."""
+    """A process with the wrong key must neither read nor write a shared store (it would
+    execute the team's finished steps again, and sign runs and entries the team then
+    cannot read): the store keeps the id of the key its values are signed with, and
+    refuses another one when it opens, saying where this process's key came from and
+    how to fix it. The team's entries and runs are left as they were."""
     schema = fresh_schema()
     schemas.append(schema)
     url = with_schema(server_url(), schema)
     team = PostgresStore(url, key=KEY)
     team.cache_put("entry", b"value")
+    before = _table_text(team)
     stranger = PostgresStore(url, key=b"s" * 32)
-    assert stranger.cache_get("entry") is None
+    for use in (lambda: stranger.cache_get("entry"), lambda: stranger.cache_put("x", b"y"),
+                stranger.check, lambda: stranger.list_runs()):
+        with pytest.raises(StoreError) as refused:
+            use()
+        said = str(refused.value)
+        assert "signed with another key" in said and schema in said, said
+        assert "PostgresStore(key=...)" in said and "DURABLY_KEY_FILE" in said, said
+        assert "k" * 16 not in said and "s" * 16 not in said  # (never the keys)
     assert team.cache_get("entry") == b"value"
-    team.close()
-    stranger.close()
+    assert _table_text(team) == before
+    # the same key in another handle (another process) opens it
+    again = PostgresStore(url, key=KEY)
+    assert again.cache_get("entry") == b"value"
+    for store in (team, stranger, again):
+        store.close()
+
+
+def test_a_store_made_unsigned_or_before_key_ids_takes_the_first_key_that_opens_it(
+        schemas: list[str]) -> None:
+    """A store with no key id yet (made with allow_unsigned, or by a durably that kept
+    none) records the key of the first process that opens it with one; a process opening
+    it without a key (allow_unsigned) checks nothing."""
+    import psycopg
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    unsigned = PostgresStore(url, allow_unsigned=True)
+    unsigned.cache_put("plain", b"value")
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        assert conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'key_id'"
+                            ).fetchone() is None
+    first = PostgresStore(url, key=KEY)
+    first.check()
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'key_id'"
+                           ).fetchone()
+    assert row is not None and row[0] == first.signing_key.id.hex()  # type: ignore[union-attr]
+    with pytest.raises(StoreError, match="signed with another key"):
+        PostgresStore(url, key=b"o" * 32).check()
+    still = PostgresStore(url, allow_unsigned=True)
+    assert still.cache_get("plain") == b"value"
+    for store in (unsigned, first, still):
+        store.close()
 
 
 def test_system_schemas_are_refused() -> None:

@@ -52,6 +52,7 @@ __all__ = [
     "LARGE_HEADER",
     "SigningKey",
     "env_key",
+    "key_differs",
     "key_from",
     "check_private",
     "key_from_file",
@@ -185,6 +186,26 @@ def key_from_file(path: str | os.PathLike[str], where: str) -> SigningKey:
             "python -c \"import secrets; print(secrets.token_hex(32))\"."
         )
     return SigningKey(data, f"{where} ({file})")
+
+
+def key_differs(where: str, recorded: str, key: SigningKey) -> StoreError:
+    """The error of a store opened with ``key`` whose values were signed with the key of id
+    ``recorded`` (hex, as stored in the store: :attr:`SigningKey.id`, never the key).
+
+    Example:
+        >>> error = key_differs("the store /data/s", "00" * 8, SigningKey(b"k" * 32, "a test"))
+        >>> "another key" in str(error) and "DURABLY_KEY_FILE" in str(error)
+        True
+    """
+    return StoreError(
+        f"{where} was signed with another key than this process's ({key.source}): its "
+        f"values carry key id {recorded}, this key's id is {key.id.hex()}. A value signed "
+        "with one key cannot be read with another: this process would execute its steps "
+        "again and write over the entries and runs of the processes that have the right "
+        "key. Fix: use the store's key in this process, as its other users do (the file "
+        "they point DURABLY_KEY_FILE at, or their DURABLY_KEY, durably.configure(key=...) or "
+        "key=; the key given in code comes first, then DURABLY_KEY, then DURABLY_KEY_FILE); "
+        "one store has one key (no rotation): to change it, start a new store.")
 
 
 def env_key() -> SigningKey | None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from durably._store.integrity import SigningKey, process_key
 from durably._store.postgres.blobs import Blobs
 from durably._store.postgres.options import message, reachable_later
-from durably._store.postgres.schema import migrate
+from durably._store.postgres.schema import check_key, migrate
 from durably.exceptions import StoreError
 
 __all__ = ["OPEN_SECONDS", "RETRY_SECONDS", "Connections"]
@@ -116,7 +116,14 @@ class Connections:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
             raise self._no_psycopg(exc) from exc
-        store_id = self._alone(lambda conn: migrate(conn, self.schema, self._shown), until)
+        key = self.signing_key
+
+        def opened(conn: Any) -> str:
+            store_id = migrate(conn, self.schema, self._shown)
+            check_key(conn, self.schema, self._shown, key)  # (the key its values have)
+            return store_id
+
+        store_id = self._alone(opened, until)
         if self.blobs is not None:
             self.blobs.scope = store_id  # (its blobs apart from other stores' in one place)
         self._connected = True

@@ -13,9 +13,10 @@ import re
 import uuid
 from typing import Any
 
+from durably._store.integrity import SigningKey, key_differs
 from durably.exceptions import DefinitionError, StoreError
 
-__all__ = ["VERSION", "check_schema_name", "migrate"]
+__all__ = ["VERSION", "check_key", "check_schema_name", "migrate"]
 
 #: the schema version this durably writes
 VERSION = 2
@@ -223,3 +224,26 @@ def _number(value: Any, schema: str, where: str) -> int:
             f"{value!r}, which is not durably's. Fix: choose a schema of durably's own "
             "(?schema=NAME); this one holds tables of something else.") from None
 
+
+
+def check_key(conn: Any, schema: str, where: str, key: SigningKey | None) -> None:
+    """Check that ``key`` is the key the store's values are signed with: the id of the
+    first key that opened it (:attr:`SigningKey.id`, a hash of the key, as every signature
+    carries it) is kept in ``meta`` as ``key_id``; a store without one (made unsigned, or
+    by an older durably) takes this key's. Nothing is checked without a key
+    (``allow_unsigned``).
+
+    Raises:
+        StoreError: the store's values were signed with another key.
+    """
+    if key is None:
+        return
+    mine = key.id.hex()
+    row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'key_id'").fetchone()
+    if row is None:  # (of several processes recording theirs at once, the first wins)
+        conn.execute(f"INSERT INTO {schema}.meta VALUES ('key_id', %s) ON CONFLICT (name) "
+                     "DO NOTHING", (mine,))
+        row = conn.execute(f"SELECT value FROM {schema}.meta WHERE name = 'key_id'"
+                           ).fetchone()
+    if row[0] != mine:
+        raise key_differs(f"the PostgreSQL store {where} (schema {schema!r})", row[0], key)

@@ -126,8 +126,10 @@ class PostgresStore(Connections, Store):
     Raises:
         DefinitionError: an option is wrong (the message says which and how to fix it).
         StoreError: on first use (or :meth:`check`): no signing key and not
-            ``allow_unsigned``, psycopg is not installed, the server cannot be reached or
-            the schema was made by a newer durably.
+            ``allow_unsigned``, a key other than the one the store's values are signed
+            with (the store keeps its id, recorded by the first process that opened it
+            with a key), psycopg is not installed, the server cannot be reached or the
+            schema was made by a newer durably.
 
     Example:
         >>> from durably._store.postgres.store import PostgresStore
