@@ -506,3 +506,52 @@ def test_the_short_path_opens_exactly_what_open_seal_opens_without_a_key(
         assert short == full
     else:
         assert signed or full is None
+
+
+def test_a_store_refuses_another_key_than_its_values_are_signed_with(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store keeps the id of the first key that opened it (its KEY_ID file: a hash of
+    the key, never the key); a process with another key is refused when the store opens,
+    or when the key is configured after, with a StoreError naming the store and where the
+    key came from. A store made without a key takes the first key that opens it; one
+    opened without a key checks nothing (a private store is read on its checksums)."""
+    calls: list[Any] = []
+    double, _, flow = _tasks(calls)
+    root = tmp_path / "s"
+    store = durably.DiskStore(root)  # made without a key: no key id yet
+    durably.configure(store=store)
+    assert double(3) == 6
+    store.close()
+    assert not (root / "KEY_ID").exists()
+    keyed = durably.DiskStore(root, key=KEY)
+    durably.configure(store=keyed)
+    keyed.path_checked()
+    assert (root / "KEY_ID").read_text().strip() == SigningKey(KEY, "").id.hex()
+    assert KEY.decode() not in (root / "KEY_ID").read_text()
+    assert flow(2) == 4
+    keyed.close()
+    keyfile = tmp_path / "wrong.key"
+    keyfile.write_bytes(OTHER)
+    keyfile.chmod(0o600)
+    monkeypatch.setenv("DURABLY_KEY_FILE", str(keyfile))
+    wrong = durably.DiskStore(root)
+    durably.configure(store=wrong)
+    calls.clear()
+    with pytest.raises(durably.StoreError) as refused:
+        flow(2)
+    said = str(refused.value)
+    assert str(root) in said and "signed with another key" in said, said
+    assert f"DURABLY_KEY_FILE ({keyfile})" in said and "durably.configure(key=" in said, said
+    assert calls == []  # nothing executed
+    wrong.close()
+    # the right key, configured in code, comes before the file: opens
+    durably.configure(store=durably.DiskStore(root), key=KEY)
+    assert flow(2) == 4 and calls == []
+    # another key configured once the store is open: refused at its next use
+    durably.configure(key=OTHER)
+    with pytest.raises(durably.StoreError, match="signed with another key"):
+        double(2)
+    monkeypatch.delenv("DURABLY_KEY_FILE")
+    durably.configure(key=None)
+    assert flow(2) == 4 and calls == []  # without a key: read on its checksums
+    durably.configure()

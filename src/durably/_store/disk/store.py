@@ -70,6 +70,7 @@ from durably._store.integrity import (
     check_parts,
     check_private,
     env_key,
+    key_differs,
     key_from,
     seal,
     unseal,
@@ -353,7 +354,9 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         DefinitionError: an argument has the wrong type, or ``size_limit`` is not a size
             (at construction).
         StoreError: (on first use) the path is a file, is not writable, is writable by other
-            users, or holds a store written by a newer durably.
+            users, holds a store written by a newer durably, or one whose values are
+            signed with another key than this process's (its ``KEY_ID`` file keeps the
+            id of the first key that opened it).
 
     Example:
         >>> import durably, tempfile
@@ -560,6 +563,7 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
                 self._check_private(root)
                 self._read_only = read_only
                 self._check_format(root)
+                self._check_key(root, self._signing())
                 if not read_only:
                     clean_tmp(root / "tmp")
                     if share_bits(root):  # a shared store: its members spill into tmp/ too
@@ -587,9 +591,45 @@ class DiskStore(CacheValues, RunJournal, StepJournal, JournalValues, Store):
         if self._key_gen != signing._key_generation:
             with signing._key_lock:
                 gen, process = signing._key_generation, signing._process_key
-            self._key = self._given_key or process or env_key()
+            key = self._given_key or process or env_key()
+            root = self._root
+            if root is not None and key is not None and self._pid == _pid[0]:
+                self._check_key(root, key)  # (a key configured after the store opened)
+            self._key = key
             self._key_gen = gen
         return self._key
+
+    def _check_key(self, root: Path, key: SigningKey | None) -> None:
+        """Check that ``key`` is the key the store's values are signed with: the id of the
+        first key that opened it (:attr:`SigningKey.id`, a hash of the key, as every
+        signature carries it, never the key) is kept in its ``KEY_ID`` file; a store without
+        one (made without a key, or by an older durably) takes this key's, unless it is
+        read-only. Nothing is checked without a key.
+
+        Raises:
+            StoreError: the store's values were signed with another key.
+        """
+        if key is None:
+            return
+        marker = root / "KEY_ID"
+        mine = key.id.hex()
+        with self._translate(marker, "check the store's signing key"):
+            try:
+                recorded = marker.read_text().strip()
+            except FileNotFoundError:
+                if self._read_only:
+                    return
+                try:  # (of several processes recording theirs at once, the first wins)
+                    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    recorded = marker.read_text().strip()
+                else:
+                    with os.fdopen(fd, "w") as f:
+                        f.write(mine + "\n")
+                    share_file(root, marker)  # (its members read it too)
+                    return
+        if recorded and recorded != mine:
+            raise key_differs(f"the store {root}", recorded, key)
 
     def _shared(self) -> bool:
         if self.allow_shared is not None:
