@@ -232,7 +232,9 @@ def test_migrations_run_once_from_several_processes_at_once(schemas: list[str]) 
     store = PostgresStore(url, key=KEY)
     assert len(store._read("keys", store._sql("SELECT key FROM {s}.cache"))) == 6
     meta = dict(store._read("meta", store._sql("SELECT name, value FROM {s}.meta")))
-    assert sorted(meta) == ["store_id", "version"] and meta["version"] == str(VERSION)
+    assert sorted(meta) == ["key_id", "store_id", "version"]
+    assert meta["version"] == str(VERSION)
+    assert meta["key_id"] == store.signing_key.id.hex()  # type: ignore[union-attr]
     store.close()
 
 
