@@ -116,6 +116,44 @@ def _without_psycopg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # (import psycopg: ImportError)
 
 
+@pytest.mark.parametrize("given, fix", [
+    ("host=db.example port=5433 dbname=cache user=ada password=topsecret2",
+     "postgresql://ada@db.example:5433/cache"),
+    ("dbname=cache  password = 'top secret2' host=/run/postgresql",
+     "postgresql:///cache?host=%2Frun%2Fpostgresql"),
+])
+def test_a_libpq_keyword_string_is_refused_without_showing_its_password(
+        given: str, fix: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """libpq's keyword/value form (host=... password=...) as $DURABLY_STORE, --store or
+    configure(store=...): a DefinitionError that says which URL to give instead, and neither
+    it nor any log line shows the password (it was taken as a directory, named in full)."""
+    password = "topsecret2" if "topsecret2 " in given + " " else "top secret2"
+    caplog.set_level(logging.DEBUG)
+    shown: list[str] = []
+    for call in (lambda: durably.configure(store=given),
+                 lambda: open_store(given)):
+        with pytest.raises(durably.DefinitionError) as caught:
+            call()
+        shown.append(str(caught.value))
+    monkeypatch.setenv("DURABLY_STORE", given)
+    with pytest.raises(durably.DefinitionError) as caught:
+        _config.default_store()
+    shown.append(str(caught.value))
+    assert "$DURABLY_STORE" in shown[-1]
+    for args in (["runs"], ["--store", given, "runs"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code in (1, 2) and "Traceback" not in result.output
+        shown.append(result.output)
+    monkeypatch.delenv("DURABLY_STORE")
+    shown += [record.getMessage() for record in caplog.records]
+    assert not any(password in text for text in shown), shown
+    for text in shown[:5]:
+        assert "libpq connection string" in text and f"Fix: {fix}," in text
+        assert "***" in text
+    assert not Path(given).exists()  # (no directory made of it)
+
+
 def test_an_unknown_scheme_names_it_the_schemes_available_and_the_fix(
         monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patched:

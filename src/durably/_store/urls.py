@@ -24,6 +24,7 @@ from them.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import threading
@@ -63,6 +64,25 @@ _PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://[^/@:?#]*:"  # scheme://us
                        r"[^/@?#]*@")
 #: a password in the query (libpq takes ?password=...&sslpassword=...)
 _QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
+#: a value of libpq's keyword/value form: 'quoted' (\' and \\ escaped) or up to a space
+_LIBPQ_VALUE = r"(?:'(?:[^'\\]|\\.)*'|[^\s']+)"
+_LIBPQ_PAIR = re.compile(r"\s*([A-Za-z_]+)\s*=\s*(" + _LIBPQ_VALUE + r")?\s*")
+#: a password in libpq's keyword/value form (host=db password=... dbname=app)
+_KEYWORD_PASSWORD = re.compile(r"((?:^|\s)(?:ssl)?password\s*=\s*)" + _LIBPQ_VALUE + "?",
+                               re.IGNORECASE)
+#: libpq's connection keywords (PostgreSQL 17): a text made of keyword=value pairs of these
+#: is a libpq connection string, not a directory
+_LIBPQ_KEYWORDS = frozenset({
+    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "require_auth",
+    "channel_binding", "connect_timeout", "client_encoding", "options", "application_name",
+    "fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout", "replication", "gssencmode", "sslmode",
+    "requiressl", "sslcompression", "sslcert", "sslkey", "sslpassword", "sslcertmode",
+    "sslrootcert", "sslcrl", "sslcrldir", "sslsni", "requirepeer",
+    "ssl_min_protocol_version", "ssl_max_protocol_version", "krbsrvname", "gsslib",
+    "gssdelegation", "service", "target_session_attrs", "load_balance_hosts",
+    "sslnegotiation",
+})
 _DISK_OPTIONS = ("size_limit", "synchronous", "key", "allow_shared", "memo_entries",
                  "compress")
 _TRUE = ("1", "true", "yes", "on")
@@ -115,7 +135,48 @@ def _split(url: Any, where: str) -> tuple[str, str]:
                 f"{where} {redact(url)!r} looks like a {scheme}:// store URL without its '//'. "
                 f"Fix: {redact(f'{scheme}://{rest}')}, or ./{redact(url)} for a directory of "
                 "that name.")
+    pairs = _libpq_pairs(url)
+    if pairs is not None:
+        raise DefinitionError(
+            f"{where} {redact(url)!r} is a libpq connection string (keyword=value), which "
+            "durably does not take: a store is named by a URL, which processes and workers "
+            f"reopen it from. Fix: {_libpq_url(pairs)}, with the password in PGPASSWORD or "
+            "~/.pgpass (or ./ in front, if it is a directory's name).")
     return "", url
+
+
+def _libpq_pairs(text: str) -> dict[str, str] | None:
+    """The keywords and values of a libpq connection string in keyword/value form
+    (``host=db port=5432 dbname=app``), unquoted; None when ``text`` is not one (a directory's
+    name): keyword=value pairs only, each keyword one libpq takes."""
+    pairs: dict[str, str] = {}
+    at = 0
+    while at < len(text):
+        match = _LIBPQ_PAIR.match(text, at)
+        if match is None or match.end() == at or match.group(1).lower() not in _LIBPQ_KEYWORDS:
+            return None
+        value = match.group(2) or ""
+        if value.startswith("'"):
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        pairs[match.group(1).lower()] = value
+        at = match.end()
+    return pairs or None
+
+
+def _libpq_url(pairs: dict[str, str]) -> str:
+    """The postgresql:// URL of a libpq connection string's keywords, its password left out
+    (the advice of an error message)."""
+    quote = functools.partial(urllib.parse.quote, safe="")
+    host = pairs.get("host", "")
+    user = quote(pairs["user"]) + "@" if pairs.get("user") else ""
+    netloc = "" if host.startswith("/") else (
+        f"[{host}]" if ":" in host else quote(host)) + (
+        f":{quote(pairs['port'])}" if pairs.get("port") and host else "")
+    query = [(k, v) for k, v in pairs.items() if k not in (
+        "user", "password", "dbname", "sslpassword") and (k != "host" or host.startswith("/"))
+        and (k != "port" or not netloc)]
+    return (f"postgresql://{user}{netloc}/{quote(pairs.get('dbname', ''))}"
+            + ("?" + urllib.parse.urlencode(query) if query else ""))
 
 
 def store_url_scheme(url: str | os.PathLike[str]) -> str:
@@ -135,7 +196,8 @@ def store_url_scheme(url: str | os.PathLike[str]) -> str:
 
 def redact(url: str) -> str:
     """The URL with its password (``scheme://user:PASSWORD@host``, or ``?password=`` in the
-    query, as libpq takes it) hidden, for messages.
+    query, as libpq takes it, or ``password=`` in libpq's keyword/value form) hidden, for
+    messages.
 
     Example:
         >>> redact("postgresql://ada:s3cret@db/cache")
@@ -144,8 +206,11 @@ def redact(url: str) -> str:
         'postgresql:ada:***@db/cache'
         >>> redact("postgresql://ada@db/cache?password=s3cret&sslmode=require")
         'postgresql://ada@db/cache?password=***&sslmode=require'
+        >>> redact("host=db password='s3 cret' dbname=cache")  # (libpq's keyword/value form)
+        'host=db password=*** dbname=cache'
     """
-    return _QUERY_PASSWORD.sub(r"\1***", _PASSWORD.sub(r"\1***@", url))
+    return _KEYWORD_PASSWORD.sub(r"\1***", _QUERY_PASSWORD.sub(
+        r"\1***", _PASSWORD.sub(r"\1***@", url)))
 
 
 def disk_location(url: str | os.PathLike[str], where: str = "the store URL"
