@@ -936,6 +936,44 @@ def test_a_run_whose_blob_was_deleted_is_repaired_and_goes_on(schemas: list[str]
     store.close()
 
 
+def test_a_process_without_the_blob_store_leaves_a_finished_run_as_it_was(
+        schemas: list[str], tmp_path: Path) -> None:
+    """A process that names no blob store replays a finished run with a large value: it gets
+    the StoreError, and the run stays finished with its one attempt (not failed: a reader
+    that cannot read a run changes nothing of it); the process with the blob store still
+    replays it."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    writer = PostgresStore(url, key=KEY, blobs=(tmp_path / "blobs").as_uri())
+    reader = PostgresStore(url, key=KEY)
+    executed: list[int] = []
+
+    @task
+    def big(n: int) -> bytes:
+        executed.append(n)
+        return bytes([n]) * (2 << 20)
+
+    @entrypoint
+    def job(n: int) -> int:
+        return len(big(n)) + n
+
+    durably.configure(store=writer)
+    assert job.run(5, run_id="big").result == (2 << 20) + 5
+    durably.configure(store=reader)
+    with pytest.raises(StoreError, match="none is named here") as caught:
+        job.run(5, run_id="big")
+    assert any("journaled nothing" in note for note in caught.value.__notes__)
+    for store in (reader, writer):
+        run = durably.get_run("big", store=store)
+        assert (run.status, run.attempt) == ("finished", 1)
+    durably.configure(store=writer)
+    assert job.run(5, run_id="big").result == (2 << 20) + 5 and executed == [5]
+    durably.configure()
+    writer.close()
+    reader.close()
+
+
 def test_a_process_with_another_key_is_refused_when_the_store_opens(
         schemas: list[str]) -> None:
     """A process with the wrong key must neither read nor write a shared store (it would

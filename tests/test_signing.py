@@ -555,3 +555,38 @@ def test_a_store_refuses_another_key_than_its_values_are_signed_with(
     durably.configure(key=None)
     assert flow(2) == 4 and calls == []  # without a key: read on its checksums
     durably.configure()
+
+
+def test_a_process_that_cannot_read_a_finished_run_leaves_its_record_as_it_was(
+        tmp_path: Path) -> None:
+    """A finished run whose side effect's (cache=False) journaled value is damaged: a call
+    that replays it raises CorruptJournalError, and the run stays finished with its one
+    attempt (a process that cannot read a run changes nothing of it; it was turned into
+    failed, one attempt more each call)."""
+    from durably.exceptions import CorruptJournalError
+
+    done: list[int] = []
+
+    @durably.task(cache=False)
+    def send(n: int) -> int:
+        done.append(n)
+        return n * 2
+
+    @durably.entrypoint
+    def job(n: int) -> int:
+        return send(n) + 1
+
+    store = durably.DiskStore(tmp_path / "s", key=KEY)
+    durably.configure(store=store)
+    assert job.run(4, run_id="shared").result == 9
+    with _journal(store.path) as con:
+        con.execute("UPDATE steps SET result=? WHERE run_id='shared'", (seal(b"garbage"),))
+    for _ in range(2):
+        with pytest.raises(CorruptJournalError) as caught:
+            job.run(4, run_id="shared")
+        assert any("journaled nothing" in note for note in caught.value.__notes__)
+        run = durably.get_run("shared")
+        assert (run.status, run.attempt, run.result) == ("finished", 1, 9)
+    assert [r.status for r in durably.list_runs()] == ["finished"] and done == [4]
+    durably.configure()
+    store.close()

@@ -627,7 +627,7 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             if isinstance(exc, InterruptSignal) else record.error,
             attempt=record.attempt,
         ))
-    if log.isEnabledFor(logging.INFO):
+    if log.isEnabledFor(logging.INFO) and record.status != "running":  # (it ended)
         from durably._runtime.run import Run
 
         handle: Run[Any] = Run(record, ctx.store)
@@ -691,6 +691,16 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             # refusal at its next step, surfaced first, alone or in a group (asyncio's
             # TaskGroup): the call says why, not StopRun)
             raise _resumed_meanwhile(record, ctx.deferred.previous, store)
+        return
+    if ctx.deferred is not None and _unreadable(ctx, exc):
+        # an attempt that only replayed, stopped because this process cannot read the
+        # run's journal (a blob store not named here, another signing key): what it could
+        # not read says nothing of the run, whose record stays as it was (finished, say)
+        ctx.unjournaled = True
+        assert exc is not None
+        exc.add_note(
+            f"durably: this process could not read the journal of run {record.run_id!r}, so "
+            "this call journaled nothing: the run's record is as it was (see durably runs).")
         return
     retry = released(exc, ctx.failures)  # (its failed steps whose error ended it)
     refused: RunStateError | None = None  # (an attempt that only replayed, refused at its end)
@@ -830,6 +840,17 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise lost_error
         # a Ctrl-C, SystemExit or cancellation goes on as it is (said in a note)
         exc.add_note(str(lost_error))
+
+
+def _unreadable(ctx: RunContext, exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or each error of a group) is a store error this attempt met reading
+    a replayed step's journaled value (:attr:`RunContext.unreadable`)."""
+    if exc is None or not ctx.unreadable:
+        return False
+    if isinstance(exc, BaseExceptionGroup):
+        rest = exc.split(lambda e: any(e is seen for seen in ctx.unreadable))[1]
+        return rest is None
+    return any(exc is seen for seen in ctx.unreadable)
 
 
 def _lost(ctx: RunContext, record: RunRecord, exc: BaseException | None) -> RunStateError:

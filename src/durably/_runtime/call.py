@@ -73,7 +73,7 @@ from durably._store.lease import _pid
 from durably._store.records import now
 from durably._trace.producers import LATER as _LATER
 from durably._trace.tracer import inputs_repr, short_repr
-from durably.exceptions import SerializationError
+from durably.exceptions import SerializationError, StoreError
 from durably.store import ReadAhead, Store
 
 __all__ = ["begin_step", "cached_now", "call_async", "call_path", "call_sync",
@@ -269,25 +269,32 @@ def begin_step(spec: Spec, instance: Any, args: tuple[Any, ...], kwargs: dict[st
         call.args_repr = inputs_repr(arguments)
         ctx.emit(call.event("step_started"))
     noted: ReadAhead | None = None  # the read-ahead that recorded the step as replayed
-    if not ctx.replaying:
-        data = None
-    elif legacy is None and (ahead := ctx.ahead) is not None and ahead.thread == _thread_id():
-        # (the run's own thread: the steps it replays are recorded as ranges there, with
-        # the parent of their record; not a nested side effect, found by its call path
-        # whatever its parent's id: its record keeps the caller that called it now)
-        data = ahead.replay(step_id, position, started)
-        if data is not None:
-            noted = ahead
-    else:
-        data = store.find_step(ctx.run_id, step_id)
-    if data is None and legacy is not None:
-        # journaled by an older durably under its caller's step id: that record, under
-        # that id (its own nested steps were journaled under it)
-        data = store.find_step(ctx.run_id, legacy)
-        if data is not None:
-            step_id = legacy
-            if call is not None:
-                call.step_id = legacy
+    try:
+        if not ctx.replaying:
+            data = None
+        elif legacy is None and (ahead := ctx.ahead) is not None and \
+                ahead.thread == _thread_id():
+            # (the run's own thread: the steps it replays are recorded as ranges there, with
+            # the parent of their record; not a nested side effect, found by its call path
+            # whatever its parent's id: its record keeps the caller that called it now)
+            data = ahead.replay(step_id, position, started)
+            if data is not None:
+                noted = ahead
+        else:
+            data = store.find_step(ctx.run_id, step_id)
+        if data is None and legacy is not None:
+            # journaled by an older durably under its caller's step id: that record, under
+            # that id (its own nested steps were journaled under it)
+            data = store.find_step(ctx.run_id, legacy)
+            if data is not None:
+                step_id = legacy
+                if call is not None:
+                    call.step_id = legacy
+    except StoreError as exc:
+        # this process cannot read the journal (a blob store not named here, another
+        # signing key): an attempt that only replayed so far ends journaling nothing
+        ctx.unreadable.append(exc)
+        raise
     if data is None and ctx.keep is not None and spec.cache:
         # keep_finished=True: the step this run finished under older code (see _keep)
         found = ctx.keep.find(spec, parent, input_digest, occurrence, step_id, code,

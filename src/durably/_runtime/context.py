@@ -112,6 +112,7 @@ class RunContext:
         "threads",
         "uncacheable",
         "unjournaled",
+        "unreadable",
         "unwaited",
         "warned",
         "watchers",
@@ -215,6 +216,10 @@ class RunContext:
         #: (another process has the run): it goes on replaying without journaling them (a
         #: step it must execute is refused), and its end journals nothing
         self.unjournaled = False
+        #: the store errors raised while this process read a replayed step's journaled
+        #: value (a blob store not named here, a value signed with another key): an
+        #: attempt that only replayed and ends with one of them journals nothing
+        self.unreadable: list[BaseException] = []
         #: steps whose result depends on an answer to interrupt() (theirs or a nested
         #: step's): journaled, never written to the cross-run cache
         self.uncacheable: set[str] = set()
