@@ -881,6 +881,46 @@ def test_a_damaged_blob_is_mended_by_the_next_write(schemas: list[str],
     store.close()
 
 
+def test_a_local_blob_store_is_private_and_a_mistyped_path_is_an_error(
+        schemas: list[str], tmp_path: Path) -> None:
+    """A local blob store's folders are 0700 and its blobs 0600 (umask 022), as a
+    DiskStore's; a blob store whose folder's parent does not exist is refused when the store
+    is made, naming that parent; the blob store's own folder is made (private) at the first
+    blob. A shared folder (group bits) gives its group's bits to what is made in it."""
+    import stat
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    with pytest.raises(DefinitionError, match="does not exist") as caught:
+        PostgresStore(url, key=KEY, blobs=str(tmp_path / "nonexistent-dir" / "x"))
+    assert str(tmp_path / "nonexistent-dir") in str(caught.value)
+    assert not (tmp_path / "nonexistent-dir").exists()
+    old = os.umask(0o022)
+    try:
+        store = PostgresStore(url, key=KEY, blobs=str(tmp_path / "blobs"))
+        assert not (tmp_path / "blobs").exists()  # (made at the first blob)
+        store.cache_put("entry", b"p" * (2 << 20))
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o770)
+        team = PostgresStore(url, key=KEY, blobs=shared.as_uri())
+        team.cache_put("team", b"t" * (2 << 20))
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode)
+             for p in tmp_path.rglob("*") if p.parts[len(tmp_path.parts)] in ("blobs", "shared")}
+    assert [m for p, m in modes.items() if p.parts[0] == "blobs" and (tmp_path / p).is_dir()
+            ] == [0o700] * 3, modes  # (the blob store's, the store's, the blob's first two)
+    assert [m for p, m in modes.items() if p.parts[0] == "blobs" and (tmp_path / p).is_file()
+            ] == [0o600], modes
+    assert sorted(m for p, m in modes.items() if p.parts[0] == "shared"
+                  ) == [0o660, 0o770, 0o770, 0o770], modes  # (its own, as made)
+    assert value_bytes(store.cache_get("entry")) == b"p" * (2 << 20)
+    store.close()
+    team.close()
+
+
 def test_a_missing_blob_is_a_store_error_that_names_where_it_was_looked_for(
         schemas: list[str], tmp_path: Path) -> None:
     schema = fresh_schema()

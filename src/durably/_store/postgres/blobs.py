@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import posixpath
+import stat
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -44,6 +45,9 @@ class Blobs:
     Raises:
         StoreError: fsspec cannot open the URL (its protocol's package is missing: the
             message names it).
+        DefinitionError: a local path whose folder does not exist and cannot be made, as
+            the folder it goes in does not exist either (a mistyped path). The blob store's
+            folder itself is made, private (0700), at the first blob.
 
     Example:
         >>> blobs = Blobs("memory://durably-doctest")
@@ -74,6 +78,16 @@ class Blobs:
         self.scope = ""
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.local = protocol in ("file", "local")
+        if self.local:
+            # a mistyped path is an error, never a new tree of folders: the blob store's
+            # own folder is made (private) when the first blob is written, not its parent
+            parent = os.path.dirname(os.path.abspath(self.root))
+            if not os.path.isdir(self.root) and not os.path.isdir(parent):
+                raise DefinitionError(
+                    f"the blob store {url!r} cannot be made: the folder it goes in, "
+                    f"{parent}, does not exist. Fix: correct the path (DURABLY_BLOBS or "
+                    f"blobs=...), or make that folder (mkdir -p {parent}); durably makes the "
+                    "blob store's own folder.")
 
     def path(self, name: str) -> str:
         """Where the blob ``name`` (a SHA-256 in hex) is kept."""
@@ -96,11 +110,15 @@ class Blobs:
             # old enough to be collected before the row that now names it commits (a fresh
             # write is within the grace period)
             if self.local:
-                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                bits = self._folders(posixpath.dirname(path))
                 # a local or shared directory: written aside and renamed, so a crash never
-                # leaves a partial file under the final name
+                # leaves a partial file under the final name; readable by its owner only
+                # (or as the blob store's folder is shared: its group's bits, see _folders)
                 temp = f"{path}.{uuid.uuid4().hex}.tmp"
-                with self.fs.open(temp, "wb") as f:
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                if bits & 0o066:
+                    os.fchmod(fd, 0o600 | (bits & 0o066))
+                with os.fdopen(fd, "wb") as f:
                     _copy(data, spilled, f)
                     f.flush()
                     os.fsync(f.fileno())
@@ -125,6 +143,44 @@ class Blobs:
                              f"({path}): {exc}. Fix: check that it exists and that this "
                              "process may write there (credentials, permissions, space).") from exc
         return name
+
+    def _folders(self, folder: str) -> int:
+        """Make ``folder`` (a blob's) and the folders above it up to the blob store's own:
+        private (0700) as a DiskStore's, unless the blob store's folder is shared (its group
+        or other bits, given to what is made in it, as a shared DiskStore's; the blob store's
+        own folder, made here, is private). Returns those sharing bits.
+
+        Raises:
+            DefinitionError: the folder the blob store's own folder goes in is gone.
+        """
+        root = self.root
+        if not os.path.isdir(root):
+            try:
+                os.mkdir(root, 0o700)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                raise DefinitionError(
+                    f"the blob store {self.url!r} cannot be made: the folder it goes in, "
+                    f"{os.path.dirname(os.path.abspath(root))}, does not exist. Fix: correct "
+                    "the path (DURABLY_BLOBS or blobs=...), or make that folder.") from None
+        try:
+            bits = stat.S_IMODE(os.stat(root).st_mode) & 0o077
+        except OSError:
+            bits = 0
+        made = []
+        at = folder
+        while at != root and len(at) > len(root) and not os.path.isdir(at):
+            made.append(at)
+            at = posixpath.dirname(at)
+        for one in reversed(made):
+            try:
+                os.mkdir(one, 0o700)
+            except FileExistsError:
+                continue  # (another process made it)
+            if bits:
+                os.chmod(one, 0o700 | bits)
+        return bits
 
     def get(self, name: str) -> bytes | None:
         """The bytes of blob ``name``, or None when it is missing. A blob larger than 1 MiB
