@@ -397,11 +397,64 @@ def test_a_step_s_statements_survive_their_prepared_statements_being_discarded(
     assert "durably_step" in pg._do("look", prepared)
 
 
+def test_statements_a_pooler_discards_each_time_say_to_turn_preparing_off(
+        schemas: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Behind a pooler that hands every statement another server connection (PgBouncer in
+    transaction mode), a prepared statement is never there when it is used: the StoreError
+    says to add ?prepare_threshold=none, and with it the same run goes through."""
+    from durably._store.postgres import hot
+
+    real = hot._result
+
+    def pooled(conn: Any, send: Any) -> Any:  # (as if each statement went to a fresh one)
+        conn.pgconn.exec_(b"DEALLOCATE ALL")
+        return real(conn, send)
+
+    monkeypatch.setattr(hot, "_result", pooled)
+
+    @task
+    def triple(i: int) -> int:
+        return 3 * i
+
+    @entrypoint
+    def job(n: int) -> int:
+        return sum(triple(i) for i in range(n))
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    for given, works in ((url, False), (url + "&prepare_threshold=none", True)):
+        store = PostgresStore(given, key=KEY)
+        durably.configure(store=store)
+        if works:
+            assert job.run(20, run_id="pooled").result == sum(3 * i for i in range(20))
+        else:
+            with pytest.raises(StoreError, match="is not kept by the server") as caught:
+                job.run(20, run_id="pooled")
+            assert "Fix: " in str(caught.value) and "?prepare_threshold=none" in str(
+                caught.value.args[0].partition("Fix: ")[2])
+            assert "PgBouncer in transaction mode" in str(caught.value)
+        durably.configure()
+        store.close()
+
+
+def test_bad_options_in_the_url_say_how_to_write_them() -> None:
+    """(No server needed: refused before connecting.)"""
+    with pytest.raises(DefinitionError, match=r"^\?schema='Bad-Name' is not a schema name"):
+        durably.open_store("postgresql://ada@db.example/app?schema=Bad-Name")
+    with pytest.raises(DefinitionError, match=r"^schema='Bad-Name' is not a schema name"):
+        PostgresStore("postgresql://ada@db.example/app", schema="Bad-Name")
+    with pytest.raises(DefinitionError, match="prepare_threshold='maybe'") as caught:
+        durably.open_store("postgresql://ada@db.example/app?prepare_threshold=maybe")
+    assert "prepare_threshold=none" in str(caught.value) and "PgBouncer" in str(caught.value)
+
+
 def test_a_text_with_a_nul_byte_is_refused_not_cut(pg: PostgresStore) -> None:
     """libpq ends a text-format parameter at a NUL byte; a step's statements send theirs in
     binary, which the server refuses instead of keeping the text cut short."""
-    with pytest.raises(StoreError, match="could not read the cache"):
+    with pytest.raises(StoreError, match="could not read the cache") as caught:
         pg.cache_get("key\x00tail")
+    assert "Fix: PostgreSQL text cannot hold a NUL character" in str(caught.value)
     pg.put_run(RunRecord("nul", "m:job", "job", "running", 1.0, 1.0, 1, "d"))
     step = StepRecord("nul", "s0", None, "m:t", "ran", 1, 0, 1.0, 2.0, cache_key="k",
                       inputs="x='a\x00b'")

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from durably._store.integrity import SigningKey, process_key
 from durably._store.postgres.blobs import Blobs
-from durably._store.postgres.options import message, reachable_later
+from durably._store.postgres.options import fix_for, message, reachable_later
 from durably._store.postgres.schema import check_key, migrate
 from durably.exceptions import StoreError
 
@@ -299,9 +299,7 @@ class Connections:
 
     def _error(self, what: str, exc: BaseException) -> StoreError:
         return StoreError(f"the PostgreSQL store {self.where} could not {what}: "
-                          f"{message(exc)}. Fix: check that the server is up and reachable; "
-                          "a finished step is never lost, and the run resumes where it "
-                          "stopped once it is back.")
+                          f"{message(exc)}. {fix_for(exc)}")
 
     def _current(self) -> Any:
         """This thread's transaction's connection, or None."""

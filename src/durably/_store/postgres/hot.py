@@ -117,7 +117,7 @@ def execute(conn: Any, hot: Hot, params: Sequence[Any], threshold: int | None) -
         # the server no longer has it (DISCARD ALL): prepared again
         _result(conn, lambda pg: pg.send_prepare(hot.name, hot.sql))
     raise psycopg.OperationalError(f"the prepared statement {hot.name.decode()} is not kept "
-                                   "by the server")
+                                   "by the server (a connection pooler discards it)")
 
 
 def _result(conn: Any, send: Callable[[Any], None]) -> Any:

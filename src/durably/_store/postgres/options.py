@@ -8,7 +8,7 @@ from typing import Any
 
 from durably.exceptions import DefinitionError
 
-__all__ = ["OPTIONS", "flag", "message", "reachable_later", "split_url", "whole"]
+__all__ = ["OPTIONS", "fix_for", "flag", "message", "reachable_later", "split_url", "whole"]
 
 #: the options durably reads from a postgresql:// URL's query (the rest is libpq's)
 OPTIONS = ("schema", "blobs", "allow_unsigned", "inline_limit", "pool_size",
@@ -46,8 +46,11 @@ def whole(value: Any, name: str, least: int = 0) -> int:
     except ValueError:
         number = -1
     if isinstance(value, bool) or number < least:
+        none = (f", or {name}=none not to prepare statements (behind PgBouncer in transaction "
+                "mode)") if name == "prepare_threshold" else ""
         raise DefinitionError(f"PostgresStore: {name}={value!r} is not a whole number of at "
-                              f"least {least}. Fix: for example {name}=8.")
+                              f"least {least}{' or none' if none else ''}. Fix: for example "
+                              f"{name}=8{none}.")
     return number
 
 
@@ -60,6 +63,27 @@ def flag(value: str, name: str) -> bool:
 
 def message(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+#: SQLSTATEs of a prepared statement the server does not have (invalid_sql_statement_name)
+#: or has already (duplicate_prepared_statement): a pooler that hands each transaction
+#: another server connection, or discards prepared statements (DISCARD ALL)
+_PREPARED_STATES = ("26000", "42P05")
+
+
+def fix_for(exc: BaseException) -> str:
+    """The "Fix: ..." of a store error caused by ``exc``: what the error says, else to check
+    the server (a dropped connection)."""
+    text = str(exc).lower()
+    if getattr(exc, "sqlstate", None) in _PREPARED_STATES or "prepared statement" in text:
+        return ("Fix: the connection goes through a pooler that does not keep prepared "
+                "statements (PgBouncer in transaction mode): add ?prepare_threshold=none to "
+                "the store's URL (or pass prepare_threshold=None).")
+    if "0x00" in text:  # (a NUL in text: "invalid byte sequence ... 0x00", psycopg's "NUL (0x00)")
+        return ("Fix: PostgreSQL text cannot hold a NUL character ('\\x00'): remove it from "
+                "the name or text given (a run id, a task's name or version, a thread).")
+    return ("Fix: check that the server is up and reachable; a finished step is never lost, "
+            "and the run resumes where it stopped once it is back.")
 
 
 #: what a connection error says when the server may come back by itself (restarting, a
