@@ -349,3 +349,27 @@ def test_a_value_that_cannot_be_digested_is_named_where_it_sits(tmp_path: Path) 
         job(rows)
     with pytest.raises(durably.SerializationError, match=r"\(at rows\[7777\]\['lock'\]\)"):
         total.cache_key(rows)
+
+
+@pytest.mark.parametrize("decorate", [
+    lambda f: task(name="nul\x00name")(f),
+    lambda f: task(version="1\x00")(f),
+    lambda f: entrypoint(name="job\x00")(f),
+])
+def test_a_nul_in_a_name_or_version_is_refused_at_decoration(
+        decorate: Callable[[Any], Any], store: Any) -> None:
+    """Stores keep names as text, and PostgreSQL's text cannot hold a NUL: refused when the
+    function is decorated, naming it, on every store (before any body runs; on PostgreSQL
+    it failed at the step's write, after the body ran)."""
+    ran: list[int] = []
+
+    def body(x: int) -> int:
+        ran.append(x)
+        return x
+
+    with pytest.raises(durably.DefinitionError, match="NUL character") as caught:
+        decorate(body)
+    assert "'\\x00'" in str(caught.value) and "Fix: remove it from" in str(caught.value)
+    assert ("nul\\x00name" in str(caught.value) or "job\\x00" in str(caught.value)
+            or "<locals>.body'" in str(caught.value))
+    assert ran == [] and durably.list_runs() == []

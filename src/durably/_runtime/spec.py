@@ -142,6 +142,14 @@ class Spec:
                 f"@{kind}(version=...) of {qualname!r} must be a non-empty string, not "
                 f"{version!r}. Fix: version=\"1\" (bump it when the results must change)."
             )
+        for field, text in (("name", name or qualname), ("version", version)):
+            if isinstance(text, str) and "\x00" in text:
+                # (stores keep names as text: PostgreSQL's cannot hold a NUL character)
+                raise DefinitionError(
+                    f"the {field} of @{kind} {name or qualname!r} contains a NUL character "
+                    "('\\x00'), which no store can keep as text. Fix: "
+                    + (f"remove it from {field}=." if field == "version" or name else
+                       "name it with name=\"...\" without one."))
         if not isinstance(cache, bool):
             raise DefinitionError(f"@{kind}(cache=...) of {qualname!r} must be True or False")
         if isinstance(ignore, str) or not all(isinstance(i, str) for i in ignore):

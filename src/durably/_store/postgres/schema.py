@@ -141,12 +141,12 @@ def check_schema_name(schema: Any, where: str) -> str:
     if schema in ("public", "information_schema") or (isinstance(schema, str)
                                                        and schema.startswith("pg_")):
         raise DefinitionError(
-            f"{where} {schema!r} is a schema of PostgreSQL's own or shared by every "
+            f"{where}{schema!r} is a schema of PostgreSQL's own or shared by every "
             "application; durably makes tables named runs, steps, cache and keys in its "
             "schema. Fix: a schema of durably's own, such as schema=\"durably\".")
     if not isinstance(schema, str) or not _NAME.fullmatch(schema):
         raise DefinitionError(
-            f"{where} {schema!r} is not a schema name durably can use. Fix: lower-case "
+            f"{where}{schema!r} is not a schema name durably can use. Fix: lower-case "
             "letters, digits and _ (at most 63 characters, not starting with a digit), such "
             "as schema=\"durably\" or ?schema=durably_ci.")
     return schema

@@ -155,7 +155,8 @@ class PostgresStore(Connections, Store):
         self._base, given = split_url(url)
         self._shown = redact(self._base)
         self.schema = check_schema_name(schema if schema is not None
-                                        else given.get("schema", "durably"), "schema=")
+                                        else given.get("schema", "durably"),
+                                        "schema=" if schema is not None else "?schema=")
         self.inline_limit = whole(inline_limit if inline_limit is not None
                                    else given.get("inline_limit", 1 << 20), "inline_limit")
         self.pool_size = whole(pool_size if pool_size is not None
