@@ -543,7 +543,7 @@ def test_a_run_goes_on_across_a_server_restart_and_no_step_executes_twice(
 def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it(
         pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server stops in the middle of a run and stays down longer than durably waits:
-    the run fails with a StoreError that says what happened; once the server is back, a
+    the run fails with a StoreError that says what happened (it could not reconnect); once the server is back, a
     rerun replays the steps journaled before the outage and executes only the others."""
     from durably._store.postgres import connections as _pg
 
@@ -568,6 +568,9 @@ def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it
     finally:
         _ctl(command, "start")
     assert "could not" in str(caught.value) and "server is up" in str(caught.value)
+    # the cause in front (it could not reconnect), not the lease it then could not release
+    assert "could not reconnect in 2 s" in str(caught.value), caught.value
+    assert "lease" not in str(caught.value)
     assert executed == [0, 1, 2, 3]
     executed.clear()
     assert job.run(8, run_id="outage").result == [i * i for i in range(8)]

@@ -777,43 +777,66 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
         # checks); after a failure, the lease is released anyway. An attempt that only
         # replayed journals its start first (with a lease): refused, it journals nothing
         # more (and ends as below)
-        replayed_only = ctx.deferred is not None and (
-            failure is None or isinstance(failure, StoreError))
-        recovered = False  # the end journaled here after all
         try:
+            replayed_only = ctx.deferred is not None and (
+                failure is None or isinstance(failure, StoreError))
+            recovered = False  # the end journaled here after all
+            raised: BaseException | None = None  # what these writes raised
             try:
-                ctx.claim()
-            except RunStateError as error:
-                if not replayed_only:
-                    raise
-                ctx.unjournaled = True
-                refused = error
-            else:
-                ctx.write(taken)
-        finally:
-            try:
-                if info is None:
-                    info = _final_record(record, result, exc, wall, ctx.cancelled_by)
-                if not lost and not ctx.lost and refused is None:
-                    if _write_final(store, record, info, checked=True, retry=retry):
-                        recovered = True
-                    else:
-                        lost = True
+                try:
+                    ctx.claim()
+                except RunStateError as error:
+                    if not replayed_only:
+                        raise
+                    ctx.unjournaled = True
+                    refused = error
+                else:
+                    ctx.write(taken)
+            except BaseException as error:
+                raised = error
+                raise
             finally:
-                store.release_run(record.run_id, ctx.owner)
-        if cache_written and isinstance(failure, StoreError) and (
-                recovered or refused is not None):
-            # the journal's transaction failed (its write lock held past the busy timeout
-            # by another process, say), and the writes above made up for it: the attempt
-            # is journaled, or another one's record stands; said, not raised
-            log.warning("durably: run %r: %s (the transaction that ends it failed: %s)",
-                        record.run_id, f"the end of attempt {record.attempt} was journaled "
-                        "on a second try, write by write" if recovered else "another process "
-                        "resumed it meanwhile: this call's attempt is not journaled",
-                        failure)
-            failure = None
+                try:
+                    if info is None:
+                        info = _final_record(record, result, exc, wall, ctx.cancelled_by)
+                    if not lost and not ctx.lost and refused is None:
+                        if _write_final(store, record, info, checked=True, retry=retry):
+                            recovered = True
+                        else:
+                            lost = True
+                except BaseException as error:
+                    raised = raised or error
+                    raise
+                finally:
+                    _release_after(store, record, ctx, raised or failure or (
+                        exc if isinstance(exc, StoreError) else None))
+            if cache_written and isinstance(failure, StoreError) and (
+                    recovered or refused is not None):
+                # the journal's transaction failed (its write lock held past the busy timeout
+                # by another process, say), and the writes above made up for it: the attempt
+                # is journaled, or another one's record stands; said, not raised
+                log.warning("durably: run %r: %s (the transaction that ends it failed: %s)",
+                            record.run_id, f"the end of attempt {record.attempt} was journaled "
+                            "on a second try, write by write" if recovered else "another process "
+                            "resumed it meanwhile: this call's attempt is not journaled",
+                            failure)
+                failure = None
+        except StoreError as error:
+            if not isinstance(exc, StoreError):
+                raise
+            failure = error  # (the attempt's own error goes on: see below)
     if unwritten and sealed_ahead and record.result is not None:
         store.discard_ahead(record.result)  # (a large result's file no journal refers to)
+    if failure is not None and isinstance(exc, StoreError) and isinstance(failure, StoreError):
+        # the attempt ended on a store error (the server gone for good, say), and its end
+        # could not be journaled either: the caller sees the first, which names the cause
+        # (the run is resumed from its journal once the store is back)
+        log.warning("durably: run %r: the end of attempt %d could not be journaled either: %s",
+                    record.run_id, record.attempt, failure)
+        exc.add_note(f"durably: the end of this attempt of run {record.run_id!r} could not "
+                     "be journaled either; the run resumes from its journal once the store is "
+                     "back.")
+        failure = None
     if failure is not None:
         try:
             raise failure
@@ -840,6 +863,22 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             raise lost_error
         # a Ctrl-C, SystemExit or cancellation goes on as it is (said in a note)
         exc.add_note(str(lost_error))
+
+
+def _release_after(store: Store, record: RunRecord, ctx: RunContext,
+                   cause: BaseException | None) -> None:
+    """Release the attempt's lease after its end could not be journaled as one transaction.
+    When that failed with ``cause`` (the server gone for good, say), a release that fails
+    too is logged, not raised: the error the caller sees names the cause (could not
+    reconnect), not the lease, which expires by itself."""
+    try:
+        store.release_run(record.run_id, ctx.owner)
+    except Exception as error:
+        if cause is None:
+            raise
+        log.warning("durably: run %r: its lease could not be released (%s); it expires by "
+                    "itself %.0f s after its last renewal", record.run_id, error,
+                    LEASE_SECONDS)
 
 
 def _unreadable(ctx: RunContext, exc: BaseException | None) -> bool:

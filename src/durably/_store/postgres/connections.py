@@ -286,6 +286,8 @@ class Connections:
         if now > deadline:
             self._given_up = True
             cause = exc.__cause__ or exc.__context__ if isinstance(exc, StoreError) else exc
+            if isinstance(exc, StoreError):  # (its pool could not connect again: said first)
+                what = f"{what}, as it could not reconnect in {RETRY_SECONDS:.0f} s"
             raise self._error(what, cause or exc) from exc
         log.debug("durably: %s: %s; retrying", what, exc)
         with self._open_lock:
