@@ -543,8 +543,9 @@ def test_a_run_goes_on_across_a_server_restart_and_no_step_executes_twice(
 def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it(
         pg: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server stops in the middle of a run and stays down longer than durably waits:
-    the run fails with a StoreError that says what happened (it could not reconnect); once the server is back, a
-    rerun replays the steps journaled before the outage and executes only the others."""
+    the run fails with a StoreError that says what happened (it could not reconnect); once
+    the server is back, a rerun replays the steps journaled before the outage and executes
+    only the others."""
     from durably._store.postgres import connections as _pg
 
     command = _server_ctl()
@@ -577,6 +578,67 @@ def test_a_run_cut_by_a_server_outage_fails_clearly_and_resumes_exactly_after_it
     assert executed == [3, 4, 5, 6, 7]  # step 3's end was never journaled: only it again
     ran = [s.step_id for s in pg.list_steps("outage") if s.status == "ran"]
     assert len(ran) == len(set(ran)) == 8
+
+
+_DROPPED = """
+import os, sys, psycopg, durably
+from durably._store.postgres import PostgresStore
+url, server = sys.argv[1:]
+store = PostgresStore(url, key=b"k" * 32)
+durably.configure(store=store)
+
+def drop_connections():  # (as a server restart or a network cut does)
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                     "backend_type = 'client backend' AND pid <> pg_backend_pid() "
+                     "AND usename = current_user")
+
+@durably.task
+def work(i: int) -> int:
+    if i in (2, 5):
+        drop_connections()
+    return i * 10
+
+@durably.entrypoint
+def job(n: int) -> list[int]:
+    return [work(i) for i in range(n)]
+
+print(job.run(8).result)
+store.close()
+"""
+
+
+def test_dropped_connections_print_nothing_on_stderr(
+        schemas: list[str], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A process whose connections are dropped twice in a run (a server restart, a network
+    cut) reconnects and prints its result, and nothing on stderr: psycopg_pool's warnings
+    about durably's pool ("discarding closed connection", "couldn't stop thread ... within
+    0 seconds") are demoted to DEBUG; another pool's warnings are left as they are."""
+    schema = fresh_schema()
+    schemas.append(schema)
+    script = tmp_path / "dropped.py"
+    script.write_text(_DROPPED)
+    done = subprocess.run([sys.executable, str(script), with_schema(server_url(), schema),
+                           server_url()],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str([i * 10 for i in range(8)])
+    assert done.stderr == ""
+    # in this process: the same warnings of durably's pool reach a DEBUG handler as DEBUG;
+    # another pool's (or an ERROR) stay as they are
+    caplog.set_level(logging.DEBUG, logger="psycopg.pool")
+    store = PostgresStore(with_schema(server_url(), schema), key=KEY)
+    store.check()
+    pool_log = logging.getLogger("psycopg.pool")
+    pool_log.warning("error connecting in %r: %s", f"durably {schema}", "gone")
+    pool_log.warning("error connecting in %r: %s", "mine", "gone")
+    pool_log.error("something else in %r", f"durably {schema}")
+    assert [(r.levelname, r.getMessage()[:24]) for r in caplog.records
+            if r.name == "psycopg.pool" and ("gone" in r.getMessage() or "else" in r.getMessage())
+            ] == [("DEBUG", "error connecting in 'dur"), ("WARNING", "error connecting in 'min"),
+                  ("ERROR", "something else in 'durab")]
+    store.close()
 
 
 # -- round trips ----------------------------------------------------------------------------

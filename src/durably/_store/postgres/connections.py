@@ -41,6 +41,44 @@ _IDLE = 0  # libpq's PQTRANS_IDLE (psycopg.pq.TransactionStatus.IDLE)
 _KEPT_IDLE = 2
 
 
+def _mark(conn: Any) -> None:
+    """A connection of a durably store's pool, marked so that :class:`_Expected` knows it."""
+    conn.durably_pooled = True
+
+
+class _Expected(logging.Filter):
+    """psycopg_pool's warnings about a durably store's pool that only say what durably
+    handles (a connection found closed after a restart or a dropped connection, a worker
+    thread not stopped at once when the pool is dropped to reconnect, a connection attempt
+    while the server is down: durably says when it gives up): demoted to DEBUG, so that
+    they no longer print on stderr (Python's last-resort handler shows WARNING and above),
+    but still reach a handler set up to show psycopg's debugging. Other pools' warnings,
+    and every ERROR, are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and _about_durably(record.args):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+def _about_durably(args: Any) -> bool:
+    """Whether a log record's arguments name a durably pool (or its thread: ``durably
+    SCHEMA...``) or one of its connections."""
+    values = args.values() if isinstance(args, dict) else args or ()
+    return any((isinstance(v, str) and v.startswith("durably "))
+               or getattr(v, "durably_pooled", False) is True for v in values)
+
+
+_EXPECTED = _Expected()
+
+
+def _quiet_pool_log() -> None:
+    """Install :class:`_Expected` on psycopg_pool's logger (once)."""
+    pool_log = logging.getLogger("psycopg.pool")
+    if _EXPECTED not in pool_log.filters:
+        pool_log.addFilter(_EXPECTED)
+
+
 class Connections:
     """The connection handling of :class:`~durably._store.postgres.store.PostgresStore`."""
 
@@ -127,8 +165,9 @@ class Connections:
         if self.blobs is not None:
             self.blobs.scope = store_id  # (its blobs apart from other stores' in one place)
         self._connected = True
+        _quiet_pool_log()
         pool: Any = ConnectionPool(self._base, kwargs=self._kwargs(), min_size=1,
-                                   max_size=self.pool_size,
+                                   max_size=self.pool_size, configure=_mark,
                                    timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
         #: its connections taken and not in use (see _take): the pool's own, so that a
         #: connection is only ever given back to the pool it came from
