@@ -561,3 +561,39 @@ def test_cache_stats_counts_entries_written_while_it_reads(
     assert stats["entries"] == 4 and stats["entry_bytes"] > 0
     assert [(t["task"], t["entries"], t["bytes"]) for t in stats["tasks"]] == [
         ("m:t", 4, stats["entry_bytes"])]
+
+
+def test_cache_stats_cuts_a_long_task_name_so_its_table_stays_aligned(tmp_path: Path) -> None:
+    """A task named with 5,000 characters: its row shows the first 59 characters of its
+    identity and an ellipsis, and the table's rows are aligned; --json gives it whole."""
+    from click.testing import CliRunner
+
+    import durably as package
+    from durably.cli import cli
+
+    store = package.DiskStore(tmp_path / "store")
+    long_name = "n" * 5000
+
+    @package.task(name=long_name)
+    def first(x: int) -> int:
+        return x + 1
+
+    @package.task
+    def second(x: int) -> int:
+        return x * 2
+
+    package.configure(store=store)
+    assert first(1) == 2 and second(2) == 4
+    package.configure()
+    store.close()
+    text = CliRunner().invoke(cli, ["--store", str(tmp_path / "store"), "cache", "stats"])
+    assert text.exit_code == 0, text.output
+    table = text.output[text.output.index("TASK"):].splitlines()
+    # (its identity, module:name, cut to 60 characters)
+    assert len(table) == 3 and "tests.test_cli:" + "n" * 44 + "…" in text.output
+    assert "n" * 45 not in text.output
+    assert len({len(line.rstrip()) for line in table}) <= 2  # (right-aligned numbers)
+    assert max(len(line) for line in table) < 120
+    whole = CliRunner().invoke(cli, ["--store", str(tmp_path / "store"), "cache", "stats",
+                                     "--json"])
+    assert any(t["task"].endswith(long_name) for t in json.loads(whole.output)["tasks"])

@@ -10,6 +10,7 @@ import click
 
 import durably
 from durably._cli.support import (
+    _clip,
     _fields,
     _parse_duration,
     _parse_size,
@@ -23,6 +24,10 @@ from durably.cli import _dir_option, _echo_json, _maintained, _store, _where, cl
 from durably.store import match_tasks
 
 __all__ = ["cache_group"]
+
+#: the characters of a task's name shown in ``cache stats``'s table (a longer one is cut,
+#: with an ellipsis, so that the table stays aligned; --json gives it whole)
+TASK_WIDTH = 60
 
 
 @cli.group("cache")
@@ -59,7 +64,8 @@ def cache_stats_command(ctx: click.Context, as_json: bool) -> None:
     if stats["tasks"]:
         click.echo()
         click.echo(_table(("TASK", "ENTRIES", "SIZE", "RAN", "CACHED", "HIT RATE"),
-                          [(t["task"], f"{t['entries']:,}", _size(t["bytes"]), f"{t['ran']:,}",
+                          [(_clip(t["task"], TASK_WIDTH), f"{t['entries']:,}",
+                            _size(t["bytes"]), f"{t['ran']:,}",
                             f"{t['cached']:,}", _percent(t["hit_rate"]))
                            for t in stats["tasks"]], right=(1, 2, 3, 4, 5)))
 
