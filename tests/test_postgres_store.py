@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -639,6 +640,100 @@ def test_dropped_connections_print_nothing_on_stderr(
             ] == [("DEBUG", "error connecting in 'dur"), ("WARNING", "error connecting in 'min"),
                   ("ERROR", "something else in 'durab")]
     store.close()
+
+
+_STOPPED = """
+import os, signal, sys, durably
+from durably._store.postgres import PostgresStore
+from durably._store.postgres import connections
+signal.signal(signal.SIGINT, signal.default_int_handler)
+if len(sys.argv) > 2:  # (the stop path's wait for a lock as long as the test holds it)
+    connections.STOPPING_LOCK_SECONDS = float(sys.argv[2])
+durably.configure(store=PostgresStore(sys.argv[1], key=b"k" * 32))
+
+@durably.task
+def square(i: int) -> int:
+    return i * i
+
+@durably.entrypoint
+def job(n: int) -> int:
+    return sum(square(i) for i in range(n))
+
+print(job.run(20, run_id="stopped").result)
+"""
+
+
+def _waiting_for_a_lock(server: str, besides: int) -> set[int]:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as conn:
+        return {row[0] for row in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> %s",
+            (besides,))}
+
+
+def _until_waiting(server: str, besides: int, proc: subprocess.Popen[str],
+                   not_among: set[int]) -> set[int]:
+    """The backends waiting for a lock once one not among ``not_among`` is (polled: the
+    state is what is waited for, not a time)."""
+    while True:
+        waiting = _waiting_for_a_lock(server, besides)
+        if waiting - not_among:
+            return waiting
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("twice", [False, True])
+def test_ctrl_c_while_a_statement_waits_for_a_lock_ends_the_process(
+        twice: bool, schemas: list[str], tmp_path: Path) -> None:
+    """A step's write waits for a lock another connection holds (LOCK TABLE steps); Ctrl-C
+    stops the process while the lock is still held: the stop path's statements wait a few
+    seconds at most for it (its end, or its count of steps, then given up), and the person
+    sees the two lines, no traceback. With the stop path's wait made as long as the lock,
+    a second Ctrl-C ends the process with one short message. Once the lock is released,
+    the same command finishes the run."""
+    import psycopg
+
+    schema = fresh_schema()
+    schemas.append(schema)
+    url = with_schema(server_url(), schema)
+    PostgresStore(url, key=KEY).check()  # (its tables made)
+    script = tmp_path / "stopped.py"
+    script.write_text(_STOPPED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    holder = psycopg.connect(server_url())
+    try:
+        holder.execute(f"LOCK TABLE {schema}.steps IN ACCESS EXCLUSIVE MODE")
+        me = holder.info.backend_pid
+        proc = subprocess.Popen([sys.executable, str(script), url, *(["600"] if twice else [])],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            first = _until_waiting(server_url(), me, proc, set())  # (its step's write)
+            proc.send_signal(signal.SIGINT)
+            if twice:
+                _until_waiting(server_url(), me, proc, first)  # (the stop path, waiting)
+                proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)  # (the lock still held meanwhile)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert proc.returncode in (-signal.SIGINT, 130), err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    if twice:
+        assert err.startswith("durably: Ctrl-C again: run 'stopped'"), err
+        assert len(err.splitlines()) == 2, err
+    else:
+        assert err.startswith("durably: Ctrl-C stopped run 'stopped'"), err
+    done = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sum(i * i for i in range(20)))
 
 
 # -- round trips ----------------------------------------------------------------------------

@@ -185,6 +185,12 @@ class Journal(abc.ABC):
         """Roll back a transaction this thread left open (a KeyboardInterrupt landed as its
         block ended). Default: nothing (a store whose blocks always end)."""
 
+    def stopping(self) -> contextlib.AbstractContextManager[None]:
+        """A block in which this thread's statements wait a few seconds at most for another
+        connection's lock, then raise StoreError: Ctrl-C's stop path (its end unjournaled,
+        the run resumes as after a crash). Default: a block that changes nothing."""
+        return contextlib.nullcontext()
+
     # -- runs ----------------------------------------------------------------------------
     @abc.abstractmethod
     def find_run(self, run_id: str) -> RunRecord | None:

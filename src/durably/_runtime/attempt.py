@@ -29,7 +29,7 @@ from durably._runtime.call import _monotonic
 from durably._runtime.config import default_store
 from durably._runtime.context import CACHE_BATCH as _CACHE_BATCH
 from durably._runtime.context import LARGE_ROW, RunContext, StopRun, current_run, current_step
-from durably._runtime.ctrl_c import note_stopped
+from durably._runtime.ctrl_c import note_stopped, note_stopped_again
 from durably._runtime.failures import RAISED, RETRY, released
 from durably._runtime.interrupt import InterruptSignal
 from durably._runtime.policy import ADMITTING
@@ -606,10 +606,19 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
         started.ended = True
         _leave(started)
         return
+    # stopped by Ctrl-C: its end waits a few seconds at most for another process's lock
+    # (then it is not journaled: the run is resumed as after a crash), and a second Ctrl-C
+    # meanwhile ends the process with one short message
+    ctrl_c = isinstance(exc, KeyboardInterrupt)
     try:
         started.ended = True
         _leave(started)
-        _end_attempt(ctx, record, result, exc, started.wall)
+        with ctx.store.stopping() if ctrl_c else contextlib.nullcontext():
+            _end_attempt(ctx, record, result, exc, started.wall)
+    except KeyboardInterrupt as again:
+        if ctrl_c and again is not exc:
+            note_stopped_again(again, record, journaled=False)
+        raise
     finally:
         try:
             _leave(started)  # (again, if a KeyboardInterrupt landed before it)
@@ -617,7 +626,13 @@ def end_run(started: Started, result: Any = None, exc: BaseException | None = No
             let_go(ctx.owner)  # (interrupted before its release: its lease is a leftover)
     if record.status == "stopped" and exc is not None and (
             isinstance(exc, KeyboardInterrupt) or is_cancelled(exc)):
-        note_stopped(exc, record, ctx.store)  # (its two lines, if it ends the script)
+        try:
+            with ctx.store.stopping() if ctrl_c else contextlib.nullcontext():
+                note_stopped(exc, record, ctx.store)  # (its two lines, if it ends the script)
+        except KeyboardInterrupt as again:
+            if ctrl_c and again is not exc:
+                note_stopped_again(again, record, journaled=True)
+            raise
     if ctx.listener is not None:
         ctx.emit(Event(
             f"run_{record.status}", record.run_id, record.updated, task=record.name,
@@ -770,7 +785,14 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
     except BaseException as error:  # noqa: BLE001 - (a full disk, Ctrl-C): written below
         failure = error
         _abandon(store)
-    if not written:
+    # stopped by Ctrl-C, and its end could not be journaled (another process's lock, or
+    # Ctrl-C again): not retried write by write, which would wait on the same lock
+    given_up = isinstance(exc, KeyboardInterrupt) and isinstance(
+        failure, (StoreError, KeyboardInterrupt))
+    if given_up and isinstance(failure, StoreError):
+        with contextlib.suppress(Exception):  # (else its lease expires by itself)
+            store.release_run(record.run_id, ctx.owner)
+    if not written and not given_up:
         # each write on its own (the transaction failed; or a store that cannot seal a large
         # result ahead: other processes' journal writes do not wait while it is sealed); its
         # record only while the run is still this attempt's (the statement that writes it
@@ -827,15 +849,16 @@ def _end_attempt(ctx: RunContext, record: RunRecord, result: Any, exc: BaseExcep
             failure = error  # (the attempt's own error goes on: see below)
     if unwritten and sealed_ahead and record.result is not None:
         store.discard_ahead(record.result)  # (a large result's file no journal refers to)
-    if failure is not None and isinstance(exc, StoreError) and isinstance(failure, StoreError):
-        # the attempt ended on a store error (the server gone for good, say), and its end
-        # could not be journaled either: the caller sees the first, which names the cause
-        # (the run is resumed from its journal once the store is back)
-        log.warning("durably: run %r: the end of attempt %d could not be journaled either: %s",
+    if failure is not None and isinstance(exc, (StoreError, KeyboardInterrupt)) and \
+            isinstance(failure, StoreError):
+        # the attempt ended on a store error (the server gone for good, say) or Ctrl-C, and
+        # its end could not be journaled: the caller sees the first, which names the cause
+        # (the run is resumed from its journal once the store is back, or its lease expired)
+        log.warning("durably: run %r: the end of attempt %d could not be journaled: %s",
                     record.run_id, record.attempt, failure)
         exc.add_note(f"durably: the end of this attempt of run {record.run_id!r} could not "
-                     "be journaled either; the run resumes from its journal once the store is "
-                     "back.")
+                     "be journaled; the run resumes from its journal once the store answers "
+                     "again.")
         failure = None
     if failure is not None:
         try:

@@ -17,6 +17,7 @@ it as ever, a Ctrl-C outside any run prints its traceback), and the process stil
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 import threading
@@ -25,7 +26,7 @@ from types import TracebackType
 from durably._store.records import RunRecord
 from durably.store import Store
 
-__all__ = ["note_stopped", "stopped_message"]
+__all__ = ["note_stopped", "note_stopped_again", "stopped_message"]
 
 _MARK = "_durably_ctrl_c"  # the attribute of the marked exception: its two lines
 
@@ -51,12 +52,44 @@ def stopped_message(record: RunRecord, store: Store) -> str:
     its journal), and the command that continues it (this process's own command line)."""
     from durably._runtime.run import Run
 
-    c = Run(record, store).counts()
-    done = c["ran"] + c["cached"] + c["replayed"]
-    command = shlex.join(sys.orig_argv) if sys.orig_argv else "the same command"
-    return (f"durably: Ctrl-C stopped run {record.run_id!r} after {done:,} finished "
-            f"step{'' if done == 1 else 's'} (kept in its journal).\n"
-            f"Run the same command again to continue it: {command}\n")
+    try:
+        c = Run(record, store).counts()
+    except Exception:  # noqa: BLE001 - (the store does not answer: said without the count)
+        finished = "; its finished steps are kept in its journal"
+    else:
+        done = c["ran"] + c["cached"] + c["replayed"]
+        finished = (f" after {done:,} finished step{'' if done == 1 else 's'} (kept in its "
+                    "journal)")
+    return (f"durably: Ctrl-C stopped run {record.run_id!r}{finished}.\n"
+            f"Run the same command again to continue it: {_command()}\n")
+
+
+def _command() -> str:
+    return shlex.join(sys.orig_argv) if sys.orig_argv else "the same command"
+
+
+def note_stopped_again(exc: BaseException, record: RunRecord, journaled: bool) -> None:
+    """Mark ``exc``, a second ``KeyboardInterrupt`` that landed while the run the first one
+    stopped was ending (``journaled``: once its end was journaled), with one short message
+    (as :func:`note_stopped` does: shown instead of the two tracebacks); never raises,
+    reads nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    from durably._store.lease import LEASE_SECONDS
+
+    with contextlib.suppress(Exception):
+        setattr(exc, _MARK, (
+            f"durably: Ctrl-C again: run {record.run_id!r} is stopped (its finished steps "
+            "are kept in its journal).\n"
+            f"Run the same command again to continue it: {_command()}\n") if journaled else (
+            f"durably: Ctrl-C again: run {record.run_id!r} stopped before its end was "
+            "journaled (its finished steps are kept in its journal).\n"
+            "Run the same command again to continue it once its lease expires (within "
+            f"{LEASE_SECONDS:.0f} s): {_command()}\n"))
+        exc.__suppress_context__ = True
+        interactive = hasattr(sys, "ps1") or sys.flags.interactive
+        if sys.excepthook is sys.__excepthook__ and not interactive:
+            sys.excepthook = _excepthook
 
 
 def _marked(exc: BaseException | None) -> str | None:

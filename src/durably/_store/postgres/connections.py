@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from durably._store.integrity import SigningKey, process_key
@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 #: how long a statement whose connection broke is retried (the server restarting)
 RETRY_SECONDS = 60.0
+#: how long a statement waits for another connection's lock inside :meth:`stopping` (the
+#: end of an attempt that Ctrl-C stopped) before it fails
+STOPPING_LOCK_SECONDS = 3.0
 #: how long a store being opened waits for a server that refuses connections (starting up)
 OPEN_SECONDS = 10.0
 #: this process's id, kept current across os.fork() (os.getpid() is a system call, and the
@@ -44,6 +47,23 @@ _KEPT_IDLE = 2
 def _mark(conn: Any) -> None:
     """A connection of a durably store's pool, marked so that :class:`_Expected` knows it."""
     conn.durably_pooled = True
+
+
+class _Unbound:
+    """The pool's reset of a connection given back: its lock wait unbounded again if
+    :meth:`Connections.stopping` bounded it."""
+
+    def __call__(self, conn: Any) -> None:
+        if conn.__dict__.get("durably_bounded"):
+            conn.durably_bounded = False
+            if not conn.closed:  # (one the pool closed, as it was interrupted: nothing to do)
+                conn.execute("RESET lock_timeout")
+
+    def __repr__(self) -> str:  # (named so in the pool's warning about a closed one)
+        return "<durably reset>"
+
+
+_unbound = _Unbound()
 
 
 class _Expected(logging.Filter):
@@ -66,7 +86,8 @@ def _about_durably(args: Any) -> bool:
     SCHEMA...``) or one of its connections."""
     values = args.values() if isinstance(args, dict) else args or ()
     return any((isinstance(v, str) and v.startswith("durably "))
-               or getattr(v, "durably_pooled", False) is True for v in values)
+               or getattr(v, "durably_pooled", False) is True
+               or (isinstance(v, Exception) and "<durably reset>" in str(v)) for v in values)
 
 
 _EXPECTED = _Expected()
@@ -167,7 +188,7 @@ class Connections:
         self._connected = True
         _quiet_pool_log()
         pool: Any = ConnectionPool(self._base, kwargs=self._kwargs(), min_size=1,
-                                   max_size=self.pool_size, configure=_mark,
+                                   max_size=self.pool_size, configure=_mark, reset=_unbound,
                                    timeout=RETRY_SECONDS, name=f"durably {self.schema}", open=True)
         #: its connections taken and not in use (see _take): the pool's own, so that a
         #: connection is only ever given back to the pool it came from
@@ -250,7 +271,33 @@ class Connections:
                 # the statement is run again on a new one (every write is idempotent)
                 deadline = self._wait_for_server(what, exc, deadline)
 
+    @contextlib.contextmanager
+    def stopping(self) -> Iterator[None]:
+        """A block in which this thread's statements wait :data:`STOPPING_LOCK_SECONDS` at
+        most for another connection's lock (``lock_timeout``), then fail with a
+        StoreError (see :meth:`durably.store.Journal.stopping`)."""
+        local = self._local
+        before = getattr(local, "stopping", False)
+        local.stopping = True
+        try:
+            yield
+        finally:
+            local.stopping = before
+
     def _take(self, pool: Any, deadline: float | None) -> Any:
+        """A connection for one statement or transaction (its lock wait bounded inside
+        :meth:`stopping`)."""
+        conn = self._take_one(pool, deadline)
+        if getattr(self._local, "stopping", False) and not conn.__dict__.get("durably_bounded"):
+            try:
+                conn.execute(f"SET lock_timeout = '{STOPPING_LOCK_SECONDS * 1000:.0f}ms'")
+            except BaseException:
+                pool.putconn(conn)
+                raise
+            conn.durably_bounded = True
+        return conn
+
+    def _take_one(self, pool: Any, deadline: float | None) -> Any:
         """A connection for one statement or transaction: an idle one this store kept
         (:meth:`_give`), without the pool's lock and bookkeeping (they cost as much CPU as
         a small statement's round trip), else the pool's (waiting up to ``deadline``)."""
@@ -285,8 +332,8 @@ class Connections:
         # UNKNOWN)
         idle: collections.deque[Any] = pool.durably_idle
         if conn.pgconn.transaction_status != _IDLE or self._pool is not pool \
-                or len(idle) >= _KEPT_IDLE:
-            pool.putconn(conn)  # (a pool closed meanwhile closes it)
+                or len(idle) >= _KEPT_IDLE or conn.__dict__.get("durably_bounded"):
+            pool.putconn(conn)  # (a pool closed meanwhile closes it; a bounded one: reset)
             return
         idle.append(conn)
         if self._pool is not pool:  # (dropped meanwhile: see _drop_idle)
