@@ -35,7 +35,7 @@ from typing import Any
 from durably._keys.canonical import too_common
 from durably._keys.hashing import MAX_FLOW_ELEMENTS, MAX_RESULT_ELEMENTS
 
-__all__ = ["LATER", "SOURCE", "Producers", "digests_only", "source_token"]
+__all__ = ["LATER", "SOURCE", "Producers", "digests_only", "flow_elements", "source_token"]
 
 #: what starts an entry of a step record's ``input_digests`` naming the step that produced
 #: one of its arguments (a digest is hexadecimal: never this)
@@ -45,6 +45,24 @@ LATER = 256
 _SWEEP_FIRST = 1024  # objects held before the first sweep
 _BOUND = 1 << 17  # objects held at most without reference counts (then the older half goes)
 _refcount = getattr(sys, "getrefcount", None)
+
+
+def flow_elements(value: Any) -> Any:
+    """The elements of an argument that data-flow edges look into: a list's or a tuple's
+    items, a dict's values (of at most ``MAX_FLOW_ELEMENTS``); None for anything else.
+
+    Example:
+        >>> list(flow_elements({"a": 1})), flow_elements("text")
+        ([1], None)
+    """
+    kind = type(value)
+    if kind is list or kind is tuple:
+        elements: Any = value
+    elif kind is dict:
+        elements = value.values()
+    else:
+        return None
+    return None if len(value) > MAX_FLOW_ELEMENTS else elements
 
 
 def source_token(step_id: str) -> str:
@@ -187,14 +205,8 @@ class Producers:
             entry = by_id.get(id(value))
             if entry is not None and (entry[0]() if entry[2] else entry[0]) is value:
                 found.append(entry[1])
-            kind = type(value)
-            if kind is list or kind is tuple:
-                elements: Any = value
-            elif kind is dict:
-                elements = value.values()
-            else:
-                continue
-            if len(value) > MAX_FLOW_ELEMENTS:
+            elements = flow_elements(value)
+            if elements is None:
                 continue
             for element in elements:
                 entry = by_id.get(id(element))

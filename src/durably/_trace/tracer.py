@@ -28,11 +28,11 @@ import dataclasses
 import itertools
 import operator
 import reprlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from durably._keys.hashing import MAX_FLOW_ELEMENTS, trace_digest
-from durably._trace.producers import SOURCE
+from durably._keys.hashing import trace_digest
+from durably._trace.producers import SOURCE, flow_elements
 from durably._trace.spans import wall_span
 
 _SHORT = 16  # hex digits of a digest compared for a data-flow edge
@@ -153,14 +153,8 @@ def flow_digests(arguments: Mapping[str, Any], each: Mapping[str, str] | None = 
         d = each[name] if each is not None and name in each else trace_digest(value)
         if d:
             found.append(d)
-        kind = type(value)
-        if kind is list or kind is tuple:
-            elements: Iterable[Any] = value
-        elif kind is dict:
-            elements = value.values()
-        else:
-            continue
-        if len(value) > MAX_FLOW_ELEMENTS:
+        elements = flow_elements(value)
+        if elements is None:
             continue
         known = taken.get(name) if taken is not None else None
         if known is None or len(known) != len(value):
